@@ -1,0 +1,191 @@
+//! Strict JSON: decoding with simd-json into typed values (unknown fields, duplicate keys,
+//! trailing values and invalid UTF-8 rejected), with messages of our own, and a small writer for
+//! the hot-path encoders.
+
+use serde::de::DeserializeOwned;
+
+/// Why a strict JSON document was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    /// The document exceeds the size limit; nothing was parsed.
+    #[error("JSON document of {size} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Size of the document.
+        size: usize,
+        /// The limit that applied.
+        limit: usize,
+    },
+    /// The document is not UTF-8.
+    #[error("JSON document is not valid UTF-8")]
+    InvalidUtf8,
+    /// The document is empty or only whitespace.
+    #[error("JSON document is empty")]
+    Empty,
+    /// The document is syntactically or structurally invalid (the message names what).
+    #[error("invalid JSON: {0}")]
+    Invalid(String),
+}
+
+/// Decodes exactly one JSON value of type `T` from `buf`, in place (simd-json mutates the
+/// buffer). `T` must be declared with `#[serde(deny_unknown_fields)]` at every level for the
+/// strictness guarantees to hold; serde's derive rejects duplicate keys on its own.
+pub fn from_slice_strict<T: DeserializeOwned>(buf: &mut [u8], limit: usize) -> Result<T, JsonError> {
+    if buf.len() > limit {
+        return Err(JsonError::TooLarge { size: buf.len(), limit });
+    }
+    if simdutf8_check(buf).is_err() {
+        return Err(JsonError::InvalidUtf8);
+    }
+    if buf.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(JsonError::Empty);
+    }
+    simd_json::serde::from_slice::<T>(buf).map_err(|e| JsonError::Invalid(describe(&e)))
+}
+
+fn simdutf8_check(buf: &[u8]) -> Result<(), ()> {
+    std::str::from_utf8(buf).map(|_| ()).map_err(|_| ())
+}
+
+/// Turns a simd-json error into a message that names the problem without echoing input bytes
+/// beyond field names.
+fn describe(e: &simd_json::Error) -> String {
+    use simd_json::ErrorType as T;
+    let what = match e.error() {
+        T::Serde(s) => return clean_serde_message(s),
+        T::TrailingData => "trailing data after the JSON value".into(),
+        T::Eof => "unexpected end of input".into(),
+        T::InvalidUtf8 => "invalid UTF-8".into(),
+        T::InvalidEscape => "invalid string escape".into(),
+        T::InvalidNumber => "invalid number".into(),
+        T::InvalidExponent => "invalid number exponent".into(),
+        T::Overflow => "number out of range".into(),
+        T::ExpectedArray => "expected an array".into(),
+        T::ExpectedMap => "expected an object".into(),
+        T::ExpectedString => "expected a string".into(),
+        T::ExpectedBoolean => "expected a boolean".into(),
+        T::ExpectedInteger | T::ExpectedUnsigned | T::ExpectedSigned => "expected an integer".into(),
+        other => format!("{other:?}").to_lowercase(),
+    };
+    match e.index() {
+        0 => what,
+        i => format!("{what} at byte {i}"),
+    }
+}
+
+fn clean_serde_message(s: &str) -> String {
+    // serde's messages are already precise ("unknown field `x`, expected one of ...",
+    // "duplicate field `x`", "missing field `x`"); cut them so a hostile key cannot make the
+    // message large.
+    let mut m = s.to_string();
+    if m.len() > 200 {
+        let mut cut = 200;
+        while !m.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        m.truncate(cut);
+        m.push('…');
+    }
+    m
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: Option<&[u8]> = match b {
+            b'"' => Some(b"\\\""),
+            b'\\' => Some(b"\\\\"),
+            b'\n' => Some(b"\\n"),
+            b'\r' => Some(b"\\r"),
+            b'\t' => Some(b"\\t"),
+            0..=0x1f | 0x7f => None,
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        match esc {
+            Some(e) => out.extend_from_slice(e),
+            None => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(b >> 4) as usize]);
+                out.push(HEX[(b & 0xf) as usize]);
+            }
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Inner {
+        a: u32,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Outer {
+        inner: Inner,
+        #[serde(default)]
+        name: Option<String>,
+    }
+
+    fn dec(s: &[u8]) -> Result<Outer, JsonError> {
+        let mut v = s.to_vec();
+        from_slice_strict(&mut v, 1024)
+    }
+
+    #[test]
+    fn accepts_strict_document() {
+        assert_eq!(
+            dec(br#" {"inner":{"a":1},"name":"x"} "#).unwrap(),
+            Outer { inner: Inner { a: 1 }, name: Some("x".into()) }
+        );
+    }
+
+    #[test]
+    fn rejects_everything_loose() {
+        let cases: &[&[u8]] = &[
+            br#"{"inner":{"a":1},"extra":1}"#,
+            br#"{"inner":{"a":1,"b":2}}"#,
+            br#"{"inner":{"a":1},"inner":{"a":2}}"#,
+            br#"{"inner":{"a":1}} {"inner":{"a":1}}"#,
+            br#"{"inner":{"a":1}} x"#,
+            b"{\"inner\":{\"a\":1},\"name\":\"\xff\"}",
+            b"",
+            b"   ",
+            br#"{"inner":{"a":-1}}"#,
+            br#"{"inner":{"a":1.5}}"#,
+            br#"[1]"#,
+            br#"{"inner":{"a":1}"#,
+        ];
+        for c in cases {
+            assert!(dec(c).is_err(), "accepted {:?}", String::from_utf8_lossy(c));
+        }
+    }
+
+    #[test]
+    fn size_limit_is_checked_first() {
+        let mut v = vec![b' '; 2000];
+        assert_eq!(
+            from_slice_strict::<Outer>(&mut v, 1024),
+            Err(JsonError::TooLarge { size: 2000, limit: 1024 })
+        );
+    }
+
+    #[test]
+    fn write_str_escapes() {
+        let mut out = Vec::new();
+        write_str(&mut out, "a\"b\\c\n\u{0}\u{7f}é");
+        let back: String = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, "a\"b\\c\n\u{0}\u{7f}é");
+    }
+}

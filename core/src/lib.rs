@@ -1,0 +1,21 @@
+//! Sans-IO decisions of the Sortie egress gateway.
+//!
+//! Nothing in this crate performs IO or reads a clock: time, randomness and bytes are inputs,
+//! decisions are outputs. That keeps every rule deterministic, unit-testable and fuzzable.
+
+#![forbid(unsafe_code)]
+
+pub mod destination;
+pub mod error;
+pub mod etag;
+pub mod h1;
+pub mod ids;
+pub mod json;
+pub mod limits;
+pub mod provider_session;
+pub mod receipt;
+pub mod request;
+pub mod result;
+pub mod routing;
+pub mod snapshot;
+pub mod worker;

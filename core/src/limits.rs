@@ -1,0 +1,36 @@
+//! Named limits of the contract. Every check of untrusted input cites one of these.
+
+/// Request envelope of POST /api/v1/requests (spec, Limits).
+pub const MAX_REQUEST_ENVELOPE_BYTES: usize = 4 * 1024 * 1024;
+/// Admin mutation bodies: PUT config, rollback, worker actions (spec, Limits).
+pub const MAX_ADMIN_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Headers per request (spec, Limits).
+pub const MAX_HEADERS: usize = 64;
+/// Bytes of one header name (spec, Limits).
+pub const MAX_HEADER_NAME_BYTES: usize = 64;
+/// Names plus decoded values of all headers (spec, Limits).
+pub const MAX_HEADER_TOTAL_BYTES: usize = 16_384;
+/// Number of routing tags (spec, Limits).
+pub const MAX_ROUTING_TAGS: usize = 32;
+/// Bytes of one routing tag (spec, Limits).
+pub const MAX_ROUTING_TAG_BYTES: usize = 64;
+/// Bytes of `routing.region` and `routing.ip_type` (spec, Limits).
+pub const MAX_ROUTING_FIELD_BYTES: usize = 128;
+/// Bytes of `routing.sticky_session_id` (decision 001: the spec names no limit).
+pub const MAX_STICKY_SESSION_ID_BYTES: usize = 256;
+/// Default of `control.request.max_inline_request_body_bytes` (spec, Limits).
+pub const DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES: usize = 1024 * 1024;
+/// Default of `control.request.max_inline_response_body_bytes` (spec, Limits).
+pub const DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES: usize = 1024 * 1024;
+/// Smallest explicit `timeout_ms` (spec, Limits).
+pub const MIN_TIMEOUT_MS: u64 = 1000;
+/// Default of `control.request.max_timeout_ms` (spec, Limits).
+pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 120_000;
+/// `default_timeout_ms` when the snapshot sets none (spec, Admin resources).
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+/// Receipt metadata of POST /api/v1/receipts (spec, Limits).
+pub const MAX_RECEIPT_METADATA_BYTES: usize = 64 * 1024;
+/// Bytes of a URL in a request envelope (decision 001).
+pub const MAX_URL_BYTES: usize = 8192;
+/// Bytes of a fingerprint profile name (decision 001).
+pub const MAX_PROFILE_NAME_BYTES: usize = 64;

@@ -1,0 +1,1 @@
+//! provider_session

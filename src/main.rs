@@ -1,0 +1,2 @@
+//! The `sortie` command line.
+fn main() {}
