@@ -1,0 +1,2 @@
+//! Benchmark: envelope.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Benchmark: h1.
+fn main() {}

@@ -1,0 +1,2 @@
+//! Benchmark: routing.
+fn main() {}

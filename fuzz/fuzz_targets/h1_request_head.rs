@@ -1,0 +1,7 @@
+//! Fuzz target: h1_request_head (seeded from fuzz/corpus/h1_request_head).
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = data;
+});
