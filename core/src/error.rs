@@ -259,7 +259,11 @@ impl ApiError {
         out.extend_from_slice(b",\"message\":");
         crate::json::write_str(&mut out, &self.message);
         out.extend_from_slice(b",\"retryable\":");
-        out.extend_from_slice(if self.code.is_retryable() { b"true" } else { b"false" });
+        out.extend_from_slice(if self.code.is_retryable() {
+            b"true"
+        } else {
+            b"false"
+        });
         out.extend_from_slice(b",\"request_id\":");
         crate::json::write_str(&mut out, request_id);
         if let Some(t) = self.timeout_type {

@@ -1,1 +1,70 @@
-//! ids
+//! Identifiers: requests are `req_` and receipts `rcpt_` followed by 32 lowercase hex digits
+//! (128 random bits). Randomness is an input; the io crate draws it from the OS.
+
+use std::fmt::Write as _;
+
+/// Prefix of request ids (spec, Request result).
+pub const REQUEST_ID_PREFIX: &str = "req_";
+/// Prefix of receipt ids (decision 001).
+pub const RECEIPT_ID_PREFIX: &str = "rcpt_";
+
+fn render(prefix: &str, random: [u8; 16]) -> String {
+    let mut s = String::with_capacity(prefix.len() + 32);
+    s.push_str(prefix);
+    for b in random {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn has_shape(s: &str, prefix: &str) -> bool {
+    s.len() == prefix.len() + 32
+        && s.starts_with(prefix)
+        && s.as_bytes()[prefix.len()..]
+            .iter()
+            .all(|&b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A request id from 16 random bytes.
+pub fn request_id(random: [u8; 16]) -> String {
+    render(REQUEST_ID_PREFIX, random)
+}
+
+/// A receipt id from 16 random bytes.
+pub fn receipt_id(random: [u8; 16]) -> String {
+    render(RECEIPT_ID_PREFIX, random)
+}
+
+/// Whether `s` has the shape of a request id.
+pub fn is_request_id(s: &str) -> bool {
+    has_shape(s, REQUEST_ID_PREFIX)
+}
+
+/// Whether `s` has the shape of a receipt id.
+pub fn is_receipt_id(s: &str) -> bool {
+    has_shape(s, RECEIPT_ID_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes() {
+        let r = request_id([0xab; 16]);
+        assert_eq!(r, format!("req_{}", "ab".repeat(16)));
+        assert!(is_request_id(&r));
+        assert!(!is_receipt_id(&r));
+        let c = receipt_id([1; 16]);
+        assert!(is_receipt_id(&c));
+        for bad in [
+            "",
+            "req_",
+            "req_AB",
+            &format!("req_{}", "AB".repeat(16)),
+            &format!("rcpt_{}", "0".repeat(33)),
+        ] {
+            assert!(!is_request_id(bad) && !is_receipt_id(bad), "{bad}");
+        }
+    }
+}

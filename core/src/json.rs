@@ -29,9 +29,15 @@ pub enum JsonError {
 /// Decodes exactly one JSON value of type `T` from `buf`, in place (simd-json mutates the
 /// buffer). `T` must be declared with `#[serde(deny_unknown_fields)]` at every level for the
 /// strictness guarantees to hold; serde's derive rejects duplicate keys on its own.
-pub fn from_slice_strict<T: DeserializeOwned>(buf: &mut [u8], limit: usize) -> Result<T, JsonError> {
+pub fn from_slice_strict<T: DeserializeOwned>(
+    buf: &mut [u8],
+    limit: usize,
+) -> Result<T, JsonError> {
     if buf.len() > limit {
-        return Err(JsonError::TooLarge { size: buf.len(), limit });
+        return Err(JsonError::TooLarge {
+            size: buf.len(),
+            limit,
+        });
     }
     if simdutf8_check(buf).is_err() {
         return Err(JsonError::InvalidUtf8);
@@ -54,6 +60,9 @@ fn describe(e: &simd_json::Error) -> String {
         T::Serde(s) => return clean_serde_message(s),
         T::TrailingData => "trailing data after the JSON value".into(),
         T::Eof => "unexpected end of input".into(),
+        // simd-json reports several syntax errors, among them a second value after the first,
+        // as an internal error.
+        T::InternalError => "syntax error (malformed JSON or trailing data after the value)".into(),
         T::InvalidUtf8 => "invalid UTF-8".into(),
         T::InvalidEscape => "invalid string escape".into(),
         T::InvalidNumber => "invalid number".into(),
@@ -63,7 +72,9 @@ fn describe(e: &simd_json::Error) -> String {
         T::ExpectedMap => "expected an object".into(),
         T::ExpectedString => "expected a string".into(),
         T::ExpectedBoolean => "expected a boolean".into(),
-        T::ExpectedInteger | T::ExpectedUnsigned | T::ExpectedSigned => "expected an integer".into(),
+        T::ExpectedInteger | T::ExpectedUnsigned | T::ExpectedSigned => {
+            "expected an integer".into()
+        }
         other => format!("{other:?}").to_lowercase(),
     };
     match e.index() {
@@ -147,7 +158,10 @@ mod tests {
     fn accepts_strict_document() {
         assert_eq!(
             dec(br#" {"inner":{"a":1},"name":"x"} "#).unwrap(),
-            Outer { inner: Inner { a: 1 }, name: Some("x".into()) }
+            Outer {
+                inner: Inner { a: 1 },
+                name: Some("x".into())
+            }
         );
     }
 
@@ -177,7 +191,10 @@ mod tests {
         let mut v = vec![b' '; 2000];
         assert_eq!(
             from_slice_strict::<Outer>(&mut v, 1024),
-            Err(JsonError::TooLarge { size: 2000, limit: 1024 })
+            Err(JsonError::TooLarge {
+                size: 2000,
+                limit: 1024
+            })
         );
     }
 

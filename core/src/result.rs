@@ -1,1 +1,215 @@
-//! result
+//! Encoding of the request result envelope (spec, Request result): status, ordered headers with
+//! duplicates, the body inline (base64) or as a receipt, and timing.
+//!
+//! This is on the per-request path: the envelope is written straight into one buffer, base64
+//! included, without intermediate strings.
+
+use base64::Engine as _;
+
+use crate::json::write_str;
+
+/// Stage timings of a request, in whole milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Rule and worker selection.
+    pub routing_ms: u64,
+    /// Hand-over to the worker until it started the upstream request.
+    pub assignment_ms: u64,
+    /// The upstream request, first byte out to last byte in.
+    pub egress_ms: u64,
+    /// The whole request as the gateway saw it.
+    pub total_ms: u64,
+}
+
+/// The response body as returned in the envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultBody<'a> {
+    /// Inline bytes; `truncated` is always false on the wire.
+    Inline(&'a [u8]),
+    /// A verified response receipt.
+    Receipt {
+        /// The receipt id.
+        receipt_id: &'a str,
+        /// Size of the stored body.
+        size_bytes: u64,
+        /// Lowercase hex SHA-256 of the stored body.
+        sha256_hex: &'a str,
+    },
+}
+
+/// Everything the result envelope carries.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestResult<'a> {
+    /// The request id (`req_…`).
+    pub request_id: &'a str,
+    /// The destination's status.
+    pub status: u16,
+    /// Response headers in order, duplicates preserved: raw name and value bytes.
+    pub headers: &'a [(&'a [u8], &'a [u8])],
+    /// The body.
+    pub body: ResultBody<'a>,
+    /// Timing.
+    pub timing: Timing,
+}
+
+fn write_b64(out: &mut Vec<u8>, data: &[u8]) {
+    out.push(b'"');
+    let start = out.len();
+    let len = base64::encoded_len(data.len(), true).unwrap_or(0);
+    out.resize(start + len, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(data, &mut out[start..])
+        .unwrap_or(0);
+    out.truncate(start + written);
+    out.push(b'"');
+}
+
+fn write_u64(out: &mut Vec<u8>, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Header names are tokens on the wire; anything else is shown as lossy UTF-8.
+fn write_name(out: &mut Vec<u8>, name: &[u8]) {
+    match std::str::from_utf8(name) {
+        Ok(s) => write_str(out, s),
+        Err(_) => write_str(out, &String::from_utf8_lossy(name)),
+    }
+}
+
+impl RequestResult<'_> {
+    /// Encodes the envelope as JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        let body_len = match self.body {
+            ResultBody::Inline(b) => b.len() / 3 * 4 + 4,
+            ResultBody::Receipt { .. } => 160,
+        };
+        let head_len: usize = self
+            .headers
+            .iter()
+            .map(|(n, v)| n.len() + v.len() * 4 / 3 + 40)
+            .sum();
+        let mut out = Vec::with_capacity(160 + body_len + head_len);
+        out.extend_from_slice(b"{\"request_id\":");
+        write_str(&mut out, self.request_id);
+        out.extend_from_slice(b",\"status\":");
+        write_u64(&mut out, u64::from(self.status));
+        out.extend_from_slice(b",\"headers\":[");
+        for (i, (n, v)) in self.headers.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"name\":");
+            write_name(&mut out, n);
+            out.extend_from_slice(b",\"value_base64\":");
+            write_b64(&mut out, v);
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],\"body\":");
+        match self.body {
+            ResultBody::Inline(b) => {
+                out.extend_from_slice(b"{\"mode\":\"inline_base64\",\"data_base64\":");
+                write_b64(&mut out, b);
+                out.extend_from_slice(b",\"truncated\":false}");
+            }
+            ResultBody::Receipt {
+                receipt_id,
+                size_bytes,
+                sha256_hex,
+            } => {
+                out.extend_from_slice(b"{\"mode\":\"receipt\",\"receipt_id\":");
+                write_str(&mut out, receipt_id);
+                out.extend_from_slice(b",\"size_bytes\":");
+                write_u64(&mut out, size_bytes);
+                out.extend_from_slice(b",\"sha256_hex\":");
+                write_str(&mut out, sha256_hex);
+                out.push(b'}');
+            }
+        }
+        let t = self.timing;
+        out.extend_from_slice(b",\"timing\":{\"routing_ms\":");
+        write_u64(&mut out, t.routing_ms);
+        out.extend_from_slice(b",\"assignment_ms\":");
+        write_u64(&mut out, t.assignment_ms);
+        out.extend_from_slice(b",\"egress_ms\":");
+        write_u64(&mut out, t.egress_ms);
+        out.extend_from_slice(b",\"total_ms\":");
+        write_u64(&mut out, t.total_ms);
+        out.extend_from_slice(b"}}");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_result_round_trips() {
+        let headers: &[(&[u8], &[u8])] = &[
+            (b"Set-Cookie", b"a=1"),
+            (b"Set-Cookie", b"b=2"),
+            (b"X-Bin", b"\xff\x00"),
+        ];
+        let r = RequestResult {
+            request_id: "req_1",
+            status: 404,
+            headers,
+            body: ResultBody::Inline(b"hello"),
+            timing: Timing {
+                routing_ms: 0,
+                assignment_ms: 1,
+                egress_ms: 20,
+                total_ms: 21,
+            },
+        };
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(v["request_id"], "req_1");
+        assert_eq!(v["status"], 404);
+        assert_eq!(v["headers"][0]["name"], "Set-Cookie");
+        assert_eq!(v["headers"][0]["value_base64"], "YT0x");
+        assert_eq!(v["headers"][1]["value_base64"], "Yj0y");
+        assert_eq!(v["headers"][2]["value_base64"], "/wA=");
+        assert_eq!(v["body"]["mode"], "inline_base64");
+        assert_eq!(v["body"]["data_base64"], "aGVsbG8=");
+        assert_eq!(v["body"]["truncated"], false);
+        assert_eq!(v["timing"]["egress_ms"], 20);
+        assert_eq!(v["timing"]["total_ms"], 21);
+    }
+
+    #[test]
+    fn receipt_result_and_empty_body() {
+        let r = RequestResult {
+            request_id: "req_2",
+            status: 200,
+            headers: &[],
+            body: ResultBody::Receipt {
+                receipt_id: "rcpt_x",
+                size_bytes: u64::MAX,
+                sha256_hex: "ab",
+            },
+            timing: Timing::default(),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(v["body"]["mode"], "receipt");
+        assert_eq!(v["body"]["size_bytes"], u64::MAX);
+        assert!(v["body"].get("truncated").is_none());
+        assert_eq!(v["headers"].as_array().unwrap().len(), 0);
+        let r = RequestResult {
+            body: ResultBody::Inline(b""),
+            ..r
+        };
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(v["body"]["data_base64"], "");
+    }
+}

@@ -58,12 +58,18 @@ impl Cidr {
     /// A v4 network; `len` must be at most 32 and `net` may have host bits (they are cleared).
     pub const fn v4(a: u8, b: u8, c: u8, d: u8, len: u8) -> Cidr {
         let ip = u32::from_be_bytes([a, b, c, d]);
-        Cidr::V4 { net: ip & mask32(len), len }
+        Cidr::V4 {
+            net: ip & mask32(len),
+            len,
+        }
     }
 
     /// A v6 network from its 128-bit value; host bits are cleared.
     pub const fn v6(ip: u128, len: u8) -> Cidr {
-        Cidr::V6 { net: ip & mask128(len), len }
+        Cidr::V6 {
+            net: ip & mask128(len),
+            len,
+        }
     }
 
     /// Whether `ip` is inside the network. An IPv4 network never contains an IPv6 address and
@@ -143,7 +149,10 @@ mod tests {
         assert!(c.contains("8.8.8.8".parse().unwrap()));
         let c: Cidr = "127.0.0.1".parse().unwrap();
         assert_eq!(c.to_string(), "127.0.0.1/32");
-        assert_eq!("fe80::/10".parse::<Cidr>().unwrap().to_string(), "fe80::/10");
+        assert_eq!(
+            "fe80::/10".parse::<Cidr>().unwrap().to_string(),
+            "fe80::/10"
+        );
     }
 
     #[test]

@@ -1,0 +1,230 @@
+//! Validation of the destination headers a caller supplies in a request envelope (spec, Request
+//! API rule 1 and Limits; decision 001 for which headers are managed or rejected).
+//!
+//! This is on the per-request path.
+
+use base64::Engine as _;
+
+use crate::error::{ApiError, ErrorCode};
+use crate::limits::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_TOTAL_BYTES};
+
+/// One validated destination header: the name as the caller spelled it and the decoded value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The field name, a valid RFC 9110 token, case preserved.
+    pub name: String,
+    /// The decoded field value: no CR, LF or NUL, no other control byte but HTAB.
+    pub value: Vec<u8>,
+}
+
+/// Headers the gateway sets itself or never forwards, with the reason given to the caller.
+/// Matching is case-insensitive. Everything else is forwarded in order, duplicates preserved.
+const REJECTED: &[(&str, &str)] = &[
+    ("host", "Host is derived from url"),
+    ("content-length", "Content-Length is derived from the body"),
+    // RFC 9110 §7.6.1: hop-by-hop fields apply to one connection and are never forwarded.
+    (
+        "transfer-encoding",
+        "Transfer-Encoding is managed by the gateway",
+    ),
+    ("connection", "Connection is a hop-by-hop header"),
+    ("keep-alive", "Keep-Alive is a hop-by-hop header"),
+    (
+        "proxy-connection",
+        "Proxy-Connection is a hop-by-hop header",
+    ),
+    ("te", "TE is a hop-by-hop header"),
+    ("trailer", "Trailer is a hop-by-hop header"),
+    ("upgrade", "Upgrade is a hop-by-hop header"),
+    ("expect", "Expect is managed by the gateway"),
+    // Callers cannot send proxy credentials (spec, Routing rule 7).
+    (
+        "proxy-authorization",
+        "proxy credentials are managed by the gateway",
+    ),
+    (
+        "proxy-authenticate",
+        "proxy credentials are managed by the gateway",
+    ),
+];
+
+/// The prefix of the gateway's own headers; they never reach a destination (DESIGN §5).
+const SERVICE_PREFIX: &str = "x-service-";
+
+/// Whether `b` is an RFC 9110 §5.6.2 `tchar`.
+pub const fn is_tchar(b: u8) -> bool {
+    matches!(b,
+        b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`'
+        | b'|' | b'~' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z')
+}
+
+/// Whether `name` is a header the gateway manages or rejects, and why.
+pub fn rejection_reason(name: &str) -> Option<&'static str> {
+    if name.len() >= SERVICE_PREFIX.len()
+        && name.as_bytes()[..SERVICE_PREFIX.len()].eq_ignore_ascii_case(SERVICE_PREFIX.as_bytes())
+    {
+        return Some("X-Service-* headers are the gateway's own");
+    }
+    REJECTED
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, why)| *why)
+}
+
+/// Validates one header's name and base64 value; `index` is used in messages.
+pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<Header, ApiError> {
+    let at = |m: String| format!("headers[{index}]: {m}");
+    if name.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(ApiError::new(
+            ErrorCode::HeaderInjectionFailed,
+            at("name contains CR, LF or NUL".into()),
+        ));
+    }
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            at("name is not a valid header field name".into()),
+        ));
+    }
+    if name.len() > MAX_HEADER_NAME_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            at(format!("name is longer than {MAX_HEADER_NAME_BYTES} bytes")),
+        ));
+    }
+    if let Some(why) = rejection_reason(name) {
+        return Err(ApiError::new(ErrorCode::InvalidRequest, at(why.into())));
+    }
+    // Spec, Request API rule 1: no CR or LF before decoding...
+    if value_base64.bytes().any(|b| b == b'\r' || b == b'\n') {
+        return Err(ApiError::new(
+            ErrorCode::HeaderInjectionFailed,
+            at("value_base64 contains CR or LF".into()),
+        ));
+    }
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(value_base64)
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                at("value_base64 is not standard base64".into()),
+            )
+        })?;
+    // ...nor after: CR, LF or NUL in a value would split or truncate the header upstream.
+    if value.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(ApiError::new(
+            ErrorCode::HeaderInjectionFailed,
+            at("decoded value contains CR, LF or NUL".into()),
+        ));
+    }
+    // RFC 9110 §5.5: other control characters are not valid in a field value.
+    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            at("decoded value contains a control character".into()),
+        ));
+    }
+    Ok(Header {
+        name: name.to_string(),
+        value,
+    })
+}
+
+/// Checks the whole-list limits: entry count and total size of names plus decoded values.
+pub fn check_header_totals(count: usize, headers: &[Header]) -> Result<(), ApiError> {
+    if count > MAX_HEADERS {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("headers: at most {MAX_HEADERS} entries are allowed, got {count}"),
+        ));
+    }
+    let total: usize = headers.iter().map(|h| h.name.len() + h.value.len()).sum();
+    if total > MAX_HEADER_TOTAL_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "headers: names plus decoded values total {total} bytes, over the limit of \
+                 {MAX_HEADER_TOTAL_BYTES}"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b64(s: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
+
+    #[test]
+    fn accepts_ordinary_headers() {
+        for (n, v) in [
+            ("Accept", &b"text/html"[..]),
+            ("x-custom_1", b"a\tb"),
+            ("Cookie", b""),
+            ("User-Agent", "caf\u{e9}".as_bytes()),
+            ("!#$%&'*+-.^_`|~", b"v"),
+        ] {
+            let h = validate_header(0, n, &b64(v)).unwrap();
+            assert_eq!(h.name, n);
+            assert_eq!(h.value, v);
+        }
+    }
+
+    #[test]
+    fn rejects_with_the_right_code() {
+        use ErrorCode::*;
+        let long = "a".repeat(MAX_HEADER_NAME_BYTES + 1);
+        let cases: Vec<(&str, String, ErrorCode)> = vec![
+            ("X-A\r\n", b64(b"v"), HeaderInjectionFailed),
+            ("X-A", b64(b"v\r\nEvil: 1"), HeaderInjectionFailed),
+            ("X-A", b64(b"v\n"), HeaderInjectionFailed),
+            ("X-A", b64(b"v\0"), HeaderInjectionFailed),
+            ("X-A", "dg==\r\n".into(), HeaderInjectionFailed),
+            ("X-A", "dg\n==".into(), HeaderInjectionFailed),
+            ("X-A", b64(b"\x01"), InvalidRequest),
+            ("X-A", b64(b"\x7f"), InvalidRequest),
+            ("X-A", "dg".into(), InvalidRequest),
+            ("X-A", "d-==".into(), InvalidRequest),
+            ("X-A", "dg==dg==".into(), InvalidRequest),
+            ("", b64(b"v"), InvalidRequest),
+            ("X A", b64(b"v"), InvalidRequest),
+            ("X:A", b64(b"v"), InvalidRequest),
+            ("X\u{e9}", b64(b"v"), InvalidRequest),
+            (&long, b64(b"v"), InvalidRequest),
+            ("Host", b64(b"evil"), InvalidRequest),
+            ("content-LENGTH", b64(b"1"), InvalidRequest),
+            ("Transfer-Encoding", b64(b"chunked"), InvalidRequest),
+            ("Connection", b64(b"close"), InvalidRequest),
+            ("Keep-Alive", b64(b"1"), InvalidRequest),
+            ("Proxy-Connection", b64(b"1"), InvalidRequest),
+            ("TE", b64(b"trailers"), InvalidRequest),
+            ("Trailer", b64(b"x"), InvalidRequest),
+            ("Upgrade", b64(b"h2c"), InvalidRequest),
+            ("Expect", b64(b"100-continue"), InvalidRequest),
+            ("Proxy-Authorization", b64(b"Basic x"), InvalidRequest),
+            ("X-Service-Route-Tags", b64(b"a"), InvalidRequest),
+            ("x-service-anything", b64(b"a"), InvalidRequest),
+        ];
+        for (n, v, code) in cases {
+            let e = validate_header(3, n, &v).unwrap_err();
+            assert_eq!(e.code, code, "{n:?} {v:?}: {e}");
+            assert!(e.message.starts_with("headers[3]: "), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn totals() {
+        let h = |n: usize| Header {
+            name: "a".into(),
+            value: vec![b'x'; n],
+        };
+        assert!(check_header_totals(64, &[]).is_ok());
+        assert!(check_header_totals(65, &[]).is_err());
+        assert!(check_header_totals(1, &[h(MAX_HEADER_TOTAL_BYTES - 1)]).is_ok());
+        assert!(check_header_totals(1, &[h(MAX_HEADER_TOTAL_BYTES)]).is_err());
+    }
+}

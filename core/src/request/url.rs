@@ -1,0 +1,450 @@
+//! Destination URL validation: an absolute `http` or `https` URL, parsed strictly into a
+//! [`TargetUrl`] (spec, Request table, field `url`; decision 001 for what the spec leaves open).
+//!
+//! This is on the per-request path: no allocation beyond the validated result.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use crate::limits::MAX_URL_BYTES;
+
+/// The scheme of a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Plain HTTP, default port 80.
+    Http,
+    /// HTTP over TLS, default port 443.
+    Https,
+}
+
+impl Scheme {
+    /// The scheme's default port.
+    pub const fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+
+    /// The lowercase scheme name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// The host of a destination.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A DNS name: lowercase ASCII labels (IDNs must arrive as A-labels, `xn--…`).
+    Domain(String),
+    /// An IPv4 literal in strict dotted-decimal form.
+    V4(Ipv4Addr),
+    /// An IPv6 literal (written in brackets in the URL), without a zone identifier.
+    V6(Ipv6Addr),
+}
+
+impl fmt::Display for Host {
+    /// Writes the host as it appears in a URL authority or a `Host` header.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Domain(d) => f.write_str(d),
+            Host::V4(a) => write!(f, "{a}"),
+            Host::V6(a) => write!(f, "[{a}]"),
+        }
+    }
+}
+
+/// A validated absolute destination URL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TargetUrl {
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// The host, normalised (lowercase name or canonical address).
+    pub host: Host,
+    /// The effective port: explicit, or the scheme's default.
+    pub port: u16,
+    /// Whether the URL named the port explicitly and it differs from the default.
+    pub has_explicit_port: bool,
+    /// Path and query as sent on the request line (origin-form); `/` when the URL had no path.
+    pub path_and_query: String,
+}
+
+impl TargetUrl {
+    /// The value of the `Host` header for this URL: the host, plus the port when it is not the
+    /// scheme's default.
+    pub fn authority(&self) -> String {
+        if self.has_explicit_port {
+            format!("{}:{}", self.host, self.port)
+        } else {
+            self.host.to_string()
+        }
+    }
+
+    /// The host name for TLS SNI and DNS: the domain, or the address literal without brackets.
+    pub fn host_str(&self) -> String {
+        match &self.host {
+            Host::Domain(d) => d.clone(),
+            Host::V4(a) => a.to_string(),
+            Host::V6(a) => a.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for TargetUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority(),
+            self.path_and_query
+        )
+    }
+}
+
+/// Why a URL was rejected. Every variant is an `invalid_request`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    /// Longer than [`MAX_URL_BYTES`].
+    #[error("url is longer than 8192 bytes")]
+    TooLong,
+    /// Contains a space, a control character or a non-ASCII byte.
+    #[error("url contains a space, control or non-ASCII character (send IDNs as A-labels)")]
+    BadCharacter,
+    /// Not `http://` or `https://`, or not absolute.
+    #[error("url must be an absolute http or https URL")]
+    BadScheme,
+    /// Carries user information (`user:pass@`).
+    #[error("url must not contain user info")]
+    UserInfo,
+    /// Carries a fragment (`#…`).
+    #[error("url must not contain a fragment")]
+    Fragment,
+    /// The host is empty.
+    #[error("url host is empty")]
+    EmptyHost,
+    /// The host is not a valid DNS name or IPv4 literal.
+    #[error("url host is malformed")]
+    BadHost,
+    /// An IPv6 literal is malformed.
+    #[error("url IPv6 literal is malformed")]
+    BadIpv6,
+    /// An IPv6 literal carries a zone identifier (`%25eth0`).
+    #[error("url IPv6 literal must not carry a zone identifier")]
+    Ipv6Zone,
+    /// The port is empty, not a number, or outside 1..=65535.
+    #[error("url port must be a number from 1 to 65535")]
+    BadPort,
+    /// A percent-escape is not `%` followed by two hex digits.
+    #[error("url contains a malformed percent-escape")]
+    BadEscape,
+}
+
+/// Longest DNS name, without a trailing dot (RFC 1035 §2.3.4).
+const MAX_HOSTNAME_BYTES: usize = 253;
+/// Longest DNS label (RFC 1035 §2.3.4).
+const MAX_LABEL_BYTES: usize = 63;
+
+/// Parses and validates an absolute destination URL.
+pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
+    let b = url.as_bytes();
+    if b.len() > MAX_URL_BYTES {
+        return Err(UrlError::TooLong);
+    }
+    // Only visible ASCII: a space or control byte could split the request line upstream, and
+    // non-ASCII hosts must be sent as A-labels (decision 001).
+    if !b.iter().all(|&c| (0x21..=0x7e).contains(&c)) {
+        return Err(UrlError::BadCharacter);
+    }
+    if b.contains(&b'#') {
+        return Err(UrlError::Fragment);
+    }
+    let (scheme, rest) = if let Some(r) = strip_prefix_ci(url, "https://") {
+        (Scheme::Https, r)
+    } else if let Some(r) = strip_prefix_ci(url, "http://") {
+        (Scheme::Http, r)
+    } else {
+        return Err(UrlError::BadScheme);
+    };
+    let auth_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path_and_query) = rest.split_at(auth_end);
+    if authority.contains('@') {
+        return Err(UrlError::UserInfo);
+    }
+    if authority.contains('\\') {
+        return Err(UrlError::BadHost);
+    }
+    let (host, port) = split_host_port(authority)?;
+    let host = parse_host(host)?;
+    let (port, has_explicit_port) = match port {
+        None => (scheme.default_port(), false),
+        Some(p) => {
+            let p = parse_port(p)?;
+            (p, p != scheme.default_port())
+        }
+    };
+    check_escapes(path_and_query.as_bytes())?;
+    let path_and_query = if path_and_query.is_empty() {
+        "/".to_string()
+    } else if path_and_query.starts_with('?') {
+        format!("/{path_and_query}")
+    } else {
+        path_and_query.to_string()
+    };
+    Ok(TargetUrl {
+        scheme,
+        host,
+        port,
+        has_explicit_port,
+        path_and_query,
+    })
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+/// Splits `host[:port]` or `[v6][:port]`.
+fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), UrlError> {
+    if authority.is_empty() {
+        return Err(UrlError::EmptyHost);
+    }
+    if let Some(rest) = authority.strip_prefix('[') {
+        let close = rest.find(']').ok_or(UrlError::BadIpv6)?;
+        let after = &rest[close + 1..];
+        let host = &authority[..close + 2];
+        return match after {
+            "" => Ok((host, None)),
+            a => match a.strip_prefix(':') {
+                Some(p) => Ok((host, Some(p))),
+                None => Err(UrlError::BadIpv6),
+            },
+        };
+    }
+    match authority.split_once(':') {
+        Some((h, p)) => Ok((h, Some(p))),
+        None => Ok((authority, None)),
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16, UrlError> {
+    if p.is_empty() || p.len() > 5 || !p.bytes().all(|c| c.is_ascii_digit()) {
+        return Err(UrlError::BadPort);
+    }
+    match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(UrlError::BadPort),
+        Ok(n) => Ok(n),
+    }
+}
+
+/// Parses the host part of an authority (brackets included for IPv6).
+pub fn parse_host(host: &str) -> Result<Host, UrlError> {
+    if host.is_empty() {
+        return Err(UrlError::EmptyHost);
+    }
+    if let Some(inner) = host.strip_prefix('[') {
+        let inner = inner.strip_suffix(']').ok_or(UrlError::BadIpv6)?;
+        // RFC 6874 zone identifiers (`fe80::1%25eth0`) are meaningless off-link and rejected
+        // (spec: IPv6 zone identifiers are rejected).
+        if inner.contains('%') {
+            return Err(UrlError::Ipv6Zone);
+        }
+        return inner
+            .parse::<Ipv6Addr>()
+            .map(Host::V6)
+            .map_err(|_| UrlError::BadIpv6);
+    }
+    if host.len() > MAX_HOSTNAME_BYTES {
+        return Err(UrlError::BadHost);
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    let last = labels.last().copied().unwrap_or("");
+    // A name whose last label is numeric is an address: only strict dotted-decimal IPv4 is
+    // accepted, so that obfuscated forms (`0x7f.1`, `2130706433`, `017.0.0.1`) cannot slip past
+    // the destination policy through a resolver that reads them differently.
+    if !last.is_empty() && (last.bytes().all(|c| c.is_ascii_digit()) || is_hex_literal(last)) {
+        return parse_strict_ipv4(host)
+            .map(Host::V4)
+            .ok_or(UrlError::BadHost);
+    }
+    for label in &labels {
+        if !is_valid_label(label.as_bytes()) {
+            return Err(UrlError::BadHost);
+        }
+    }
+    Ok(Host::Domain(host.to_ascii_lowercase()))
+}
+
+fn is_hex_literal(label: &str) -> bool {
+    let b = label.as_bytes();
+    b.len() > 2
+        && (b[0] == b'0')
+        && (b[1] | 0x20 == b'x')
+        && b[2..].iter().all(u8::is_ascii_hexdigit)
+}
+
+/// A DNS label: 1 to 63 letters, digits, hyphens or underscores, not starting or ending with a
+/// hyphen. Underscores are accepted because real HTTP hosts carry them (decision 001).
+fn is_valid_label(l: &[u8]) -> bool {
+    !l.is_empty()
+        && l.len() <= MAX_LABEL_BYTES
+        && l.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+        && l[0] != b'-'
+        && l[l.len() - 1] != b'-'
+}
+
+/// Dotted-decimal with exactly four parts, each 0..=255 without leading zeros.
+fn parse_strict_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let mut out = [0u8; 4];
+    let mut n = 0;
+    for part in s.split('.') {
+        if n == 4 || part.is_empty() || part.len() > 3 || !part.bytes().all(|c| c.is_ascii_digit())
+        {
+            return None;
+        }
+        if part.len() > 1 && part.starts_with('0') {
+            return None;
+        }
+        out[n] = part.parse::<u8>().ok()?;
+        n += 1;
+    }
+    (n == 4).then(|| Ipv4Addr::from(out))
+}
+
+fn check_escapes(b: &[u8]) -> Result<(), UrlError> {
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            match (b.get(i + 1), b.get(i + 2)) {
+                (Some(h), Some(l)) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => i += 3,
+                _ => return Err(UrlError::BadEscape),
+            }
+        } else {
+            i += 1;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_and_normalises() {
+        let cases: &[(&str, &str, &str, u16, &str)] = &[
+            // (input, scheme, authority, port, path_and_query)
+            ("http://example.com", "http", "example.com", 80, "/"),
+            (
+                "https://Example.COM/a/b?c=d",
+                "https",
+                "example.com",
+                443,
+                "/a/b?c=d",
+            ),
+            ("HTTPS://example.com:443/", "https", "example.com", 443, "/"),
+            (
+                "http://example.com:8080/x",
+                "http",
+                "example.com:8080",
+                8080,
+                "/x",
+            ),
+            ("http://example.com?q=1", "http", "example.com", 80, "/?q=1"),
+            ("http://127.0.0.1:9/", "http", "127.0.0.1:9", 9, "/"),
+            ("http://[::1]:8080/p", "http", "[::1]:8080", 8080, "/p"),
+            ("http://[2001:DB8::1]/", "http", "[2001:db8::1]", 80, "/"),
+            (
+                "http://xn--bcher-kva.example/",
+                "http",
+                "xn--bcher-kva.example",
+                80,
+                "/",
+            ),
+            (
+                "http://_dmarc.example.com/",
+                "http",
+                "_dmarc.example.com",
+                80,
+                "/",
+            ),
+            (
+                "http://a.b/%20x?y=%7B|}",
+                "http",
+                "a.b",
+                80,
+                "/%20x?y=%7B|}",
+            ),
+            ("http://localhost/", "http", "localhost", 80, "/"),
+        ];
+        for (input, scheme, authority, port, pq) in cases {
+            let u = parse_target_url(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(u.scheme.as_str(), *scheme, "{input}");
+            assert_eq!(u.authority(), *authority, "{input}");
+            assert_eq!(u.port, *port, "{input}");
+            assert_eq!(u.path_and_query, *pq, "{input}");
+        }
+    }
+
+    #[test]
+    fn rejects_with_precise_reason() {
+        use UrlError::*;
+        let long = format!("http://a.com/{}", "x".repeat(MAX_URL_BYTES));
+        let cases: &[(&str, UrlError)] = &[
+            (&long, TooLong),
+            ("ftp://example.com/", BadScheme),
+            ("example.com/", BadScheme),
+            ("//example.com/", BadScheme),
+            ("http:/example.com", BadScheme),
+            ("javascript:alert(1)", BadScheme),
+            ("http://user@example.com/", UserInfo),
+            ("http://user:pw@example.com/", UserInfo),
+            ("http://example.com/#frag", Fragment),
+            ("http://example.com#", Fragment),
+            ("http:///path", EmptyHost),
+            ("http://", EmptyHost),
+            ("http://:80/", EmptyHost),
+            ("http://exa mple.com/", BadCharacter),
+            ("http://example.com/\r\nX: y", BadCharacter),
+            ("http://bücher.example/", BadCharacter),
+            ("http://[fe80::1%25eth0]/", Ipv6Zone),
+            ("http://[fe80::1%eth0]/", Ipv6Zone),
+            ("http://[::1/", BadIpv6),
+            ("http://[::g]/", BadIpv6),
+            ("http://[::1]x/", BadIpv6),
+            ("http://example.com:/", BadPort),
+            ("http://example.com:0/", BadPort),
+            ("http://example.com:65536/", BadPort),
+            ("http://example.com:-1/", BadPort),
+            ("http://example.com:80:80/", BadPort),
+            ("http://-bad.example/", BadHost),
+            ("http://bad-.example/", BadHost),
+            ("http://a..b/", BadHost),
+            ("http://example.com./", BadHost),
+            ("http://ex!ample.com/", BadHost),
+            ("http://0x7f.0.0.1/", BadHost),
+            ("http://0x7f000001/", BadHost),
+            ("http://2130706433/", BadHost),
+            ("http://127.1/", BadHost),
+            ("http://017.0.0.1/", BadHost),
+            ("http://256.0.0.1/", BadHost),
+            ("http://1.2.3.4.5/", BadHost),
+            ("http://a\\b.com/", BadHost),
+            ("http://example.com/%zz", BadEscape),
+            ("http://example.com/%4", BadEscape),
+        ];
+        for (input, want) in cases {
+            assert_eq!(parse_target_url(input), Err(*want), "{input}");
+        }
+        let label64 = format!("http://{}.com/", "a".repeat(64));
+        assert_eq!(parse_target_url(&label64), Err(BadHost));
+        let name254 = format!("http://{}.aa/", vec!["a".repeat(63); 4].join("."));
+        assert_eq!(parse_target_url(&name254), Err(BadHost));
+    }
+}
