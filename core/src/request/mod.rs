@@ -134,9 +134,11 @@ pub struct ValidatedRequest {
 // Wire types: exactly the contract's fields. `present` makes an explicit `null` an error instead
 // of a silent "omitted" (decision 001).
 
+/// The request envelope as decoded, before validation. Public so that benchmarks can compare
+/// JSON decoders on the same type; use [`decode_request`] otherwise.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireRequest {
+pub struct RequestEnvelope {
     method: String,
     url: String,
     #[serde(default, deserialize_with = "present")]
@@ -211,12 +213,16 @@ pub fn decode_request(
     buf: &mut [u8],
     ctx: &ValidationContext<'_>,
 ) -> Result<ValidatedRequest, ApiError> {
-    let wire: WireRequest =
+    let wire: RequestEnvelope =
         from_slice_strict(buf, MAX_REQUEST_ENVELOPE_BYTES).map_err(json_error)?;
     validate(wire, ctx)
 }
 
-fn validate(w: WireRequest, ctx: &ValidationContext<'_>) -> Result<ValidatedRequest, ApiError> {
+/// Validates a decoded envelope against every rule of the contract.
+pub fn validate(
+    w: RequestEnvelope,
+    ctx: &ValidationContext<'_>,
+) -> Result<ValidatedRequest, ApiError> {
     let method = match Method::parse(&w.method) {
         Some(m) => m,
         None if w.method.eq_ignore_ascii_case("CONNECT") => {

@@ -1,0 +1,687 @@
+//! The static configuration file (TOML): its keys, their defaults and their validation. Names
+//! follow DESIGN §4; the keys the contract names keep the contract's names
+//! (`control.request.max_timeout_ms`, `object_storage.max_object_bytes`, …).
+//!
+//! Parsing and validation are pure; resolving `*_env` variables, reading files and binding
+//! sockets are the io crate's business.
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Deserialize;
+
+use crate::limits::{
+    DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES, DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+    DEFAULT_MAX_TIMEOUT_MS, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES,
+    MIN_TIMEOUT_MS,
+};
+use crate::routing::{CountryCode, Ingress};
+
+/// Default of `object_storage.max_object_bytes`: 5 GiB (decision 002).
+pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 5 * 1024 * 1024 * 1024;
+/// Default capacity of a local worker.
+pub const DEFAULT_WORKER_CAPACITY: u32 = 256;
+/// The id of the local worker `serve` runs when the file declares none.
+pub const DEFAULT_WORKER_ID: &str = "local";
+/// The deployment `serve` creates when the file declares none.
+pub const DEFAULT_DEPLOYMENT_ID: &str = "dep_default";
+/// The pool a worker without `pools` belongs to.
+pub const DEFAULT_POOL: &str = "direct";
+/// Longest identifier (deployment, worker, pool).
+pub const MAX_ID_BYTES: usize = 64;
+/// At most this many workers in one file.
+pub const MAX_CONFIG_WORKERS: usize = 4096;
+/// Largest `control.request.max_timeout_ms`: one hour.
+pub const MAX_MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// Largest inline body limit (each direction): 3 MiB, so that a base64 body still fits the 4 MiB
+/// envelope.
+pub const MAX_INLINE_BODY_LIMIT: usize = 3 * 1024 * 1024;
+
+/// A configuration error naming the key path and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    /// The key path, e.g. `control.request.max_timeout_ms` or `workers[1].country`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// The whole static configuration, validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[control]`.
+    #[serde(default)]
+    pub control: ControlConfig,
+    /// `[[deployments]]`: bearer deployment tokens.
+    #[serde(default)]
+    pub deployments: Vec<DeploymentConfig>,
+    /// `[admin]`.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// `[object_storage]`.
+    #[serde(default)]
+    pub object_storage: ObjectStorageConfig,
+    /// `[store]`.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// `[egress]`.
+    #[serde(default)]
+    pub egress: EgressConfig,
+    /// `[[workers]]`: local executors of `serve`.
+    #[serde(default)]
+    pub workers: Vec<WorkerConfig>,
+}
+
+/// `[control]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Request and receipt API listener.
+    #[serde(default = "default_api_listen")]
+    pub api_listen: String,
+    /// Admin API listener; `None` disables the admin API.
+    #[serde(default = "default_admin_listen")]
+    pub admin_listen: Option<String>,
+    /// Forward-proxy listener; `None` disables the proxy ingress.
+    #[serde(default)]
+    pub proxy_listen: Option<String>,
+    /// Worker bus listener (`control` mode).
+    #[serde(default)]
+    pub bus_listen: Option<String>,
+    /// Hot cores; 0 means all available.
+    #[serde(default)]
+    pub cores: u32,
+    /// Data directory (SQLite, filesystem objects, tokens).
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// `[control.request]`.
+    #[serde(default)]
+    pub request: RequestLimitsConfig,
+}
+
+fn default_api_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_admin_listen() -> Option<String> {
+    Some("127.0.0.1:8081".into())
+}
+fn default_data_dir() -> String {
+    "./sortie-data".into()
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        ControlConfig {
+            api_listen: default_api_listen(),
+            admin_listen: default_admin_listen(),
+            proxy_listen: None,
+            bus_listen: None,
+            cores: 0,
+            data_dir: default_data_dir(),
+            request: RequestLimitsConfig::default(),
+        }
+    }
+}
+
+/// `[control.request]`: the static request limits the contract names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestLimitsConfig {
+    /// `control.request.max_timeout_ms`.
+    #[serde(default = "default_max_timeout_ms")]
+    pub max_timeout_ms: u64,
+    /// `control.request.max_inline_request_body_bytes`.
+    #[serde(default = "default_inline_req")]
+    pub max_inline_request_body_bytes: usize,
+    /// `control.request.max_inline_response_body_bytes`.
+    #[serde(default = "default_inline_resp")]
+    pub max_inline_response_body_bytes: usize,
+}
+
+fn default_max_timeout_ms() -> u64 {
+    DEFAULT_MAX_TIMEOUT_MS
+}
+fn default_inline_req() -> usize {
+    DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES
+}
+fn default_inline_resp() -> usize {
+    DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES
+}
+
+impl Default for RequestLimitsConfig {
+    fn default() -> Self {
+        RequestLimitsConfig {
+            max_timeout_ms: DEFAULT_MAX_TIMEOUT_MS,
+            max_inline_request_body_bytes: DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES,
+            max_inline_response_body_bytes: DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+        }
+    }
+}
+
+/// A secret given inline or by the name of an environment variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// The secret itself (discouraged: prefer `token_env`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// The environment variable holding the secret.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+/// `[[deployments]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentConfig {
+    /// Deployment id.
+    pub id: String,
+    /// The bearer token.
+    #[serde(flatten)]
+    pub secret: SecretRef,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The admin bearer token; generated into the data dir when not set.
+    #[serde(flatten)]
+    pub secret: SecretRef,
+}
+
+/// Object storage backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ObjectBackend {
+    /// Files under `data_dir/objects`.
+    #[default]
+    Fs,
+    /// An S3-compatible service.
+    S3,
+}
+
+/// `[object_storage]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectStorageConfig {
+    /// Whether the receipt API exists.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Backend.
+    #[serde(default)]
+    pub backend: ObjectBackend,
+    /// `object_storage.max_object_bytes`.
+    #[serde(default = "default_max_object_bytes")]
+    pub max_object_bytes: u64,
+    /// S3 bucket.
+    #[serde(default)]
+    pub bucket: Option<String>,
+    /// S3 endpoint URL.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// S3 region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Path-style addressing.
+    #[serde(default)]
+    pub force_path_style: bool,
+    /// Environment variable with the S3 access key id.
+    #[serde(default)]
+    pub access_key_env: Option<String>,
+    /// Environment variable with the S3 secret key.
+    #[serde(default)]
+    pub secret_key_env: Option<String>,
+}
+
+fn default_max_object_bytes() -> u64 {
+    DEFAULT_MAX_OBJECT_BYTES
+}
+
+impl Default for ObjectStorageConfig {
+    fn default() -> Self {
+        ObjectStorageConfig {
+            enabled: false,
+            backend: ObjectBackend::Fs,
+            max_object_bytes: DEFAULT_MAX_OBJECT_BYTES,
+            bucket: None,
+            endpoint: None,
+            region: None,
+            force_path_style: false,
+            access_key_env: None,
+            secret_key_env: None,
+        }
+    }
+}
+
+/// Record store backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// SQLite under `data_dir`.
+    #[default]
+    Sqlite,
+    /// PostgreSQL at the URL in `url_env`.
+    Postgres,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Backend.
+    #[serde(default)]
+    pub backend: StoreBackend,
+    /// Environment variable with the PostgreSQL URL.
+    #[serde(default)]
+    pub url_env: Option<String>,
+}
+
+/// `[egress]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// PEM file of extra trusted roots, in addition to the bundled web PKI roots.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+}
+
+/// `[[workers]]`: a local executor.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Worker id.
+    pub id: String,
+    /// Concurrent requests it may run.
+    #[serde(default = "default_capacity")]
+    pub capacity: u32,
+    /// Advertised tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Advertised country (normalised to uppercase on validation).
+    #[serde(default)]
+    pub country: Option<String>,
+    /// Advertised region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Advertised IP type.
+    #[serde(default)]
+    pub ip_type: Option<String>,
+    /// Pools it serves; none means `direct`.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// Ingress modes it serves; none means all three.
+    #[serde(default)]
+    pub ingress: Vec<String>,
+    /// Egress source address.
+    #[serde(default)]
+    pub bind_address: Option<String>,
+}
+
+fn default_capacity() -> u32 {
+    DEFAULT_WORKER_CAPACITY
+}
+
+impl Config {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let mut c: Config = toml::from_str(text).map_err(|e| {
+            let span = e.span().map(|s| line_of(text, s.start));
+            let msg = e.message().trim().to_string();
+            match span {
+                Some(line) => err(format!("line {line}"), msg),
+                None => err("config", msg),
+            }
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The embedded defaults of `sortie serve` with no file.
+    pub fn embedded_default() -> Config {
+        let mut c = Config::default();
+        // The defaults are valid by construction; validation fills in the default worker.
+        let _ = c.validate();
+        c
+    }
+
+    /// Validates every key and fills in derived defaults (the default worker, worker pools,
+    /// uppercase countries).
+    pub fn validate(&mut self) -> Result<(), ConfigError> {
+        let c = &mut self.control;
+        parse_listen("control.api_listen", &c.api_listen)?;
+        for (k, v) in [
+            ("control.admin_listen", &c.admin_listen),
+            ("control.proxy_listen", &c.proxy_listen),
+            ("control.bus_listen", &c.bus_listen),
+        ] {
+            if let Some(v) = v {
+                parse_listen(k, v)?;
+            }
+        }
+        if c.cores > 1024 {
+            return Err(err("control.cores", "must be 0 (all) to 1024"));
+        }
+        if c.data_dir.is_empty() {
+            return Err(err("control.data_dir", "must not be empty"));
+        }
+        let r = &c.request;
+        if !(MIN_TIMEOUT_MS..=MAX_MAX_TIMEOUT_MS).contains(&r.max_timeout_ms) {
+            return Err(err(
+                "control.request.max_timeout_ms",
+                format!("must be {MIN_TIMEOUT_MS} to {MAX_MAX_TIMEOUT_MS}"),
+            ));
+        }
+        for (k, v) in [
+            (
+                "control.request.max_inline_request_body_bytes",
+                r.max_inline_request_body_bytes,
+            ),
+            (
+                "control.request.max_inline_response_body_bytes",
+                r.max_inline_response_body_bytes,
+            ),
+        ] {
+            if v > MAX_INLINE_BODY_LIMIT {
+                return Err(err(k, format!("must be at most {MAX_INLINE_BODY_LIMIT}")));
+            }
+        }
+
+        let mut seen = Vec::new();
+        for (i, d) in self.deployments.iter().enumerate() {
+            let p = format!("deployments[{i}]");
+            check_id(&format!("{p}.id"), &d.id)?;
+            if seen.contains(&&d.id) {
+                return Err(err(
+                    format!("{p}.id"),
+                    format!("duplicate deployment id {:?}", d.id),
+                ));
+            }
+            seen.push(&d.id);
+            check_secret(&p, &d.secret, true)?;
+        }
+        check_secret("admin", &self.admin.secret, false)?;
+
+        let o = &self.object_storage;
+        if o.enabled && o.max_object_bytes == 0 {
+            return Err(err(
+                "object_storage.max_object_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if o.enabled && o.backend == ObjectBackend::S3 {
+            for (k, v) in [
+                ("object_storage.bucket", &o.bucket),
+                ("object_storage.endpoint", &o.endpoint),
+                ("object_storage.access_key_env", &o.access_key_env),
+                ("object_storage.secret_key_env", &o.secret_key_env),
+            ] {
+                if v.as_deref().is_none_or(str::is_empty) {
+                    return Err(err(k, "is required with backend = \"s3\""));
+                }
+            }
+        }
+        if self.store.backend == StoreBackend::Postgres
+            && self.store.url_env.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(err(
+                "store.url_env",
+                "is required with backend = \"postgres\"",
+            ));
+        }
+        if let Some(f) = &self.egress.ca_file {
+            if f.is_empty() {
+                return Err(err("egress.ca_file", "must not be empty"));
+            }
+        }
+
+        if self.workers.len() > MAX_CONFIG_WORKERS {
+            return Err(err(
+                "workers",
+                format!("at most {MAX_CONFIG_WORKERS} workers"),
+            ));
+        }
+        if self.workers.is_empty() {
+            self.workers.push(WorkerConfig {
+                id: DEFAULT_WORKER_ID.into(),
+                capacity: DEFAULT_WORKER_CAPACITY,
+                tags: vec![],
+                country: None,
+                region: None,
+                ip_type: None,
+                pools: vec![],
+                ingress: vec![],
+                bind_address: None,
+            });
+        }
+        let mut ids: Vec<&str> = Vec::new();
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            let p = format!("workers[{i}]");
+            check_id(&format!("{p}.id"), &w.id)?;
+            if ids.contains(&w.id.as_str()) {
+                return Err(err(
+                    format!("{p}.id"),
+                    format!("duplicate worker id {:?}", w.id),
+                ));
+            }
+            if w.capacity == 0 || w.capacity > 1_000_000 {
+                return Err(err(format!("{p}.capacity"), "must be 1 to 1000000"));
+            }
+            if w.tags.len() > MAX_ROUTING_TAGS {
+                return Err(err(
+                    format!("{p}.tags"),
+                    format!("at most {MAX_ROUTING_TAGS} tags"),
+                ));
+            }
+            for (j, t) in w.tags.iter().enumerate() {
+                if t.is_empty() || t.len() > MAX_ROUTING_TAG_BYTES {
+                    return Err(err(
+                        format!("{p}.tags[{j}]"),
+                        format!("must be 1 to {MAX_ROUTING_TAG_BYTES} bytes"),
+                    ));
+                }
+                if w.tags[..j].contains(t) {
+                    return Err(err(format!("{p}.tags[{j}]"), "duplicate tag"));
+                }
+            }
+            if let Some(cc) = &w.country {
+                let code = CountryCode::parse(cc).ok_or_else(|| {
+                    err(
+                        format!("{p}.country"),
+                        "must be a two-letter ISO 3166-1 country code",
+                    )
+                })?;
+                w.country = Some(code.as_str().to_string());
+            }
+            for (k, v) in [("region", &w.region), ("ip_type", &w.ip_type)] {
+                if let Some(v) = v {
+                    if v.is_empty() || v.len() > MAX_ROUTING_FIELD_BYTES {
+                        return Err(err(
+                            format!("{p}.{k}"),
+                            format!("must be 1 to {MAX_ROUTING_FIELD_BYTES} bytes"),
+                        ));
+                    }
+                }
+            }
+            if w.pools.is_empty() {
+                w.pools.push(DEFAULT_POOL.into());
+            }
+            for (j, pool) in w.pools.iter().enumerate() {
+                check_id(&format!("{p}.pools[{j}]"), pool)?;
+            }
+            for (j, m) in w.ingress.iter().enumerate() {
+                if Ingress::from_wire(m).is_none() {
+                    return Err(err(
+                        format!("{p}.ingress[{j}]"),
+                        "must be api, proxy or connect",
+                    ));
+                }
+            }
+            if let Some(b) = &w.bind_address {
+                b.parse::<IpAddr>().map_err(|_| {
+                    err(
+                        format!("{p}.bind_address"),
+                        "must be an IP address (no port)",
+                    )
+                })?;
+            }
+            ids.push(&w.id);
+        }
+        Ok(())
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()
+        .iter()
+        .take(offset)
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// Parses a listen address `ip:port`.
+pub fn parse_listen(path: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse::<SocketAddr>().map_err(|_| {
+        err(
+            path,
+            format!("{v:?} is not an address like 127.0.0.1:8080 or [::1]:8080"),
+        )
+    })
+}
+
+/// Identifiers: 1 to 64 bytes of ASCII letters, digits, `-`, `_`, `.`.
+pub fn is_valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+fn check_id(path: &str, id: &str) -> Result<(), ConfigError> {
+    if is_valid_id(id) {
+        Ok(())
+    } else {
+        Err(err(
+            path,
+            format!("must be 1 to {MAX_ID_BYTES} of A-Z a-z 0-9 - _ ."),
+        ))
+    }
+}
+
+fn check_secret(path: &str, s: &SecretRef, required: bool) -> Result<(), ConfigError> {
+    match (&s.token, &s.token_env) {
+        (Some(_), Some(_)) => Err(err(path, "set token or token_env, not both")),
+        (Some(t), None) if t.len() < 16 => {
+            Err(err(format!("{path}.token"), "must be at least 16 bytes"))
+        }
+        (None, Some(e)) if e.is_empty() => {
+            Err(err(format!("{path}.token_env"), "must not be empty"))
+        }
+        (None, None) if required => Err(err(path, "needs token or token_env")),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_embedded_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c, Config::embedded_default());
+        assert_eq!(c.control.api_listen, "127.0.0.1:8080");
+        assert_eq!(c.control.admin_listen.as_deref(), Some("127.0.0.1:8081"));
+        assert_eq!(c.control.request.max_timeout_ms, 120_000);
+        assert_eq!(c.control.request.max_inline_request_body_bytes, 1 << 20);
+        assert_eq!(c.object_storage.max_object_bytes, DEFAULT_MAX_OBJECT_BYTES);
+        assert_eq!(c.workers.len(), 1);
+        assert_eq!(c.workers[0].id, "local");
+        assert_eq!(c.workers[0].pools, vec!["direct"]);
+    }
+
+    #[test]
+    fn design_example_parses() {
+        let c = Config::from_toml(
+            r#"
+[control]
+api_listen = "127.0.0.1:8080"
+admin_listen = "127.0.0.1:8081"
+proxy_listen = "127.0.0.1:3128"
+bus_listen = "127.0.0.1:7070"
+cores = 0
+data_dir = "./sortie-data"
+
+[control.request]
+max_timeout_ms = 30000
+
+[[deployments]]
+id = "dep_default"
+token_env = "SORTIE_DEPLOYMENT_TOKEN"
+
+[admin]
+token_env = "SORTIE_ADMIN_TOKEN"
+
+[object_storage]
+enabled = true
+backend = "fs"
+max_object_bytes = 5368709120
+
+[store]
+backend = "sqlite"
+
+[egress]
+ca_file = "/path/extra-roots.pem"
+
+[[workers]]
+id = "local-a"
+capacity = 256
+tags = ["residential"]
+country = "us"
+region = "us-east"
+ip_type = "residential"
+pools = ["direct"]
+bind_address = "127.0.0.2"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.control.request.max_timeout_ms, 30000);
+        assert_eq!(c.workers[0].country.as_deref(), Some("US"));
+        assert!(c.object_storage.enabled);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases: &[(&str, &str)] = &[
+            ("[control]\napi_listen = \"nope\"", "control.api_listen"),
+            ("[control]\nbogus = 1", "line 2"),
+            ("[control.request]\nmax_timeout_ms = 10", "control.request.max_timeout_ms"),
+            ("[control.request]\nmax_inline_request_body_bytes = 99999999", "control.request.max_inline_request_body_bytes"),
+            ("[[deployments]]\nid = \"d\"", "deployments[0]"),
+            ("[[deployments]]\nid = \"d\"\ntoken = \"short\"", "deployments[0].token"),
+            ("[[deployments]]\nid = \"d\"\ntoken_env = \"A\"\n[[deployments]]\nid = \"d\"\ntoken_env = \"B\"", "deployments[1].id"),
+            ("[[workers]]\nid = \"w\"\ncountry = \"USA\"", "workers[0].country"),
+            ("[[workers]]\nid = \"w\"\ncapacity = 0", "workers[0].capacity"),
+            ("[[workers]]\nid = \"w\"\nbind_address = \"1.2.3.4:5\"", "workers[0].bind_address"),
+            ("[[workers]]\nid = \"w\"\ningress = [\"udp\"]", "workers[0].ingress[0]"),
+            ("[[workers]]\nid = \"w w\"", "workers[0].id"),
+            ("[object_storage]\nenabled = true\nbackend = \"s3\"", "object_storage.bucket"),
+            ("[store]\nbackend = \"postgres\"", "store.url_env"),
+            ("[store]\nbackend = \"mysql\"", "line 2"),
+        ];
+        for (text, path) in cases {
+            let e = Config::from_toml(text).unwrap_err();
+            assert!(e.to_string().starts_with(path), "{text:?}: {e}");
+        }
+    }
+}
