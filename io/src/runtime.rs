@@ -1,0 +1,194 @@
+//! Thread per core: N pinned threads, each running its own monoio runtime (io_uring, with the
+//! epoll driver as fallback) and owning its own `SO_REUSEPORT` listeners. A connection lives and
+//! dies on the core that accepted it.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+/// Backlog of every listener.
+pub const LISTEN_BACKLOG: i32 = 4096;
+/// io_uring submission queue entries per core.
+const URING_ENTRIES: u32 = 4096;
+
+/// Which monoio driver the cores run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    /// io_uring.
+    IoUring,
+    /// The epoll ("legacy") driver.
+    Legacy,
+}
+
+impl Driver {
+    /// The driver this process will use: io_uring when the kernel offers it and
+    /// `MONOIO_FORCE_LEGACY_DRIVER` is not set, else epoll.
+    pub fn detect() -> Driver {
+        let forced = std::env::var_os("MONOIO_FORCE_LEGACY_DRIVER").is_some_and(|v| v != "0");
+        if !forced && monoio::utils::detect_uring() {
+            Driver::IoUring
+        } else {
+            Driver::Legacy
+        }
+    }
+
+    /// A short name for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Driver::IoUring => "io_uring",
+            Driver::Legacy => "epoll",
+        }
+    }
+}
+
+static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// The number of hot cores for `control.cores` (0 = every available CPU).
+pub fn core_count(configured: u32) -> usize {
+    match configured {
+        0 => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        n => n as usize,
+    }
+}
+
+/// Binds `n` listening sockets to the same address with `SO_REUSEPORT`, so that the kernel
+/// spreads connections over the cores. Port 0 is resolved once by the first socket and reused by
+/// the others. Returns the sockets (non-blocking) and the bound address.
+pub fn bind_reuseport(
+    addr: SocketAddr,
+    n: usize,
+) -> io::Result<(Vec<std::net::TcpListener>, SocketAddr)> {
+    let mut out = Vec::with_capacity(n);
+    let mut bound = addr;
+    for _ in 0..n.max(1) {
+        let sock = Socket::new(
+            Domain::for_address(bound),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        sock.set_reuse_address(true)?;
+        sock.set_reuse_port(true)?;
+        if bound.is_ipv6() {
+            sock.set_only_v6(true)?;
+        }
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        sock.bind(&bound.into())?;
+        sock.listen(LISTEN_BACKLOG)?;
+        if bound.port() == 0 {
+            bound = sock
+                .local_addr()?
+                .as_socket()
+                .ok_or_else(|| io::Error::other("listener has no inet address"))?;
+        }
+        out.push(sock.into());
+    }
+    Ok((out, bound))
+}
+
+/// What each core's entry future receives.
+pub struct CoreContext {
+    /// Index of this core, 0-based.
+    pub index: usize,
+    /// Total number of cores.
+    pub count: usize,
+}
+
+/// Starts `n` core threads named `sortie-core-<i>`, each pinned to a CPU (round robin) and
+/// running `entry(ctx)` on a fresh monoio runtime until it completes.
+pub fn spawn_cores<F, Fut>(n: usize, entry: F) -> io::Result<Vec<JoinHandle<()>>>
+where
+    F: Fn(CoreContext) -> Fut + Send + Sync + Clone + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let driver = Driver::detect();
+    if driver == Driver::Legacy && !FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::warn!("io_uring unavailable or disabled: using the epoll driver");
+    }
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut handles = Vec::with_capacity(n);
+    for index in 0..n {
+        let entry = entry.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("sortie-core-{index}"))
+            .spawn(move || {
+                if let Err(e) = monoio::utils::bind_to_cpu_set([index % cpus]) {
+                    tracing::debug!(core = index, error = ?e, "could not pin core thread");
+                }
+                let ctx = CoreContext { index, count: n };
+                run_on(driver, entry(ctx));
+            })?;
+        handles.push(h);
+    }
+    Ok(handles)
+}
+
+/// Runs a future to completion on a new runtime of the given driver, on this thread.
+pub fn run_on<Fut: Future<Output = ()>>(driver: Driver, fut: Fut) {
+    match driver {
+        Driver::IoUring => {
+            match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+                .with_entries(URING_ENTRIES)
+                .enable_timer()
+                .build()
+            {
+                Ok(mut rt) => rt.block_on(fut),
+                Err(e) => {
+                    tracing::warn!(error = %e, "io_uring runtime failed to start: using epoll");
+                    run_on(Driver::Legacy, fut)
+                }
+            }
+        }
+        Driver::Legacy => {
+            match monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+                .enable_timer()
+                .build()
+            {
+                Ok(mut rt) => rt.block_on(fut),
+                Err(e) => tracing::error!(error = %e, "epoll runtime failed to start"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reuseport_binds_one_port_for_all_cores() {
+        let (ls, addr) = bind_reuseport("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        assert_eq!(ls.len(), 3);
+        assert_ne!(addr.port(), 0);
+        for l in &ls {
+            assert_eq!(l.local_addr().unwrap(), addr);
+        }
+    }
+
+    #[test]
+    fn cores_run_and_finish() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hs = spawn_cores(2, move |ctx| {
+            let tx = tx.clone();
+            async move {
+                monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+                let _ = tx.send(ctx.index);
+            }
+        })
+        .unwrap();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let mut got: Vec<usize> = rx.try_iter().collect();
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+    }
+}

@@ -1,0 +1,316 @@
+//! Bearer tokens: resolving them from the configuration or the environment, generating and
+//! keeping them in the data directory on first start, and checking presented tokens in constant
+//! time.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use ring::digest;
+use sortie_core::config::{Config, SecretRef, DEFAULT_DEPLOYMENT_ID};
+use subtle::ConstantTimeEq as _;
+
+/// File name of the generated tokens inside the data directory.
+pub const TOKENS_FILE: &str = "tokens.toml";
+
+/// Why tokens could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// A `token_env` names a variable that is unset or empty.
+    #[error("{path}.token_env: environment variable {var} is not set")]
+    MissingEnv {
+        /// Key path of the secret.
+        path: String,
+        /// The variable.
+        var: String,
+    },
+    /// The tokens file could not be read or written.
+    #[error("{path}: {error}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// Tokens in force for this process.
+pub struct ResolvedTokens {
+    /// (deployment id, token) pairs.
+    pub deployments: Vec<(String, String)>,
+    /// The admin token.
+    pub admin: String,
+    /// Where generated tokens are kept, when any were generated or read from there.
+    pub file: Option<PathBuf>,
+    /// Whether the file was created by this start (its tokens are then printed once).
+    pub is_new_file: bool,
+}
+
+#[derive(serde::Deserialize, serde::Serialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    admin: Option<String>,
+    #[serde(default)]
+    deployments: std::collections::BTreeMap<String, String>,
+}
+
+fn random_token(prefix: &str, file: &Path) -> Result<String, TokenError> {
+    use base64::Engine as _;
+    use ring::rand::SecureRandom as _;
+    let mut b = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| TokenError::File {
+            path: file.to_path_buf(),
+            error: "the operating system's random number generator failed".into(),
+        })?;
+    Ok(format!(
+        "{prefix}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+    ))
+}
+
+/// Fills `n` bytes of OS randomness (for request and receipt ids).
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    use ring::rand::SecureRandom as _;
+    let mut b = [0u8; N];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        // Ids only need to be unique, not secret: fall back to time and a counter.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let c = COUNTER.fetch_add(1, Ordering::Relaxed);
+        for (i, x) in t
+            .to_le_bytes()
+            .iter()
+            .chain(c.to_le_bytes().iter())
+            .enumerate()
+        {
+            if i < N {
+                b[i] = *x;
+            }
+        }
+    }
+    b
+}
+
+fn from_secret(path: &str, s: &SecretRef) -> Result<Option<String>, TokenError> {
+    if let Some(t) = &s.token {
+        return Ok(Some(t.clone()));
+    }
+    if let Some(var) = &s.token_env {
+        return match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Ok(Some(v)),
+            _ => Err(TokenError::MissingEnv {
+                path: path.into(),
+                var: var.clone(),
+            }),
+        };
+    }
+    Ok(None)
+}
+
+/// Resolves every token of `config`: configured ones from the file or environment; missing ones
+/// (no `[[deployments]]`, no `[admin]` token) from `<data_dir>/tokens.toml`, generated there with
+/// mode 0600 on first start.
+pub fn resolve(config: &Config, data_dir: &Path) -> Result<ResolvedTokens, TokenError> {
+    let mut deployments = Vec::new();
+    for (i, d) in config.deployments.iter().enumerate() {
+        let path = format!("deployments[{i}]");
+        if let Some(t) = from_secret(&path, &d.secret)? {
+            deployments.push((d.id.clone(), t));
+        }
+    }
+    let admin = from_secret("admin", &config.admin.secret)?;
+    if !deployments.is_empty() && admin.is_some() {
+        return Ok(ResolvedTokens {
+            deployments,
+            admin: admin.unwrap_or_default(),
+            file: None,
+            is_new_file: false,
+        });
+    }
+
+    let file = data_dir.join(TOKENS_FILE);
+    let ferr = |e: String| TokenError::File {
+        path: file.clone(),
+        error: e,
+    };
+    let mut stored: TokensFile = match fs::read_to_string(&file) {
+        Ok(text) => toml::from_str(&text).map_err(|e| ferr(e.message().to_string()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => TokensFile::default(),
+        Err(e) => return Err(ferr(e.to_string())),
+    };
+    let mut changed = false;
+    if deployments.is_empty() {
+        let t = match stored.deployments.get(DEFAULT_DEPLOYMENT_ID) {
+            Some(t) => t.clone(),
+            None => {
+                let t = random_token("sdt_", &file)?;
+                stored
+                    .deployments
+                    .insert(DEFAULT_DEPLOYMENT_ID.to_string(), t.clone());
+                changed = true;
+                t
+            }
+        };
+        deployments.push((DEFAULT_DEPLOYMENT_ID.to_string(), t));
+    }
+    let admin = match (admin, &stored.admin) {
+        (Some(a), _) => a,
+        (None, Some(a)) => a.clone(),
+        (None, None) => {
+            let a = random_token("sat_", &file)?;
+            stored.admin = Some(a.clone());
+            changed = true;
+            a
+        }
+    };
+    let is_new_file = changed;
+    if changed {
+        write_private(&file, &stored).map_err(|e| ferr(e.to_string()))?;
+    }
+    Ok(ResolvedTokens {
+        deployments,
+        admin,
+        file: Some(file),
+        is_new_file,
+    })
+}
+
+fn write_private(file: &Path, t: &TokensFile) -> std::io::Result<()> {
+    let body = toml::to_string(t).map_err(std::io::Error::other)?;
+    let tmp = file.with_extension("toml.tmp");
+    let _ = fs::remove_file(&tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(b"# Sortie bearer tokens, generated on first start. Keep this file secret.\n")?;
+    f.write_all(body.as_bytes())?;
+    f.sync_all()?;
+    fs::rename(&tmp, file)?;
+    fs::set_permissions(file, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Shows the start of a token, for the log line of later starts.
+pub fn redact(token: &str) -> String {
+    let keep: String = token.chars().take(8).collect();
+    format!("{keep}…")
+}
+
+/// Extracts the token of an `Authorization: Bearer <token>` value (RFC 6750 §2.1; the scheme
+/// is case-insensitive).
+pub fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let v = value.trim_ascii();
+    if v.len() < 7 || !v[..7].eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let t = v[7..].trim_ascii_start();
+    (!t.is_empty()).then_some(t)
+}
+
+/// Checks presented deployment tokens. Lookup is by SHA-256 digest of the token, then the full
+/// token is compared in constant time, so neither step leaks the stored token through timing.
+pub struct Authenticator {
+    by_digest: HashMap<[u8; 32], (String, Vec<u8>)>,
+}
+
+fn sha256(b: &[u8]) -> [u8; 32] {
+    let d = digest::digest(&digest::SHA256, b);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl Authenticator {
+    /// Builds the table from (deployment id, token) pairs.
+    pub fn new(tokens: &[(String, String)]) -> Authenticator {
+        let by_digest = tokens
+            .iter()
+            .map(|(id, t)| (sha256(t.as_bytes()), (id.clone(), t.as_bytes().to_vec())))
+            .collect();
+        Authenticator { by_digest }
+    }
+
+    /// The deployment a presented token belongs to.
+    pub fn deployment(&self, token: &[u8]) -> Option<&str> {
+        let (id, stored) = self.by_digest.get(&sha256(token))?;
+        bool::from(stored.as_slice().ct_eq(token)).then_some(id.as_str())
+    }
+}
+
+/// Compares a presented token with the expected one in constant time.
+pub fn token_matches(expected: &str, presented: &[u8]) -> bool {
+    bool::from(sha256(expected.as_bytes()).ct_eq(&sha256(presented)))
+        && bool::from(expected.as_bytes().ct_eq(presented))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"bearer   abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"Bearerabc"), None);
+    }
+
+    #[test]
+    fn authenticator() {
+        let a = Authenticator::new(&[
+            ("d1".into(), "tok-one".into()),
+            ("d2".into(), "tok-two".into()),
+        ]);
+        assert_eq!(a.deployment(b"tok-one"), Some("d1"));
+        assert_eq!(a.deployment(b"tok-two"), Some("d2"));
+        assert_eq!(a.deployment(b"tok-on"), None);
+        assert_eq!(a.deployment(b""), None);
+        assert!(token_matches("admin-x", b"admin-x"));
+        assert!(!token_matches("admin-x", b"admin-y"));
+    }
+
+    #[test]
+    fn generated_once_and_private() {
+        let dir = std::env::temp_dir().join(format!("sortie-tok-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let c = Config::embedded_default();
+        let a = resolve(&c, &dir).unwrap();
+        assert!(a.is_new_file);
+        assert_eq!(a.deployments[0].0, DEFAULT_DEPLOYMENT_ID);
+        assert!(a.deployments[0].1.starts_with("sdt_"));
+        assert!(a.admin.starts_with("sat_"));
+        let mode = fs::metadata(dir.join(TOKENS_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let b = resolve(&c, &dir).unwrap();
+        assert!(!b.is_new_file);
+        assert_eq!(a.deployments, b.deployments);
+        assert_eq!(a.admin, b.admin);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn missing_env_names_the_key() {
+        let c = Config::from_toml(
+            "[[deployments]]\nid = \"d\"\ntoken_env = \"SORTIE_TEST_SURELY_UNSET_VAR\"",
+        )
+        .unwrap();
+        let e = resolve(&c, Path::new("/nonexistent")).err().unwrap();
+        assert!(e.to_string().starts_with("deployments[0].token_env"), "{e}");
+    }
+}
