@@ -1,5 +1,6 @@
 //! IO shell of the Sortie egress gateway: everything that touches a socket, a file or a clock.
 //! Decisions are made by `sortie-core`; this crate drives it.
 
+pub mod dns;
 pub mod runtime;
 pub mod tokens;
