@@ -356,7 +356,13 @@ mod tests {
     #[test]
     fn policy_matrix() {
         // (allow, deny, address, expected outcome: None = allowed, Some(reason) = denied).
-        let table: &[(&[&str], &[&str], &str, Option<&str>)] = &[
+        type Row = (
+            &'static [&'static str],
+            &'static [&'static str],
+            &'static str,
+            Option<&'static str>,
+        );
+        let table: &[Row] = &[
             // Public addresses pass unless denied.
             (&[], &[], "8.8.8.8", None),
             (&[], &[], "1.1.1.1", None),
