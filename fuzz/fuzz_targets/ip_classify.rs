@@ -89,13 +89,13 @@ fuzz_target!(|input: &[u8]| {
     assert!(!class.as_str().is_empty());
 
     // With no lists, exactly the public addresses pass.
-    assert_eq!(DestinationPolicy::default().check(ip).is_ok(), class.is_public());
+    assert_eq!(
+        DestinationPolicy::default().check(ip).is_ok(),
+        class.is_public()
+    );
 
     // Opening everything opens every class but metadata.
-    let open = DestinationPolicy::new(
-        vec![Cidr::v4(0, 0, 0, 0, 0), Cidr::v6(0, 0)],
-        Vec::new(),
-    );
+    let open = DestinationPolicy::new(vec![Cidr::v4(0, 0, 0, 0, 0), Cidr::v6(0, 0)], Vec::new());
     assert_eq!(open.check(ip).is_ok(), class != IpClass::CloudMetadata);
 
     // The policy order under the fuzzed lists.
@@ -121,7 +121,10 @@ fuzz_target!(|input: &[u8]| {
             assert!(policy.deny.contains(&entry));
         }
         Err(Denied::NonPublic { addr, class: c }) => {
-            assert!(!deny_hit, "{ip} hit a deny entry but was reported non-public");
+            assert!(
+                !deny_hit,
+                "{ip} hit a deny entry but was reported non-public"
+            );
             assert_eq!(addr, ip);
             assert_eq!(c, class);
             assert!(!c.is_public());
