@@ -3,4 +3,5 @@
 
 pub mod dns;
 pub mod runtime;
+pub mod store;
 pub mod tokens;

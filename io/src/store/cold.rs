@@ -1,0 +1,316 @@
+//! The cold thread: one OS thread that owns the `RecordStore` and runs every operation on it,
+//! so that hot cores only ever send a command and await a one-shot reply.
+//!
+//! Hot-core side: [`ColdHandle`]'s async methods never block. They `try_send` on a bounded
+//! channel (a full queue fails fast with [`StoreError::Busy`]) and await a
+//! `futures_channel::oneshot` reply, which the cold thread completes from its own thread; the
+//! waker crosses threads because monoio runs with its `sync` feature.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use futures_channel::oneshot;
+
+use super::{ConfigRecord, RecordStore, StoreError, WorkerSettings};
+
+/// Number of commands that may wait for the cold thread before [`ColdHandle`] answers
+/// [`StoreError::Busy`]. Admin operations are rare; a queue this deep only fills when the disk
+/// has stalled, and then failing fast is better than piling up work on the hot cores.
+pub const COMMAND_QUEUE_CAPACITY: usize = 1024;
+
+/// Name of the cold thread, as shown by `ps -T`, `top -H` and debuggers.
+const THREAD_NAME: &str = "sortie-cold";
+
+/// One unit of work for the cold thread: it runs against the store and sends its own reply.
+type Job = Box<dyn FnOnce(&mut dyn RecordStore) + Send>;
+
+enum Command {
+    Run(Job),
+    Shutdown,
+}
+
+/// Starts the cold thread.
+#[derive(Debug)]
+pub struct ColdThread;
+
+impl ColdThread {
+    /// Moves `store` onto a new thread named `sortie-cold` that serves commands until every
+    /// [`ColdHandle`] is dropped or [`ColdHandle::shutdown`] is called, then drops the store.
+    /// Fails only when the OS refuses to create the thread.
+    pub fn start(
+        store: Box<dyn RecordStore + Send>,
+    ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
+        Self::start_with_capacity(store, COMMAND_QUEUE_CAPACITY)
+    }
+
+    /// [`ColdThread::start`] with a command queue of `capacity` entries (at least 1).
+    pub fn start_with_capacity(
+        store: Box<dyn RecordStore + Send>,
+        capacity: usize,
+    ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
+        let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        let join = std::thread::Builder::new()
+            .name(THREAD_NAME.into())
+            .spawn(move || serve(store, &rx))
+            .map_err(|e| StoreError::Io(format!("cannot start the cold thread: {e}")))?;
+        Ok((ColdHandle { tx }, join))
+    }
+}
+
+/// The cold thread's loop. Commands are served in arrival order; a shutdown serves what was
+/// queued before it, then stops.
+fn serve(mut store: Box<dyn RecordStore + Send>, rx: &Receiver<Command>) {
+    tracing::debug!("cold thread started");
+    // `recv` fails once every sender is gone and the queue is empty: the drop-to-stop path.
+    while let Ok(command) = rx.recv() {
+        match command {
+            Command::Run(job) => run(&mut *store, job),
+            Command::Shutdown => {
+                while let Ok(command) = rx.try_recv() {
+                    if let Command::Run(job) = command {
+                        run(&mut *store, job);
+                    }
+                }
+                break;
+            }
+        }
+    }
+    tracing::debug!("cold thread stopped");
+}
+
+/// Runs one job. A panic inside the store is a bug, but it must not take the persistence of
+/// the whole gateway down with it: the job's reply sender is dropped while unwinding, so its
+/// caller sees [`StoreError::Unavailable`], and the next command is served normally (an
+/// interrupted SQLite transaction rolls back when its guard drops).
+fn run(store: &mut dyn RecordStore, job: Job) {
+    if catch_unwind(AssertUnwindSafe(|| job(store))).is_err() {
+        tracing::error!("a store operation panicked on the cold thread; its caller got an error");
+    }
+}
+
+/// A cheap, cloneable handle to the cold thread, usable from any thread or monoio runtime.
+///
+/// Every async method queues one operation without blocking and awaits its reply. Errors: the
+/// store's own, [`StoreError::Busy`] when the queue is full, [`StoreError::Unavailable`] when
+/// the thread has stopped.
+#[derive(Debug, Clone)]
+pub struct ColdHandle {
+    tx: Sender<Command>,
+}
+
+impl ColdHandle {
+    /// Runs `op` on the cold thread and awaits its result. The building block of the typed
+    /// methods, public so that callers can group several store calls into one round trip.
+    pub async fn call<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut dyn RecordStore) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.enqueue(Box::new(move |store| {
+            // The caller may have stopped waiting; then nobody wants the result.
+            let _ = reply.send(op(store));
+        }))?;
+        answer.await.unwrap_or(Err(StoreError::Unavailable))
+    }
+
+    /// Runs `op` on the cold thread and blocks the calling thread until it is done. For
+    /// startup, shutdown and command-line code only: never call it on a hot core.
+    pub fn call_blocking<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut dyn RecordStore) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.enqueue(Box::new(move |store| {
+            let _ = reply.send(op(store));
+        }))?;
+        answer.recv().unwrap_or(Err(StoreError::Unavailable))
+    }
+
+    fn enqueue(&self, job: Job) -> Result<(), StoreError> {
+        self.tx.try_send(Command::Run(job)).map_err(|e| match e {
+            TrySendError::Full(_) => StoreError::Busy,
+            TrySendError::Disconnected(_) => StoreError::Unavailable,
+        })
+    }
+
+    /// Asks the cold thread to stop after serving every command queued before this one. Later
+    /// calls on any handle fail with [`StoreError::Unavailable`]. Waits for room in the queue,
+    /// so call it from the thread that shuts the process down, not from a hot core; join the
+    /// thread's `JoinHandle` to wait until the store is closed.
+    pub fn shutdown(&self) {
+        // An error means the thread is already gone, which is the goal.
+        let _ = self.tx.send(Command::Shutdown);
+    }
+
+    /// See [`RecordStore::latest_config`].
+    pub async fn latest_config(&self) -> Result<Option<ConfigRecord>, StoreError> {
+        self.call(|store| store.latest_config()).await
+    }
+
+    /// See [`RecordStore::config_at`].
+    pub async fn config_at(&self, revision: u64) -> Result<Option<ConfigRecord>, StoreError> {
+        self.call(move |store| store.config_at(revision)).await
+    }
+
+    /// See [`RecordStore::append_config`]. The snapshot is taken by value so that a large
+    /// document moves to the cold thread without a copy.
+    pub async fn append_config(
+        &self,
+        expected_revision: u64,
+        snapshot_json: String,
+        actor: &str,
+        action: &str,
+        created_at: &str,
+    ) -> Result<ConfigRecord, StoreError> {
+        let (actor, action, created_at) =
+            (actor.to_owned(), action.to_owned(), created_at.to_owned());
+        self.call(move |store| {
+            store.append_config(
+                expected_revision,
+                &snapshot_json,
+                &actor,
+                &action,
+                &created_at,
+            )
+        })
+        .await
+    }
+
+    /// See [`RecordStore::history`].
+    pub async fn history(&self, limit: usize) -> Result<Vec<ConfigRecord>, StoreError> {
+        self.call(move |store| store.history(limit)).await
+    }
+
+    /// See [`RecordStore::bootstrap`].
+    pub async fn bootstrap(
+        &self,
+        default_snapshot_json: String,
+        created_at: &str,
+    ) -> Result<ConfigRecord, StoreError> {
+        let created_at = created_at.to_owned();
+        self.call(move |store| store.bootstrap(&default_snapshot_json, &created_at))
+            .await
+    }
+
+    /// See [`RecordStore::worker_settings`].
+    pub async fn worker_settings(
+        &self,
+        worker_id: &str,
+    ) -> Result<Option<WorkerSettings>, StoreError> {
+        let worker_id = worker_id.to_owned();
+        self.call(move |store| store.worker_settings(&worker_id))
+            .await
+    }
+
+    /// See [`RecordStore::all_worker_settings`].
+    pub async fn all_worker_settings(&self) -> Result<Vec<WorkerSettings>, StoreError> {
+        self.call(|store| store.all_worker_settings()).await
+    }
+
+    /// See [`RecordStore::update_worker_settings`].
+    pub async fn update_worker_settings(
+        &self,
+        worker_id: &str,
+        expected_revision: u64,
+        is_enabled: bool,
+        is_draining: bool,
+        actor: &str,
+        updated_at: &str,
+    ) -> Result<WorkerSettings, StoreError> {
+        let (worker_id, actor, updated_at) = (
+            worker_id.to_owned(),
+            actor.to_owned(),
+            updated_at.to_owned(),
+        );
+        self.call(move |store| {
+            store.update_worker_settings(
+                &worker_id,
+                expected_revision,
+                is_enabled,
+                is_draining,
+                &actor,
+                &updated_at,
+            )
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store with no data, enough to exercise the thread's plumbing without a disk.
+    struct EmptyStore;
+
+    impl RecordStore for EmptyStore {
+        fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError> {
+            Ok(None)
+        }
+        fn config_at(&mut self, _: u64) -> Result<Option<ConfigRecord>, StoreError> {
+            Ok(None)
+        }
+        fn append_config(
+            &mut self,
+            _: u64,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: &str,
+        ) -> Result<ConfigRecord, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn history(&mut self, _: usize) -> Result<Vec<ConfigRecord>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn bootstrap(&mut self, _: &str, _: &str) -> Result<ConfigRecord, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn worker_settings(&mut self, _: &str) -> Result<Option<WorkerSettings>, StoreError> {
+            Ok(None)
+        }
+        fn all_worker_settings(&mut self) -> Result<Vec<WorkerSettings>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn update_worker_settings(
+            &mut self,
+            _: &str,
+            _: u64,
+            _: bool,
+            _: bool,
+            _: &str,
+            _: &str,
+        ) -> Result<WorkerSettings, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+    }
+
+    #[test]
+    fn the_thread_is_named_and_answers_blocking_calls() {
+        let (handle, join) = ColdThread::start(Box::new(EmptyStore)).expect("thread starts");
+        let name = handle
+            .call_blocking(|_| Ok(std::thread::current().name().map(str::to_owned)))
+            .expect("reply");
+        assert_eq!(name.as_deref(), Some(THREAD_NAME));
+        assert_eq!(handle.call_blocking(|s| s.latest_config()), Ok(None));
+        drop(handle);
+        join.join().expect("thread ends when the last handle drops");
+    }
+
+    #[test]
+    fn a_panicking_operation_fails_its_caller_and_spares_the_thread() {
+        let (handle, join) = ColdThread::start(Box::new(EmptyStore)).expect("thread starts");
+        let panicked: Result<(), StoreError> = handle.call_blocking(|_| panic!("store bug"));
+        assert_eq!(panicked, Err(StoreError::Unavailable));
+        assert_eq!(handle.call_blocking(|s| s.history(5)), Ok(Vec::new()));
+        handle.shutdown();
+        join.join().expect("thread ends after shutdown");
+        assert_eq!(
+            handle.call_blocking(|s| s.latest_config()),
+            Err(StoreError::Unavailable)
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! Persistence of the admin state (config history, worker settings) behind the `RecordStore`
+//! trait, and the cold thread that owns the store so that no hot core ever waits on disk.
+//!
+//! The split: [`RecordStore`] is a plain synchronous interface with one implementation per
+//! backend ([`SqliteStore`] today, PostgreSQL later). Only the cold thread calls it once the
+//! gateway runs; hot cores hold a [`ColdHandle`] whose async methods send the operation over a
+//! bounded channel and await a one-shot reply. Startup code may use a store directly (to
+//! bootstrap the first config before any core runs) and then hand it to [`ColdThread::start`].
+
+mod cold;
+mod error;
+mod migrations;
+mod record;
+mod sqlite;
+
+pub use cold::{ColdHandle, ColdThread, COMMAND_QUEUE_CAPACITY};
+pub use error::StoreError;
+pub use migrations::SCHEMA_VERSION;
+pub use record::{ConfigRecord, WorkerSettings};
+pub use sqlite::{AccessMode, SqliteOptions, SqliteStore, DATABASE_FILE_NAME};
+
+/// Number of config records kept in the history, newest first. The spec bounds the history
+/// without fixing the number ("Config history: bounded, newest first"); 100 covers weeks of
+/// hand-made changes while keeping the table small even with snapshots near the 4 MiB body
+/// limit. Older records are deleted when a new one is appended; their revision numbers are
+/// never handed out again.
+pub const HISTORY_LIMIT: usize = 100;
+
+/// Actor recorded on the record that [`RecordStore::bootstrap`] creates.
+pub const BOOTSTRAP_ACTOR: &str = "sortie";
+
+/// Action recorded on the record that [`RecordStore::bootstrap`] creates.
+pub const BOOTSTRAP_ACTION: &str = "bootstrap";
+
+/// The persistent admin state: the audited history of runtime config snapshots and the
+/// per-worker settings, both under optimistic concurrency (a write names the revision it read
+/// and fails with [`StoreError::RevisionConflict`] when another write came first).
+///
+/// Implementations are synchronous and may block on disk or network: call them only from the
+/// cold thread or from startup code before the hot cores run. Timestamps are RFC 3339 strings
+/// passed in by the caller; a store reads no clock. Every backend failure is returned as a
+/// [`StoreError`], never a panic.
+pub trait RecordStore {
+    /// The newest config record, or `None` when the history is empty.
+    fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError>;
+
+    /// The config record with this revision, or `None` when it never existed or was pruned.
+    fn config_at(&mut self, revision: u64) -> Result<Option<ConfigRecord>, StoreError>;
+
+    /// Appends a config record with revision `expected_revision + 1`, atomically, provided the
+    /// newest stored revision is `expected_revision` (0 for an empty history); otherwise fails
+    /// with [`StoreError::RevisionConflict`] carrying the current revision. Prunes the history
+    /// to the newest [`HISTORY_LIMIT`] records in the same transaction.
+    fn append_config(
+        &mut self,
+        expected_revision: u64,
+        snapshot_json: &str,
+        actor: &str,
+        action: &str,
+        created_at: &str,
+    ) -> Result<ConfigRecord, StoreError>;
+
+    /// Up to `limit` config records, newest first.
+    fn history(&mut self, limit: usize) -> Result<Vec<ConfigRecord>, StoreError>;
+
+    /// Creates revision 1 from `default_snapshot_json` (actor [`BOOTSTRAP_ACTOR`], action
+    /// [`BOOTSTRAP_ACTION`]) when the history is empty, and returns the newest record either
+    /// way, so calling it on every start is safe.
+    fn bootstrap(
+        &mut self,
+        default_snapshot_json: &str,
+        created_at: &str,
+    ) -> Result<ConfigRecord, StoreError>;
+
+    /// The settings record of one worker, or `None` when none was ever written (revision 0).
+    fn worker_settings(&mut self, worker_id: &str) -> Result<Option<WorkerSettings>, StoreError>;
+
+    /// Every settings record, ordered by worker id (byte order).
+    fn all_worker_settings(&mut self) -> Result<Vec<WorkerSettings>, StoreError>;
+
+    /// Writes the settings of one worker with revision `expected_revision + 1`, provided its
+    /// current revision is `expected_revision` (0 when it has no record yet); otherwise fails
+    /// with [`StoreError::RevisionConflict`] carrying the current revision.
+    fn update_worker_settings(
+        &mut self,
+        worker_id: &str,
+        expected_revision: u64,
+        is_enabled: bool,
+        is_draining: bool,
+        actor: &str,
+        updated_at: &str,
+    ) -> Result<WorkerSettings, StoreError>;
+}
