@@ -148,8 +148,14 @@ mod tests {
     #[test]
     fn test_vectors() {
         let cases = [
-            (inputs("us", Some("us-east"), Some("residential"), "cart-42"), "c7e9309974935c0fe4aed16040d50aad"),
-            (inputs("", None, None, "s"), "90f2c91f2796f21bfe1348b0eff707ba"),
+            (
+                inputs("us", Some("us-east"), Some("residential"), "cart-42"),
+                "c7e9309974935c0fe4aed16040d50aad",
+            ),
+            (
+                inputs("", None, None, "s"),
+                "90f2c91f2796f21bfe1348b0eff707ba",
+            ),
             (
                 ProviderSessionInputs {
                     deployment_id: "dep_b",
@@ -172,8 +178,13 @@ mod tests {
     fn output_shape() {
         let s = ProviderSession::derive(&inputs("US", None, None, "x")).to_string();
         assert_eq!(s.len(), 32);
-        assert!(s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-        assert_eq!(format!("{:?}", ProviderSession([0xab; 16])), format!("ProviderSession({})", "ab".repeat(16)));
+        assert!(s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert_eq!(
+            format!("{:?}", ProviderSession([0xab; 16])),
+            format!("ProviderSession({})", "ab".repeat(16))
+        );
     }
 
     #[test]
@@ -181,31 +192,72 @@ mod tests {
         let base = inputs("US", Some("r"), Some("t"), "s");
         let b = ProviderSession::derive(&base);
         let variants = [
-            ProviderSessionInputs { deployment_id: "other", ..base },
-            ProviderSessionInputs { pool_id: "other", ..base },
-            ProviderSessionInputs { upstream_proxy_id: "other", ..base },
-            ProviderSessionInputs { country: CountryCode::parse("DE"), ..base },
-            ProviderSessionInputs { country: None, ..base },
-            ProviderSessionInputs { region: Some("r2"), ..base },
-            ProviderSessionInputs { ip_type: None, ..base },
-            ProviderSessionInputs { sticky_session_id: "s2", ..base },
+            ProviderSessionInputs {
+                deployment_id: "other",
+                ..base
+            },
+            ProviderSessionInputs {
+                pool_id: "other",
+                ..base
+            },
+            ProviderSessionInputs {
+                upstream_proxy_id: "other",
+                ..base
+            },
+            ProviderSessionInputs {
+                country: CountryCode::parse("DE"),
+                ..base
+            },
+            ProviderSessionInputs {
+                country: None,
+                ..base
+            },
+            ProviderSessionInputs {
+                region: Some("r2"),
+                ..base
+            },
+            ProviderSessionInputs {
+                ip_type: None,
+                ..base
+            },
+            ProviderSessionInputs {
+                sticky_session_id: "s2",
+                ..base
+            },
         ];
         for v in variants {
             assert_ne!(ProviderSession::derive(&v), b, "{v:?}");
         }
         // Country is normalised before derivation: case does not matter.
-        assert_eq!(ProviderSession::derive(&inputs("us", Some("r"), Some("t"), "s")), b);
+        assert_eq!(
+            ProviderSession::derive(&inputs("us", Some("r"), Some("t"), "s")),
+            b
+        );
     }
 
     #[test]
     fn length_prefixes_keep_field_boundaries() {
         // Without the prefixes these two would hash the same concatenation.
-        let a = ProviderSessionInputs { region: Some("ab"), ip_type: Some("c"), ..inputs("", None, None, "s") };
-        let b = ProviderSessionInputs { region: Some("a"), ip_type: Some("bc"), ..inputs("", None, None, "s") };
+        let a = ProviderSessionInputs {
+            region: Some("ab"),
+            ip_type: Some("c"),
+            ..inputs("", None, None, "s")
+        };
+        let b = ProviderSessionInputs {
+            region: Some("a"),
+            ip_type: Some("bc"),
+            ..inputs("", None, None, "s")
+        };
         assert_ne!(ProviderSession::derive(&a), ProviderSession::derive(&b));
         // An absent value and an empty one are the same input by definition.
-        let c = ProviderSessionInputs { region: Some(""), ..inputs("", None, None, "s") };
-        assert_eq!(ProviderSession::derive(&c), ProviderSession::derive(&inputs("", None, None, "s")));
+        let c = ProviderSessionInputs {
+            region: Some(""),
+            ..inputs("", None, None, "s")
+        };
+        assert_eq!(
+            ProviderSession::derive(&c),
+            ProviderSession::derive(&inputs("", None, None, "s"))
+        );
     }
 
     #[test]
@@ -217,7 +269,11 @@ mod tests {
             sticky_session_id: Some("cart-42".into()),
             ..Default::default()
         };
-        let i = ProviderSessionInputs::from_hints("dep_default", "acme-us", "acme", &hints, "cart-42");
-        assert_eq!(i, inputs("US", Some("us-east"), Some("residential"), "cart-42"));
+        let i =
+            ProviderSessionInputs::from_hints("dep_default", "acme-us", "acme", &hints, "cart-42");
+        assert_eq!(
+            i,
+            inputs("US", Some("us-east"), Some("residential"), "cart-42")
+        );
     }
 }

@@ -116,7 +116,10 @@ pub struct CapabilityError {
 }
 
 fn cap_err(field: impl Into<String>, message: impl Into<String>) -> CapabilityError {
-    CapabilityError { field: field.into(), message: message.into() }
+    CapabilityError {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 /// Capabilities as a worker advertises them (hello frame) or as the config declares them for a
@@ -160,7 +163,11 @@ impl AdvertisedCapabilities {
         }
         let mut tags = Vec::with_capacity(self.tags.len());
         for (i, t) in self.tags.into_iter().enumerate() {
-            tags.push(claim(&format!("tags[{i}]"), t, limits::MAX_ROUTING_TAG_BYTES)?);
+            tags.push(claim(
+                &format!("tags[{i}]"),
+                t,
+                limits::MAX_ROUTING_TAG_BYTES,
+            )?);
         }
         tags.sort();
         let before = tags.len();
@@ -175,22 +182,33 @@ impl AdvertisedCapabilities {
                     .ok_or_else(|| cap_err("country", "not an assigned ISO 3166-1 alpha-2 code"))?,
             ),
         };
-        let region =
-            self.region.map(|r| claim("region", r, limits::MAX_ROUTING_FIELD_BYTES)).transpose()?;
-        let ip_type =
-            self.ip_type.map(|t| claim("ip_type", t, limits::MAX_ROUTING_FIELD_BYTES)).transpose()?;
+        let region = self
+            .region
+            .map(|r| claim("region", r, limits::MAX_ROUTING_FIELD_BYTES))
+            .transpose()?;
+        let ip_type = self
+            .ip_type
+            .map(|t| claim("ip_type", t, limits::MAX_ROUTING_FIELD_BYTES))
+            .transpose()?;
         let mut modes = Vec::with_capacity(self.ingress.len());
         for (i, m) in self.ingress.iter().enumerate() {
             modes.push(Ingress::from_wire(m).ok_or_else(|| {
-                cap_err(format!("ingress[{i}]"), "must be one of api, proxy, connect")
+                cap_err(
+                    format!("ingress[{i}]"),
+                    "must be one of api, proxy, connect",
+                )
             })?);
         }
         if self.pools.len() > MAX_WORKER_POOLS {
-            return Err(cap_err("pools", format!("at most {MAX_WORKER_POOLS} pools")));
+            return Err(cap_err(
+                "pools",
+                format!("at most {MAX_WORKER_POOLS} pools"),
+            ));
         }
         let mut pools = Vec::with_capacity(self.pools.len().max(1));
         for (i, p) in self.pools.iter().enumerate() {
-            let id = ConfigId::parse(p).map_err(|e| cap_err(format!("pools[{i}]"), e.to_string()))?;
+            let id =
+                ConfigId::parse(p).map_err(|e| cap_err(format!("pools[{i}]"), e.to_string()))?;
             if pools.contains(&id) {
                 return Err(cap_err(format!("pools[{i}]"), "pool listed twice"));
             }
@@ -207,12 +225,19 @@ impl AdvertisedCapabilities {
         }
         let mut profiles = Vec::with_capacity(self.fingerprint_profiles.len());
         for (i, p) in self.fingerprint_profiles.into_iter().enumerate() {
-            profiles.push(claim(&format!("fingerprint_profiles[{i}]"), p, limits::MAX_PROFILE_NAME_BYTES)?);
+            profiles.push(claim(
+                &format!("fingerprint_profiles[{i}]"),
+                p,
+                limits::MAX_PROFILE_NAME_BYTES,
+            )?);
         }
         profiles.sort();
         profiles.dedup();
         if !(1..=MAX_WORKER_CAPACITY).contains(&self.capacity) {
-            return Err(cap_err("capacity", format!("must be 1..={MAX_WORKER_CAPACITY}")));
+            return Err(cap_err(
+                "capacity",
+                format!("must be 1..={MAX_WORKER_CAPACITY}"),
+            ));
         }
         Ok(WorkerCapabilities {
             tags,
@@ -288,7 +313,9 @@ impl WorkerCapabilities {
 
     /// Whether the worker advertises this profile, by exact, case-sensitive name (DESIGN §7).
     pub fn advertises_profile(&self, name: &str) -> bool {
-        self.fingerprint_profiles.binary_search_by(|p| (**p).cmp(name)).is_ok()
+        self.fingerprint_profiles
+            .binary_search_by(|p| (**p).cmp(name))
+            .is_ok()
     }
 
     /// Most concurrent requests.
@@ -310,7 +337,11 @@ pub struct WorkerSettings {
 
 impl Default for WorkerSettings {
     fn default() -> Self {
-        WorkerSettings { is_enabled: true, is_draining: false, revision: 0 }
+        WorkerSettings {
+            is_enabled: true,
+            is_draining: false,
+            revision: 0,
+        }
     }
 }
 
@@ -329,8 +360,12 @@ pub enum WorkerAction {
 
 impl WorkerAction {
     /// Every action.
-    pub const ALL: [WorkerAction; 4] =
-        [WorkerAction::Drain, WorkerAction::Undrain, WorkerAction::Disable, WorkerAction::Enable];
+    pub const ALL: [WorkerAction; 4] = [
+        WorkerAction::Drain,
+        WorkerAction::Undrain,
+        WorkerAction::Disable,
+        WorkerAction::Enable,
+    ];
 
     /// The path segment.
     pub const fn as_str(self) -> &'static str {
@@ -480,7 +515,11 @@ impl WorkerRecord {
     /// The list item's capacity given the live active count.
     pub fn capacity(&self, active: u32) -> CapacitySummary {
         let max = self.capabilities.as_ref().map_or(0, |c| c.max_capacity);
-        CapacitySummary { active, available: max.saturating_sub(active), max }
+        CapacitySummary {
+            active,
+            available: max.saturating_sub(active),
+            max,
+        }
     }
 }
 
@@ -594,7 +633,9 @@ impl WorkerRegistry {
     /// Records a heartbeat of the current session; a stale session is ignored.
     pub fn heartbeat(&mut self, id: &str, session: &str, now_unix_ms: u64) -> bool {
         match self.workers.get_mut(id) {
-            Some(r) if r.state == WorkerState::Connected && r.session.as_deref() == Some(session) => {
+            Some(r)
+                if r.state == WorkerState::Connected && r.session.as_deref() == Some(session) =>
+            {
                 r.last_seen_unix_ms = Some(now_unix_ms);
                 true
             }
@@ -606,7 +647,9 @@ impl WorkerRegistry {
     /// superseded session is ignored, so a quick reconnect is not undone by the old lane closing.
     pub fn disconnect(&mut self, id: &str, session: &str, now_unix_ms: u64) -> bool {
         match self.workers.get_mut(id) {
-            Some(r) if r.state == WorkerState::Connected && r.session.as_deref() == Some(session) => {
+            Some(r)
+                if r.state == WorkerState::Connected && r.session.as_deref() == Some(session) =>
+            {
                 r.state = WorkerState::Disconnected;
                 r.last_seen_unix_ms = Some(now_unix_ms);
                 true
@@ -625,7 +668,10 @@ impl WorkerRegistry {
         if_match: u64,
     ) -> Result<&WorkerRecord, ActionError> {
         let id = ConfigId::parse(id).map_err(ActionError::InvalidId)?;
-        let current = self.workers.get(id.as_str()).map_or(0, |r| r.settings.revision);
+        let current = self
+            .workers
+            .get(id.as_str())
+            .map_or(0, |r| r.settings.revision);
         if current != if_match {
             return Err(ActionError::RevisionConflict { current });
         }
@@ -669,7 +715,10 @@ mod tests {
         assert!(c.has_tag("a") && !c.has_tag("A"));
         assert_eq!(c.country().unwrap().as_str(), "US");
         assert!(!c.ingress().contains(Ingress::Api));
-        assert_eq!(c.ingress().iter().collect::<Vec<_>>(), [Ingress::Proxy, Ingress::Connect]);
+        assert_eq!(
+            c.ingress().iter().collect::<Vec<_>>(),
+            [Ingress::Proxy, Ingress::Connect]
+        );
         assert!(c.serves_pool("acme-us") && !c.serves_pool("direct"));
         assert!(c.advertises_profile("chrome_131") && !c.advertises_profile("Chrome_131"));
         assert_eq!(c.fingerprint_profiles().len(), 1);
@@ -689,20 +738,77 @@ mod tests {
         let long_tag = "t".repeat(65);
         let many_tags: Vec<String> = (0..=MAX_WORKER_TAGS).map(|i| format!("t{i}")).collect();
         let cases: Vec<(AdvertisedCapabilities, &str)> = vec![
-            (AdvertisedCapabilities { capacity: 0, ..caps(&[]) }, "capacity"),
-            (AdvertisedCapabilities { capacity: MAX_WORKER_CAPACITY + 1, ..caps(&[]) }, "capacity"),
+            (
+                AdvertisedCapabilities {
+                    capacity: 0,
+                    ..caps(&[])
+                },
+                "capacity",
+            ),
+            (
+                AdvertisedCapabilities {
+                    capacity: MAX_WORKER_CAPACITY + 1,
+                    ..caps(&[])
+                },
+                "capacity",
+            ),
             (caps(&["a", "a"]), "tags"),
             (caps(&[""]), "tags[0]"),
             (caps(&["ok", long_tag.as_str()]), "tags[1]"),
-            (AdvertisedCapabilities { tags: many_tags, ..caps(&[]) }, "tags"),
-            (AdvertisedCapabilities { country: Some("XX".into()), ..caps(&[]) }, "country"),
-            (AdvertisedCapabilities { region: Some(String::new()), ..caps(&[]) }, "region"),
-            (AdvertisedCapabilities { ip_type: Some("x".repeat(129)), ..caps(&[]) }, "ip_type"),
-            (AdvertisedCapabilities { ingress: vec!["api".into(), "API".into()], ..caps(&[]) }, "ingress[1]"),
-            (AdvertisedCapabilities { pools: vec!["a b".into()], ..caps(&[]) }, "pools[0]"),
-            (AdvertisedCapabilities { pools: vec!["a".into(), "a".into()], ..caps(&[]) }, "pools[1]"),
             (
-                AdvertisedCapabilities { fingerprint_profiles: vec!["x".repeat(65)], ..caps(&[]) },
+                AdvertisedCapabilities {
+                    tags: many_tags,
+                    ..caps(&[])
+                },
+                "tags",
+            ),
+            (
+                AdvertisedCapabilities {
+                    country: Some("XX".into()),
+                    ..caps(&[])
+                },
+                "country",
+            ),
+            (
+                AdvertisedCapabilities {
+                    region: Some(String::new()),
+                    ..caps(&[])
+                },
+                "region",
+            ),
+            (
+                AdvertisedCapabilities {
+                    ip_type: Some("x".repeat(129)),
+                    ..caps(&[])
+                },
+                "ip_type",
+            ),
+            (
+                AdvertisedCapabilities {
+                    ingress: vec!["api".into(), "API".into()],
+                    ..caps(&[])
+                },
+                "ingress[1]",
+            ),
+            (
+                AdvertisedCapabilities {
+                    pools: vec!["a b".into()],
+                    ..caps(&[])
+                },
+                "pools[0]",
+            ),
+            (
+                AdvertisedCapabilities {
+                    pools: vec!["a".into(), "a".into()],
+                    ..caps(&[])
+                },
+                "pools[1]",
+            ),
+            (
+                AdvertisedCapabilities {
+                    fingerprint_profiles: vec!["x".repeat(65)],
+                    ..caps(&[])
+                },
                 "fingerprint_profiles[0]",
             ),
         ];
@@ -715,7 +821,10 @@ mod tests {
     fn registration_lifecycle() {
         let mut reg = WorkerRegistry::new();
         let c = caps(&["a"]).validate().unwrap();
-        assert_eq!(reg.register("w1", "s1", Executor::Remote, c.clone(), 10), Ok(None));
+        assert_eq!(
+            reg.register("w1", "s1", Executor::Remote, c.clone(), 10),
+            Ok(None)
+        );
         let r = reg.get("w1").unwrap();
         assert_eq!(r.state(), WorkerState::Connected);
         assert!(r.is_routable());
@@ -724,7 +833,10 @@ mod tests {
         assert!(!reg.heartbeat("w1", "other", 30));
         assert_eq!(reg.get("w1").unwrap().last_seen_unix_ms(), Some(20));
         // A new session supersedes the old one; the old lane's disconnect is then ignored.
-        assert_eq!(reg.register("w1", "s2", Executor::Remote, c.clone(), 40), Ok(Some("s1".into())));
+        assert_eq!(
+            reg.register("w1", "s2", Executor::Remote, c.clone(), 40),
+            Ok(Some("s1".into()))
+        );
         assert!(!reg.disconnect("w1", "s1", 50));
         assert_eq!(reg.get("w1").unwrap().state(), WorkerState::Connected);
         assert!(reg.disconnect("w1", "s2", 60));
@@ -732,14 +844,23 @@ mod tests {
         assert_eq!(r.state(), WorkerState::Disconnected);
         assert!(!r.is_routable());
         // Reconnecting after a disconnect supersedes nothing.
-        assert_eq!(reg.register("w1", "s3", Executor::Remote, c.clone(), 70), Ok(None));
+        assert_eq!(
+            reg.register("w1", "s3", Executor::Remote, c.clone(), 70),
+            Ok(None)
+        );
         assert_eq!(
             reg.register("w1", "s4", Executor::Local, c.clone(), 80),
             Err(RegisterError::ExecutorMismatch(Executor::Remote))
         );
-        assert!(matches!(reg.register("bad id", "s", Executor::Remote, c.clone(), 0), Err(RegisterError::InvalidId(_))));
+        assert!(matches!(
+            reg.register("bad id", "s", Executor::Remote, c.clone(), 0),
+            Err(RegisterError::InvalidId(_))
+        ));
         for bad in ["", "a b", &"s".repeat(129)] {
-            assert_eq!(reg.register("w2", bad, Executor::Remote, c.clone(), 0), Err(RegisterError::InvalidSession));
+            assert_eq!(
+                reg.register("w2", bad, Executor::Remote, c.clone(), 0),
+                Err(RegisterError::InvalidSession)
+            );
         }
     }
 
@@ -747,7 +868,8 @@ mod tests {
     fn actions_use_per_worker_revisions() {
         let mut reg = WorkerRegistry::new();
         let c = caps(&[]).validate().unwrap();
-        reg.register("w1", "s", Executor::Remote, c.clone(), 0).unwrap();
+        reg.register("w1", "s", Executor::Remote, c.clone(), 0)
+            .unwrap();
         assert_eq!(
             reg.apply_action("w1", WorkerAction::Drain, 1).unwrap_err(),
             ActionError::RevisionConflict { current: 0 }
@@ -764,7 +886,8 @@ mod tests {
         assert_eq!(r.settings().revision, 4);
         // Settings survive a re-registration.
         reg.apply_action("w1", WorkerAction::Drain, 4).unwrap();
-        reg.register("w1", "s9", Executor::Remote, c.clone(), 0).unwrap();
+        reg.register("w1", "s9", Executor::Remote, c.clone(), 0)
+            .unwrap();
         assert!(reg.get("w1").unwrap().is_draining());
         assert_eq!(reg.get("w1").unwrap().settings().revision, 5);
     }
@@ -776,21 +899,51 @@ mod tests {
         assert_eq!(r.state(), WorkerState::Unregistered);
         assert_eq!(r.settings().revision, 1);
         assert!(!r.is_routable());
-        assert_eq!(r.capacity(0), CapacitySummary { active: 0, available: 0, max: 0 });
+        assert_eq!(
+            r.capacity(0),
+            CapacitySummary {
+                active: 0,
+                available: 0,
+                max: 0
+            }
+        );
         // Registering keeps the operator's choice.
-        reg.register("ghost", "s", Executor::Remote, caps(&[]).validate().unwrap(), 5).unwrap();
+        reg.register(
+            "ghost",
+            "s",
+            Executor::Remote,
+            caps(&[]).validate().unwrap(),
+            5,
+        )
+        .unwrap();
         let r = reg.get("ghost").unwrap();
         assert_eq!(r.state(), WorkerState::Connected);
         assert!(!r.is_enabled() && !r.is_routable());
-        assert!(matches!(reg.apply_action("a/b", WorkerAction::Enable, 0), Err(ActionError::InvalidId(_))));
+        assert!(matches!(
+            reg.apply_action("a/b", WorkerAction::Enable, 0),
+            Err(ActionError::InvalidId(_))
+        ));
         reg.restore_settings(
             ConfigId::parse("persisted").unwrap(),
-            WorkerSettings { is_enabled: true, is_draining: true, revision: 7 },
+            WorkerSettings {
+                is_enabled: true,
+                is_draining: true,
+                revision: 7,
+            },
         );
-        assert_eq!(reg.get("persisted").unwrap().state(), WorkerState::Unregistered);
         assert_eq!(
-            reg.apply_action("persisted", WorkerAction::Undrain, 7).unwrap().settings(),
-            WorkerSettings { is_enabled: true, is_draining: false, revision: 8 }
+            reg.get("persisted").unwrap().state(),
+            WorkerState::Unregistered
+        );
+        assert_eq!(
+            reg.apply_action("persisted", WorkerAction::Undrain, 7)
+                .unwrap()
+                .settings(),
+            WorkerSettings {
+                is_enabled: true,
+                is_draining: false,
+                revision: 8
+            }
         );
         let ids: Vec<&str> = reg.iter().map(|r| r.id().as_str()).collect();
         assert_eq!(ids, ["ghost", "persisted"]);
@@ -804,8 +957,22 @@ mod tests {
             Executor::Local,
             caps(&[]).validate().unwrap(),
         );
-        assert_eq!(r.capacity(1), CapacitySummary { active: 1, available: 3, max: 4 });
-        assert_eq!(r.capacity(9), CapacitySummary { active: 9, available: 0, max: 4 });
+        assert_eq!(
+            r.capacity(1),
+            CapacitySummary {
+                active: 1,
+                available: 3,
+                max: 4
+            }
+        );
+        assert_eq!(
+            r.capacity(9),
+            CapacitySummary {
+                active: 9,
+                available: 0,
+                max: 4
+            }
+        );
     }
 
     #[test]
@@ -817,6 +984,9 @@ mod tests {
         assert_eq!(WorkerState::Unregistered.as_str(), "unregistered");
         assert_eq!(Executor::Local.as_str(), "local");
         assert_eq!(IngressSet::from_advertised(&[]), IngressSet::ALL);
-        assert_eq!(IngressSet::from_advertised(&[Ingress::Api]).iter().count(), 1);
+        assert_eq!(
+            IngressSet::from_advertised(&[Ingress::Api]).iter().count(),
+            1
+        );
     }
 }

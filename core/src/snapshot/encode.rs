@@ -52,7 +52,11 @@ fn encode_rule(out: &mut Vec<u8>, rule: &Rule, pools: &[Pool]) {
     out.extend_from_slice(b"],\"sticky_session_ttl_seconds\":");
     out.extend_from_slice(rule.sticky_session_ttl_seconds.to_string().as_bytes());
     out.extend_from_slice(b",\"allow_sticky_fallback\":");
-    out.extend_from_slice(if rule.allows_sticky_fallback { b"true" } else { b"false" });
+    out.extend_from_slice(if rule.allows_sticky_fallback {
+        b"true"
+    } else {
+        b"false"
+    });
     out.push(b'}');
 }
 

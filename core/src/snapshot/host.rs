@@ -132,7 +132,9 @@ impl HostPattern {
                 };
                 split > 0
                     && host.get(split) == Some(&b'.')
-                    && host.get(split + 1..).is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
+                    && host
+                        .get(split + 1..)
+                        .is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
             }
         }
     }
@@ -164,7 +166,11 @@ mod tests {
             ("_srv.example.com", "_srv.example.com"),
             ("a-b.c", "a-b.c"),
         ] {
-            assert_eq!(HostPattern::parse(input).unwrap().to_string(), canonical, "{input}");
+            assert_eq!(
+                HostPattern::parse(input).unwrap().to_string(),
+                canonical,
+                "{input}"
+            );
         }
     }
 
@@ -231,9 +237,15 @@ mod tests {
 
     #[test]
     fn hostname_normalisation() {
-        assert_eq!(&*normalize_hostname("Proxy.Acme.TEST").unwrap(), "proxy.acme.test");
+        assert_eq!(
+            &*normalize_hostname("Proxy.Acme.TEST").unwrap(),
+            "proxy.acme.test"
+        );
         assert_eq!(&*normalize_hostname("192.0.2.1").unwrap(), "192.0.2.1");
-        assert_eq!(normalize_hostname("*.acme.test"), Err(HostError::BadWildcard));
+        assert_eq!(
+            normalize_hostname("*.acme.test"),
+            Err(HostError::BadWildcard)
+        );
     }
 
     #[test]

@@ -38,7 +38,10 @@ impl ConfigId {
         if s.len() > MAX_ID_BYTES {
             return Err(IdError::TooLong);
         }
-        if !s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
             return Err(IdError::BadCharacter);
         }
         Ok(ConfigId(Arc::from(s)))
@@ -92,7 +95,14 @@ mod tests {
 
     #[test]
     fn accepts_the_grammar() {
-        for ok in ["a", "default", "acme-us", "pool_1.eu", "A-Z", &"x".repeat(64)] {
+        for ok in [
+            "a",
+            "default",
+            "acme-us",
+            "pool_1.eu",
+            "A-Z",
+            &"x".repeat(64),
+        ] {
             assert_eq!(ConfigId::parse(ok).unwrap().as_str(), ok);
         }
     }

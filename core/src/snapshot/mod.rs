@@ -19,8 +19,8 @@ pub use host::{normalize_hostname, HostError, HostPattern, MAX_HOSTNAME_BYTES, M
 pub use id::{ConfigId, IdError, MAX_ID_BYTES};
 pub use proxy::{
     PasswordError, Placeholder, ProxyAddr, ProxyHost, ProxyUrlError, RenderError, Secret,
-    TemplateError, TemplateValues, UsernameTemplate, MAX_PROXY_PASSWORD_BYTES,
-    MAX_PROXY_URL_BYTES, MAX_USERNAME_TEMPLATE_BYTES,
+    TemplateError, TemplateValues, UsernameTemplate, MAX_PROXY_PASSWORD_BYTES, MAX_PROXY_URL_BYTES,
+    MAX_USERNAME_TEMPLATE_BYTES,
 };
 
 use crate::destination::Cidr;
@@ -136,7 +136,10 @@ impl ValidatedSnapshot {
 
     /// The pool with this id and its index.
     pub fn pool(&self, id: &str) -> Option<(usize, &Pool)> {
-        self.pools.iter().enumerate().find(|(_, p)| p.id.as_str() == id)
+        self.pools
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.id.as_str() == id)
     }
 
     /// The destination allow and deny ranges.
@@ -379,7 +382,9 @@ mod tests {
     fn design_example_decodes() {
         let s = decode(DESIGN_EXAMPLE).unwrap();
         assert_eq!(s.default_timeout_ms(), 60_000);
-        let [rule] = s.rules() else { panic!("one rule expected") };
+        let [rule] = s.rules() else {
+            panic!("one rule expected")
+        };
         assert_eq!(rule.id(), &"default");
         assert_eq!(rule.priority(), 100);
         assert_eq!(rule.sticky_session_ttl_seconds(), 600);
@@ -390,17 +395,28 @@ mod tests {
         assert_eq!(c.region(), Some("us-east"));
         assert_eq!(c.ip_type(), Some("residential"));
         assert_eq!(c.ingress(), Some(Ingress::Api));
-        assert_eq!(c.host().map(|h| h.to_string()).as_deref(), Some("*.example.com"));
+        assert_eq!(
+            c.host().map(|h| h.to_string()).as_deref(),
+            Some("*.example.com")
+        );
         let (i, acme) = s.pool("acme-us").unwrap();
         assert_eq!(i, 1);
         let proxy = acme.upstream_proxy().unwrap();
         assert_eq!(proxy.id(), &"acme");
         assert_eq!(proxy.addr().to_url(), "http://proxy.acme.test:8000");
         assert_eq!(proxy.addr().port(), 8000);
-        assert!(proxy.username_template().unwrap().uses(Placeholder::Session));
+        assert!(proxy
+            .username_template()
+            .unwrap()
+            .uses(Placeholder::Session));
         assert_eq!(proxy.password().unwrap().expose(), "...");
         assert!(s.pool("direct").unwrap().1.upstream_proxy().is_none());
-        let allow: Vec<String> = s.destinations().allow().iter().map(|c| c.to_string()).collect();
+        let allow: Vec<String> = s
+            .destinations()
+            .allow()
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
         assert_eq!(allow, ["127.0.0.0/8", "::1/128"]);
         assert_eq!(s.destinations().deny().len(), 1);
         assert_eq!(round_trip(&s), s);
@@ -426,11 +442,16 @@ mod tests {
 
     #[test]
     fn omitted_fields_take_their_defaults() {
-        let s = decode(r#"{"routing":{"rules":[{"id":"r","priority":5,"pools":["p"]}]},"pools":[{"id":"p"}]}"#)
-            .unwrap();
+        let s = decode(
+            r#"{"routing":{"rules":[{"id":"r","priority":5,"pools":["p"]}]},"pools":[{"id":"p"}]}"#,
+        )
+        .unwrap();
         assert_eq!(s.default_timeout_ms(), limits::DEFAULT_TIMEOUT_MS);
         assert_eq!(s.rules()[0].sticky_session_ttl_seconds(), 0);
-        assert_eq!(s.rules()[0].allows_sticky_fallback(), DEFAULT_ALLOWS_STICKY_FALLBACK);
+        assert_eq!(
+            s.rules()[0].allows_sticky_fallback(),
+            DEFAULT_ALLOWS_STICKY_FALLBACK
+        );
         assert!(s.rules()[0].constraints().is_empty());
         assert!(s.destinations().allow().is_empty());
         assert_eq!(
@@ -523,14 +544,22 @@ mod tests {
                 other => panic!("expected a decode error for {:.80}, got {other:?}", doc),
             }
         }
-        let mut invalid_utf8 = b"{\"routing\":{\"rules\":[]},\"pools\":[{\"id\":\"\xff\"}]}".to_vec();
-        assert_eq!(decode_snapshot(&mut invalid_utf8), Err(SnapshotError::Decode(JsonError::InvalidUtf8)));
+        let mut invalid_utf8 =
+            b"{\"routing\":{\"rules\":[]},\"pools\":[{\"id\":\"\xff\"}]}".to_vec();
+        assert_eq!(
+            decode_snapshot(&mut invalid_utf8),
+            Err(SnapshotError::Decode(JsonError::InvalidUtf8))
+        );
     }
 
     #[test]
     fn effective_default_timeout_is_capped() {
-        let s = decode(r#"{"default_timeout_ms":200000,"routing":{"rules":[]},"pools":[]}"#).unwrap();
-        assert_eq!(s.effective_default_timeout_ms(limits::DEFAULT_MAX_TIMEOUT_MS), 120_000);
+        let s =
+            decode(r#"{"default_timeout_ms":200000,"routing":{"rules":[]},"pools":[]}"#).unwrap();
+        assert_eq!(
+            s.effective_default_timeout_ms(limits::DEFAULT_MAX_TIMEOUT_MS),
+            120_000
+        );
         assert_eq!(s.effective_default_timeout_ms(300_000), 200_000);
     }
 
@@ -558,12 +587,54 @@ mod tests {
         };
         assert!(c.matches(&full, Ingress::Proxy, "a.example.com"));
         let cases: Vec<(RouteHints, Ingress, &str)> = vec![
-            (RouteHints { country: None, ..full.clone() }, Ingress::Proxy, "a.example.com"),
-            (RouteHints { country: CountryCode::parse("DE"), ..full.clone() }, Ingress::Proxy, "a.example.com"),
-            (RouteHints { region: None, ..full.clone() }, Ingress::Proxy, "a.example.com"),
-            (RouteHints { region: Some("US-EAST".into()), ..full.clone() }, Ingress::Proxy, "a.example.com"),
-            (RouteHints { ip_type: None, ..full.clone() }, Ingress::Proxy, "a.example.com"),
-            (RouteHints { ip_type: Some("datacenter".into()), ..full.clone() }, Ingress::Proxy, "a.example.com"),
+            (
+                RouteHints {
+                    country: None,
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
+            (
+                RouteHints {
+                    country: CountryCode::parse("DE"),
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
+            (
+                RouteHints {
+                    region: None,
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
+            (
+                RouteHints {
+                    region: Some("US-EAST".into()),
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
+            (
+                RouteHints {
+                    ip_type: None,
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
+            (
+                RouteHints {
+                    ip_type: Some("datacenter".into()),
+                    ..full.clone()
+                },
+                Ingress::Proxy,
+                "a.example.com",
+            ),
             (full.clone(), Ingress::Api, "a.example.com"),
             (full.clone(), Ingress::Connect, "a.example.com"),
             (full.clone(), Ingress::Proxy, "example.com"),
@@ -571,7 +642,10 @@ mod tests {
             (full.clone(), Ingress::Proxy, ""),
         ];
         for (hints, ingress, host) in cases {
-            assert!(!c.matches(&hints, ingress, host), "{hints:?} {ingress:?} {host}");
+            assert!(
+                !c.matches(&hints, ingress, host),
+                "{hints:?} {ingress:?} {host}"
+            );
         }
         // A rule without constraints matches anything, hints or not.
         let d = ValidatedSnapshot::default_snapshot();

@@ -81,18 +81,25 @@ impl ProxyAddr {
         }
         let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
             let (literal, after) = bracketed.split_once(']').ok_or(ProxyUrlError::BadIpv6)?;
-            let ip = literal.parse::<Ipv6Addr>().map_err(|_| ProxyUrlError::BadIpv6)?;
+            let ip = literal
+                .parse::<Ipv6Addr>()
+                .map_err(|_| ProxyUrlError::BadIpv6)?;
             let port = after.strip_prefix(':').ok_or(ProxyUrlError::BadPort)?;
             (ProxyHost::V6(ip), port)
         } else {
             let (host, port) = authority.rsplit_once(':').ok_or(ProxyUrlError::BadPort)?;
             let host = match host.parse::<Ipv4Addr>() {
                 Ok(ip) => ProxyHost::V4(ip),
-                Err(_) => ProxyHost::Name(normalize_hostname(host).map_err(ProxyUrlError::BadHost)?),
+                Err(_) => {
+                    ProxyHost::Name(normalize_hostname(host).map_err(ProxyUrlError::BadHost)?)
+                }
             };
             (host, port)
         };
-        Ok(ProxyAddr { host, port: parse_port(port)? })
+        Ok(ProxyAddr {
+            host,
+            port: parse_port(port)?,
+        })
     }
 
     /// The host.
@@ -147,8 +154,12 @@ pub enum Placeholder {
 
 impl Placeholder {
     /// Every placeholder.
-    pub const ALL: [Placeholder; 4] =
-        [Placeholder::Country, Placeholder::Region, Placeholder::IpType, Placeholder::Session];
+    pub const ALL: [Placeholder; 4] = [
+        Placeholder::Country,
+        Placeholder::Region,
+        Placeholder::IpType,
+        Placeholder::Session,
+    ];
 
     /// The name between the braces.
     pub const fn name(self) -> &'static str {
@@ -177,7 +188,9 @@ pub enum TemplateError {
     #[error("has an unbalanced brace")]
     UnbalancedBrace,
     /// A placeholder other than country, region, ip_type and session.
-    #[error("unknown placeholder {{{0}}}; allowed: {{country}}, {{region}}, {{ip_type}}, {{session}}")]
+    #[error(
+        "unknown placeholder {{{0}}}; allowed: {{country}}, {{region}}, {{ip_type}}, {{session}}"
+    )]
     UnknownPlaceholder(String),
 }
 
@@ -241,9 +254,12 @@ impl UsernameTemplate {
                     if !literal.is_empty() {
                         segments.push(Segment::Literal(literal.into()));
                     }
-                    let inner = tail.strip_prefix('{').ok_or(TemplateError::UnbalancedBrace)?;
-                    let (name, after) =
-                        inner.split_once('}').ok_or(TemplateError::UnbalancedBrace)?;
+                    let inner = tail
+                        .strip_prefix('{')
+                        .ok_or(TemplateError::UnbalancedBrace)?;
+                    let (name, after) = inner
+                        .split_once('}')
+                        .ok_or(TemplateError::UnbalancedBrace)?;
                     if name.contains('{') {
                         return Err(TemplateError::UnbalancedBrace);
                     }
@@ -256,7 +272,10 @@ impl UsernameTemplate {
                 }
             }
         }
-        Ok(UsernameTemplate { raw: s.into(), segments })
+        Ok(UsernameTemplate {
+            raw: s.into(),
+            segments,
+        })
     }
 
     /// The template as written.
@@ -266,7 +285,7 @@ impl UsernameTemplate {
 
     /// Whether the template uses `p`.
     pub fn uses(&self, p: Placeholder) -> bool {
-        self.segments.iter().any(|s| *s == Segment::Value(p))
+        self.segments.contains(&Segment::Value(p))
     }
 
     /// Renders the username. A missing value renders as the empty string; a value with a byte
@@ -284,10 +303,9 @@ impl UsernameTemplate {
                         Placeholder::IpType => values.ip_type,
                         Placeholder::Session => values.session,
                     };
-                    if !v
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-'))
-                    {
+                    if !v.bytes().all(|b| {
+                        b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-')
+                    }) {
                         return Err(RenderError::UnsafeValue(*p));
                     }
                     out.push_str(v);
@@ -358,7 +376,10 @@ mod tests {
     fn proxy_urls_accepted() {
         for (input, canonical) in [
             ("http://proxy.acme.test:8000", "http://proxy.acme.test:8000"),
-            ("http://proxy.acme.test:8000/", "http://proxy.acme.test:8000"),
+            (
+                "http://proxy.acme.test:8000/",
+                "http://proxy.acme.test:8000",
+            ),
             ("HTTP://Proxy.Acme.Test:8000", "http://proxy.acme.test:8000"),
             ("http://127.0.0.1:3128", "http://127.0.0.1:3128"),
             ("http://[::1]:3128", "http://[::1]:3128"),
@@ -366,7 +387,11 @@ mod tests {
             ("http://localhost:65535", "http://localhost:65535"),
             ("http://p:08080", "http://p:8080"),
         ] {
-            assert_eq!(ProxyAddr::parse_url(input).unwrap().to_url(), canonical, "{input}");
+            assert_eq!(
+                ProxyAddr::parse_url(input).unwrap().to_url(),
+                canonical,
+                "{input}"
+            );
         }
     }
 
@@ -394,10 +419,19 @@ mod tests {
             ("http://[::1:80", ProxyUrlError::BadIpv6),
             ("http://[fe80::1%eth0]:80", ProxyUrlError::BadIpv6),
             ("http://[zz]:80", ProxyUrlError::BadIpv6),
-            ("http://::1:80", ProxyUrlError::BadHost(HostError::BadCharacter)),
+            (
+                "http://::1:80",
+                ProxyUrlError::BadHost(HostError::BadCharacter),
+            ),
             ("http://:80", ProxyUrlError::BadHost(HostError::Empty)),
-            ("http://a_b..c:80", ProxyUrlError::BadHost(HostError::EmptyLabel)),
-            ("http://1.2.3:80", ProxyUrlError::BadHost(HostError::NumericName)),
+            (
+                "http://a_b..c:80",
+                ProxyUrlError::BadHost(HostError::EmptyLabel),
+            ),
+            (
+                "http://1.2.3:80",
+                ProxyUrlError::BadHost(HostError::NumericName),
+            ),
             (long.as_str(), ProxyUrlError::TooLong),
         ] {
             assert_eq!(ProxyAddr::parse_url(input), Err(e), "{input:?}");
@@ -409,10 +443,18 @@ mod tests {
         let t = UsernameTemplate::parse("cust-7-country-{country}-session-{session}").unwrap();
         assert!(t.uses(Placeholder::Country) && t.uses(Placeholder::Session));
         assert!(!t.uses(Placeholder::Region));
-        let v = TemplateValues { country: "US", session: "00ff", ..Default::default() };
+        let v = TemplateValues {
+            country: "US",
+            session: "00ff",
+            ..Default::default()
+        };
         assert_eq!(t.render(&v).unwrap(), "cust-7-country-US-session-00ff");
         let t = UsernameTemplate::parse("{region}{ip_type}").unwrap();
-        let v = TemplateValues { region: "us-east", ip_type: "residential", ..Default::default() };
+        let v = TemplateValues {
+            region: "us-east",
+            ip_type: "residential",
+            ..Default::default()
+        };
         assert_eq!(t.render(&v).unwrap(), "us-eastresidential");
         assert_eq!(t.render(&TemplateValues::default()).unwrap(), "");
         let t = UsernameTemplate::parse("plain-user").unwrap();
@@ -423,8 +465,15 @@ mod tests {
     fn render_refuses_unsafe_values() {
         let t = UsernameTemplate::parse("u-{region}").unwrap();
         for bad in ["us east", "a:b", "a@b", "é", "a\nb", "a-{b}"] {
-            let v = TemplateValues { region: bad, ..Default::default() };
-            assert_eq!(t.render(&v), Err(RenderError::UnsafeValue(Placeholder::Region)), "{bad:?}");
+            let v = TemplateValues {
+                region: bad,
+                ..Default::default()
+            };
+            assert_eq!(
+                t.render(&v),
+                Err(RenderError::UnsafeValue(Placeholder::Region)),
+                "{bad:?}"
+            );
         }
     }
 
@@ -442,7 +491,10 @@ mod tests {
             ("u-{{country}}", TemplateError::UnbalancedBrace),
             ("u-{zone}", TemplateError::UnknownPlaceholder("zone".into())),
             ("u-{}", TemplateError::UnknownPlaceholder(String::new())),
-            ("u-{Country}", TemplateError::UnknownPlaceholder("Country".into())),
+            (
+                "u-{Country}",
+                TemplateError::UnknownPlaceholder("Country".into()),
+            ),
         ] {
             assert_eq!(UsernameTemplate::parse(input), Err(e), "{input:?}");
         }
@@ -454,8 +506,14 @@ mod tests {
         assert_eq!(s.expose(), "hunter2");
         assert!(!format!("{s:?}").contains("hunter2"));
         assert_eq!(Secret::parse_password(""), Err(PasswordError::Empty));
-        assert_eq!(Secret::parse_password("a\u{7f}"), Err(PasswordError::ControlCharacter));
-        assert_eq!(Secret::parse_password(&"p".repeat(1025)), Err(PasswordError::TooLong));
+        assert_eq!(
+            Secret::parse_password("a\u{7f}"),
+            Err(PasswordError::ControlCharacter)
+        );
+        assert_eq!(
+            Secret::parse_password(&"p".repeat(1025)),
+            Err(PasswordError::TooLong)
+        );
         assert!(Secret::parse_password("pä ss:word").is_ok());
     }
 }

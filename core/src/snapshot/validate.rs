@@ -6,11 +6,10 @@ use std::fmt::Display;
 
 use super::wire::{WireConstraints, WireDestinations, WirePool, WireRule, WireSnapshot};
 use super::{
-    ConfigId, Constraints, Destinations, HostPattern, Pool, ProxyAddr, Rule, Secret,
-    SnapshotError, UpstreamProxy, UsernameTemplate, ValidatedSnapshot,
-    DEFAULT_ALLOWS_STICKY_FALLBACK, MAX_DEFAULT_TIMEOUT_MS, MAX_DESTINATION_ENTRIES,
-    MAX_POOLS, MAX_POOLS_PER_RULE, MAX_PRIORITY, MAX_RULES, MAX_STICKY_TTL_SECONDS,
-    MIN_DEFAULT_TIMEOUT_MS,
+    ConfigId, Constraints, Destinations, HostPattern, Pool, ProxyAddr, Rule, Secret, SnapshotError,
+    UpstreamProxy, UsernameTemplate, ValidatedSnapshot, DEFAULT_ALLOWS_STICKY_FALLBACK,
+    MAX_DEFAULT_TIMEOUT_MS, MAX_DESTINATION_ENTRIES, MAX_POOLS, MAX_POOLS_PER_RULE, MAX_PRIORITY,
+    MAX_RULES, MAX_STICKY_TTL_SECONDS, MIN_DEFAULT_TIMEOUT_MS,
 };
 use crate::destination::Cidr;
 use crate::limits;
@@ -21,7 +20,10 @@ use crate::routing::{CountryCode, Ingress};
 const MAX_QUOTED_BYTES: usize = 64;
 
 fn invalid(path: impl Into<String>, message: impl Display) -> SnapshotError {
-    SnapshotError::Invalid { path: path.into(), message: message.to_string() }
+    SnapshotError::Invalid {
+        path: path.into(),
+        message: message.to_string(),
+    }
 }
 
 /// A submitted string for an error message: cut, then escaped by `Debug`.
@@ -44,7 +46,10 @@ fn id_at(path: &str, s: &str) -> Result<ConfigId, SnapshotError> {
 fn in_range(path: &str, v: i64, min: u64, max: u64) -> Result<u64, SnapshotError> {
     match u64::try_from(v) {
         Ok(u) if (min..=max).contains(&u) => Ok(u),
-        _ => Err(invalid(path, format_args!("{v} is out of range {min}..={max}"))),
+        _ => Err(invalid(
+            path,
+            format_args!("{v} is out of range {min}..={max}"),
+        )),
     }
 }
 
@@ -52,21 +57,34 @@ pub(crate) fn validate(w: WireSnapshot) -> Result<ValidatedSnapshot, SnapshotErr
     let default_timeout_ms = match w.default_timeout_ms {
         // Spec, Admin resources: 60 seconds when no snapshot value is set.
         None => limits::DEFAULT_TIMEOUT_MS,
-        Some(v) => in_range("default_timeout_ms", v, MIN_DEFAULT_TIMEOUT_MS, MAX_DEFAULT_TIMEOUT_MS)?,
+        Some(v) => in_range(
+            "default_timeout_ms",
+            v,
+            MIN_DEFAULT_TIMEOUT_MS,
+            MAX_DEFAULT_TIMEOUT_MS,
+        )?,
     };
     let (pools, pool_index) = validate_pools(w.pools)?;
     let mut rules = validate_rules(w.routing.rules, &pool_index)?;
     // DESIGN §4: rules are evaluated in ascending priority; equal priorities by rule id.
     rules.sort_by(|a, b| (a.priority, &a.id).cmp(&(b.priority, &b.id)));
     let destinations = validate_destinations(w.destinations.unwrap_or_default())?;
-    Ok(ValidatedSnapshot { default_timeout_ms, rules, pools, destinations })
+    Ok(ValidatedSnapshot {
+        default_timeout_ms,
+        rules,
+        pools,
+        destinations,
+    })
 }
 
 fn validate_pools(
     wire: Vec<WirePool>,
 ) -> Result<(Vec<Pool>, HashMap<ConfigId, usize>), SnapshotError> {
     if wire.len() > MAX_POOLS {
-        return Err(invalid("pools", format_args!("at most {MAX_POOLS} pools are allowed")));
+        return Err(invalid(
+            "pools",
+            format_args!("at most {MAX_POOLS} pools are allowed"),
+        ));
     }
     let mut index = HashMap::with_capacity(wire.len());
     let mut pools = Vec::with_capacity(wire.len());
@@ -93,7 +111,12 @@ fn validate_pools(
                     .map(|s| Secret::parse_password(&s))
                     .transpose()
                     .map_err(|e| invalid(at("password"), e))?;
-                Some(UpstreamProxy { id: proxy_id, addr, username_template, password })
+                Some(UpstreamProxy {
+                    id: proxy_id,
+                    addr,
+                    username_template,
+                    password,
+                })
             }
         };
         pools.push(Pool { id, upstream_proxy });
@@ -106,7 +129,10 @@ fn validate_rules(
     pool_index: &HashMap<ConfigId, usize>,
 ) -> Result<Vec<Rule>, SnapshotError> {
     if wire.len() > MAX_RULES {
-        return Err(invalid("routing.rules", format_args!("at most {MAX_RULES} rules are allowed")));
+        return Err(invalid(
+            "routing.rules",
+            format_args!("at most {MAX_RULES} rules are allowed"),
+        ));
     }
     let mut seen = HashSet::with_capacity(wire.len());
     let mut rules = Vec::with_capacity(wire.len());
@@ -114,7 +140,10 @@ fn validate_rules(
         let at = |field: &str| format!("routing.rules[{i}].{field}");
         let id = id_at(&at("id"), &r.id)?;
         if !seen.insert(id.clone()) {
-            return Err(invalid(at("id"), format_args!("duplicate rule id \"{id}\"")));
+            return Err(invalid(
+                at("id"),
+                format_args!("duplicate rule id \"{id}\""),
+            ));
         }
         let priority = in_range(&at("priority"), r.priority, 0, u64::from(MAX_PRIORITY))?;
         let constraints = validate_constraints(i, r.constraints.unwrap_or_default())?;
@@ -134,7 +163,10 @@ fn validate_rules(
                 return Err(invalid(path, format_args!("unknown pool {}", quoted(name))));
             };
             if pools.contains(&p) {
-                return Err(invalid(path, format_args!("pool {} is listed twice", quoted(name))));
+                return Err(invalid(
+                    path,
+                    format_args!("pool {} is listed twice", quoted(name)),
+                ));
             }
             pools.push(p);
         }
@@ -154,7 +186,9 @@ fn validate_rules(
             constraints,
             pools,
             sticky_session_ttl_seconds: u32::try_from(ttl).unwrap_or(MAX_STICKY_TTL_SECONDS),
-            allows_sticky_fallback: r.allow_sticky_fallback.unwrap_or(DEFAULT_ALLOWS_STICKY_FALLBACK),
+            allows_sticky_fallback: r
+                .allow_sticky_fallback
+                .unwrap_or(DEFAULT_ALLOWS_STICKY_FALLBACK),
         });
     }
     Ok(rules)
@@ -190,13 +224,19 @@ fn validate_constraints(i: usize, c: WireConstraints) -> Result<Constraints, Sna
         })?),
     };
     let region = c.region.map(|s| claim_value(at("region"), s)).transpose()?;
-    let ip_type = c.ip_type.map(|s| claim_value(at("ip_type"), s)).transpose()?;
+    let ip_type = c
+        .ip_type
+        .map(|s| claim_value(at("ip_type"), s))
+        .transpose()?;
     let ingress = match c.ingress {
         None => None,
         Some(s) => Some(Ingress::from_wire(&s).ok_or_else(|| {
             invalid(
                 at("ingress"),
-                format_args!("{} is not one of \"api\", \"proxy\", \"connect\"", quoted(&s)),
+                format_args!(
+                    "{} is not one of \"api\", \"proxy\", \"connect\"",
+                    quoted(&s)
+                ),
             )
         })?),
     };
@@ -207,7 +247,13 @@ fn validate_constraints(i: usize, c: WireConstraints) -> Result<Constraints, Sna
                 .map_err(|e| invalid(at("host"), format_args!("{}: {e}", quoted(&s))))?,
         ),
     };
-    Ok(Constraints { country, region, ip_type, ingress, host })
+    Ok(Constraints {
+        country,
+        region,
+        ip_type,
+        ingress,
+        host,
+    })
 }
 
 fn cidr_list(field: &str, wire: Vec<String>) -> Result<Vec<Cidr>, SnapshotError> {
@@ -220,7 +266,9 @@ fn cidr_list(field: &str, wire: Vec<String>) -> Result<Vec<Cidr>, SnapshotError>
     let mut out: Vec<Cidr> = Vec::with_capacity(wire.len());
     for (i, s) in wire.iter().enumerate() {
         let path = format!("destinations.{field}[{i}]");
-        let c: Cidr = s.parse().map_err(|e| invalid(&path, format_args!("{}: {e}", quoted(s))))?;
+        let c: Cidr = s
+            .parse()
+            .map_err(|e| invalid(&path, format_args!("{}: {e}", quoted(s))))?;
         if out.contains(&c) {
             return Err(invalid(path, format_args!("{c} is listed twice")));
         }
@@ -230,7 +278,10 @@ fn cidr_list(field: &str, wire: Vec<String>) -> Result<Vec<Cidr>, SnapshotError>
 }
 
 fn validate_destinations(d: WireDestinations) -> Result<Destinations, SnapshotError> {
-    Ok(Destinations { allow: cidr_list("allow", d.allow)?, deny: cidr_list("deny", d.deny)? })
+    Ok(Destinations {
+        allow: cidr_list("allow", d.allow)?,
+        deny: cidr_list("deny", d.deny)?,
+    })
 }
 
 #[cfg(test)]
@@ -244,9 +295,7 @@ mod tests {
     }
 
     fn with_rule(rule: &str) -> String {
-        format!(
-            r#"{{"routing":{{"rules":[{rule}]}},"pools":[{{"id":"direct"}},{{"id":"b"}}]}}"#
-        )
+        format!(r#"{{"routing":{{"rules":[{rule}]}},"pools":[{{"id":"direct"}},{{"id":"b"}}]}}"#)
     }
 
     fn with_pool(pool: &str) -> String {
@@ -425,8 +474,14 @@ mod tests {
         for (doc, path, fragment) in cases {
             let (got_path, message) = invalid_at(&doc);
             assert_eq!(got_path, path, "{doc}");
-            assert!(message.contains(fragment), "{message:?} lacks {fragment:?} for {doc}");
-            let e = SnapshotError::Invalid { path: got_path, message };
+            assert!(
+                message.contains(fragment),
+                "{message:?} lacks {fragment:?} for {doc}"
+            );
+            let e = SnapshotError::Invalid {
+                path: got_path,
+                message,
+            };
             assert_eq!(e.http_status(), 422);
             assert!(e.to_string().starts_with(path));
         }
@@ -442,12 +497,21 @@ mod tests {
         let ok = with_rule(&rules[..MAX_RULES].join(","));
         assert_eq!(check(&ok).unwrap().rules().len(), MAX_RULES);
 
-        let pools: Vec<String> = (0..=MAX_POOLS).map(|i| format!(r#"{{"id":"p{i}"}}"#)).collect();
+        let pools: Vec<String> = (0..=MAX_POOLS)
+            .map(|i| format!(r#"{{"id":"p{i}"}}"#))
+            .collect();
         assert_eq!(invalid_at(&with_pool(&pools.join(","))).0, "pools");
-        assert_eq!(check(&with_pool(&pools[..MAX_POOLS].join(","))).unwrap().pools().len(), MAX_POOLS);
+        assert_eq!(
+            check(&with_pool(&pools[..MAX_POOLS].join(",")))
+                .unwrap()
+                .pools()
+                .len(),
+            MAX_POOLS
+        );
 
-        let cidrs: Vec<String> =
-            (0..=MAX_DESTINATION_ENTRIES).map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256)).collect();
+        let cidrs: Vec<String> = (0..=MAX_DESTINATION_ENTRIES)
+            .map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256))
+            .collect();
         let doc = format!(
             r#"{{"routing":{{"rules":[]}},"pools":[],"destinations":{{"allow":[{}]}}}}"#,
             cidrs.join(",")
@@ -462,16 +526,17 @@ mod tests {
         let long = "é".repeat(100);
         let q = quoted(&long);
         assert!(q.len() < 80 && q.ends_with('…'), "{q}");
-        let doc = with_rule(&format!(r#"{{"id":"a","priority":1,"pools":["{}"]}}"#, "z".repeat(5000)));
+        let doc = with_rule(&format!(
+            r#"{{"id":"a","priority":1,"pools":["{}"]}}"#,
+            "z".repeat(5000)
+        ));
         assert!(invalid_at(&doc).1.len() < 120);
     }
 
     #[test]
     fn boundaries_are_inclusive() {
-        let doc = format!(
-            r#"{{"default_timeout_ms":1000,"routing":{{"rules":[{{"id":"a","priority":0,"pools":["direct"],"sticky_session_ttl_seconds":604800}},{{"id":"b","priority":1000000,"pools":["direct"],"sticky_session_ttl_seconds":0}}]}},"pools":[{{"id":"direct"}}]}}"#
-        );
-        let s = check(&doc).unwrap();
+        let doc = r#"{"default_timeout_ms":1000,"routing":{"rules":[{"id":"a","priority":0,"pools":["direct"],"sticky_session_ttl_seconds":604800},{"id":"b","priority":1000000,"pools":["direct"],"sticky_session_ttl_seconds":0}]},"pools":[{"id":"direct"}]}"#;
+        let s = check(doc).unwrap();
         assert_eq!(s.default_timeout_ms(), 1000);
         assert_eq!(s.rules()[0].priority(), 0);
         assert_eq!(s.rules()[0].sticky_session_ttl_seconds(), 604_800);
