@@ -241,7 +241,8 @@ impl RoutingTable {
     /// all match; its pools are tried in order and the next pool only when the earlier one has
     /// no eligible worker. Among eligible workers with room, the one with the most available
     /// capacity wins; ties go to the first at or after `tie_break` (modulo the candidate count)
-    /// in index order. A sticky session first tries its pinned worker (decision
+    /// in index order (decision `routing-selection.md`). A sticky session first tries its
+    /// pinned worker (decision
     /// `routing-sticky.md`). The pin store is updated: new pins, sliding expiry, re-pins.
     pub fn route<C: CapacityView + ?Sized>(
         &self,
