@@ -28,7 +28,10 @@ fn snapshot() -> Arc<ValidatedSnapshot> {
         r#"{"id":"catch-all","priority":1000,"pools":["direct"],"sticky_session_ttl_seconds":600}"#
             .into(),
     );
-    let doc = format!(r#"{{"routing":{{"rules":[{}]}},"pools":[{{"id":"direct"}}]}}"#, rules.join(","));
+    let doc = format!(
+        r#"{{"routing":{{"rules":[{}]}},"pools":[{{"id":"direct"}}]}}"#,
+        rules.join(",")
+    );
     let mut buf = doc.into_bytes();
     match decode_snapshot(&mut buf) {
         Ok(s) => Arc::new(s),
@@ -65,12 +68,22 @@ fn bench_route(c: &mut Criterion) {
         let active: Vec<u32> = (0..n).map(|i| (i % 7) as u32).collect();
         let view = |w: WorkerIndex| active.get(w.as_usize()).copied().unwrap_or(0);
         let tagged = RouteHints {
-            tags: vec!["residential".into(), format!("grp-{}", (n / GROUP_SIZE) / 2)],
+            tags: vec![
+                "residential".into(),
+                format!("grp-{}", (n / GROUP_SIZE) / 2),
+            ],
             ..Default::default()
         };
         let none = RouteHints::default();
-        let sticky = RouteHints { sticky_session_id: Some("cart-42".into()), ..tagged.clone() };
-        for (name, hints) in [("tags", &tagged), ("no_hints", &none), ("tags_sticky", &sticky)] {
+        let sticky = RouteHints {
+            sticky_session_id: Some("cart-42".into()),
+            ..tagged.clone()
+        };
+        for (name, hints) in [
+            ("tags", &tagged),
+            ("no_hints", &none),
+            ("tags_sticky", &sticky),
+        ] {
             let mut pins = StickyPins::default();
             let mut tie_break = 0u64;
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {

@@ -242,8 +242,8 @@ impl RoutingTable {
     /// no eligible worker. Among eligible workers with room, the one with the most available
     /// capacity wins; ties go to the first at or after `tie_break` (modulo the candidate count)
     /// in index order (decision `routing-selection.md`). A sticky session first tries its
-    /// pinned worker (decision
-    /// `routing-sticky.md`). The pin store is updated: new pins, sliding expiry, re-pins.
+    /// pinned worker (decision `routing-sticky.md`). The pin store is updated: new pins,
+    /// sliding expiry, re-pins.
     pub fn route<C: CapacityView + ?Sized>(
         &self,
         req: &RouteRequest<'_>,
