@@ -22,12 +22,18 @@ enum Command {
         /// The configuration file.
         file: PathBuf,
     },
+    /// Validate a runtime snapshot file (JSON) with the exact messages the admin API gives.
+    CheckSnapshot {
+        /// The snapshot file (the body of `PUT /api/v1/admin/config`).
+        file: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::CheckSnapshot { file } => check_snapshot(&file),
     }
 }
 
@@ -65,6 +71,32 @@ fn check_config(file: &PathBuf) -> ExitCode {
         }
         Err(e) => {
             eprintln!("{}: {e}", file.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn check_snapshot(file: &PathBuf) -> ExitCode {
+    let mut bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    match sortie_core::snapshot::decode_snapshot(&mut bytes) {
+        Ok(s) => {
+            println!(
+                "{}: ok ({} rule(s), {} pool(s), default_timeout_ms {})",
+                file.display(),
+                s.rules().len(),
+                s.pools().len(),
+                s.default_timeout_ms()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{}: {} ({})", file.display(), e, e.http_status());
             ExitCode::from(1)
         }
     }

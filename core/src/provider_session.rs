@@ -2,7 +2,7 @@
 //! 128-bit value that an upstream proxy provider uses to keep the same exit IP for a sticky
 //! session, identical on every control instance and every eligible worker.
 //!
-//! Encoding (decision `provider-session.md`): SHA-256 over the domain-separation tag
+//! Encoding (decision 011): SHA-256 over the domain-separation tag
 //! [`DOMAIN_TAG`] followed by the fields deployment id, pool id, upstream proxy id, normalised
 //! country (uppercase, or empty), region (or empty), IP type (or empty) and sticky session id,
 //! each item (the tag included) written as its byte length in 4-byte big-endian followed by its

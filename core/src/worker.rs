@@ -2,7 +2,7 @@
 //! their connection state, as plain data. The IO layer feeds registrations, heartbeats,
 //! disconnects and admin actions in; routing tables are built from the records.
 //!
-//! Decisions (`routing-workers.md`): a worker that advertises no ingress modes serves all three;
+//! Decisions (009): a worker that advertises no ingress modes serves all three;
 //! a worker that advertises no pools belongs to `direct`; a worker is routable only while it is
 //! registered and connected (local executors register as connected and never disconnect),
 //! enabled and not draining. The per-worker count of active requests is not kept here: it lives

@@ -2,7 +2,7 @@
 //! which rule and pool, and until when (spec, Routing rule 4). Time is a parameter in
 //! milliseconds on a monotonic clock the caller chooses.
 //!
-//! The store is bounded (decision `routing-sticky.md`): when it is full, expired pins are
+//! The store is bounded (decision 008): when it is full, expired pins are
 //! evicted first and then the pin closest to expiry. Each pin is evicted at most once, so
 //! eviction is amortised O(log n) per insertion.
 

@@ -241,8 +241,8 @@ impl RoutingTable {
     /// all match; its pools are tried in order and the next pool only when the earlier one has
     /// no eligible worker. Among eligible workers with room, the one with the most available
     /// capacity wins; ties go to the first at or after `tie_break` (modulo the candidate count)
-    /// in index order (decision `routing-selection.md`). A sticky session first tries its
-    /// pinned worker (decision `routing-sticky.md`). The pin store is updated: new pins,
+    /// in index order (decision 007). A sticky session first tries its
+    /// pinned worker (decision 008). The pin store is updated: new pins,
     /// sliding expiry, re-pins.
     pub fn route<C: CapacityView + ?Sized>(
         &self,
@@ -478,7 +478,7 @@ impl RoutingTable {
     }
 
     /// The pinned worker and its pool index, if it is still eligible for this rule and these
-    /// hints in the pinned pool. Decision `routing-sticky.md`: a live pin keeps its pool even
+    /// hints in the pinned pool. Decision 008: a live pin keeps its pool even
     /// when an earlier pool of the rule has workers again.
     fn pinned(
         &self,

@@ -1,6 +1,6 @@
 //! Host names and the `host` constraint of a routing rule: an exact host or `*.suffix`.
 //!
-//! Decision `routing-host-patterns.md`: patterns are normalised to lowercase; `*.example.com`
+//! Decision 010: patterns are normalised to lowercase; `*.example.com`
 //! matches every name strictly below `example.com` (`a.example.com`, `a.b.example.com`) and not
 //! the apex `example.com` itself; an exact pattern may also be an IPv4 literal. Destination hosts
 //! are compared case-insensitively, ignoring one trailing dot.

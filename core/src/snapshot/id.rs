@@ -7,7 +7,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::sync::Arc;
 
-/// Longest identifier, in bytes (decision `snapshot.md`: the spec names no limit).
+/// Longest identifier, in bytes (decision 006: the spec names no limit).
 pub const MAX_ID_BYTES: usize = 64;
 
 /// A validated identifier. Cloning is a reference-count increment, so routing decisions can

@@ -2,7 +2,7 @@
 //! body, semantic validation into an immutable [`ValidatedSnapshot`], and canonical JSON
 //! encoding for `GET /api/v1/admin/config`.
 //!
-//! Two error classes, as the admin API distinguishes them (decision `snapshot.md`): anything
+//! Two error classes, as the admin API distinguishes them (decision 006): anything
 //! the JSON decoder rejects (syntax, wrong type, unknown field, duplicate key, trailing data,
 //! over 4 MiB) is [`SnapshotError::Decode`] (400); a well-formed document that fails a semantic
 //! rule is [`SnapshotError::Invalid`] (422) whose message names the JSON path, for example
@@ -28,11 +28,11 @@ use crate::json::JsonError;
 use crate::limits;
 use crate::routing::{CountryCode, Ingress, RouteHints};
 
-/// Most rules in one snapshot (decision `snapshot.md`).
+/// Most rules in one snapshot (decision 006).
 pub const MAX_RULES: usize = 1024;
-/// Most pools in one snapshot (decision `snapshot.md`).
+/// Most pools in one snapshot (decision 006).
 pub const MAX_POOLS: usize = 1024;
-/// Most pools one rule may list (decision `snapshot.md`).
+/// Most pools one rule may list (decision 006).
 pub const MAX_POOLS_PER_RULE: usize = 64;
 /// Most entries in each of `destinations.allow` and `destinations.deny`.
 pub const MAX_DESTINATION_ENTRIES: usize = 1024;

@@ -1,6 +1,6 @@
 //! The upstream proxy of a pool: its address, the username template and the password.
 //!
-//! Decision `snapshot.md`: an upstream proxy is `http://host:port` (no path, query, fragment or
+//! Decision 006: an upstream proxy is `http://host:port` (no path, query, fragment or
 //! user info; credentials belong in `username_template` and `password`). The template may use the
 //! placeholders `{country}`, `{region}`, `{ip_type}` and `{session}` and nothing else; a `:` is
 //! never allowed because RFC 7617 §2 forbids it in a Basic user-id.
