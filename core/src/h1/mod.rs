@@ -10,6 +10,7 @@
 mod error;
 mod head;
 mod request;
+mod response;
 
 pub use error::H1Error;
 pub use head::{
@@ -18,3 +19,4 @@ pub use head::{
     MAX_HEADERS_CEILING,
 };
 pub use request::{parse_request_head, BodyFraming, RequestHead, TargetForm};
+pub use response::{parse_response_head, ResponseFraming, ResponseHead};
