@@ -7,11 +7,18 @@
 //! or repeated beside Transfer-Encoding, unknown codings) is an error, and every error closes the
 //! connection.
 
+mod body;
+mod chunked;
 mod error;
 mod head;
 mod request;
 mod response;
 
+pub use body::{BodyDecoder, ContentLengthBody};
+pub use chunked::{
+    BodyLimits, ChunkedDecoder, DecodeProgress, DEFAULT_MAX_CHUNK_EXTENSION_BYTES,
+    DEFAULT_MAX_TRAILER_BYTES, MAX_CHUNK_SIZE_DIGITS,
+};
 pub use error::H1Error;
 pub use head::{
     HeadLimits, Header, Headers, Parsed, Version, DEFAULT_MAX_HEADERS,
