@@ -84,9 +84,10 @@ impl BodyDecoder {
                 Reader::Length(ContentLengthBody::new(n, limits.max_body_bytes)?)
             }
             ResponseFraming::Chunked => Reader::Chunked(ChunkedDecoder::new(limits)),
-            ResponseFraming::CloseDelimited => {
-                Reader::UntilClose { received: 0, max_body_bytes: limits.max_body_bytes }
-            }
+            ResponseFraming::CloseDelimited => Reader::UntilClose {
+                received: 0,
+                max_body_bytes: limits.max_body_bytes,
+            },
         };
         Ok(BodyDecoder { reader })
     }
@@ -99,16 +100,25 @@ impl BodyDecoder {
         out: &mut impl FnMut(&[u8]),
     ) -> Result<DecodeProgress, H1Error> {
         match &mut self.reader {
-            Reader::Empty => Ok(DecodeProgress { consumed: 0, is_done: true }),
+            Reader::Empty => Ok(DecodeProgress {
+                consumed: 0,
+                is_done: true,
+            }),
             Reader::Length(body) => {
                 let data = body.take(input);
                 if !data.is_empty() {
                     out(data);
                 }
-                Ok(DecodeProgress { consumed: data.len(), is_done: body.is_done() })
+                Ok(DecodeProgress {
+                    consumed: data.len(),
+                    is_done: body.is_done(),
+                })
             }
             Reader::Chunked(decoder) => decoder.decode(input, out),
-            Reader::UntilClose { received, max_body_bytes } => {
+            Reader::UntilClose {
+                received,
+                max_body_bytes,
+            } => {
                 *received = received.saturating_add(input.len() as u64);
                 if *received > *max_body_bytes {
                     return Err(H1Error::BodyTooLarge);
@@ -116,7 +126,10 @@ impl BodyDecoder {
                 if !input.is_empty() {
                     out(input);
                 }
-                Ok(DecodeProgress { consumed: input.len(), is_done: false })
+                Ok(DecodeProgress {
+                    consumed: input.len(),
+                    is_done: false,
+                })
             }
         }
     }
@@ -174,17 +187,50 @@ mod tests {
     fn request_bodies() {
         let mut none = BodyDecoder::for_request(BodyFraming::None, LIMITS).unwrap();
         assert!(none.is_done());
-        assert_eq!(run(&mut none, b"GET").unwrap(), (vec![], DecodeProgress { consumed: 0, is_done: true }));
+        assert_eq!(
+            run(&mut none, b"GET").unwrap(),
+            (
+                vec![],
+                DecodeProgress {
+                    consumed: 0,
+                    is_done: true
+                }
+            )
+        );
 
         let mut fixed = BodyDecoder::for_request(BodyFraming::ContentLength(4), LIMITS).unwrap();
-        assert_eq!(run(&mut fixed, b"ab").unwrap(), (b"ab".to_vec(), DecodeProgress { consumed: 2, is_done: false }));
+        assert_eq!(
+            run(&mut fixed, b"ab").unwrap(),
+            (
+                b"ab".to_vec(),
+                DecodeProgress {
+                    consumed: 2,
+                    is_done: false
+                }
+            )
+        );
         assert!(!fixed.is_complete_at_eof());
-        assert_eq!(run(&mut fixed, b"cdef").unwrap(), (b"cd".to_vec(), DecodeProgress { consumed: 2, is_done: true }));
+        assert_eq!(
+            run(&mut fixed, b"cdef").unwrap(),
+            (
+                b"cd".to_vec(),
+                DecodeProgress {
+                    consumed: 2,
+                    is_done: true
+                }
+            )
+        );
         assert!(fixed.is_complete_at_eof());
 
         let mut empty = BodyDecoder::for_request(BodyFraming::ContentLength(0), LIMITS).unwrap();
         assert!(empty.is_done());
-        assert_eq!(run(&mut empty, b"x").unwrap().1, DecodeProgress { consumed: 0, is_done: true });
+        assert_eq!(
+            run(&mut empty, b"x").unwrap().1,
+            DecodeProgress {
+                consumed: 0,
+                is_done: true
+            }
+        );
 
         assert_eq!(
             BodyDecoder::for_request(BodyFraming::ContentLength(101), LIMITS).err(),
@@ -194,7 +240,13 @@ mod tests {
         let mut chunked = BodyDecoder::for_request(BodyFraming::Chunked, LIMITS).unwrap();
         assert_eq!(
             run(&mut chunked, b"2\r\nok\r\n0\r\n\r\nX").unwrap(),
-            (b"ok".to_vec(), DecodeProgress { consumed: 12, is_done: true })
+            (
+                b"ok".to_vec(),
+                DecodeProgress {
+                    consumed: 12,
+                    is_done: true
+                }
+            )
         );
     }
 
@@ -208,17 +260,39 @@ mod tests {
             BodyDecoder::for_response(ResponseFraming::CloseDelimited, LIMITS).unwrap();
         assert_eq!(
             run(&mut until_close, b"anything\r\n").unwrap(),
-            (b"anything\r\n".to_vec(), DecodeProgress { consumed: 10, is_done: false })
+            (
+                b"anything\r\n".to_vec(),
+                DecodeProgress {
+                    consumed: 10,
+                    is_done: false
+                }
+            )
         );
         assert!(!until_close.is_done());
         assert!(until_close.is_complete_at_eof());
         assert_eq!(run(&mut until_close, &[0u8; 90]).unwrap().1.consumed, 90);
         assert_eq!(run(&mut until_close, b"!"), Err(H1Error::BodyTooLarge));
 
-        let mut fixed = BodyDecoder::for_response(ResponseFraming::ContentLength(3), LIMITS).unwrap();
-        assert_eq!(run(&mut fixed, b"abc").unwrap().1, DecodeProgress { consumed: 3, is_done: true });
+        let mut fixed =
+            BodyDecoder::for_response(ResponseFraming::ContentLength(3), LIMITS).unwrap();
+        assert_eq!(
+            run(&mut fixed, b"abc").unwrap().1,
+            DecodeProgress {
+                consumed: 3,
+                is_done: true
+            }
+        );
         let mut chunked = BodyDecoder::for_response(ResponseFraming::Chunked, LIMITS).unwrap();
         assert!(!chunked.is_complete_at_eof());
-        assert_eq!(run(&mut chunked, b"1\r\n"), Ok((vec![], DecodeProgress { consumed: 3, is_done: false })));
+        assert_eq!(
+            run(&mut chunked, b"1\r\n"),
+            Ok((
+                vec![],
+                DecodeProgress {
+                    consumed: 3,
+                    is_done: false
+                }
+            ))
+        );
     }
 }

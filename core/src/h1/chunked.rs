@@ -201,7 +201,10 @@ impl ChunkedDecoder {
                 return Err(e);
             }
         }
-        Ok(DecodeProgress { consumed: at, is_done: self.state == State::Done })
+        Ok(DecodeProgress {
+            consumed: at,
+            is_done: self.state == State::Done,
+        })
     }
 
     /// Advances the state machine over one byte outside chunk data.
@@ -392,7 +395,11 @@ mod tests {
 
     /// Decodes `input` in pieces of `step` bytes, returning the data, the bytes consumed and
     /// whether the body ended.
-    fn decode_split(input: &[u8], step: usize, limits: BodyLimits) -> Result<(Vec<u8>, usize, bool), H1Error> {
+    fn decode_split(
+        input: &[u8],
+        step: usize,
+        limits: BodyLimits,
+    ) -> Result<(Vec<u8>, usize, bool), H1Error> {
         let mut decoder = ChunkedDecoder::new(limits);
         let mut data = Vec::new();
         let mut consumed = 0;
@@ -415,7 +422,11 @@ mod tests {
         let whole = decode_split(input, input.len(), LIMITS);
         // Every way of feeding must agree with feeding everything at once.
         for step in [1, 2, 3, 7] {
-            assert_eq!(decode_split(input, step, LIMITS), whole, "step {step} on {input:?}");
+            assert_eq!(
+                decode_split(input, step, LIMITS),
+                whole,
+                "step {step} on {input:?}"
+            );
         }
         whole
     }
@@ -436,17 +447,24 @@ mod tests {
             (b"5;a\r\nhello\r\n0\r\n\r\n", b"hello"),
             (b"5;a=b\r\nhello\r\n0\r\n\r\n", b"hello"),
             (b"5 ; a = b ; c\r\nhello\r\n0;last\r\n\r\n", b"hello"),
-            (b"5\t;\ta\t=\t\"q \\\" ;\\r\"\r\nhello\r\n0\r\n\r\n", b"hello"),
+            (
+                b"5\t;\ta\t=\t\"q \\\" ;\\r\"\r\nhello\r\n0\r\n\r\n",
+                b"hello",
+            ),
             (b"5;a=\"\"\r\nhello\r\n0\r\n\r\n", b"hello"),
             (b"5;a=\"x\" ;b\r\nhello\r\n0\r\n\r\n", b"hello"),
             (b"5;n=\"caf\xe9\"\r\nhello\r\n0\r\n\r\n", b"hello"),
             // Trailers.
             (b"5\r\nhello\r\n0\r\nX-Sum: 1\r\n\r\n", b"hello"),
-            (b"5\r\nhello\r\n0\r\nA: 1\r\nB:\r\nC:\t v \t\r\n\r\n", b"hello"),
+            (
+                b"5\r\nhello\r\n0\r\nA: 1\r\nB:\r\nC:\t v \t\r\n\r\n",
+                b"hello",
+            ),
             (b"0\r\nDigest: sha-256=abc\r\n\r\n", b""),
         ];
         for (input, want) in table {
-            let (data, consumed, done) = decode_all(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+            let (data, consumed, done) =
+                decode_all(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
             assert_eq!(data, *want, "{input:?}");
             assert_eq!(consumed, input.len(), "{input:?}");
             assert!(done, "{input:?}");
@@ -485,9 +503,15 @@ mod tests {
             (b"5;a \r\nhello\r\n", H1Error::InvalidChunkExtension),
             (b"5;a=b \r\nhello\r\n", H1Error::InvalidChunkExtension),
             (b"5;a=b c\r\nhello\r\n", H1Error::InvalidChunkExtension),
-            (b"5;a=\"b\r\n\"\r\nhello\r\n", H1Error::InvalidChunkExtension),
+            (
+                b"5;a=\"b\r\n\"\r\nhello\r\n",
+                H1Error::InvalidChunkExtension,
+            ),
             (b"5;a=\"b\"c\r\nhello\r\n", H1Error::InvalidChunkExtension),
-            (b"5;a=\"\\\x01\"\r\nhello\r\n", H1Error::InvalidChunkExtension),
+            (
+                b"5;a=\"\\\x01\"\r\nhello\r\n",
+                H1Error::InvalidChunkExtension,
+            ),
             (b"5;a=b\x00\r\nhello\r\n", H1Error::InvalidChunkExtension),
             (b"5;a(=b\r\nhello\r\n", H1Error::InvalidChunkExtension),
             (b"0\r\n X: 1\r\n\r\n", H1Error::InvalidTrailer),
@@ -499,7 +523,11 @@ mod tests {
         ];
         for (input, want) in table {
             for step in [input.len(), 1, 2, 3] {
-                assert_eq!(decode_split(input, step, LIMITS), Err(*want), "{input:?} step {step}");
+                assert_eq!(
+                    decode_split(input, step, LIMITS),
+                    Err(*want),
+                    "{input:?} step {step}"
+                );
             }
         }
     }
@@ -531,9 +559,23 @@ mod tests {
         // Once done, further input is left alone.
         let mut decoder = ChunkedDecoder::new(LIMITS);
         let progress = decoder.decode(&input, &mut |_| {}).unwrap();
-        assert_eq!(progress, DecodeProgress { consumed: body.len(), is_done: true });
-        let again = decoder.decode(b"more", &mut |_| panic!("no data after the end")).unwrap();
-        assert_eq!(again, DecodeProgress { consumed: 0, is_done: true });
+        assert_eq!(
+            progress,
+            DecodeProgress {
+                consumed: body.len(),
+                is_done: true
+            }
+        );
+        let again = decoder
+            .decode(b"more", &mut |_| panic!("no data after the end"))
+            .unwrap();
+        assert_eq!(
+            again,
+            DecodeProgress {
+                consumed: 0,
+                is_done: true
+            }
+        );
     }
 
     #[test]
@@ -549,8 +591,14 @@ mod tests {
     #[test]
     fn errors_are_sticky() {
         let mut decoder = ChunkedDecoder::new(LIMITS);
-        assert_eq!(decoder.decode(b"z", &mut |_| {}), Err(H1Error::InvalidChunkSize));
-        assert_eq!(decoder.decode(b"0\r\n\r\n", &mut |_| {}), Err(H1Error::InvalidChunkSize));
+        assert_eq!(
+            decoder.decode(b"z", &mut |_| {}),
+            Err(H1Error::InvalidChunkSize)
+        );
+        assert_eq!(
+            decoder.decode(b"0\r\n\r\n", &mut |_| {}),
+            Err(H1Error::InvalidChunkSize)
+        );
         assert!(!decoder.is_done());
     }
 
@@ -560,7 +608,10 @@ mod tests {
         let ok = b"5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n";
         assert_eq!(decode_split(ok, ok.len(), limits).unwrap().0, b"helloworld");
         let over = b"5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n";
-        assert_eq!(decode_split(over, over.len(), limits), Err(H1Error::BodyTooLarge));
+        assert_eq!(
+            decode_split(over, over.len(), limits),
+            Err(H1Error::BodyTooLarge)
+        );
         // The limit trips on the size line, before any of the chunk's data is passed on.
         let mut decoder = ChunkedDecoder::new(limits);
         let mut seen = Vec::new();
@@ -569,30 +620,54 @@ mod tests {
         assert_eq!(seen, b"hello");
         // A huge announced size is refused at once.
         let mut decoder = ChunkedDecoder::new(limits);
-        assert_eq!(decoder.decode(b"ffffffffffffffff", &mut |_| {}), Err(H1Error::BodyTooLarge));
+        assert_eq!(
+            decoder.decode(b"ffffffffffffffff", &mut |_| {}),
+            Err(H1Error::BodyTooLarge)
+        );
         assert_eq!(decoder.body_len(), 0);
         // u64::MAX as a size is accepted by syntax when the limit allows it.
         let mut decoder = ChunkedDecoder::new(BodyLimits::with_max_body(u64::MAX));
-        let progress = decoder.decode(b"ffffffffffffffff\r\nab", &mut |_| {}).unwrap();
-        assert_eq!(progress, DecodeProgress { consumed: 20, is_done: false });
+        let progress = decoder
+            .decode(b"ffffffffffffffff\r\nab", &mut |_| {})
+            .unwrap();
+        assert_eq!(
+            progress,
+            DecodeProgress {
+                consumed: 20,
+                is_done: false
+            }
+        );
         assert_eq!(decoder.body_len(), u64::MAX);
     }
 
     #[test]
     fn extension_and_trailer_limits() {
-        let limits = BodyLimits { max_extension_bytes: 8, max_trailer_bytes: 10, ..LIMITS };
+        let limits = BodyLimits {
+            max_extension_bytes: 8,
+            max_trailer_bytes: 10,
+            ..LIMITS
+        };
         let ext_ok = b"1;abcdefg\r\nx\r\n0\r\n\r\n";
         assert!(decode_split(ext_ok, 1, limits).is_ok());
         let ext_over = b"1;abcdefgh\r\nx\r\n0\r\n\r\n";
-        assert_eq!(decode_split(ext_over, 1, limits), Err(H1Error::ChunkExtensionsTooLarge));
+        assert_eq!(
+            decode_split(ext_over, 1, limits),
+            Err(H1Error::ChunkExtensionsTooLarge)
+        );
         // The extension limit is for the whole body, not per chunk.
         let ext_spread = b"1;abcd\r\nx\r\n1;abcd\r\nx\r\n0\r\n\r\n";
-        assert_eq!(decode_split(ext_spread, 3, limits), Err(H1Error::ChunkExtensionsTooLarge));
+        assert_eq!(
+            decode_split(ext_spread, 3, limits),
+            Err(H1Error::ChunkExtensionsTooLarge)
+        );
 
         let trailer_ok = b"0\r\nA: 12\r\n\r\n";
         assert!(decode_split(trailer_ok, 1, limits).is_ok());
         let trailer_over = b"0\r\nA: 1234\r\n\r\n";
-        assert_eq!(decode_split(trailer_over, 1, limits), Err(H1Error::TrailersTooLarge));
+        assert_eq!(
+            decode_split(trailer_over, 1, limits),
+            Err(H1Error::TrailersTooLarge)
+        );
     }
 
     #[test]

@@ -238,7 +238,9 @@ mod tests {
         for e in H1Error::ALL {
             let name = e.as_str();
             assert!(seen.insert(name), "duplicate name {name}");
-            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+            assert!(name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
         }
         assert_eq!(seen.len(), H1Error::ALL.len());
     }
@@ -247,7 +249,11 @@ mod tests {
     fn statuses_are_the_documented_set() {
         let allowed = [400, 413, 414, 417, 431, 501, 502, 505];
         for e in H1Error::ALL {
-            assert!(allowed.contains(&e.status()), "{e:?} maps to {}", e.status());
+            assert!(
+                allowed.contains(&e.status()),
+                "{e:?} maps to {}",
+                e.status()
+            );
         }
         let table = [
             (H1Error::HeadTooLarge, 431),

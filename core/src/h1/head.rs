@@ -147,12 +147,18 @@ impl<'a> Headers<'a> {
 
     /// The value of the first field named `name` (ASCII case-insensitive).
     pub fn value(&self, name: &str) -> Option<&'a [u8]> {
-        self.fields.iter().find(|h| h.is_named(name)).map(|h| h.value)
+        self.fields
+            .iter()
+            .find(|h| h.is_named(name))
+            .map(|h| h.value)
     }
 
     /// The values of every field named `name`, in received order.
     pub fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'a [u8]> + 's {
-        self.fields.iter().filter(move |h| h.is_named(name)).map(|h| h.value)
+        self.fields
+            .iter()
+            .filter(move |h| h.is_named(name))
+            .map(|h| h.value)
     }
 
     /// Whether a field named `name` is present.
@@ -170,7 +176,8 @@ impl<'a> Headers<'a> {
     /// Whether any list member of the fields named `name` equals `token`, ignoring ASCII case
     /// (for example `Connection: close`).
     pub fn has_token(&self, name: &str, token: &str) -> bool {
-        self.list_members(name).any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
+        self.list_members(name)
+            .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
     }
 }
 
@@ -192,13 +199,19 @@ pub(super) fn header_slots<'a>() -> HeaderSlots<'a> {
 
 pub(super) fn collect_headers<'a>(parsed: &[httparse::Header<'a>]) -> Headers<'a> {
     let mut fields = Vec::with_capacity(parsed.len());
-    fields.extend(parsed.iter().map(|h| Header { name: h.name, value: h.value }));
+    fields.extend(parsed.iter().map(|h| Header {
+        name: h.name,
+        value: h.value,
+    }));
     Headers { fields }
 }
 
 /// The members of one comma-separated field value, trimmed of OWS, empty ones skipped.
 pub(super) fn list_members(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value.split(|&b| b == b',').map(trim_ows).filter(|m| !m.is_empty())
+    value
+        .split(|&b| b == b',')
+        .map(trim_ows)
+        .filter(|m| !m.is_empty())
 }
 
 /// Removes optional whitespace (SP, HTAB) from both ends.
@@ -464,7 +477,11 @@ fn check_version(version: &[u8], terminated: bool) -> Option<H1Error> {
     }
     let is_numeric = matches!(tail.first(), Some(b'0'..=b'9'))
         && tail.iter().all(|&b| b.is_ascii_digit() || b == b'.');
-    Some(if is_numeric { H1Error::UnsupportedVersion } else { H1Error::InvalidVersion })
+    Some(if is_numeric {
+        H1Error::UnsupportedVersion
+    } else {
+        H1Error::InvalidVersion
+    })
 }
 
 fn check_field_line(line: &[u8], terminated: bool) -> Option<H1Error> {
@@ -475,7 +492,10 @@ fn check_field_line(line: &[u8], terminated: bool) -> Option<H1Error> {
     if let [b' ' | b'\t', ..] = line {
         return Some(H1Error::ObsFold);
     }
-    let name_len = line.iter().position(|&b| !is_tchar(b)).unwrap_or(line.len());
+    let name_len = line
+        .iter()
+        .position(|&b| !is_tchar(b))
+        .unwrap_or(line.len());
     let (name, rest) = line.split_at(name_len);
     match rest {
         [] if !terminated => None,
@@ -510,7 +530,10 @@ mod tests {
             (b"007", Ok(7)),
             (b"18446744073709551615", Ok(u64::MAX)),
             (b"18446744073709551616", Err(H1Error::InvalidContentLength)),
-            (b"99999999999999999999999", Err(H1Error::InvalidContentLength)),
+            (
+                b"99999999999999999999999",
+                Err(H1Error::InvalidContentLength),
+            ),
             (b"", Err(H1Error::InvalidContentLength)),
             (b"+5", Err(H1Error::InvalidContentLength)),
             (b"-5", Err(H1Error::InvalidContentLength)),
@@ -521,13 +544,19 @@ mod tests {
             ("５".as_bytes(), Err(H1Error::InvalidContentLength)),
         ];
         for (input, want) in table {
-            assert_eq!(parse_content_length(input), *want, "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(
+                parse_content_length(input),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
         }
     }
 
     #[test]
     fn transfer_encoding_values() {
-        let table: &[(&[&[u8]], Result<(), H1Error>)] = &[
+        type Row = (&'static [&'static [u8]], Result<(), H1Error>);
+        let table: &[Row] = &[
             (&[b"chunked"], Ok(())),
             (&[b"Chunked"], Ok(())),
             (&[b"CHUNKED"], Ok(())),
@@ -536,17 +565,36 @@ mod tests {
             (&[b" , "], Err(H1Error::InvalidTransferEncoding)),
             (&[b"gzip"], Err(H1Error::InvalidTransferEncoding)),
             (&[b"chunked, gzip"], Err(H1Error::InvalidTransferEncoding)),
-            (&[b"chunked", b"gzip"], Err(H1Error::InvalidTransferEncoding)),
-            (&[b"chunked, chunked"], Err(H1Error::InvalidTransferEncoding)),
-            (&[b"chunked", b"chunked"], Err(H1Error::InvalidTransferEncoding)),
+            (
+                &[b"chunked", b"gzip"],
+                Err(H1Error::InvalidTransferEncoding),
+            ),
+            (
+                &[b"chunked, chunked"],
+                Err(H1Error::InvalidTransferEncoding),
+            ),
+            (
+                &[b"chunked", b"chunked"],
+                Err(H1Error::InvalidTransferEncoding),
+            ),
             (&[b"chunked;x=1"], Err(H1Error::InvalidTransferEncoding)),
             (&[b"xchunked"], Err(H1Error::InvalidTransferEncoding)),
             (&[b"gzip, chunked"], Err(H1Error::UnsupportedTransferCoding)),
-            (&[b"gzip", b"chunked"], Err(H1Error::UnsupportedTransferCoding)),
-            (&[b"identity, chunked"], Err(H1Error::UnsupportedTransferCoding)),
+            (
+                &[b"gzip", b"chunked"],
+                Err(H1Error::UnsupportedTransferCoding),
+            ),
+            (
+                &[b"identity, chunked"],
+                Err(H1Error::UnsupportedTransferCoding),
+            ),
         ];
         for (values, want) in table {
-            assert_eq!(check_transfer_encoding(values.iter().copied()), *want, "{values:?}");
+            assert_eq!(
+                check_transfer_encoding(values.iter().copied()),
+                *want,
+                "{values:?}"
+            );
         }
     }
 

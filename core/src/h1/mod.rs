@@ -13,6 +13,7 @@ mod error;
 mod head;
 mod request;
 mod response;
+mod write;
 
 pub use body::{BodyDecoder, ContentLengthBody};
 pub use chunked::{
@@ -27,3 +28,116 @@ pub use head::{
 };
 pub use request::{parse_request_head, BodyFraming, RequestHead, TargetForm};
 pub use response::{parse_response_head, ResponseFraming, ResponseHead};
+pub use write::{
+    reason_phrase, write_chunk, write_chunk_header, write_last_chunk, write_request_head,
+    write_response_head, write_response_head_with_reason, OutgoingBody, CHUNK_DATA_END, LAST_CHUNK,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEEDS: &[&[u8]] = &[
+        b"POST /a?b HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\nX: v\r\n\r\n",
+        b"GET http://a.example/ HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\nabc",
+        b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\nExpect: 100-continue\r\n\r\n",
+    ];
+    const RESPONSE_SEEDS: &[&[u8]] = &[
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        b"HTTP/1.0 304 Not Modified\r\nTransfer-Encoding: chunked\r\n\r\n",
+    ];
+    const CHUNKED_SEED: &[u8] = b"5;a=\"b\"\r\nhello\r\n0\r\nT: v\r\n\r\n";
+    const PROBES: &[u8] = b"\r\n \t:;,=\"\\\x00\x7f\x80\xff0aZ";
+
+    /// Replaces every byte of every seed by each probe byte, and truncates at every point:
+    /// nothing panics, and every accepted head obeys the strict rules.
+    #[test]
+    fn single_byte_mutations_never_panic_and_stay_strict() {
+        for seed in SEEDS.iter().chain(RESPONSE_SEEDS) {
+            for at in 0..seed.len() {
+                for &probe in PROBES {
+                    let mut buf = seed.to_vec();
+                    buf[at] = probe;
+                    check_request(&buf);
+                    check_response(&buf);
+                    buf.insert(at, probe);
+                    check_request(&buf);
+                    check_response(&buf);
+                }
+                check_request(&seed[..at]);
+                check_response(&seed[..at]);
+            }
+        }
+        for at in 0..CHUNKED_SEED.len() {
+            for &probe in PROBES {
+                let mut buf = CHUNKED_SEED.to_vec();
+                buf[at] = probe;
+                check_chunked(&buf);
+            }
+        }
+    }
+
+    fn check_request(buf: &[u8]) {
+        if let Ok(Parsed::Complete { head, consumed_len }) =
+            parse_request_head(buf, &HeadLimits::REQUEST)
+        {
+            assert!(consumed_len <= buf.len());
+            let raw = &buf[..consumed_len];
+            assert!(raw.ends_with(b"\r\n\r\n"));
+            assert!(!raw.windows(2).any(|w| w[1] == b'\n' && w[0] != b'\r'));
+            let cl = head.headers().values("content-length").count();
+            let te = head.headers().contains("transfer-encoding");
+            assert!(
+                cl <= 1 && !(cl == 1 && te),
+                "{:?}",
+                String::from_utf8_lossy(buf)
+            );
+            assert!(head.headers().values("host").count() <= 1);
+        }
+    }
+
+    fn check_response(buf: &[u8]) {
+        for method in ["GET", "HEAD", "CONNECT"] {
+            if let Ok(Parsed::Complete { head, consumed_len }) =
+                parse_response_head(buf, method, &HeadLimits::RESPONSE)
+            {
+                assert!(consumed_len <= buf.len());
+                assert!((100..=599).contains(&head.status()));
+            }
+        }
+    }
+
+    fn check_chunked(buf: &[u8]) {
+        let mut whole = ChunkedDecoder::new(BodyLimits::with_max_body(1 << 20));
+        let mut a = Vec::new();
+        let ra = whole.decode(buf, &mut |d| a.extend_from_slice(d));
+        let mut bytewise = ChunkedDecoder::new(BodyLimits::with_max_body(1 << 20));
+        let mut b = Vec::new();
+        let mut rb = Ok(DecodeProgress {
+            consumed: 0,
+            is_done: false,
+        });
+        let mut consumed = 0;
+        for byte in buf.chunks(1) {
+            rb = bytewise.decode(byte, &mut |d| b.extend_from_slice(d));
+            match rb {
+                Ok(p) => {
+                    consumed += p.consumed;
+                    if p.is_done {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        match (ra, rb) {
+            (Ok(pa), Ok(pb)) => {
+                assert_eq!(pa.consumed, consumed);
+                assert_eq!(pa.is_done, pb.is_done);
+                assert_eq!(a, b);
+            }
+            (Err(ea), Err(eb)) => assert_eq!(ea, eb),
+            (ra, rb) => panic!("{buf:?}: whole {ra:?} bytewise {rb:?}"),
+        }
+    }
+}

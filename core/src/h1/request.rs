@@ -5,9 +5,8 @@
 
 use super::error::H1Error;
 use super::head::{
-    check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots,
-    is_target_byte, parse_content_length, HeadLimits, Headers, Parsed, StartLine, Version,
-    MAX_HEADERS_CEILING,
+    check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, is_target_byte,
+    parse_content_length, HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
 };
 
 /// How the body of a request is delimited (RFC 9112 §6.3).
@@ -316,13 +315,19 @@ fn partial<'a>(
 /// Length of the request-target received so far in an incomplete head, so that an overlong
 /// target is answered with 414 before the head limit turns it into a 431.
 fn target_len_so_far(view: &[u8]) -> usize {
-    let start = view.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(view.len());
+    let start = view
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(view.len());
     let line = view.get(start..).unwrap_or_default();
     let Some(sp) = line.iter().position(|&b| b == b' ') else {
         return 0;
     };
     let after = line.get(sp.saturating_add(1)..).unwrap_or_default();
-    after.iter().position(|&b| matches!(b, b' ' | b'\r' | b'\n')).unwrap_or(after.len())
+    after
+        .iter()
+        .position(|&b| matches!(b, b' ' | b'\r' | b'\n'))
+        .unwrap_or(after.len())
 }
 
 fn classify_target(method: &str, target: &[u8]) -> Result<TargetForm, H1Error> {
@@ -354,7 +359,9 @@ fn is_absolute_uri(target: &[u8]) -> bool {
     };
     let scheme = target.get(..colon).unwrap_or_default();
     matches!(scheme.first(), Some(b) if b.is_ascii_alphabetic())
-        && scheme.iter().all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        && scheme
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
 }
 
 /// RFC 9110 §7.2: `Host = uri-host [ ":" port ]`. An empty value is allowed (RFC 9112 §3.2:
@@ -382,7 +389,9 @@ fn split_host_port(value: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
         let close = inner.iter().position(|&b| b == b']')?;
         let (literal, rest) = inner.split_at(close);
         let ok = !literal.is_empty()
-            && literal.iter().all(|&b| is_unreserved_or_sub_delim(b) || b == b':');
+            && literal
+                .iter()
+                .all(|&b| is_unreserved_or_sub_delim(b) || b == b':');
         if !ok {
             return None;
         }
@@ -391,7 +400,10 @@ fn split_host_port(value: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
     } else {
         let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
         let (host, rest) = value.split_at(end);
-        if !host.iter().all(|&b| is_unreserved_or_sub_delim(b) || b == b'%') {
+        if !host
+            .iter()
+            .all(|&b| is_unreserved_or_sub_delim(b) || b == b'%')
+        {
             return None;
         }
         (host, rest)
@@ -407,8 +419,20 @@ const fn is_unreserved_or_sub_delim(b: u8) -> bool {
     b.is_ascii_alphanumeric()
         || matches!(
             b,
-            b'-' | b'.' | b'_' | b'~' | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+'
-                | b',' | b';' | b'='
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
         )
 }
 
@@ -425,7 +449,10 @@ mod tests {
     fn complete(buf: &[u8]) -> (RequestHead<'_>, usize) {
         match parse(buf) {
             Ok(Parsed::Complete { head, consumed_len }) => (head, consumed_len),
-            other => panic!("expected a complete head for {:?}, got {other:?}", show(buf)),
+            other => panic!(
+                "expected a complete head for {:?}, got {other:?}",
+                show(buf)
+            ),
         }
     }
 
@@ -533,35 +560,140 @@ mod tests {
     fn framing_and_persistence() {
         type Row = (&'static [u8], BodyFraming, bool, bool);
         let table: &[Row] = &[
-            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", BodyFraming::None, true, false),
-            (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", BodyFraming::None, false, false),
-            (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Keep-Alive, CLOSE\r\n\r\n", BodyFraming::None, false, false),
-            (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nConnection: close\r\n\r\n", BodyFraming::None, false, false),
-            (b"GET / HTTP/1.1\r\nHost: a\r\nConnection: closed\r\n\r\n", BodyFraming::None, true, false),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+                BodyFraming::None,
+                true,
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                BodyFraming::None,
+                false,
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Keep-Alive, CLOSE\r\n\r\n",
+                BodyFraming::None,
+                false,
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nConnection: close\r\n\r\n",
+                BodyFraming::None,
+                false,
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: closed\r\n\r\n",
+                BodyFraming::None,
+                true,
+                false,
+            ),
             (b"GET / HTTP/1.0\r\n\r\n", BodyFraming::None, false, false),
-            (b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", BodyFraming::None, true, false),
-            (b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n", BodyFraming::None, false, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", BodyFraming::ContentLength(0), true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 42\r\n\r\n", BodyFraming::ContentLength(42), true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\ncontent-length:\t 007 \t\r\n\r\n", BodyFraming::ContentLength(7), true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551615\r\n\r\n", BodyFraming::ContentLength(u64::MAX), true, false),
-            (b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n", BodyFraming::ContentLength(3), false, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", BodyFraming::Chunked, true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ChUnKeD\r\n\r\n", BodyFraming::Chunked, true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\ntransfer-encoding:\tchunked\t\r\n\r\n", BodyFraming::Chunked, true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ,chunked,\r\n\r\n", BodyFraming::Chunked, true, false),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n", BodyFraming::ContentLength(1), true, true),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n", BodyFraming::ContentLength(1), true, true),
-            (b"POST / HTTP/1.1\r\nHost: a\r\nExpect:\r\nContent-Length: 1\r\n\r\n", BodyFraming::ContentLength(1), true, false),
+            (
+                b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                BodyFraming::None,
+                true,
+                false,
+            ),
+            (
+                b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n",
+                BodyFraming::None,
+                false,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+                BodyFraming::ContentLength(0),
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 42\r\n\r\n",
+                BodyFraming::ContentLength(42),
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\ncontent-length:\t 007 \t\r\n\r\n",
+                BodyFraming::ContentLength(7),
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551615\r\n\r\n",
+                BodyFraming::ContentLength(u64::MAX),
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.0\r\nContent-Length: 3\r\n\r\n",
+                BodyFraming::ContentLength(3),
+                false,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+                BodyFraming::Chunked,
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ChUnKeD\r\n\r\n",
+                BodyFraming::Chunked,
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\ntransfer-encoding:\tchunked\t\r\n\r\n",
+                BodyFraming::Chunked,
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ,chunked,\r\n\r\n",
+                BodyFraming::Chunked,
+                true,
+                false,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+                BodyFraming::ContentLength(1),
+                true,
+                true,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 1\r\n\r\n",
+                BodyFraming::ContentLength(1),
+                true,
+                true,
+            ),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nExpect:\r\nContent-Length: 1\r\n\r\n",
+                BodyFraming::ContentLength(1),
+                true,
+                false,
+            ),
             // RFC 9110 §10.1.1: a 100-continue expectation in HTTP/1.0 is ignored.
-            (b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n", BodyFraming::ContentLength(1), false, false),
+            (
+                b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+                BodyFraming::ContentLength(1),
+                false,
+                false,
+            ),
         ];
         for (input, framing, keep_alive, expects_continue) in table {
             let (head, consumed) = complete(input);
             assert_eq!(consumed, input.len(), "{:?}", show(input));
             assert_eq!(head.framing(), *framing, "{:?}", show(input));
             assert_eq!(head.is_keep_alive(), *keep_alive, "{:?}", show(input));
-            assert_eq!(head.expects_continue(), *expects_continue, "{:?}", show(input));
+            assert_eq!(
+                head.expects_continue(),
+                *expects_continue,
+                "{:?}",
+                show(input)
+            );
         }
     }
 
@@ -579,7 +711,18 @@ mod tests {
         let headers = head.headers();
         assert_eq!(headers.len(), 7);
         let names: Vec<&str> = headers.iter().map(|h| h.name()).collect();
-        assert_eq!(names, ["Host", "X-A", "x-a", "Accept", "X-Empty", "X-Obs", "Content-Length"]);
+        assert_eq!(
+            names,
+            [
+                "Host",
+                "X-A",
+                "x-a",
+                "Accept",
+                "X-Empty",
+                "X-Obs",
+                "Content-Length"
+            ]
+        );
         assert_eq!(headers.value("x-A"), Some(&b"1"[..]));
         let all: Vec<&[u8]> = headers.values("X-A").collect();
         assert_eq!(all, vec![&b"1"[..], b"2"]);
@@ -593,14 +736,46 @@ mod tests {
     #[test]
     fn target_forms() {
         let table: &[(&[u8], TargetForm, &str)] = &[
-            (b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", TargetForm::Origin, "/x"),
-            (b"GET http://a.example/x?y HTTP/1.1\r\nHost: a.example\r\n\r\n", TargetForm::Absolute, "http://a.example/x?y"),
-            (b"GET HTTPS://A.example HTTP/1.1\r\nHost: a.example\r\n\r\n", TargetForm::Absolute, "HTTPS://A.example"),
-            (b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n", TargetForm::Authority, "a.example:443"),
-            (b"CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: [2001:db8::1]:443\r\n\r\n", TargetForm::Authority, "[2001:db8::1]:443"),
-            (b"CONNECT 192.0.2.1:8443 HTTP/1.1\r\nHost: 192.0.2.1:8443\r\n\r\n", TargetForm::Authority, "192.0.2.1:8443"),
-            (b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", TargetForm::Asterisk, "*"),
-            (b"GET /{a}|b HTTP/1.1\r\nHost: a\r\n\r\n", TargetForm::Origin, "/{a}|b"),
+            (
+                b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n",
+                TargetForm::Origin,
+                "/x",
+            ),
+            (
+                b"GET http://a.example/x?y HTTP/1.1\r\nHost: a.example\r\n\r\n",
+                TargetForm::Absolute,
+                "http://a.example/x?y",
+            ),
+            (
+                b"GET HTTPS://A.example HTTP/1.1\r\nHost: a.example\r\n\r\n",
+                TargetForm::Absolute,
+                "HTTPS://A.example",
+            ),
+            (
+                b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example:443\r\n\r\n",
+                TargetForm::Authority,
+                "a.example:443",
+            ),
+            (
+                b"CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: [2001:db8::1]:443\r\n\r\n",
+                TargetForm::Authority,
+                "[2001:db8::1]:443",
+            ),
+            (
+                b"CONNECT 192.0.2.1:8443 HTTP/1.1\r\nHost: 192.0.2.1:8443\r\n\r\n",
+                TargetForm::Authority,
+                "192.0.2.1:8443",
+            ),
+            (
+                b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+                TargetForm::Asterisk,
+                "*",
+            ),
+            (
+                b"GET /{a}|b HTTP/1.1\r\nHost: a\r\n\r\n",
+                TargetForm::Origin,
+                "/{a}|b",
+            ),
         ];
         for (input, form, target) in table {
             let (head, _) = complete(input);
@@ -658,7 +833,10 @@ mod tests {
             assert_eq!(consumed, input.len(), "{:?}", show(input));
         }
         // Only OPTIONS may use the asterisk-form.
-        assert_eq!(parse(b"M-SEARCH * HTTP/1.1\r\nHost: a\r\n\r\n"), Err(H1Error::InvalidTarget));
+        assert_eq!(
+            parse(b"M-SEARCH * HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(H1Error::InvalidTarget)
+        );
     }
 
     #[test]
@@ -681,7 +859,8 @@ mod tests {
 
     #[test]
     fn every_split_point_is_partial_then_complete() {
-        let input = b"POST /upload?x=1 HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\
+        let input =
+            b"POST /upload?x=1 HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\
             Expect: 100-continue\r\nX-Tab:\tv\r\n\r\n";
         for cut in 0..input.len() {
             assert_eq!(parse(&input[..cut]), Ok(Parsed::Partial), "cut at {cut}");
@@ -699,7 +878,10 @@ mod tests {
             (b"G(T", H1Error::InvalidMethod),
             (b"GET / HTTP/2", H1Error::UnsupportedVersion),
             (b"GET / HTTX", H1Error::InvalidVersion),
-            (b"GET / HTTP/1.1\r\nHost : a", H1Error::WhitespaceBeforeColon),
+            (
+                b"GET / HTTP/1.1\r\nHost : a",
+                H1Error::WhitespaceBeforeColon,
+            ),
             (b"GET / HTTP/1.1\r\nHost: a\r\n b", H1Error::ObsFold),
         ];
         for (input, want) in table {
@@ -710,7 +892,11 @@ mod tests {
     #[test]
     fn head_limits() {
         fn p(b: &[u8]) -> Result<Parsed<RequestHead<'_>>, H1Error> {
-            let limits = HeadLimits { max_head_bytes: 64, max_headers: 2, max_target_bytes: 16 };
+            let limits = HeadLimits {
+                max_head_bytes: 64,
+                max_headers: 2,
+                max_target_bytes: 16,
+            };
             parse_request_head(b, &limits)
         }
 
@@ -719,7 +905,13 @@ mod tests {
         fits.resize(64 - 4, b'v');
         fits.extend_from_slice(b"\r\n\r\n");
         assert_eq!(fits.len(), 64);
-        assert!(matches!(p(&fits), Ok(Parsed::Complete { consumed_len: 64, .. })));
+        assert!(matches!(
+            p(&fits),
+            Ok(Parsed::Complete {
+                consumed_len: 64,
+                ..
+            })
+        ));
         let mut over = fits[..fits.len() - 4].to_vec();
         over.extend_from_slice(b"v\r\n\r\n");
         assert_eq!(p(&over), Err(H1Error::HeadTooLarge));
@@ -728,12 +920,24 @@ mod tests {
         assert_eq!(p(&over[..63]), Ok(Parsed::Partial));
 
         // Header count.
-        assert!(matches!(p(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\n"), Ok(Parsed::Complete { .. })));
-        assert_eq!(p(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nY: 2\r\n\r\n"), Err(H1Error::TooManyHeaders));
+        assert!(matches!(
+            p(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\n"),
+            Ok(Parsed::Complete { .. })
+        ));
+        assert_eq!(
+            p(b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nY: 2\r\n\r\n"),
+            Err(H1Error::TooManyHeaders)
+        );
 
         // Target length: complete and still arriving.
-        assert!(matches!(p(b"GET /234567890123456 HTTP/1.1\r\nHost: a\r\n\r\n"), Ok(Parsed::Complete { .. })));
-        assert_eq!(p(b"GET /2345678901234567 HTTP/1.1\r\nHost: a\r\n\r\n"), Err(H1Error::TargetTooLong));
+        assert!(matches!(
+            p(b"GET /234567890123456 HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Ok(Parsed::Complete { .. })
+        ));
+        assert_eq!(
+            p(b"GET /2345678901234567 HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(H1Error::TargetTooLong)
+        );
         assert_eq!(p(b"GET /2345678901234567"), Err(H1Error::TargetTooLong));
         assert_eq!(p(b"GET /234567890123456"), Ok(Parsed::Partial));
     }
@@ -762,14 +966,23 @@ mod tests {
         assert_eq!(parse(&huge), Err(H1Error::HeadTooLarge));
 
         // A ceiling larger than the stack slots acts as the ceiling.
-        let wide = HeadLimits { max_headers: 10_000, ..LIMITS };
+        let wide = HeadLimits {
+            max_headers: 10_000,
+            ..LIMITS
+        };
         let mut at_ceiling = b"GET / HTTP/1.1\r\nHost: a\r\n".to_vec();
         for i in 0..MAX_HEADERS_CEILING {
             at_ceiling.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
         }
         at_ceiling.extend_from_slice(b"\r\n");
-        let wide = HeadLimits { max_head_bytes: 1 << 20, ..wide };
-        assert_eq!(parse_request_head(&at_ceiling, &wide), Err(H1Error::TooManyHeaders));
+        let wide = HeadLimits {
+            max_head_bytes: 1 << 20,
+            ..wide
+        };
+        assert_eq!(
+            parse_request_head(&at_ceiling, &wide),
+            Err(H1Error::TooManyHeaders)
+        );
     }
 
     #[test]

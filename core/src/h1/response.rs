@@ -140,7 +140,14 @@ pub fn parse_response_head<'a>(
     };
 
     Ok(Parsed::Complete {
-        head: ResponseHead { version, status, reason, headers, framing, is_keep_alive },
+        head: ResponseHead {
+            version,
+            status,
+            reason,
+            headers,
+            framing,
+            is_keep_alive,
+        },
         consumed_len: head_len,
     })
 }
@@ -183,7 +190,8 @@ fn response_framing(
         return Ok((ResponseFraming::Chunked, has_content_length));
     }
     if has_content_length {
-        return response_content_length(headers).map(|n| (ResponseFraming::ContentLength(n), false));
+        return response_content_length(headers)
+            .map(|n| (ResponseFraming::ContentLength(n), false));
     }
     // Rule 8: "Otherwise, this is a response message without a declared message body length, so
     // the message body length is determined by the number of octets received prior to the
@@ -227,7 +235,10 @@ mod tests {
     fn complete<'a>(buf: &'a [u8], method: &str) -> (ResponseHead<'a>, usize) {
         match parse(buf, method) {
             Ok(Parsed::Complete { head, consumed_len }) => (head, consumed_len),
-            other => panic!("expected a complete head for {:?}, got {other:?}", show(buf)),
+            other => panic!(
+                "expected a complete head for {:?}, got {other:?}",
+                show(buf)
+            ),
         }
     }
 
@@ -239,68 +250,275 @@ mod tests {
     fn framing_by_status_and_method() {
         type Row = (&'static str, &'static [u8], ResponseFraming, bool);
         let table: &[Row] = &[
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", ResponseFraming::ContentLength(5), true),
-            ("GET", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", ResponseFraming::Chunked, true),
-            ("GET", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n", ResponseFraming::Chunked, true),
-            ("GET", b"HTTP/1.1 200 OK\r\n\r\n", ResponseFraming::CloseDelimited, false),
-            ("GET", b"HTTP/1.0 200 OK\r\n\r\n", ResponseFraming::CloseDelimited, false),
-            ("GET", b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", ResponseFraming::ContentLength(1), false),
-            ("GET", b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: keep-alive\r\n\r\n", ResponseFraming::ContentLength(1), true),
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: close\r\n\r\n", ResponseFraming::ContentLength(1), false),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                ResponseFraming::ContentLength(5),
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ResponseFraming::Chunked,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n",
+                ResponseFraming::Chunked,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\n\r\n",
+                ResponseFraming::CloseDelimited,
+                false,
+            ),
+            (
+                "GET",
+                b"HTTP/1.0 200 OK\r\n\r\n",
+                ResponseFraming::CloseDelimited,
+                false,
+            ),
+            (
+                "GET",
+                b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n",
+                ResponseFraming::ContentLength(1),
+                false,
+            ),
+            (
+                "GET",
+                b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\nConnection: keep-alive\r\n\r\n",
+                ResponseFraming::ContentLength(1),
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: close\r\n\r\n",
+                ResponseFraming::ContentLength(1),
+                false,
+            ),
             // Rule 1: no body regardless of framing fields.
-            ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n", ResponseFraming::None, true),
-            ("HEAD", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", ResponseFraming::None, true),
-            ("GET", b"HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n", ResponseFraming::None, true),
-            ("GET", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n", ResponseFraming::None, true),
-            ("GET", b"HTTP/1.1 100 Continue\r\n\r\n", ResponseFraming::None, true),
-            ("GET", b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n", ResponseFraming::None, true),
+            (
+                "HEAD",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
+            (
+                "HEAD",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 204 No Content\r\nContent-Length: 7\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 304 Not Modified\r\nContent-Length: 7\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 100 Continue\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n",
+                ResponseFraming::None,
+                true,
+            ),
             // Rule 2 and 101: tunnels.
-            ("CONNECT", b"HTTP/1.1 200 Connection Established\r\n\r\n", ResponseFraming::Tunnel, false),
-            ("CONNECT", b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", ResponseFraming::Tunnel, false),
-            ("CONNECT", b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n", ResponseFraming::ContentLength(0), true),
-            ("GET", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", ResponseFraming::Tunnel, false),
+            (
+                "CONNECT",
+                b"HTTP/1.1 200 Connection Established\r\n\r\n",
+                ResponseFraming::Tunnel,
+                false,
+            ),
+            (
+                "CONNECT",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n",
+                ResponseFraming::Tunnel,
+                false,
+            ),
+            (
+                "CONNECT",
+                b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n",
+                ResponseFraming::ContentLength(0),
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+                ResponseFraming::Tunnel,
+                false,
+            ),
             // Rule 3: Transfer-Encoding overrides Content-Length, and the connection is not reused.
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", ResponseFraming::Chunked, false),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+                ResponseFraming::Chunked,
+                false,
+            ),
             // Identical repeats are accepted in responses.
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", ResponseFraming::ContentLength(5), true),
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n", ResponseFraming::ContentLength(5), true),
-            ("GET", b"HTTP/1.1 200 OK\r\nContent-Length: 5,\r\n\r\n", ResponseFraming::ContentLength(5), true),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                ResponseFraming::ContentLength(5),
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n",
+                ResponseFraming::ContentLength(5),
+                true,
+            ),
+            (
+                "GET",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5,\r\n\r\n",
+                ResponseFraming::ContentLength(5),
+                true,
+            ),
         ];
         for (method, input, framing, keep_alive) in table {
             let (head, consumed) = complete(input, method);
             assert_eq!(consumed, input.len(), "{:?}", show(input));
             assert_eq!(head.framing(), *framing, "{method} {:?}", show(input));
-            assert_eq!(head.is_keep_alive(), *keep_alive, "{method} {:?}", show(input));
+            assert_eq!(
+                head.is_keep_alive(),
+                *keep_alive,
+                "{method} {:?}",
+                show(input)
+            );
         }
     }
 
     #[test]
     fn rejections() {
         let table: &[(&str, &[u8], H1Error)] = &[
-            ("bare LF", b"HTTP/1.1 200 OK\nContent-Length: 0\n\n", H1Error::BareLf),
-            ("bare LF at end", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n", H1Error::BareLf),
+            (
+                "bare LF",
+                b"HTTP/1.1 200 OK\nContent-Length: 0\n\n",
+                H1Error::BareLf,
+            ),
+            (
+                "bare LF at end",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\n",
+                H1Error::BareLf,
+            ),
             ("bare CR", b"HTTP/1.1 200 OK\rX: a\r\n\r\n", H1Error::BareCr),
-            ("obs-fold", b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n", H1Error::ObsFold),
-            ("space before colon", b"HTTP/1.1 200 OK\r\nX : a\r\n\r\n", H1Error::WhitespaceBeforeColon),
-            ("bad name", b"HTTP/1.1 200 OK\r\nX(: a\r\n\r\n", H1Error::InvalidHeaderName),
-            ("NUL in value", b"HTTP/1.1 200 OK\r\nX: a\0\r\n\r\n", H1Error::InvalidHeaderValue),
-            ("HTTP/2", b"HTTP/2.0 200 OK\r\n\r\n", H1Error::UnsupportedVersion),
-            ("garbage version", b"HTPT/1.1 200 OK\r\n\r\n", H1Error::InvalidVersion),
-            ("two digit status", b"HTTP/1.1 20 OK\r\n\r\n", H1Error::InvalidStatus),
-            ("four digit status", b"HTTP/1.1 2000 OK\r\n\r\n", H1Error::InvalidStatus),
-            ("status letters", b"HTTP/1.1 2x0 OK\r\n\r\n", H1Error::InvalidStatus),
-            ("status 099", b"HTTP/1.1 099 Low\r\n\r\n", H1Error::InvalidStatus),
-            ("status 600", b"HTTP/1.1 600 High\r\n\r\n", H1Error::InvalidStatus),
-            ("control in reason", b"HTTP/1.1 200 O\x01K\r\n\r\n", H1Error::InvalidStatus),
-            ("CL differing lines", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", H1Error::DuplicateContentLength),
-            ("CL differing list", b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n", H1Error::DuplicateContentLength),
-            ("CL invalid", b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n", H1Error::InvalidContentLength),
-            ("CL empty", b"HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\n", H1Error::InvalidContentLength),
-            ("CL second invalid", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: -5\r\n\r\n", H1Error::InvalidContentLength),
-            ("CL overflow", b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", H1Error::InvalidContentLength),
-            ("TE gzip", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", H1Error::InvalidTransferEncoding),
-            ("TE gzip chunked", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", H1Error::UnsupportedTransferCoding),
-            ("TE in 1.0", b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", H1Error::TransferEncodingInHttp10),
+            (
+                "obs-fold",
+                b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n",
+                H1Error::ObsFold,
+            ),
+            (
+                "space before colon",
+                b"HTTP/1.1 200 OK\r\nX : a\r\n\r\n",
+                H1Error::WhitespaceBeforeColon,
+            ),
+            (
+                "bad name",
+                b"HTTP/1.1 200 OK\r\nX(: a\r\n\r\n",
+                H1Error::InvalidHeaderName,
+            ),
+            (
+                "NUL in value",
+                b"HTTP/1.1 200 OK\r\nX: a\0\r\n\r\n",
+                H1Error::InvalidHeaderValue,
+            ),
+            (
+                "HTTP/2",
+                b"HTTP/2.0 200 OK\r\n\r\n",
+                H1Error::UnsupportedVersion,
+            ),
+            (
+                "garbage version",
+                b"HTPT/1.1 200 OK\r\n\r\n",
+                H1Error::InvalidVersion,
+            ),
+            (
+                "two digit status",
+                b"HTTP/1.1 20 OK\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "four digit status",
+                b"HTTP/1.1 2000 OK\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "status letters",
+                b"HTTP/1.1 2x0 OK\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "status 099",
+                b"HTTP/1.1 099 Low\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "status 600",
+                b"HTTP/1.1 600 High\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "control in reason",
+                b"HTTP/1.1 200 O\x01K\r\n\r\n",
+                H1Error::InvalidStatus,
+            ),
+            (
+                "CL differing lines",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                H1Error::DuplicateContentLength,
+            ),
+            (
+                "CL differing list",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
+                H1Error::DuplicateContentLength,
+            ),
+            (
+                "CL invalid",
+                b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+                H1Error::InvalidContentLength,
+            ),
+            (
+                "CL empty",
+                b"HTTP/1.1 200 OK\r\nContent-Length:\r\n\r\n",
+                H1Error::InvalidContentLength,
+            ),
+            (
+                "CL second invalid",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: -5\r\n\r\n",
+                H1Error::InvalidContentLength,
+            ),
+            (
+                "CL overflow",
+                b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                H1Error::InvalidContentLength,
+            ),
+            (
+                "TE gzip",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                H1Error::InvalidTransferEncoding,
+            ),
+            (
+                "TE gzip chunked",
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                H1Error::UnsupportedTransferCoding,
+            ),
+            (
+                "TE in 1.0",
+                b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                H1Error::TransferEncodingInHttp10,
+            ),
         ];
         for (name, input, want) in table {
             assert_eq!(parse(input, "GET"), Err(*want), "{name}: {:?}", show(input));
@@ -313,7 +531,11 @@ mod tests {
             (b"HTTP/1.1 200 OK\r\n\r\n", 200, "OK"),
             (b"HTTP/1.1 200 \r\n\r\n", 200, ""),
             (b"HTTP/1.1 200\r\n\r\n", 200, ""),
-            (b"HTTP/1.1 404 Not\tFound here\r\n\r\n", 404, "Not\tFound here"),
+            (
+                b"HTTP/1.1 404 Not\tFound here\r\n\r\n",
+                404,
+                "Not\tFound here",
+            ),
             (b"HTTP/1.1 200 caf\xe9\r\n\r\n", 200, ""),
             (b"HTTP/1.1 599 Whatever\r\n\r\n", 599, "Whatever"),
             (b"\r\nHTTP/1.1 200 OK\r\n\r\n", 200, "OK"),
@@ -360,11 +582,15 @@ mod tests {
 
     #[test]
     fn raw_names_values_and_duplicates() {
-        let input = b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\nX-Raw:  caf\xc3\xa9 \r\n\
+        let input =
+            b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nset-cookie: b=2\r\nX-Raw:  caf\xc3\xa9 \r\n\
             Content-Length: 0\r\n\r\n";
         let (head, _) = complete(input, "GET");
-        let pairs: Vec<(&[u8], &[u8])> =
-            head.headers().iter().map(|h| (h.name().as_bytes(), h.value())).collect();
+        let pairs: Vec<(&[u8], &[u8])> = head
+            .headers()
+            .iter()
+            .map(|h| (h.name().as_bytes(), h.value()))
+            .collect();
         assert_eq!(
             pairs,
             vec![
@@ -381,21 +607,38 @@ mod tests {
     fn every_split_point_is_partial_then_complete() {
         let input = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX:\tv\r\n\r\n";
         for cut in 0..input.len() {
-            assert_eq!(parse(&input[..cut], "GET"), Ok(Parsed::Partial), "cut at {cut}");
+            assert_eq!(
+                parse(&input[..cut], "GET"),
+                Ok(Parsed::Partial),
+                "cut at {cut}"
+            );
         }
         assert_eq!(complete(input, "GET").0.framing(), ResponseFraming::Chunked);
     }
 
     #[test]
     fn limits() {
-        let limits = HeadLimits { max_head_bytes: 40, max_headers: 1, ..HeadLimits::RESPONSE };
+        let limits = HeadLimits {
+            max_head_bytes: 40,
+            max_headers: 1,
+            ..HeadLimits::RESPONSE
+        };
         let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
         assert!(ok.len() <= 40);
-        assert!(matches!(parse_response_head(ok, "GET", &limits), Ok(Parsed::Complete { .. })));
+        assert!(matches!(
+            parse_response_head(ok, "GET", &limits),
+            Ok(Parsed::Complete { .. })
+        ));
         let two = b"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\n\r\n";
-        assert_eq!(parse_response_head(two, "GET", &limits), Err(H1Error::TooManyHeaders));
+        assert_eq!(
+            parse_response_head(two, "GET", &limits),
+            Err(H1Error::TooManyHeaders)
+        );
         let long = b"HTTP/1.1 200 OK\r\nContent-Length: 000000000000000000000";
-        assert_eq!(parse_response_head(long, "GET", &limits), Err(H1Error::HeadTooLarge));
+        assert_eq!(
+            parse_response_head(long, "GET", &limits),
+            Err(H1Error::HeadTooLarge)
+        );
         assert_eq!(LIMITS.max_head_bytes, 64 * 1024);
     }
 }

@@ -1,0 +1,561 @@
+//! Serialising request heads (upstream client), response heads (server) and chunked bodies,
+//! appending to a `Vec<u8>`.
+//!
+//! Every byte written is checked: a name must be a token and a value must hold no CR, LF or
+//! other control byte, so nothing a caller passes through can split a head. Framing fields
+//! (Host, Content-Length, Transfer-Encoding) are written by the writer alone; copies in the
+//! caller's list are dropped so that framing cannot disagree with the body that follows.
+//!
+//! On the per-request path: appends only, no logging.
+
+use super::error::H1Error;
+use super::head::{is_field_value_byte, is_target_byte, is_token};
+use super::request::is_valid_host;
+
+/// How the body following a written head is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutgoingBody {
+    /// No framing field is written (no body, or a response that cannot have one).
+    None,
+    /// `Content-Length: n` is written.
+    ContentLength(u64),
+    /// `Transfer-Encoding: chunked` is written; encode the body with [`write_chunk`] and
+    /// [`write_last_chunk`].
+    Chunked,
+}
+
+/// The last chunk and the empty trailer section that end a chunked body.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+/// The CRLF that follows the data of a chunk written after [`write_chunk_header`].
+pub const CHUNK_DATA_END: &[u8] = b"\r\n";
+
+/// Appends an HTTP/1.1 request head: request line, `Host` first, the caller's fields in order,
+/// then the framing field and the empty line.
+///
+/// `target` is the origin-form (`/path?query`) for a direct upstream or the absolute-form for
+/// an upstream proxy. On error nothing is appended.
+pub fn write_request_head<I, N, V>(
+    out: &mut Vec<u8>,
+    method: &str,
+    target: &str,
+    host: &[u8],
+    headers: I,
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    if !is_token(method.as_bytes()) {
+        return Err(H1Error::InvalidMethod);
+    }
+    if target.is_empty() || !target.bytes().all(is_target_byte) {
+        return Err(H1Error::InvalidTarget);
+    }
+    if !is_valid_host(host) {
+        return Err(H1Error::InvalidHost);
+    }
+    let start = out.len();
+    out.reserve(64 + target.len() + host.len());
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\n");
+    finish_head(out, start, headers, body)
+}
+
+/// Appends an HTTP/1.1 response head with the standard reason phrase of `status`.
+/// On error nothing is appended.
+pub fn write_response_head<I, N, V>(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: I,
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    write_response_head_with_reason(out, status, reason_phrase(status), headers, body)
+}
+
+/// Appends an HTTP/1.1 response head with a chosen reason phrase (for example `Connection
+/// Established` for CONNECT). On error nothing is appended.
+pub fn write_response_head_with_reason<I, N, V>(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &str,
+    headers: I,
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    // RFC 9112 §4: `status-code = 3DIGIT`, `reason-phrase = 1*( HTAB / SP / VCHAR /
+    // obs-text )`; RFC 9110 §15 limits codes to 100..599.
+    if !(100..=599).contains(&status) {
+        return Err(H1Error::InvalidStatus);
+    }
+    if !reason
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return Err(H1Error::InvalidStatus);
+    }
+    let start = out.len();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    finish_head(out, start, headers, body)
+}
+
+fn finish_head<I, N, V>(
+    out: &mut Vec<u8>,
+    start: usize,
+    headers: I,
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    for (name, value) in headers {
+        let (name, value) = (name.as_ref(), value.as_ref());
+        let checked = if !is_token(name) {
+            Err(H1Error::InvalidHeaderName)
+        } else if !value.iter().all(|&b| is_field_value_byte(b)) {
+            Err(H1Error::InvalidHeaderValue)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = checked {
+            out.truncate(start);
+            return Err(e);
+        }
+        if is_writer_owned(name) {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    match body {
+        OutgoingBody::None => {}
+        OutgoingBody::ContentLength(n) => {
+            out.extend_from_slice(b"Content-Length: ");
+            push_decimal(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        OutgoingBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+    }
+    out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+fn is_writer_owned(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"host")
+        || name.eq_ignore_ascii_case(b"content-length")
+        || name.eq_ignore_ascii_case(b"transfer-encoding")
+}
+
+/// Appends one chunk: size line, data, CRLF. Empty data writes nothing, because a zero-size
+/// chunk would end the body.
+pub fn write_chunk(out: &mut Vec<u8>, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    write_chunk_header(out, data.len() as u64);
+    out.extend_from_slice(data);
+    out.extend_from_slice(CHUNK_DATA_END);
+}
+
+/// Appends the size line of a chunk of `len` bytes, for callers that write the data from
+/// their own buffer and then [`CHUNK_DATA_END`]. A zero `len` writes nothing.
+pub fn write_chunk_header(out: &mut Vec<u8>, len: u64) {
+    if len == 0 {
+        return;
+    }
+    push_hex(out, len);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the last chunk and an empty trailer section.
+pub fn write_last_chunk(out: &mut Vec<u8>) {
+    out.extend_from_slice(LAST_CHUNK);
+}
+
+/// The reason phrase of a status code (RFC 9110 §15), or an empty string for codes without a
+/// registered phrase.
+pub const fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        103 => "Early Hints",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        203 => "Non-Authoritative Information",
+        204 => "No Content",
+        205 => "Reset Content",
+        206 => "Partial Content",
+        300 => "Multiple Choices",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        407 => "Proxy Authentication Required",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        426 => "Upgrade Required",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        // Not registered; the request API uses it for `cancelled` (as nginx does).
+        499 => "Client Closed Request",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        // `n % 10` is below 10, so the cast is exact; u64::MAX has 20 digits, so `i` stays in
+        // bounds.
+        if let Some(slot) = digits.get_mut(i) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+}
+
+fn push_hex(out: &mut Vec<u8>, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        // `n & 0xf` is below 16, the length of `HEX`.
+        if let Some(slot) = digits.get_mut(i) {
+            *slot = HEX[(n & 0xf) as usize];
+        }
+        n >>= 4;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::h1::{
+        parse_request_head, parse_response_head, BodyFraming, BodyLimits, ChunkedDecoder,
+        HeadLimits, Parsed, ResponseFraming,
+    };
+
+    const NO_HEADERS: [(&str, &str); 0] = [];
+
+    #[test]
+    fn request_head_round_trips() {
+        let mut out = b"previous".to_vec();
+        write_request_head(
+            &mut out,
+            "POST",
+            "/v1/items?x=1",
+            b"api.example:8443",
+            [
+                ("Accept", "*/*"),
+                ("X-Dup", "1"),
+                ("x-dup", "2"),
+                ("Content-Length", "99"),
+                ("HOST", "evil"),
+            ],
+            OutgoingBody::ContentLength(12),
+        )
+        .unwrap();
+        let head = &out[b"previous".len()..];
+        assert_eq!(
+            head,
+            b"POST /v1/items?x=1 HTTP/1.1\r\nHost: api.example:8443\r\nAccept: */*\r\n\
+              X-Dup: 1\r\nx-dup: 2\r\nContent-Length: 12\r\n\r\n"
+        );
+        let Ok(Parsed::Complete {
+            head: parsed,
+            consumed_len,
+        }) = parse_request_head(head, &HeadLimits::REQUEST)
+        else {
+            panic!("written head must parse");
+        };
+        assert_eq!(consumed_len, head.len());
+        assert_eq!(parsed.method(), "POST");
+        assert_eq!(parsed.host(), Some(&b"api.example:8443"[..]));
+        assert_eq!(parsed.framing(), BodyFraming::ContentLength(12));
+        let dups: Vec<&[u8]> = parsed.headers().values("x-dup").collect();
+        assert_eq!(dups, vec![&b"1"[..], b"2"]);
+    }
+
+    #[test]
+    fn absolute_form_and_chunked_request() {
+        let mut out = Vec::new();
+        write_request_head(
+            &mut out,
+            "PUT",
+            "http://a.example/up",
+            b"a.example",
+            NO_HEADERS,
+            OutgoingBody::Chunked,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            b"PUT http://a.example/up HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn request_writer_rejects_injection_and_appends_nothing() {
+        type Row = (
+            &'static str,
+            &'static str,
+            &'static [u8],
+            (&'static [u8], &'static [u8]),
+            H1Error,
+        );
+        let table: &[Row] = &[
+            ("GE T", "/", b"a", (b"X", b"v"), H1Error::InvalidMethod),
+            ("", "/", b"a", (b"X", b"v"), H1Error::InvalidMethod),
+            ("GET", "/a b", b"a", (b"X", b"v"), H1Error::InvalidTarget),
+            ("GET", "", b"a", (b"X", b"v"), H1Error::InvalidTarget),
+            (
+                "GET",
+                "/\r\nX: y",
+                b"a",
+                (b"X", b"v"),
+                H1Error::InvalidTarget,
+            ),
+            ("GET", "/", b"a\r\nX: y", (b"X", b"v"), H1Error::InvalidHost),
+            (
+                "GET",
+                "/",
+                b"a",
+                (b"X\r\nY", b"v"),
+                H1Error::InvalidHeaderName,
+            ),
+            ("GET", "/", b"a", (b"", b"v"), H1Error::InvalidHeaderName),
+            ("GET", "/", b"a", (b"X Y", b"v"), H1Error::InvalidHeaderName),
+            (
+                "GET",
+                "/",
+                b"a",
+                (b"X", b"v\r\nY: z"),
+                H1Error::InvalidHeaderValue,
+            ),
+            (
+                "GET",
+                "/",
+                b"a",
+                (b"X", b"v\nY: z"),
+                H1Error::InvalidHeaderValue,
+            ),
+            (
+                "GET",
+                "/",
+                b"a",
+                (b"X", b"v\0"),
+                H1Error::InvalidHeaderValue,
+            ),
+        ];
+        for (method, target, host, header, want) in table {
+            let mut out = b"keep".to_vec();
+            let got = write_request_head(
+                &mut out,
+                method,
+                target,
+                host,
+                [*header],
+                OutgoingBody::None,
+            );
+            assert_eq!(got, Err(*want), "{method:?} {target:?} {host:?} {header:?}");
+            assert_eq!(out, b"keep");
+        }
+    }
+
+    #[test]
+    fn response_head_forms() {
+        let mut out = Vec::new();
+        write_response_head(
+            &mut out,
+            200,
+            [("Content-Type", "application/json")],
+            OutgoingBody::ContentLength(2),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+        );
+
+        out.clear();
+        write_response_head(&mut out, 204, NO_HEADERS, OutgoingBody::None).unwrap();
+        assert_eq!(out, b"HTTP/1.1 204 No Content\r\n\r\n");
+
+        out.clear();
+        write_response_head(
+            &mut out,
+            599,
+            [("Connection", "close")],
+            OutgoingBody::Chunked,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            b"HTTP/1.1 599 \r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+        );
+        let Ok(Parsed::Complete { head, .. }) =
+            parse_response_head(&out, "GET", &HeadLimits::RESPONSE)
+        else {
+            panic!("written head must parse");
+        };
+        assert_eq!(head.framing(), ResponseFraming::Chunked);
+        assert!(!head.is_keep_alive());
+
+        out.clear();
+        write_response_head_with_reason(
+            &mut out,
+            200,
+            "Connection Established",
+            NO_HEADERS,
+            OutgoingBody::None,
+        )
+        .unwrap();
+        assert_eq!(out, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+
+        for status in [0, 99, 600, 1000] {
+            assert_eq!(
+                write_response_head(&mut out, status, NO_HEADERS, OutgoingBody::None),
+                Err(H1Error::InvalidStatus)
+            );
+        }
+        let mut out = Vec::new();
+        assert_eq!(
+            write_response_head_with_reason(
+                &mut out,
+                200,
+                "O\r\nK",
+                NO_HEADERS,
+                OutgoingBody::None
+            ),
+            Err(H1Error::InvalidStatus)
+        );
+        assert_eq!(
+            write_response_head(&mut out, 200, [("X", "a\rb")], OutgoingBody::None),
+            Err(H1Error::InvalidHeaderValue)
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn reason_phrases() {
+        let table = [
+            (200, "OK"),
+            (400, "Bad Request"),
+            (413, "Content Too Large"),
+            (414, "URI Too Long"),
+            (417, "Expectation Failed"),
+            (431, "Request Header Fields Too Large"),
+            (501, "Not Implemented"),
+            (505, "HTTP Version Not Supported"),
+            (299, ""),
+        ];
+        for (status, phrase) in table {
+            assert_eq!(reason_phrase(status), phrase);
+        }
+        // Every error status of the codec has a phrase.
+        for e in crate::h1::H1Error::ALL {
+            assert!(!reason_phrase(e.status()).is_empty(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn numbers() {
+        let mut out = Vec::new();
+        for n in [0u64, 7, 10, 255, 65_535, u64::MAX] {
+            out.clear();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+            out.clear();
+            push_hex(&mut out, n);
+            assert_eq!(out, format!("{n:x}").as_bytes());
+        }
+    }
+
+    #[test]
+    fn chunks_round_trip_through_the_decoder() {
+        let pieces: [&[u8]; 5] = [b"hello", b"", b" ", &[0u8; 300], b"\r\n0\r\n\r\n"];
+        let mut out = Vec::new();
+        let mut want = Vec::new();
+        for p in pieces {
+            write_chunk(&mut out, p);
+            want.extend_from_slice(p);
+        }
+        write_chunk_header(&mut out, 0);
+        write_chunk_header(&mut out, 3);
+        out.extend_from_slice(b"abc");
+        out.extend_from_slice(CHUNK_DATA_END);
+        want.extend_from_slice(b"abc");
+        write_last_chunk(&mut out);
+        assert!(out.starts_with(b"5\r\nhello\r\n1\r\n \r\n12c\r\n"));
+        assert!(out.ends_with(b"3\r\nabc\r\n0\r\n\r\n"));
+
+        let mut decoder = ChunkedDecoder::new(BodyLimits::with_max_body(1 << 20));
+        let mut got = Vec::new();
+        let progress = decoder
+            .decode(&out, &mut |d| got.extend_from_slice(d))
+            .unwrap();
+        assert!(progress.is_done);
+        assert_eq!(progress.consumed, out.len());
+        assert_eq!(got, want);
+    }
+}
