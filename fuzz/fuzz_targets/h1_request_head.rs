@@ -1,7 +1,36 @@
 //! Fuzz target: h1_request_head (seeded from fuzz/corpus/h1_request_head).
+//!
+//! Parses arbitrary bytes as a request head under the default limits and under tight ones,
+//! and checks that an accepted head is strict and does not depend on the bytes after it.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use sortie_core::h1::{parse_request_head, HeadLimits, Parsed};
+
+const TIGHT: HeadLimits = HeadLimits { max_head_bytes: 256, max_headers: 4, max_target_bytes: 32 };
 
 fuzz_target!(|data: &[u8]| {
-    let _ = data;
+    for limits in [HeadLimits::REQUEST, TIGHT] {
+        let Ok(Parsed::Complete { head, consumed_len }) = parse_request_head(data, &limits) else {
+            continue;
+        };
+        assert!(consumed_len <= data.len() && consumed_len <= limits.max_head_bytes);
+        let raw = &data[..consumed_len];
+        assert!(raw.ends_with(b"\r\n\r\n"));
+        assert!(!raw.windows(2).any(|w| w[1] == b'\n' && w[0] != b'\r'), "bare LF accepted");
+        assert!(head.target().len() <= limits.max_target_bytes);
+        assert!(head.headers().len() <= limits.max_headers);
+        let lengths = head.headers().values("content-length").count();
+        assert!(lengths <= 1);
+        assert!(!(lengths == 1 && head.headers().contains("transfer-encoding")));
+        assert!(head.headers().values("host").count() <= 1);
+        // The head alone parses to the same result; one byte less is incomplete.
+        match parse_request_head(raw, &limits) {
+            Ok(Parsed::Complete { head: again, consumed_len: n }) => {
+                assert_eq!(n, consumed_len);
+                assert_eq!(again, head);
+            }
+            other => panic!("head alone parsed as {other:?}"),
+        }
+        assert_eq!(parse_request_head(&raw[..consumed_len - 1], &limits), Ok(Parsed::Partial));
+    }
 });

@@ -1,7 +1,39 @@
 //! Fuzz target: h1_response_head (seeded from fuzz/corpus/h1_response_head).
+//!
+//! The first byte picks the request method the response answers; the rest is parsed as a
+//! response head, and an accepted head must not depend on the bytes after it.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use sortie_core::h1::{parse_response_head, HeadLimits, Parsed, ResponseFraming};
+
+const METHODS: [&str; 4] = ["GET", "HEAD", "CONNECT", "POST"];
 
 fuzz_target!(|data: &[u8]| {
-    let _ = data;
+    let Some((&selector, input)) = data.split_first() else {
+        return;
+    };
+    let method = METHODS[usize::from(selector) % METHODS.len()];
+    let limits = HeadLimits::RESPONSE;
+    let Ok(Parsed::Complete { head, consumed_len }) = parse_response_head(input, method, &limits)
+    else {
+        return;
+    };
+    assert!(consumed_len <= input.len());
+    let raw = &input[..consumed_len];
+    assert!(raw.ends_with(b"\r\n\r\n"));
+    assert!(!raw.windows(2).any(|w| w[1] == b'\n' && w[0] != b'\r'), "bare LF accepted");
+    assert!((100..=599).contains(&head.status()));
+    if method == "HEAD" && head.status() != 101 {
+        assert_eq!(head.framing(), ResponseFraming::None);
+    }
+    if matches!(head.framing(), ResponseFraming::CloseDelimited | ResponseFraming::Tunnel) {
+        assert!(!head.is_keep_alive());
+    }
+    match parse_response_head(raw, method, &limits) {
+        Ok(Parsed::Complete { head: again, consumed_len: n }) => {
+            assert_eq!(n, consumed_len);
+            assert_eq!(again, head);
+        }
+        other => panic!("head alone parsed as {other:?}"),
+    }
 });
