@@ -350,67 +350,74 @@ pub(super) fn diagnose(view: &[u8], err: httparse::Error, start: StartLine) -> H
     walk_lines(view, start).unwrap_or(fallback)
 }
 
-/// Splits off one line. Returns the line content, whether it was terminated, and the rest.
-fn next_line(buf: &[u8]) -> (&[u8], Result<(), H1Error>, bool, &[u8]) {
-    match buf.iter().position(|&b| b == b'\n' || b == b'\r') {
-        None => (buf, Ok(()), false, &[]),
-        Some(i) => {
-            let (line, rest) = buf.split_at(i);
-            match rest {
-                [b'\r', b'\n', rest @ ..] => (line, Ok(()), true, rest),
-                [b'\r'] => (line, Ok(()), false, &[]),
-                [b'\r', ..] => (line, Err(H1Error::BareCr), true, &[]),
-                [b'\n', ..] => (line, Err(H1Error::BareLf), true, &[]),
-                _ => (line, Ok(()), false, &[]),
-            }
-        }
+/// One line of a head as the diagnosis sees it.
+struct Line<'a> {
+    /// The bytes before the line ending (or before the end of the buffer).
+    content: &'a [u8],
+    /// The violation in the line ending, if any.
+    ending: Result<(), H1Error>,
+    /// Whether a line ending (valid or not) was found.
+    is_terminated: bool,
+    /// The bytes after a valid CRLF; empty otherwise.
+    rest: &'a [u8],
+}
+
+fn next_line(buf: &[u8]) -> Line<'_> {
+    let Some(i) = buf.iter().position(|&b| b == b'\n' || b == b'\r') else {
+        return Line {
+            content: buf,
+            ending: Ok(()),
+            is_terminated: false,
+            rest: &[],
+        };
+    };
+    let (content, after) = buf.split_at(i);
+    let (ending, is_terminated, rest): (_, _, &[u8]) = match after {
+        [b'\r', b'\n', rest @ ..] => (Ok(()), true, rest),
+        // A CR at the very end may still be followed by LF.
+        [b'\r'] => (Ok(()), false, &[]),
+        [b'\r', ..] => (Err(H1Error::BareCr), true, &[]),
+        _ => (Err(H1Error::BareLf), true, &[]),
+    };
+    Line {
+        content,
+        ending,
+        is_terminated,
+        rest,
     }
 }
 
 fn walk_lines(view: &[u8], start: StartLine) -> Option<H1Error> {
-    let mut rest = view;
+    let mut line = next_line(view);
     // RFC 9112 §2.2: "a server that is expecting to receive and parse a request-line SHOULD
     // ignore at least one empty line (CRLF) received prior to the request-line".
-    loop {
-        let (line, ending, terminated, after) = next_line(rest);
-        if !line.is_empty() || !terminated {
-            break;
-        }
-        if let Err(e) = ending {
+    while line.content.is_empty() && line.is_terminated {
+        if let Err(e) = line.ending {
             return Some(e);
         }
-        rest = after;
+        line = next_line(line.rest);
     }
-    let (line, ending, terminated, after) = next_line(rest);
     let found = match start {
-        StartLine::Request => check_request_line(line, terminated),
-        StartLine::Response => check_status_line(line, terminated),
+        StartLine::Request => check_request_line(line.content, line.is_terminated),
+        StartLine::Response => check_status_line(line.content, line.is_terminated),
     };
     if found.is_some() {
         return found;
     }
-    if let Err(e) = ending {
-        return Some(e);
-    }
-    if !terminated {
-        return None;
-    }
-    rest = after;
     loop {
-        let (line, ending, terminated, after) = next_line(rest);
-        if line.is_empty() {
-            return ending.err();
-        }
-        if let Some(e) = check_field_line(line, terminated) {
+        if let Err(e) = line.ending {
             return Some(e);
         }
-        if let Err(e) = ending {
-            return Some(e);
-        }
-        if !terminated {
+        if !line.is_terminated {
             return None;
         }
-        rest = after;
+        line = next_line(line.rest);
+        if line.content.is_empty() {
+            return line.ending.err();
+        }
+        if let Some(e) = check_field_line(line.content, line.is_terminated) {
+            return Some(e);
+        }
     }
 }
 
@@ -620,6 +627,77 @@ mod tests {
         assert_eq!(trim_ows(b"   "), b"");
         let members: Vec<&[u8]> = list_members(b" a ,, b,\tc ,").collect();
         assert_eq!(members, vec![&b"a"[..], b"b", b"c"]);
+    }
+
+    #[test]
+    fn line_walk_names_the_first_violation() {
+        let table: &[(&[u8], StartLine, Option<H1Error>)] = &[
+            (
+                b"\n\r\nGET / HTTP/1.1\r\n",
+                StartLine::Request,
+                Some(H1Error::BareLf),
+            ),
+            (
+                b"\r\n\r\nG(T / HTTP/1.1\r\n",
+                StartLine::Request,
+                Some(H1Error::InvalidMethod),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nA: b\r\nC\r\n\r\n",
+                StartLine::Request,
+                Some(H1Error::InvalidHeaderName),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nA: b\r\n\tc\r\n",
+                StartLine::Request,
+                Some(H1Error::ObsFold),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nA: b\r\n\nX",
+                StartLine::Request,
+                Some(H1Error::BareLf),
+            ),
+            (b"GET / HTTP/1.1\r\nA: b\r", StartLine::Request, None),
+            (b"GET / HTTP/1.1\r\nA: b\r\n\r\n", StartLine::Request, None),
+            (
+                b"HTTP/1.1 2x0 OK\r\n",
+                StartLine::Response,
+                Some(H1Error::InvalidStatus),
+            ),
+            (b"HTTP/1.1 200\r\n", StartLine::Response, None),
+            (
+                b"HTTP/1.1\r\n",
+                StartLine::Response,
+                Some(H1Error::InvalidStatus),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nA: b\rc",
+                StartLine::Response,
+                Some(H1Error::BareCr),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nA : b\r\n",
+                StartLine::Response,
+                Some(H1Error::WhitespaceBeforeColon),
+            ),
+        ];
+        for (input, start, want) in table {
+            assert_eq!(
+                walk_lines(input, *start),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+        // Without a more specific finding, httparse's kind is mapped.
+        let e = diagnose(
+            b"GET / HTTP/1.1\r\nA: b\r",
+            httparse::Error::HeaderValue,
+            StartLine::Request,
+        );
+        assert_eq!(e, H1Error::InvalidHeaderValue);
+        let e = diagnose(b"", httparse::Error::TooManyHeaders, StartLine::Request);
+        assert_eq!(e, H1Error::TooManyHeaders);
     }
 
     #[test]

@@ -57,7 +57,7 @@ where
         return Err(H1Error::InvalidHost);
     }
     let start = out.len();
-    out.reserve(64 + target.len() + host.len());
+    out.reserve(target.len().saturating_add(host.len()).saturating_add(64));
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
