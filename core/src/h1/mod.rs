@@ -6,6 +6,16 @@
 //! HTTP implementations could frame differently (bare LF, obs-fold, Content-Length together with
 //! or repeated beside Transfer-Encoding, unknown codings) is an error, and every error closes the
 //! connection.
+//!
+//! Driving it (the io crate's loop): read into a buffer and call [`parse_request_head`] until it
+//! is [`Parsed::Complete`]; answer errors with [`H1Error::status`] and close. Build a
+//! [`BodyDecoder`] from the head's framing and feed it the bytes from `consumed_len` on; when
+//! it reports `is_done`, the bytes after its `consumed` start the next pipelined request.
+//! Responses go out through [`write_response_head`] and [`write_chunk`]. The upstream client is
+//! the mirror image: [`write_request_head`], then [`parse_response_head`] (skipping heads that
+//! are [`ResponseHead::is_informational`]) and [`BodyDecoder::for_response`].
+//!
+//! This module is on the per-request path: no blocking, no locks, no logging.
 
 mod body;
 mod chunked;
