@@ -102,6 +102,10 @@ pub struct ControlConfig {
     /// Data directory (SQLite, filesystem objects, tokens).
     #[serde(default = "default_data_dir")]
     pub data_dir: String,
+    /// A snapshot file (JSON) used as revision 1 of a fresh data directory instead of the
+    /// built-in default snapshot; ignored once the store holds a revision.
+    #[serde(default)]
+    pub bootstrap_snapshot: Option<String>,
     /// `[control.request]`.
     #[serde(default)]
     pub request: RequestLimitsConfig,
@@ -126,6 +130,7 @@ impl Default for ControlConfig {
             bus_listen: None,
             cores: 0,
             data_dir: default_data_dir(),
+            bootstrap_snapshot: None,
             request: RequestLimitsConfig::default(),
         }
     }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod destination;
 pub mod error;
 pub mod etag;
+pub mod fingerprint;
 pub mod h1;
 pub mod ids;
 pub mod json;

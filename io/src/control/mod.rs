@@ -1,0 +1,4 @@
+//! The control plane of one process: shared state, per-core context, and the API handlers.
+
+pub mod core;
+pub mod state;

@@ -1,0 +1,254 @@
+//! Control state shared by every core: the active snapshot with its routing table (published
+//! lock-free through `arc-swap`), per-worker capacity counters (atomics), sticky pins (sharded),
+//! credentials and limits. Writers (admin API, worker registration) are rare and serialised by
+//! one mutex; readers on the hot path only load an `Arc`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use arc_swap::ArcSwap;
+use sortie_core::config::Config;
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::routing::{RoutingTable, StickyPins, WorkerIndex};
+use sortie_core::snapshot::ValidatedSnapshot;
+use sortie_core::worker::WorkerRegistry;
+
+use super::core::CoreMailbox;
+use crate::tokens::Authenticator;
+
+/// Shards of the sticky pin store; a pin lives in the shard its key hashes to.
+const PIN_SHARDS: usize = 64;
+
+/// The static request limits of `[control.request]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// `control.request.max_timeout_ms`.
+    pub max_timeout_ms: u64,
+    /// `control.request.max_inline_request_body_bytes`.
+    pub max_inline_request_body_bytes: usize,
+    /// `control.request.max_inline_response_body_bytes`.
+    pub max_inline_response_body_bytes: usize,
+}
+
+/// One worker's live counters. Stable for the life of the process: tables rebuilt after a
+/// snapshot or registry change point at the same slot.
+#[derive(Debug)]
+pub struct WorkerSlot {
+    id: String,
+    active: AtomicU32,
+    bind_address: Option<IpAddr>,
+}
+
+impl WorkerSlot {
+    /// The worker id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Requests in flight.
+    pub fn active(&self) -> u32 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// The egress source address of a local worker.
+    pub fn bind_address(&self) -> Option<IpAddr> {
+        self.bind_address
+    }
+
+    /// Takes one unit of capacity if fewer than `max` are in use. Routing read the counter a
+    /// moment ago; this closes the race between two cores choosing the same last slot.
+    pub fn try_acquire(&self, max: u32) -> bool {
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Returns one unit of capacity.
+    pub fn release(&self) {
+        let _ = self
+            .active
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// Everything a request is routed and executed against; replaced as a whole on activation.
+/// In-flight requests keep the `Arc` they started with.
+pub struct Active {
+    /// Config revision of the snapshot.
+    pub revision: u64,
+    /// The validated snapshot.
+    pub snapshot: Arc<ValidatedSnapshot>,
+    /// The routing table over the snapshot and the worker registry.
+    pub table: RoutingTable,
+    /// The snapshot's destination policy.
+    pub policy: Arc<DestinationPolicy>,
+    /// Counters aligned with `table.workers()`; `None` for workers without a local slot.
+    pub slots: Vec<Option<Arc<WorkerSlot>>>,
+}
+
+impl Active {
+    /// The slot of a routed worker.
+    pub fn slot(&self, index: WorkerIndex) -> Option<&Arc<WorkerSlot>> {
+        self.slots.get(index.as_usize()).and_then(Option::as_ref)
+    }
+
+    /// Requests in flight on a worker (the routing capacity view).
+    pub fn active_on(&self, index: WorkerIndex) -> u32 {
+        self.slot(index).map_or(0, |s| s.active())
+    }
+}
+
+struct Writer {
+    registry: WorkerRegistry,
+    slots: HashMap<String, Arc<WorkerSlot>>,
+}
+
+/// The shared control state.
+pub struct ControlState {
+    active: ArcSwap<Active>,
+    writer: Mutex<Writer>,
+    pins: Box<[Mutex<StickyPins>]>,
+    /// Static limits.
+    pub limits: Limits,
+    /// Deployment token check.
+    pub auth: Authenticator,
+    /// The admin token.
+    pub admin_token: String,
+    /// The cores' mailboxes, set once the cores are running.
+    pub mailboxes: OnceLock<Vec<CoreMailbox>>,
+    /// Counts requests routed, to rotate ties among equally free workers.
+    pub route_counter: AtomicU64,
+}
+
+fn policy_of(s: &ValidatedSnapshot) -> DestinationPolicy {
+    DestinationPolicy::new(
+        s.destinations().allow().to_vec(),
+        s.destinations().deny().to_vec(),
+    )
+}
+
+impl ControlState {
+    /// Builds the state from the static config, the resolved tokens, the worker registry (local
+    /// workers registered, persisted settings restored) and the active snapshot.
+    pub fn new(
+        config: &Config,
+        auth: Authenticator,
+        admin_token: String,
+        registry: WorkerRegistry,
+        revision: u64,
+        snapshot: Arc<ValidatedSnapshot>,
+    ) -> ControlState {
+        let mut slots = HashMap::new();
+        for w in &config.workers {
+            let bind_address = w.bind_address.as_deref().and_then(|b| b.parse().ok());
+            slots.insert(
+                w.id.clone(),
+                Arc::new(WorkerSlot {
+                    id: w.id.clone(),
+                    active: AtomicU32::new(0),
+                    bind_address,
+                }),
+            );
+        }
+        let r = &config.control.request;
+        let writer = Writer { registry, slots };
+        let active = Self::build(&writer, revision, snapshot);
+        ControlState {
+            active: ArcSwap::from_pointee(active),
+            writer: Mutex::new(writer),
+            pins: (0..PIN_SHARDS)
+                .map(|_| {
+                    Mutex::new(StickyPins::new(
+                        sortie_core::routing::DEFAULT_MAX_STICKY_PINS / PIN_SHARDS,
+                    ))
+                })
+                .collect(),
+            limits: Limits {
+                max_timeout_ms: r.max_timeout_ms,
+                max_inline_request_body_bytes: r.max_inline_request_body_bytes,
+                max_inline_response_body_bytes: r.max_inline_response_body_bytes,
+            },
+            auth,
+            admin_token,
+            mailboxes: OnceLock::new(),
+            route_counter: AtomicU64::new(0),
+        }
+    }
+
+    fn build(w: &Writer, revision: u64, snapshot: Arc<ValidatedSnapshot>) -> Active {
+        let policy = Arc::new(policy_of(&snapshot));
+        let table = RoutingTable::build(snapshot.clone(), w.registry.iter());
+        let slots = table
+            .workers()
+            .iter()
+            .map(|r| w.slots.get(r.id().as_str()).cloned())
+            .collect();
+        Active {
+            revision,
+            snapshot,
+            table,
+            policy,
+            slots,
+        }
+    }
+
+    /// The active snapshot and table; cheap, lock-free.
+    pub fn active(&self) -> Arc<Active> {
+        self.active.load_full()
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        // A panic while holding the lock leaves plain data behind; keep serving.
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes a new snapshot (already committed to the store) to every core.
+    pub fn activate(&self, revision: u64, snapshot: Arc<ValidatedSnapshot>) {
+        let w = self.writer();
+        self.active
+            .store(Arc::new(Self::build(&w, revision, snapshot)));
+    }
+
+    /// Runs `f` on the worker registry, then republishes the routing table so that every core
+    /// routes by the new worker state at once.
+    pub fn update_registry<R>(&self, f: impl FnOnce(&mut WorkerRegistry) -> R) -> R {
+        let mut w = self.writer();
+        let out = f(&mut w.registry);
+        let cur = self.active.load_full();
+        self.active.store(Arc::new(Self::build(
+            &w,
+            cur.revision,
+            cur.snapshot.clone(),
+        )));
+        out
+    }
+
+    /// Reads the worker registry.
+    pub fn with_registry<R>(
+        &self,
+        f: impl FnOnce(&WorkerRegistry, &HashMap<String, Arc<WorkerSlot>>) -> R,
+    ) -> R {
+        let w = self.writer();
+        f(&w.registry, &w.slots)
+    }
+
+    /// Runs `f` with the pin shard of a (deployment, sticky session) pair.
+    pub fn with_pins<R>(
+        &self,
+        deployment: &str,
+        session: &str,
+        f: impl FnOnce(&mut StickyPins) -> R,
+    ) -> R {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        deployment.hash(&mut h);
+        session.hash(&mut h);
+        let shard = (h.finish() as usize) % self.pins.len();
+        let mut g = self.pins[shard].lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    }
+}
