@@ -200,11 +200,21 @@ fn invalid(msg: impl Into<String>) -> ApiError {
 /// Maps a strict-JSON failure of an envelope to the request API's error.
 pub fn json_error(e: JsonError) -> ApiError {
     match e {
-        JsonError::TooLarge { limit, .. } => {
-            invalid(format!("request envelope is larger than {limit} bytes"))
-        }
+        // Decision 001: an oversized envelope is a size failure (413), not malformed input.
+        JsonError::TooLarge { limit, .. } => envelope_too_large(limit),
         other => invalid(format!("request envelope: {other}")),
     }
+}
+
+/// The error for a request envelope over `limit` bytes: `body_too_large` with
+/// `direction=request` and the envelope limit.
+pub fn envelope_too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        ErrorCode::BodyTooLarge,
+        format!("request envelope is larger than {limit} bytes"),
+    )
+    .with_detail("direction", "request")
+    .with_detail("limit_bytes", limit.to_string())
 }
 
 /// Decodes and validates a request envelope. `buf` is parsed in place (it is scratch space

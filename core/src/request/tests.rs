@@ -209,8 +209,12 @@ fn invalid_utf8_is_rejected() {
 fn envelope_over_four_mib_is_rejected_before_parsing() {
     let mut buf = vec![b' '; MAX_REQUEST_ENVELOPE_BYTES + 1];
     let e = decode_request(&mut buf, &ctx()).unwrap_err();
-    assert_eq!(e.code, ErrorCode::InvalidRequest);
+    assert_eq!(e.code, ErrorCode::BodyTooLarge);
+    assert_eq!(e.http_status(), 413);
     assert!(e.message.contains("larger than 4194304"), "{}", e.message);
+    assert!(e
+        .details
+        .contains(&("limit_bytes".into(), "4194304".into())));
 }
 
 #[test]
