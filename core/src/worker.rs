@@ -382,7 +382,8 @@ impl WorkerAction {
         WorkerAction::ALL.into_iter().find(|a| a.as_str() == s)
     }
 
-    fn apply(self, s: &mut WorkerSettings) {
+    /// Applies the action's flag change to settings (the revision is the caller's business).
+    pub fn apply(self, s: &mut WorkerSettings) {
         match self {
             WorkerAction::Drain => s.is_draining = true,
             WorkerAction::Undrain => s.is_draining = false,

@@ -78,7 +78,14 @@ fn crash_writer_child() {
         latest = record.revision;
         // Interleave a worker-settings write so both tables are under the knife.
         worker_revision = store
-            .update_worker_settings("w1", worker_revision, next.is_multiple_of(2), false, "writer", T0)
+            .update_worker_settings(
+                "w1",
+                worker_revision,
+                next.is_multiple_of(2),
+                false,
+                "writer",
+                T0,
+            )
             .expect("worker settings")
             .revision;
         // stdout is line-buffered: each line reaches the parent as soon as it is printed.
