@@ -1,0 +1,255 @@
+# Shared pieces of the perf scripts: package installs, the nginx upstream, the gateway's config
+# and process, readiness waits and cleanup. Sourced, not run.
+# shellcheck shell=bash
+
+PERF_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(dirname "$PERF_DIR")
+RESULTS_DIR="$PERF_DIR/results"
+
+# Loopback ports; override when something else holds them.
+UPSTREAM_PORT=${UPSTREAM_PORT:-18090}
+API_PORT=${API_PORT:-18080}
+ADMIN_PORT=${ADMIN_PORT:-18081}
+
+# Credentials of the throwaway gateway instance; they protect nothing but this run.
+DEPLOYMENT_TOKEN=perf-token-0123456789abcdef
+ADMIN_TOKEN=perf-admin-0123456789abcdef
+
+# The body nginx answers on /small: 100 bytes, so that both paths move a small fixed payload.
+SMALL_BODY=$(printf 'x%.0s' {1..99})
+
+WORK_DIR=""
+NGINX_PID=""
+GATEWAY_PID=""
+# Other background processes of this run (load generators) to stop on exit.
+EXTRA_PIDS=()
+APT_UPDATED=0
+
+log() { printf '[perf] %s\n' "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# Creates the run's scratch directory and arranges for every process started here to be
+# stopped however the script ends.
+init_run() {
+  WORK_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sortie-perf.XXXXXX")
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  mkdir -p "$RESULTS_DIR"
+}
+
+cleanup() {
+  local pid nginx_workers=""
+  [ -z "$NGINX_PID" ] || nginx_workers=$(pgrep -P "$NGINX_PID" || true)
+  for pid in "${EXTRA_PIDS[@]}"; do
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "$GATEWAY_PID" "$NGINX_PID"; do
+    [ -n "$pid" ] || continue
+    kill "$pid" 2>/dev/null || true
+  done
+  for pid in "$GATEWAY_PID" "$NGINX_PID"; do
+    [ -n "$pid" ] || continue
+    wait_gone "$pid" 5 || kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  # A master killed hard leaves its worker behind; those pids were read before the kill.
+  for pid in $nginx_workers; do
+    if is_alive "$pid"; then kill -9 "$pid" 2>/dev/null || true; fi
+  done
+  GATEWAY_PID=""
+  NGINX_PID=""
+  if [ -n "$WORK_DIR" ] && [ -d "$WORK_DIR" ] && [ "${KEEP_WORK_DIR:-0}" != 1 ]; then
+    rm -rf "$WORK_DIR"
+  fi
+}
+
+# True while process $1 runs; an exited child that is not yet reaped (a zombie) counts as gone.
+is_alive() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [[ $state != Z* ]]
+}
+
+# Waits up to $2 seconds for process $1 to exit.
+wait_gone() {
+  local pid=$1 deadline=$((SECONDS + $2))
+  while is_alive "$pid"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.1
+  done
+}
+
+# Installs Debian packages that are missing; `apt-get update` runs at most once per script.
+# Service start-up during install is suppressed where no policy does it already, so that
+# installing nginx never leaves a system nginx on port 80.
+apt_install() {
+  local missing=() pkg added_policy=0
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+      missing+=("$pkg")
+  done
+  [ "${#missing[@]}" -gt 0 ] || return 0
+  [ "$(id -u)" = 0 ] || die "missing packages ${missing[*]}: install them or run as root"
+  if [ "$APT_UPDATED" = 0 ]; then
+    log "apt-get update"
+    apt-get update -qq
+    APT_UPDATED=1
+  fi
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    added_policy=1
+  fi
+  log "apt-get install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    { [ "$added_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d; die "apt-get install failed"; }
+  [ "$added_policy" = 0 ] || rm -f /usr/sbin/policy-rc.d
+}
+
+# Fails early when a port this run needs is already taken.
+require_free_port() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    die "port $1 on 127.0.0.1 is in use; set ${2:-the port variable} to a free port"
+  fi
+}
+
+# Waits up to $2 seconds for 127.0.0.1:$1 to accept a TCP connection while process $3 lives.
+wait_port() {
+  local port=$1 deadline=$((SECONDS + $2)) pid=$3
+  until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+    is_alive "$pid" || return 1
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.1
+  done
+}
+
+# Starts nginx in the foreground (in the background of this shell) as the upstream. One worker
+# process: on a 2-core machine the load generator and the gateway need the other core, and
+# the same single-worker upstream serves both the direct and the gateway runs.
+start_nginx() {
+  local dir="$WORK_DIR/nginx"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  require_free_port "$UPSTREAM_PORT" UPSTREAM_PORT
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events {
+    worker_connections 16384;
+}
+http {
+    access_log off;
+    keepalive_timeout 120s;
+    keepalive_requests 10000000;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    server {
+        listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
+        location = /small {
+            default_type text/plain;
+            return 200 "$SMALL_BODY\n";
+        }
+        location / {
+            return 404;
+        }
+    }
+}
+CONF
+  nginx -t -q -e "$dir/logs/error.log" -p "$dir" -c "$dir/nginx.conf" ||
+    die "nginx rejected its config"
+  nginx -e "$dir/logs/error.log" -p "$dir" -c "$dir/nginx.conf" -g 'daemon off;' &
+  NGINX_PID=$!
+  wait_port "$UPSTREAM_PORT" 10 "$NGINX_PID" ||
+    { cat "$dir/logs/error.log" >&2 || true; die "nginx did not start on port $UPSTREAM_PORT"; }
+  log "nginx (pid $NGINX_PID) on 127.0.0.1:$UPSTREAM_PORT"
+}
+
+# Pid of nginx's single worker process (the one that holds the connections).
+nginx_worker_pid() {
+  local deadline=$((SECONDS + 5)) pid
+  while [ "$SECONDS" -lt "$deadline" ]; do
+    pid=$(pgrep -P "$NGINX_PID" | head -n 1 || true)
+    [ -z "$pid" ] || { echo "$pid"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
+# Builds the release binary unless SORTIE_BIN names one; prints the binary's path.
+gateway_binary() {
+  if [ -n "${SORTIE_BIN:-}" ]; then
+    [ -x "$SORTIE_BIN" ] || die "SORTIE_BIN=$SORTIE_BIN is not an executable"
+    echo "$SORTIE_BIN"
+    return 0
+  fi
+  command -v cargo >/dev/null || die "cargo not found; install Rust or set SORTIE_BIN"
+  log "cargo build --release"
+  (cd "$REPO_DIR" && cargo build --release -q) >&2 || die "cargo build --release failed"
+  echo "${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/sortie"
+}
+
+# Writes the gateway's static config and bootstrap snapshot into the run directory. The
+# snapshot allows loopback destinations, which the default policy denies.
+write_gateway_config() {
+  local cores=$1 dir="$WORK_DIR/gateway"
+  mkdir -p "$dir/data"
+  cat >"$dir/snapshot.json" <<'JSON'
+{"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}
+JSON
+  cat >"$dir/sortie.toml" <<TOML
+[control]
+api_listen = "127.0.0.1:$API_PORT"
+admin_listen = "127.0.0.1:$ADMIN_PORT"
+data_dir = "$dir/data"
+cores = $cores
+bootstrap_snapshot = "$dir/snapshot.json"
+
+[[deployments]]
+id = "perf"
+token = "$DEPLOYMENT_TOKEN"
+
+[admin]
+token = "$ADMIN_TOKEN"
+
+[[workers]]
+id = "local"
+capacity = 100000
+TOML
+  echo "$dir/sortie.toml"
+}
+
+# Starts `sortie serve` with `cores = $2` and waits until its API port accepts connections.
+start_gateway() {
+  local bin=$1 cores=$2 config
+  require_free_port "$API_PORT" API_PORT
+  require_free_port "$ADMIN_PORT" ADMIN_PORT
+  config=$(write_gateway_config "$cores")
+  "$bin" check-config "$config" >&2 || die "the gateway rejected the perf config"
+  "$bin" serve --config "$config" >"$WORK_DIR/gateway.log" 2>&1 &
+  GATEWAY_PID=$!
+  if ! wait_port "$API_PORT" 30 "$GATEWAY_PID"; then
+    tail -n 30 "$WORK_DIR/gateway.log" >&2 || true
+    is_alive "$GATEWAY_PID" ||
+      die "the gateway exited before accepting connections (its output is above)"
+    die "the gateway did not accept connections on 127.0.0.1:$API_PORT within 30 s"
+  fi
+  log "gateway (pid $GATEWAY_PID, cores = $cores) on 127.0.0.1:$API_PORT"
+}
+
+# The request envelope that asks the gateway for nginx's /small.
+envelope_json() {
+  printf '{"method":"GET","url":"http://127.0.0.1:%s/small","timeout_ms":5000}' "$UPSTREAM_PORT"
+}
+
+# Resident set size of process $1 in KiB, from /proc/PID/status.
+rss_kib() {
+  awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
+}

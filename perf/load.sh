@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# End-to-end load test: the same nginx upstream measured directly and through the gateway in one
+# run, so the ratio between them does not depend on the machine. Then latency of both at a fixed
+# rate (half the gateway's maximum) to show the latency the gateway adds. See perf/README.md.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-1}
+WARMUP=${WARMUP:-2s}
+SKIP_GATEWAY=${SKIP_GATEWAY:-0}
+# Fixed-rate phase: RATE overrides "half the measured maximum"; RATE_CAP bounds what the Python
+# load generator is asked to hold.
+RATE=${RATE:-}
+RATE_CAP=${RATE_CAP:-10000}
+RATE_SECONDS=${RATE_SECONDS:-10}
+RATE_CONNECTIONS=${RATE_CONNECTIONS:-32}
+
+TARGET_RATIO=0.45
+TARGET_ADDED_P99_MS=1
+# Longest wrk run accepted, so that a typo in DURATION cannot start an hour of load.
+MAX_WRK_SECONDS=120
+
+# Seconds in a wrk duration such as 10, 10s, 2m.
+duration_seconds() {
+  case "$1" in
+    *[!0-9smh]* | "") die "bad duration '$1' (use e.g. 10s)" ;;
+    *h) echo $((${1%h} * 3600)) ;;
+    *m) echo $((${1%m} * 60)) ;;
+    *s) echo "${1%s}" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+# Value of key $1 in a "KEY=value KEY=value" result line $2.
+field() {
+  local pair
+  for pair in $2; do
+    if [ "${pair%%=*}" = "$1" ]; then
+      echo "${pair#*=}"
+      return 0
+    fi
+  done
+  die "no $1 in result line: $2"
+}
+
+us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.3f", us / 1000 }'; }
+
+# Prints a line and appends it to the results file.
+say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
+
+# Runs wrk for $2 against URL $3 with Lua script $4 and prints its WRK_RESULT line; the full wrk
+# output goes to the results file (and to the terminal) labelled $1.
+run_wrk() {
+  local label=$1 duration=$2 url=$3 script=$4 out="$WORK_DIR/wrk-$1.txt" secs
+  secs=$(duration_seconds "$duration")
+  timeout $((secs + 30)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" --latency -s "$script" \
+    "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk ($label) failed"; }
+  case "$label" in
+    warmup-*) ;;
+    *) { printf -- '--- wrk %s\n' "$label"; cat "$out"; } | tee -a "$RESULTS_FILE" >&2 ;;
+  esac
+  grep '^WRK_RESULT ' "$out" || die "wrk ($label) printed no result line"
+}
+
+# Runs the fixed-rate generator against one target and prints its FIXEDRATE_RESULT line.
+run_fixedrate() {
+  local label=$1 rate=$2 out="$WORK_DIR/fixedrate-$1.txt"
+  shift 2
+  timeout $((RATE_SECONDS + 30)) python3 "$PERF_DIR/fixedrate.py" --label "$label" --rate "$rate" \
+    --seconds "$RATE_SECONDS" --connections "$RATE_CONNECTIONS" "$@" >"$out" 2>&1 || true
+  { printf -- '--- fixedrate %s\n' "$label"; cat "$out"; } | tee -a "$RESULTS_FILE" >&2
+  grep '^FIXEDRATE_RESULT ' "$out" || die "fixedrate ($label) printed no result line"
+}
+
+# Fails unless the gateway answers the envelope with a 200 whose upstream status is 200.
+probe_gateway() {
+  local body code
+  code=$(curl -s -o "$WORK_DIR/probe.json" -w '%{http_code}' --max-time 10 \
+    -H "Authorization: Bearer $DEPLOYMENT_TOKEN" -H 'Content-Type: application/json' \
+    --data "$(envelope_json)" "http://127.0.0.1:$API_PORT/api/v1/requests" || true)
+  body=$(head -c 600 "$WORK_DIR/probe.json" 2>/dev/null || true)
+  if [ "$code" != 200 ] || [[ $body != *'"status":200'* ]]; then
+    die "the gateway did not relay a 200 from nginx (HTTP $code): $body"
+  fi
+  log "probe ok: gateway relayed nginx's 200"
+}
+
+main() {
+  local wrk_secs
+  wrk_secs=$(duration_seconds "$DURATION")
+  [ "$wrk_secs" -le "$MAX_WRK_SECONDS" ] || die "DURATION is capped at ${MAX_WRK_SECONDS}s"
+  [ "$RATE_SECONDS" -le 15 ] || die "RATE_SECONDS is capped at 15"
+
+  init_run
+  RESULTS_FILE="$RESULTS_DIR/$(date +%F)-load.txt"
+  apt_install nginx wrk curl python3
+  local bin=""
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    bin=$(gateway_binary)
+  fi
+
+  start_nginx
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    start_gateway "$bin" 0
+    probe_gateway
+  fi
+
+  say ""
+  say "=== sortie load run $(date -u +%FT%TZ)"
+  say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
+    git -C "$REPO_DIR" diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
+  say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  say "tools: $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2), $(nginx -v 2>&1 | cut -d' ' -f3)"
+  say "knobs: DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
+    "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY"
+
+  local direct_url="http://127.0.0.1:$UPSTREAM_PORT/small"
+  local gateway_url="http://127.0.0.1:$API_PORT/api/v1/requests"
+  export SORTIE_PERF_URL="$direct_url" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" SORTIE_PERF_DIR="$PERF_DIR"
+
+  local direct gateway=""
+  run_wrk warmup-direct "$WARMUP" "$direct_url" "$PERF_DIR/report.lua" >/dev/null
+  direct=$(run_wrk direct "$DURATION" "$direct_url" "$PERF_DIR/report.lua")
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    run_wrk warmup-gateway "$WARMUP" "$gateway_url" "$PERF_DIR/envelope.lua" >/dev/null
+    gateway=$(run_wrk gateway "$DURATION" "$gateway_url" "$PERF_DIR/envelope.lua")
+  fi
+
+  local direct_rps gateway_rps="" bad
+  direct_rps=$(field rps "$direct")
+  say ""
+  say "--- maximum throughput (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
+  say "direct  req/s: $direct_rps  p50 $(us_to_ms "$(field p50_us "$direct")") ms" \
+    " p99 $(us_to_ms "$(field p99_us "$direct")") ms"
+  if [ -n "$gateway" ]; then
+    gateway_rps=$(field rps "$gateway")
+    say "gateway req/s: $gateway_rps  p50 $(us_to_ms "$(field p50_us "$gateway")") ms" \
+      " p99 $(us_to_ms "$(field p99_us "$gateway")") ms"
+    bad=$(($(field non_2xx "$gateway") + $(field timeouts "$gateway") + $(field read_errors "$gateway")))
+    [ "$bad" = 0 ] || say "WARNING: $bad gateway responses were errors; the gateway numbers are not valid"
+    say "$(awk -v g="$gateway_rps" -v d="$direct_rps" -v t="$TARGET_RATIO" 'BEGIN {
+      r = g / d; printf "ratio gateway/direct: %.3f (target >= %s: %s)", r, t, (r >= t ? "met" : "MISSED") }')"
+  else
+    say "gateway: skipped (SKIP_GATEWAY=1)"
+  fi
+
+  local rate
+  if [ -n "$RATE" ]; then
+    rate=$RATE
+  else
+    rate=$(awk -v r="${gateway_rps:-$direct_rps}" -v cap="$RATE_CAP" 'BEGIN {
+      h = int(r / 2); if (h > cap) h = cap; if (h < 1) h = 1; print h }')
+    say "fixed rate: half of the measured $([ -n "$gateway" ] && echo gateway || echo direct)" \
+      "maximum, capped at RATE_CAP=$RATE_CAP: $rate req/s"
+  fi
+
+  local fdirect fgateway
+  fdirect=$(run_fixedrate direct "$rate" --url "$direct_url")
+  say ""
+  say "--- latency at $rate req/s for ${RATE_SECONDS}s over $RATE_CONNECTIONS keep-alive connections"
+  say "direct  p50 $(us_to_ms "$(field p50_us "$fdirect")") ms  p99 $(us_to_ms "$(field p99_us "$fdirect")") ms" \
+    " (achieved $(field achieved_rps "$fdirect") req/s, errors $(field errors "$fdirect"))"
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    fgateway=$(run_fixedrate gateway "$rate" --url "$gateway_url" --method POST \
+      --header "Authorization: Bearer $DEPLOYMENT_TOKEN" --header 'Content-Type: application/json' \
+      --body "$(envelope_json)" --expect '"status":200')
+    say "gateway p50 $(us_to_ms "$(field p50_us "$fgateway")") ms  p99 $(us_to_ms "$(field p99_us "$fgateway")") ms" \
+      " (achieved $(field achieved_rps "$fgateway") req/s, errors $(field errors "$fgateway"))"
+    say "$(awk -v g="$(field p99_us "$fgateway")" -v d="$(field p99_us "$fdirect")" -v t="$TARGET_ADDED_P99_MS" 'BEGIN {
+      a = (g - d) / 1000; printf "p99 added latency: %.3f ms (target <= %s ms: %s)", a, t, (a <= t ? "met" : "MISSED") }')"
+  fi
+  say "results appended to perf/results/$(basename "$RESULTS_FILE")"
+}
+
+main "$@"
