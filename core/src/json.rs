@@ -2,7 +2,11 @@
 //! trailing values and invalid UTF-8 rejected), with messages of our own, and a small writer for
 //! the hot-path encoders.
 
-use serde::de::DeserializeOwned;
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{Deserialize, Deserializer, Visitor};
 
 /// Why a strict JSON document was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,8 +33,8 @@ pub enum JsonError {
 /// Decodes exactly one JSON value of type `T` from `buf`, in place (simd-json mutates the
 /// buffer). `T` must be declared with `#[serde(deny_unknown_fields)]` at every level for the
 /// strictness guarantees to hold; serde's derive rejects duplicate keys on its own.
-pub fn from_slice_strict<T: DeserializeOwned>(
-    buf: &mut [u8],
+pub fn from_slice_strict<'a, T: Deserialize<'a>>(
+    buf: &'a mut [u8],
     limit: usize,
 ) -> Result<T, JsonError> {
     if buf.len() > limit {
@@ -97,6 +101,52 @@ fn clean_serde_message(s: &str) -> String {
         m.push('…');
     }
     m
+}
+
+/// A string that borrows from the parsed buffer when it can (simd-json unescapes in place, so it
+/// nearly always can), saving an allocation per field on the hot path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CowStr<'a>(pub Cow<'a, str>);
+
+impl CowStr<'_> {
+    /// The string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// An owned copy.
+    pub fn into_owned(self) -> String {
+        self.0.into_owned()
+    }
+}
+
+impl std::ops::Deref for CowStr<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for CowStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = CowStr<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(CowStr(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V(PhantomData))
+    }
 }
 
 /// Appends `s` as a JSON string literal.

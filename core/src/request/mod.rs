@@ -14,7 +14,7 @@ pub use self::headers::{check_header_totals, is_tchar, rejection_reason, validat
 pub use self::url::{parse_host, parse_target_url, Host, Scheme, TargetUrl, UrlError};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::json::{from_slice_strict, JsonError};
+use crate::json::{from_slice_strict, CowStr, JsonError};
 use crate::limits::{
     MAX_PROFILE_NAME_BYTES, MAX_REQUEST_ENVELOPE_BYTES, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS,
     MAX_ROUTING_TAG_BYTES, MAX_STICKY_SESSION_ID_BYTES, MIN_TIMEOUT_MS,
@@ -134,23 +134,26 @@ pub struct ValidatedRequest {
 // Wire types: exactly the contract's fields. `present` makes an explicit `null` an error instead
 // of a silent "omitted" (decision 001).
 
-/// The request envelope as decoded, before validation. Public so that benchmarks can compare
-/// JSON decoders on the same type; use [`decode_request`] otherwise.
+/// The request envelope as decoded, before validation; strings borrow from the request buffer.
+/// Public so that benchmarks can compare JSON decoders on the same type; use [`decode_request`]
+/// otherwise.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RequestEnvelope {
-    method: String,
-    url: String,
-    #[serde(default, deserialize_with = "present")]
-    headers: Option<Vec<WireHeader>>,
-    #[serde(default, deserialize_with = "present")]
-    body: Option<WireBody>,
-    #[serde(default, deserialize_with = "present")]
-    routing: Option<WireRouting>,
-    #[serde(default, deserialize_with = "present")]
-    response_body_mode: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    fingerprint_profile: Option<String>,
+pub struct RequestEnvelope<'a> {
+    #[serde(borrow)]
+    method: CowStr<'a>,
+    #[serde(borrow)]
+    url: CowStr<'a>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    headers: Option<Vec<WireHeader<'a>>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    body: Option<WireBody<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    routing: Option<WireRouting<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    response_body_mode: Option<CowStr<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    fingerprint_profile: Option<CowStr<'a>>,
     #[serde(default, deserialize_with = "present")]
     timeout_ms: Option<u64>,
     #[serde(default, deserialize_with = "present")]
@@ -159,34 +162,37 @@ pub struct RequestEnvelope {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireHeader {
-    name: String,
-    value_base64: String,
+struct WireHeader<'a> {
+    #[serde(borrow)]
+    name: CowStr<'a>,
+    #[serde(borrow)]
+    value_base64: CowStr<'a>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireBody {
-    mode: String,
-    #[serde(default, deserialize_with = "present")]
-    data_base64: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    receipt_id: Option<String>,
+struct WireBody<'a> {
+    #[serde(borrow)]
+    mode: CowStr<'a>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    data_base64: Option<CowStr<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    receipt_id: Option<CowStr<'a>>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireRouting {
-    #[serde(default, deserialize_with = "present")]
-    tags: Option<Vec<String>>,
-    #[serde(default, deserialize_with = "present")]
-    country: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    region: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    ip_type: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    sticky_session_id: Option<String>,
+struct WireRouting<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    tags: Option<Vec<CowStr<'a>>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    country: Option<CowStr<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    region: Option<CowStr<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    ip_type: Option<CowStr<'a>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    sticky_session_id: Option<CowStr<'a>>,
 }
 
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
@@ -223,14 +229,14 @@ pub fn decode_request(
     buf: &mut [u8],
     ctx: &ValidationContext<'_>,
 ) -> Result<ValidatedRequest, ApiError> {
-    let wire: RequestEnvelope =
+    let wire: RequestEnvelope<'_> =
         from_slice_strict(buf, MAX_REQUEST_ENVELOPE_BYTES).map_err(json_error)?;
     validate(wire, ctx)
 }
 
 /// Validates a decoded envelope against every rule of the contract.
 pub fn validate(
-    w: RequestEnvelope,
+    w: RequestEnvelope<'_>,
     ctx: &ValidationContext<'_>,
 ) -> Result<ValidatedRequest, ApiError> {
     let method = match Method::parse(&w.method) {
@@ -293,7 +299,7 @@ pub fn validate(
             if p.len() > MAX_PROFILE_NAME_BYTES || !ctx.fingerprint_profiles.contains(&p.as_str()) {
                 return Err(invalid("fingerprint_profile: not a built-in profile name"));
             }
-            Some(p)
+            Some(p.into_owned())
         }
     };
 
@@ -350,7 +356,7 @@ fn validate_body(b: WireBody, ctx: &ValidationContext<'_>) -> Result<RequestBody
             if !crate::ids::is_receipt_id(&id) {
                 return Err(invalid("body.receipt_id: not a receipt id"));
             }
-            Ok(RequestBody::Receipt(id))
+            Ok(RequestBody::Receipt(id.into_owned()))
         }
         ("receipt", Some(_), _) => Err(invalid("body: receipt mode cannot carry data_base64")),
         ("receipt", None, None) => Err(invalid("body: receipt mode needs receipt_id")),
@@ -395,7 +401,7 @@ fn validate_routing(r: WireRouting) -> Result<RouteHints, ApiError> {
                 return Err(invalid(format!("routing.tags[{i}]: duplicate tag")));
             }
         }
-        hints.tags = tags;
+        hints.tags = tags.into_iter().map(CowStr::into_owned).collect();
     }
     if let Some(c) = r.country {
         hints.country = Some(CountryCode::parse(&c).ok_or_else(|| {
@@ -410,13 +416,13 @@ fn validate_routing(r: WireRouting) -> Result<RouteHints, ApiError> {
                 "routing.sticky_session_id: longer than {MAX_STICKY_SESSION_ID_BYTES} bytes"
             )));
         }
-        hints.sticky_session_id = Some(s);
+        hints.sticky_session_id = Some(s.into_owned());
     }
     Ok(hints)
 }
 
-fn bounded_field(path: &str, v: Option<String>) -> Result<Option<String>, ApiError> {
-    match v {
+fn bounded_field(path: &str, v: Option<CowStr<'_>>) -> Result<Option<String>, ApiError> {
+    match v.map(CowStr::into_owned) {
         Some(s) if s.is_empty() => Err(invalid(format!("{path}: must not be empty"))),
         Some(s) if s.len() > MAX_ROUTING_FIELD_BYTES => Err(invalid(format!(
             "{path}: longer than {MAX_ROUTING_FIELD_BYTES} bytes"
