@@ -1,0 +1,441 @@
+//! One HTTP/1.1 exchange on an open connection: write the request head and body, read the
+//! response head (skipping interim 1xx responses), read the body by its framing into a buffer
+//! bounded by the response limit, and say whether the connection may be reused.
+//!
+//! On the per-request path: the codec is `sortie_core::h1`; this file only moves bytes and
+//! applies the stage limits. No logging above debug.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
+use sortie_core::h1::{
+    parse_response_head, write_request_head, BodyDecoder, BodyLimits, H1Error, HeadLimits,
+    OutgoingBody, Parsed, ResponseFraming,
+};
+use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
+
+use super::connect::within;
+use super::error::{self, Expired, Stage};
+use super::stream::Conn;
+use super::Timeouts;
+
+/// Interim (1xx) responses skipped before the final one; an upstream that sends more is
+/// treated as broken rather than read forever.
+pub const MAX_INTERIM_RESPONSES: usize = 16;
+/// A body up to this size is written in the same write as the head.
+pub const COALESCE_BODY_BYTES: usize = 16 * 1024;
+/// The response body buffer is reserved up to this size from a declared Content-Length; past
+/// it the buffer grows as bytes arrive, so a false length cannot make us allocate.
+const MAX_BODY_RESERVE: usize = 1024 * 1024;
+
+/// Builds the request head: origin-form target, `Host` first, the caller's fields in order with
+/// duplicates kept, `Connection: keep-alive`, then `Content-Length` when there is a body (or
+/// `Content-Length: 0` for an empty POST, PUT or PATCH). No `Expect` is ever sent.
+pub(crate) fn request_head(
+    method: Method,
+    url: &TargetUrl,
+    headers: &[Header],
+    body_len: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let framing = if body_len > 0 {
+        OutgoingBody::ContentLength(body_len as u64)
+    } else {
+        match method {
+            // RFC 9110 §8.6: "A user agent SHOULD send Content-Length in a request when the
+            // method defines a meaning for enclosed content and it is not sending
+            // Transfer-Encoding", even when the content is empty.
+            Method::Post | Method::Put | Method::Patch => OutgoingBody::ContentLength(0),
+            _ => OutgoingBody::None,
+        }
+    };
+    // Fields the gateway manages (hop-by-hop, framing, Expect, proxy credentials, its own
+    // X-Service-*) never reach the destination, whoever built the request (DESIGN §5).
+    let fields = headers
+        .iter()
+        .filter(|h| rejection_reason(&h.name).is_none())
+        .map(|h| (h.name.as_bytes(), h.value.as_slice()))
+        .chain(std::iter::once((&b"Connection"[..], &b"keep-alive"[..])));
+    let mut out = Vec::with_capacity(256);
+    write_request_head(
+        &mut out,
+        method.as_str(),
+        &url.path_and_query,
+        url.authority().as_bytes(),
+        fields,
+        framing,
+    )
+    .map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the request head cannot be written: {e}"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// A response read completely.
+pub(crate) struct Response {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) body: Vec<u8>,
+    /// Whether the connection may carry another request.
+    pub(crate) is_reusable: bool,
+}
+
+/// How an exchange failed.
+pub(crate) struct Failure {
+    pub(crate) error: ApiError,
+    /// Whether the connection broke before a single response byte arrived: on a reused
+    /// connection that is the stale-connection race, and a replayable request may be sent
+    /// again on a fresh connection.
+    pub(crate) is_before_response: bool,
+}
+
+impl Failure {
+    fn during_response(error: ApiError) -> Failure {
+        Failure {
+            error,
+            is_before_response: false,
+        }
+    }
+}
+
+/// What the exchange needs to know about the request.
+pub(crate) struct Exchange<'a> {
+    pub(crate) method: Method,
+    pub(crate) head: &'a [u8],
+    pub(crate) body: &'a Bytes,
+    pub(crate) deadline: Instant,
+    pub(crate) timeouts: &'a Timeouts,
+    pub(crate) max_response_body_bytes: usize,
+}
+
+/// The earlier of a stage limit and the total deadline, with what to report when it fires.
+fn limit(stage_end: Option<Instant>, ty: TimeoutType, deadline: Instant) -> (Instant, Expired) {
+    match stage_end {
+        Some(end) if end < deadline => (end, Expired::Stage(ty)),
+        _ => (deadline, Expired::TotalDeadline),
+    }
+}
+
+/// Runs one exchange on `conn`.
+pub(crate) async fn exchange(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
+    send_request(conn, x).await?;
+    read_response(conn, x).await
+}
+
+async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> {
+    let before = |error| Failure {
+        error,
+        is_before_response: true,
+    };
+    let mut writes: [Option<Bytes>; 2] = if x.body.len() <= COALESCE_BODY_BYTES {
+        let mut one = Vec::with_capacity(x.head.len() + x.body.len());
+        one.extend_from_slice(x.head);
+        one.extend_from_slice(x.body);
+        [Some(Bytes::from(one)), None]
+    } else {
+        [Some(Bytes::copy_from_slice(x.head)), Some(x.body.clone())]
+    };
+    for data in writes.iter_mut().filter_map(Option::take) {
+        let idle_end = Instant::now().checked_add(x.timeouts.idle);
+        let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
+        match within(at, conn.write_all(data)).await {
+            Some(Ok(())) => {}
+            Some(Err(e)) if error::is_tls_error(&e) => return Err(before(error::tls_failure(&e))),
+            Some(Err(_)) => {
+                return Err(before(error::reset(
+                    Stage::RequestWrite,
+                    "the connection broke while the request was sent",
+                )))
+            }
+            None => {
+                return Err(Failure::during_response(error::timeout(
+                    expired,
+                    Stage::RequestWrite,
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The parts of a final response head that outlive the buffer it was parsed from.
+struct Head {
+    status: u16,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    framing: ResponseFraming,
+    is_keep_alive: bool,
+}
+
+async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
+    let sent_at = Instant::now();
+    let header_end = match x.timeouts.response_header {
+        Some(t) => sent_at.checked_add(t),
+        None => None,
+    };
+    let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
+    let mut buf = Vec::new();
+    let head = match within(at, read_head(conn, x.method, &mut buf)).await {
+        Some(head) => head?,
+        None => {
+            return Err(Failure::during_response(error::timeout(
+                expired,
+                Stage::ResponseHeader,
+            )))
+        }
+    };
+    let limits = BodyLimits::with_max_body(x.max_response_body_bytes as u64);
+    let mut decoder = BodyDecoder::for_response(head.framing, limits)
+        .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
+    let reserve = match head.framing {
+        ResponseFraming::ContentLength(n) => usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(MAX_BODY_RESERVE),
+        _ => 0,
+    };
+    let mut body = Vec::with_capacity(reserve);
+    let mut sink = |d: &[u8]| body.extend_from_slice(d);
+
+    // Bytes after the head in the head buffer are the start of the body.
+    let progress = decoder
+        .decode(&buf, &mut sink)
+        .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
+    let mut has_leftover = progress.consumed < buf.len();
+    drop(buf);
+    let mut is_eof = false;
+    while !decoder.is_done() {
+        let idle_end = Instant::now().checked_add(x.timeouts.idle);
+        let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
+        let chunk = match within(at, conn.read_some()).await {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(e)) => {
+                return Err(Failure::during_response(read_error(
+                    &e,
+                    Stage::ResponseBody,
+                )))
+            }
+            None => {
+                return Err(Failure::during_response(error::timeout(
+                    expired,
+                    Stage::ResponseBody,
+                )))
+            }
+        };
+        if chunk.is_empty() {
+            is_eof = true;
+            break;
+        }
+        let progress = decoder
+            .decode(chunk, &mut sink)
+            .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
+        has_leftover = progress.consumed < chunk.len();
+    }
+    if is_eof && !decoder.is_complete_at_eof() {
+        return Err(Failure::during_response(error::reset(
+            Stage::ResponseBody,
+            "the connection closed before the response body was complete",
+        )));
+    }
+    // Reuse needs a cleanly ended body with nothing after it: a byte beyond the response means
+    // the upstream is out of step, and its next "response" cannot be trusted.
+    let is_reusable = head.is_keep_alive
+        && !is_eof
+        && decoder.is_done()
+        && !has_leftover
+        && conn.is_plaintext_drained();
+    Ok(Response {
+        status: head.status,
+        headers: head.headers,
+        body,
+        is_reusable,
+    })
+}
+
+/// Reads until a final response head is complete, skipping interim responses. On return,
+/// `buf` holds only the bytes after the head.
+async fn read_head(conn: &mut Conn, method: Method, buf: &mut Vec<u8>) -> Result<Head, Failure> {
+    let mut interim = 0usize;
+    let mut received_any = false;
+    loop {
+        // Parse what is buffered before reading more: interim heads and the final head may
+        // arrive in one read.
+        if !buf.is_empty() {
+            match parse_response_head(buf, method.as_str(), &HeadLimits::RESPONSE) {
+                Ok(Parsed::Partial) => {}
+                Ok(Parsed::Complete { head, consumed_len }) => {
+                    if head.is_switching_protocols() {
+                        // We never ask for an upgrade; a 101 would hand the connection to a
+                        // protocol we do not speak.
+                        return Err(Failure::during_response(error::protocol_violation(
+                            "unexpected_101",
+                            "the destination switched protocols without being asked",
+                        )));
+                    }
+                    if head.is_informational() {
+                        interim += 1;
+                        if interim > MAX_INTERIM_RESPONSES {
+                            return Err(Failure::during_response(error::protocol_violation(
+                                "too_many_interim_responses",
+                                "the destination sent too many interim responses",
+                            )));
+                        }
+                        buf.drain(..consumed_len.min(buf.len()));
+                        continue;
+                    }
+                    let owned = Head {
+                        status: head.status(),
+                        headers: head
+                            .headers()
+                            .iter()
+                            .map(|h| (h.name().as_bytes().to_vec(), h.value().to_vec()))
+                            .collect(),
+                        framing: head.framing(),
+                        is_keep_alive: head.is_keep_alive(),
+                    };
+                    buf.drain(..consumed_len.min(buf.len()));
+                    return Ok(owned);
+                }
+                Err(e) => return Err(Failure::during_response(error::protocol_error(e))),
+            }
+        }
+        match conn.read_some().await {
+            Ok([]) => {
+                return Err(Failure {
+                    error: error::reset(
+                        Stage::ResponseHeader,
+                        "the connection closed before a complete response head",
+                    ),
+                    is_before_response: !received_any,
+                })
+            }
+            Ok(chunk) => {
+                received_any = true;
+                buf.extend_from_slice(chunk);
+            }
+            Err(e) => {
+                return Err(Failure {
+                    error: read_error(&e, Stage::ResponseHeader),
+                    is_before_response: !received_any && !error::is_tls_error(&e),
+                })
+            }
+        }
+    }
+}
+
+fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
+    if error::is_tls_error(e) {
+        error::tls_failure(e)
+    } else {
+        error::reset(
+            stage,
+            "the connection broke before the response was complete",
+        )
+    }
+}
+
+fn body_error(e: H1Error, limit: usize) -> ApiError {
+    match e {
+        H1Error::BodyTooLarge => error::response_too_large(limit),
+        other => error::protocol_error(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sortie_core::request::parse_target_url;
+
+    fn header(name: &str, value: &str) -> Header {
+        Header {
+            name: name.into(),
+            value: value.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn request_heads() {
+        let url = parse_target_url("http://a.example:8080/p?q=1").unwrap();
+        let default_port = parse_target_url("https://b.example/").unwrap();
+        let headers = vec![
+            header("Accept", "*/*"),
+            header("X-Dup", "1"),
+            header("connection", "close"),
+            header("X-Dup", "2"),
+            header("Expect", "100-continue"),
+            header("X-Service-Token", "secret"),
+            header("Proxy-Authorization", "Basic x"),
+        ];
+        let table: &[(Method, &TargetUrl, &[Header], usize, &str)] = &[
+            (
+                Method::Get,
+                &url,
+                &headers,
+                0,
+                "GET /p?q=1 HTTP/1.1\r\nHost: a.example:8080\r\nAccept: */*\r\nX-Dup: 1\r\n\
+                 X-Dup: 2\r\nConnection: keep-alive\r\n\r\n",
+            ),
+            (
+                Method::Post,
+                &default_port,
+                &[],
+                0,
+                "POST / HTTP/1.1\r\nHost: b.example\r\nConnection: keep-alive\r\n\
+                 Content-Length: 0\r\n\r\n",
+            ),
+            (
+                Method::Put,
+                &default_port,
+                &[],
+                5,
+                "PUT / HTTP/1.1\r\nHost: b.example\r\nConnection: keep-alive\r\n\
+                 Content-Length: 5\r\n\r\n",
+            ),
+            (
+                Method::Delete,
+                &default_port,
+                &[],
+                0,
+                "DELETE / HTTP/1.1\r\nHost: b.example\r\nConnection: keep-alive\r\n\r\n",
+            ),
+            (
+                Method::Options,
+                &default_port,
+                &[],
+                3,
+                "OPTIONS / HTTP/1.1\r\nHost: b.example\r\nConnection: keep-alive\r\n\
+                 Content-Length: 3\r\n\r\n",
+            ),
+        ];
+        for (method, url, headers, body_len, want) in table {
+            let got = request_head(*method, url, headers, *body_len).unwrap();
+            assert_eq!(String::from_utf8(got).unwrap(), *want, "{method:?}");
+        }
+    }
+
+    #[test]
+    fn unwritable_header_is_invalid_request() {
+        let url = parse_target_url("http://a.example/").unwrap();
+        let e = request_head(Method::Get, &url, &[header("X", "a\r\nb")], 0).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidRequest);
+    }
+
+    #[test]
+    fn limits_pick_the_earlier_end() {
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(5);
+        assert_eq!(
+            limit(Some(now), TimeoutType::Idle, later),
+            (now, Expired::Stage(TimeoutType::Idle))
+        );
+        assert_eq!(
+            limit(Some(later), TimeoutType::Idle, now),
+            (now, Expired::TotalDeadline)
+        );
+        assert_eq!(
+            limit(None, TimeoutType::ResponseHeader, now),
+            (now, Expired::TotalDeadline)
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! Socket operations the runtime does not offer on a connected stream: reading `SO_ERROR` after
+//! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver, and
+//! peeking at an idle pooled connection without consuming bytes or waiting.
+//!
+//! This is the only module of the egress client with `unsafe` code: each operation borrows the
+//! raw descriptor of a stream the caller holds a reference to, for the length of one system call.
+
+#![allow(unsafe_code)]
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use socket2::SockRef;
+
+/// What a non-blocking peek found on an idle connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdleState {
+    /// Nothing to read and no error: the peer has not closed the connection.
+    Quiet,
+    /// The peer closed its side (EOF).
+    Closed,
+    /// The peer sent bytes nobody asked for; the connection is out of step.
+    UnexpectedBytes,
+    /// The socket reports an error (for example a reset).
+    Broken,
+}
+
+/// Runs `f` on a socket2 view of the descriptor behind `stream`.
+fn with_socket<S: AsRawFd, R>(stream: &S, f: impl FnOnce(SockRef<'_>) -> R) -> R {
+    // SAFETY: `stream` owns the descriptor and is borrowed for the whole call, so the descriptor
+    // stays open while the `BorrowedFd` (which never closes it) exists; the borrow does not
+    // escape `f`.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    f(SockRef::from(&fd))
+}
+
+/// Takes the pending socket error (`SO_ERROR`): after a non-blocking connect reports writable,
+/// this is the outcome of the connect.
+pub(crate) fn take_error<S: AsRawFd>(stream: &S) -> io::Result<Option<io::Error>> {
+    with_socket(stream, |s| s.take_error())
+}
+
+/// Clears `O_NONBLOCK`. The io_uring driver expects blocking sockets (it creates its own that
+/// way); the epoll driver needs non-blocking ones.
+pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {
+    with_socket(stream, |s| s.set_nonblocking(false))
+}
+
+/// Peeks one byte without waiting (`recv(MSG_PEEK | MSG_DONTWAIT)`), leaving the socket's
+/// receive queue as it was.
+pub(crate) fn peek_idle<S: AsRawFd>(stream: &S) -> IdleState {
+    let mut byte = [MaybeUninit::<u8>::uninit(); 1];
+    let peeked = with_socket(stream, |s| {
+        s.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    });
+    match peeked {
+        Ok(0) => IdleState::Closed,
+        Ok(_) => IdleState::UnexpectedBytes,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => IdleState::Quiet,
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => IdleState::Quiet,
+        Err(_) => IdleState::Broken,
+    }
+}
+
+/// The local address of the socket (tests identify pooled connections by it).
+#[cfg(test)]
+pub(crate) fn local_addr<S: AsRawFd>(stream: &S) -> io::Result<std::net::SocketAddr> {
+    with_socket(stream, |s| s.local_addr())?
+        .as_socket()
+        .ok_or_else(|| io::Error::other("not an inet socket"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    /// Waits (bounded) until the peek reports something other than `Quiet`: the kernel delivers
+    /// loopback segments asynchronously.
+    fn settle(c: &TcpStream) -> IdleState {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = peek_idle(c);
+            if s != IdleState::Quiet || std::time::Instant::now() > until {
+                return s;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn peek_sees_quiet_bytes_and_eof_without_consuming() {
+        let (c, mut s) = pair();
+        assert_eq!(peek_idle(&c), IdleState::Quiet);
+        s.write_all(b"x").unwrap();
+        assert_eq!(settle(&c), IdleState::UnexpectedBytes);
+        // Peeking did not consume: the byte is still there.
+        assert_eq!(peek_idle(&c), IdleState::UnexpectedBytes);
+
+        let (c, s) = pair();
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(settle(&c), IdleState::Closed);
+        assert!(take_error(&c).unwrap().is_none());
+    }
+
+    #[test]
+    fn set_blocking_clears_nonblocking_mode() {
+        let (c, _s) = pair();
+        c.set_nonblocking(true).unwrap();
+        set_blocking(&c).unwrap();
+        // A blocking socket still peeks without waiting thanks to MSG_DONTWAIT.
+        assert_eq!(peek_idle(&c), IdleState::Quiet);
+    }
+}

@@ -1,0 +1,319 @@
+//! The egress executor's upstream HTTP/1.1 client: performs exactly one upstream request for a
+//! validated request, over plain TCP or TLS, reusing per-core keep-alive connections.
+//!
+//! One [`Egress`] per hot core (it is not `Send`): it owns the core's DNS cache, a TLS
+//! connector and the keep-alive pool. [`Egress::execute`] resolves the host (IP literals skip
+//! DNS), checks every address against the destination policy right before dialling it, connects
+//! (optionally from a source address), runs the TLS handshake for `https`, writes the request
+//! and reads the whole response into memory under the response body limit.
+//!
+//! Every failure is one registry error:
+//!
+//! | failure | code | timeout_type |
+//! |---|---|---|
+//! | name does not resolve, resolver saturated | `upstream_dns_failure` | |
+//! | every resolved address denied by the policy | `destination_denied` | |
+//! | connection refused, network or host unreachable | `upstream_connection_refused` | |
+//! | per-attempt connect or TLS handshake limit | `upstream_connect_timeout` | `connect_timeout` |
+//! | handshake or certificate failure, TLS error later | `upstream_tls_failure` | |
+//! | reset or EOF before the response is complete | `upstream_reset` | |
+//! | malformed response, 101, too many 1xx | `protocol_error` (`side: upstream`) | |
+//! | response body over `max_response_body_bytes` | `body_too_large` (`direction: response`) | |
+//! | no complete head within `response_header` | `timeout_exceeded` | `response_header_timeout` |
+//! | no bytes moved for `idle` | `timeout_exceeded` | `idle_timeout` |
+//! | the total deadline, at any stage | `timeout_exceeded` | `total_deadline_timeout` |
+//! | source address unusable, sockets exhausted | `executor_internal_error` | |
+//!
+//! Timeouts and resets carry a `stage` detail (`dns`, `connect`, `tls_handshake`,
+//! `request_write`, `response_header`, `response_body`).
+//!
+//! Cancellation: dropping the future of [`Egress::execute`] closes the connection it holds. A
+//! connection goes back to the pool only after a response was read to its end with keep-alive
+//! allowed on both sides and nothing left over, so the pool never holds a connection in an
+//! unknown state.
+//!
+//! This module is on the per-request path: no blocking, no locks, no logging above debug.
+
+mod client;
+mod connect;
+mod error;
+mod fd;
+mod pool;
+mod stream;
+mod tls;
+
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use monoio_rustls::TlsConnector;
+use rustls::ClientConfig;
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::error::ApiError;
+use sortie_core::limits::DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES;
+use sortie_core::request::{Header, Method, Scheme, TargetUrl};
+
+pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
+pub use pool::{PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL};
+pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
+
+use self::client::{Exchange, Failure};
+use self::connect::within;
+use self::error::{Expired, Stage};
+use self::pool::{Pool, PoolKey};
+use self::stream::Conn;
+use crate::dns::Resolver;
+
+/// Limit of one connect attempt (TCP, and again for the TLS handshake), never past the total
+/// deadline.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time without a byte moving while the request is written or the body is read.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The stage limits of one request. Each is cut short by the request's total deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// One connect attempt (per resolved address), and the TLS handshake.
+    pub connect: Duration,
+    /// From the request sent to a complete response head; `None` waits until the total
+    /// deadline.
+    pub response_header: Option<Duration>,
+    /// Without a byte moving while writing the request or reading the body.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: CONNECT_TIMEOUT,
+            response_header: None,
+            idle: IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// One upstream request, as the executor runs it.
+#[derive(Debug, Clone)]
+pub struct EgressRequest {
+    /// The method.
+    pub method: Method,
+    /// The destination.
+    pub url: TargetUrl,
+    /// Destination headers in order, duplicates kept. Headers the gateway manages (framing,
+    /// hop-by-hop, `Expect`, proxy credentials, `X-Service-*`) are dropped if present.
+    pub headers: Vec<Header>,
+    /// The request body; empty for none.
+    pub body: Bytes,
+    /// The total deadline of the request.
+    pub deadline: Instant,
+    /// Stage limits.
+    pub timeouts: Timeouts,
+    /// The response body limit; beyond it the request fails with `body_too_large`.
+    pub max_response_body_bytes: usize,
+    /// The destination policy of the snapshot the request runs under.
+    pub policy: Arc<DestinationPolicy>,
+    /// The worker performing the request; connections are pooled per worker.
+    pub worker_id: String,
+    /// The source address of egress connections, when the worker has one.
+    pub bind_address: Option<IpAddr>,
+    /// Permission for one transport-level retry (spec: `replayable`).
+    pub is_replayable: bool,
+}
+
+impl EgressRequest {
+    /// A request without headers or body, with the default stage limits, the default inline
+    /// response limit, worker `local`, no source address, not replayable.
+    pub fn new(
+        method: Method,
+        url: TargetUrl,
+        deadline: Instant,
+        policy: Arc<DestinationPolicy>,
+    ) -> EgressRequest {
+        EgressRequest {
+            method,
+            url,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            deadline,
+            timeouts: Timeouts::default(),
+            max_response_body_bytes: DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+            policy,
+            worker_id: "local".to_string(),
+            bind_address: None,
+            is_replayable: false,
+        }
+    }
+}
+
+/// A response read completely.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressResponse {
+    /// The destination's status.
+    pub status: u16,
+    /// Response header fields as received: names as spelled, raw values, order and duplicates
+    /// kept (hop-by-hop and framing fields included; the caller decides what to relay).
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The decoded body (chunked coding removed).
+    pub body: Vec<u8>,
+    /// The address the response came from.
+    pub peer_addr: SocketAddr,
+    /// Milliseconds spent on DNS, TCP and TLS for this request; 0 on a reused connection.
+    pub connect_ms: u64,
+    /// Milliseconds from the start of [`Egress::execute`] to the end of the body.
+    pub egress_ms: u64,
+    /// Whether the response came over a pooled connection.
+    pub is_connection_reused: bool,
+}
+
+struct Inner {
+    resolver: Resolver,
+    tls: TlsConnector,
+    pool: Pool,
+}
+
+/// The upstream client of one core. Cheap to clone (clones share the pool); not `Send`.
+#[derive(Clone)]
+pub struct Egress {
+    inner: Rc<Inner>,
+}
+
+impl Egress {
+    /// The client of one core with the default pool limits. `tls` is the process-wide
+    /// configuration from [`client_config`]; the core keeps its own resumption cache.
+    pub fn new(resolver: Resolver, tls: &Arc<ClientConfig>) -> Egress {
+        Egress::with_pool_limits(resolver, tls, PoolLimits::default())
+    }
+
+    /// The client of one core with the given pool limits.
+    pub fn with_pool_limits(
+        resolver: Resolver,
+        tls: &Arc<ClientConfig>,
+        limits: PoolLimits,
+    ) -> Egress {
+        Egress {
+            inner: Rc::new(Inner {
+                resolver,
+                tls: tls::per_core_connector(tls),
+                pool: Pool::new(limits),
+            }),
+        }
+    }
+
+    /// Performs the request: one upstream exchange, plus at most one retry on a fresh
+    /// connection when a reused connection broke before any response byte and the request is
+    /// replayable.
+    pub async fn execute(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
+        let started = Instant::now();
+        let head = client::request_head(req.method, &req.url, &req.headers, req.body.len())?;
+        let key = PoolKey {
+            worker_id: req.worker_id.clone(),
+            scheme: req.url.scheme,
+            host: req.url.host.clone(),
+            port: req.url.port,
+            bind: req.bind_address,
+        };
+        let x = Exchange {
+            method: req.method,
+            head: &head,
+            body: &req.body,
+            deadline: req.deadline,
+            timeouts: &req.timeouts,
+            max_response_body_bytes: req.max_response_body_bytes,
+        };
+        let mut may_retry = req.is_replayable;
+        let mut may_reuse = true;
+        loop {
+            let pooled = if may_reuse {
+                self.inner.pool.checkout(&key, &req.policy, Instant::now())
+            } else {
+                None
+            };
+            let is_reused = pooled.is_some();
+            let connect_started = Instant::now();
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => self.connect(req).await?,
+            };
+            let connect_ms = if is_reused {
+                0
+            } else {
+                millis(connect_started.elapsed())
+            };
+            match client::exchange(&mut conn, &x).await {
+                Ok(resp) => {
+                    let peer_addr = conn.peer();
+                    if resp.is_reusable {
+                        self.inner.pool.put(key, conn, Instant::now());
+                    }
+                    return Ok(EgressResponse {
+                        status: resp.status,
+                        headers: resp.headers,
+                        body: resp.body,
+                        peer_addr,
+                        connect_ms,
+                        egress_ms: millis(started.elapsed()),
+                        is_connection_reused: is_reused,
+                    });
+                }
+                Err(Failure {
+                    is_before_response: true,
+                    ..
+                }) if is_reused && may_retry => {
+                    // The upstream closed the idle connection while we were sending: the
+                    // request may not have been seen at all. `replayable` permits sending it
+                    // again, once, on a connection of our own making.
+                    tracing::debug!("pooled connection broke before a response; retrying");
+                    may_retry = false;
+                    may_reuse = false;
+                }
+                Err(f) => return Err(f.error),
+            }
+        }
+    }
+
+    /// Closes idle connections that expired or that their peer closed; the core calls this
+    /// periodically. Returns how many were closed.
+    pub fn sweep_idle(&self) -> usize {
+        self.inner.pool.sweep(Instant::now())
+    }
+
+    /// Idle connections in this core's pool.
+    pub fn idle_connections(&self) -> usize {
+        self.inner.pool.len()
+    }
+
+    /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`.
+    async fn connect(&self, req: &EgressRequest) -> Result<Conn, ApiError> {
+        let addrs = connect::resolve(&self.inner.resolver, &req.url.host, req.deadline).await?;
+        let (tcp, peer) = connect::connect_any(
+            &addrs,
+            req.url.port,
+            req.bind_address,
+            &req.policy,
+            req.timeouts.connect,
+            req.deadline,
+        )
+        .await?;
+        match req.url.scheme {
+            Scheme::Http => Ok(Conn::plain(tcp, peer)),
+            Scheme::Https => {
+                let name = tls::server_name(&req.url.host)?;
+                let attempt_end = Instant::now().checked_add(req.timeouts.connect);
+                let (at, expired) = match attempt_end {
+                    Some(end) if end < req.deadline => (end, Expired::ConnectAttempt),
+                    _ => (req.deadline, Expired::TotalDeadline),
+                };
+                match within(at, tls::handshake(&self.inner.tls, name, tcp, peer)).await {
+                    Some(conn) => conn,
+                    None => Err(error::timeout(expired, Stage::TlsHandshake)),
+                }
+            }
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

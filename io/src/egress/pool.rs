@@ -1,0 +1,298 @@
+//! The per-core keep-alive pool: idle upstream connections by (worker, scheme, host, port,
+//! source address), reused newest first, with an idle expiry and caps per key and per core.
+//!
+//! Per core and lock-free: the pool lives in a `RefCell` owned by one core's executor and is
+//! never borrowed across an `.await`. A connection enters the pool only through [`Pool::put`],
+//! which the client calls after a response was read completely with keep-alive allowed on both
+//! sides; a connection held by a cancelled or failed exchange is dropped (closed) instead, so
+//! the pool never holds one in an unknown state.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::request::{Host, Scheme};
+
+use super::fd::IdleState;
+use super::stream::Conn;
+
+/// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
+/// seconds; a connection they closed is caught by the peek on checkout.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle connections kept per key.
+pub const POOL_MAX_IDLE_PER_KEY: usize = 64;
+/// Idle connections kept per core, over all keys.
+pub const POOL_MAX_IDLE_TOTAL: usize = 4096;
+
+/// The pool's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// An idle connection older than this is closed instead of reused.
+    pub idle_timeout: Duration,
+    /// Idle connections kept per key.
+    pub max_idle_per_key: usize,
+    /// Idle connections kept per core.
+    pub max_idle_total: usize,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        PoolLimits {
+            idle_timeout: POOL_IDLE_TIMEOUT,
+            max_idle_per_key: POOL_MAX_IDLE_PER_KEY,
+            max_idle_total: POOL_MAX_IDLE_TOTAL,
+        }
+    }
+}
+
+/// What a pooled connection may be reused for: the same worker identity, destination and
+/// source address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct PoolKey {
+    pub(crate) worker_id: String,
+    pub(crate) scheme: Scheme,
+    pub(crate) host: Host,
+    pub(crate) port: u16,
+    pub(crate) bind: Option<IpAddr>,
+}
+
+struct Idle {
+    conn: Conn,
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Per key, oldest first: reuse pops the newest from the back.
+    by_key: HashMap<PoolKey, Vec<Idle>>,
+    /// Sum of the list lengths.
+    total: usize,
+}
+
+/// The idle connections of one core.
+pub(crate) struct Pool {
+    limits: PoolLimits,
+    inner: RefCell<Inner>,
+}
+
+impl Pool {
+    pub(crate) fn new(limits: PoolLimits) -> Pool {
+        Pool {
+            limits,
+            inner: RefCell::new(Inner::default()),
+        }
+    }
+
+    /// Takes the newest healthy idle connection for `key`. Connections that expired, that the
+    /// peer closed or wrote to, or whose address the current policy no longer allows are
+    /// closed on the way.
+    pub(crate) fn checkout(
+        &self,
+        key: &PoolKey,
+        policy: &DestinationPolicy,
+        now: Instant,
+    ) -> Option<Conn> {
+        let mut inner = self.inner.borrow_mut();
+        let Inner { by_key, total } = &mut *inner;
+        let list = by_key.get_mut(key)?;
+        let before = list.len();
+        let mut found = None;
+        while let Some(entry) = list.pop() {
+            if is_expired(&self.limits, &entry, now) {
+                // Everything older is expired too: the list is ordered oldest first.
+                list.clear();
+                break;
+            }
+            // The policy of the request at hand applies, not the one the connection was
+            // opened under: a new snapshot may have closed the address since.
+            if !policy.allows(entry.conn.peer().ip()) {
+                continue;
+            }
+            if entry.conn.idle_state() == IdleState::Quiet {
+                found = Some(entry.conn);
+                break;
+            }
+        }
+        *total = total.saturating_sub(before - list.len());
+        if list.is_empty() {
+            by_key.remove(key);
+        }
+        found
+    }
+
+    /// Returns a connection whose exchange ended cleanly. When the key or the core is at its
+    /// cap the connection is closed instead; returns whether it was kept.
+    pub(crate) fn put(&self, key: PoolKey, conn: Conn, now: Instant) -> bool {
+        if self.limits.max_idle_per_key == 0 || self.limits.max_idle_total == 0 {
+            return false;
+        }
+        if self.len() >= self.limits.max_idle_total {
+            self.sweep(now);
+            if self.len() >= self.limits.max_idle_total {
+                return false;
+            }
+        }
+        let mut inner = self.inner.borrow_mut();
+        let Inner { by_key, total } = &mut *inner;
+        let list = by_key.entry(key).or_default();
+        if list.len() >= self.limits.max_idle_per_key {
+            // Keep the newest: close the oldest of this key.
+            list.remove(0);
+            *total = total.saturating_sub(1);
+        }
+        list.push(Idle { conn, since: now });
+        *total += 1;
+        true
+    }
+
+    /// Closes expired connections and those the peer closed or wrote to; returns how many were
+    /// closed.
+    pub(crate) fn sweep(&self, now: Instant) -> usize {
+        let mut closed = 0;
+        let mut inner = self.inner.borrow_mut();
+        let Inner { by_key, total } = &mut *inner;
+        by_key.retain(|_, list| {
+            let before = list.len();
+            list.retain(|e| {
+                !is_expired(&self.limits, e, now) && e.conn.idle_state() == IdleState::Quiet
+            });
+            closed += before - list.len();
+            !list.is_empty()
+        });
+        *total = total.saturating_sub(closed);
+        closed
+    }
+
+    /// Idle connections held.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.borrow().total
+    }
+}
+
+fn is_expired(limits: &PoolLimits, entry: &Idle, now: Instant) -> bool {
+    now.saturating_duration_since(entry.since) >= limits.idle_timeout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+    use std::net::{SocketAddr, TcpListener};
+
+    use crate::runtime::{run_on, Driver};
+
+    /// A pooled connection to a loopback listener, with the server side kept by the caller.
+    fn conn(listener: &TcpListener) -> (Conn, std::net::TcpStream) {
+        let addr = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(addr).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        if monoio::utils::is_legacy() {
+            client.set_nonblocking(true).unwrap();
+        }
+        let stream = monoio::net::TcpStream::from_std(client).unwrap();
+        (Conn::plain(stream, addr), server)
+    }
+
+    fn key(worker: &str) -> PoolKey {
+        PoolKey {
+            worker_id: worker.into(),
+            scheme: Scheme::Http,
+            host: Host::V4("127.0.0.1".parse().unwrap()),
+            port: 80,
+            bind: None,
+        }
+    }
+
+    fn loopback_policy() -> DestinationPolicy {
+        DestinationPolicy::new(vec!["127.0.0.0/8".parse().unwrap()], vec![])
+    }
+
+    /// Waits (bounded) until the peer's close or bytes are visible to a peek.
+    fn settle(c: &Conn) {
+        let until = Instant::now() + Duration::from_secs(5);
+        while c.idle_state() == IdleState::Quiet && Instant::now() < until {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn reuse_is_newest_first_per_key_and_checks_health() {
+        run_on(Driver::detect(), async {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let pool = Pool::new(PoolLimits::default());
+            let policy = loopback_policy();
+            let now = Instant::now();
+            let (a, _sa) = conn(&l);
+            let (b, _sb) = conn(&l);
+            let (c, mut sc) = conn(&l);
+            let (b_local, c_local): (SocketAddr, SocketAddr) = (monoio_local(&b), monoio_local(&c));
+            assert!(pool.put(key("w1"), a, now));
+            assert!(pool.put(key("w1"), b, now));
+            assert!(pool.put(key("w2"), c, now));
+            assert_eq!(pool.len(), 3);
+            // Another worker's connections are not shared.
+            assert!(pool.checkout(&key("w3"), &policy, now).is_none());
+            let got = pool.checkout(&key("w1"), &policy, now).unwrap();
+            assert_eq!(monoio_local(&got), b_local);
+            assert_eq!(pool.len(), 2);
+            // A connection the peer wrote to is out of step and closed on checkout.
+            sc.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
+            let c = pool.inner.borrow();
+            let entry = c.by_key.get(&key("w2")).and_then(|l| l.last()).unwrap();
+            assert_eq!(monoio_local(&entry.conn), c_local);
+            settle(&entry.conn);
+            drop(c);
+            assert!(pool.checkout(&key("w2"), &policy, now).is_none());
+            assert_eq!(pool.len(), 1);
+        });
+    }
+
+    fn monoio_local(c: &Conn) -> SocketAddr {
+        super::super::fd::local_addr(c).unwrap()
+    }
+
+    #[test]
+    fn expiry_policy_and_caps() {
+        run_on(Driver::detect(), async {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let limits = PoolLimits {
+                idle_timeout: Duration::from_secs(10),
+                max_idle_per_key: 2,
+                max_idle_total: 3,
+            };
+            let pool = Pool::new(limits);
+            let policy = loopback_policy();
+            let t0 = Instant::now();
+            let mut servers = Vec::new();
+            for worker in ["a", "a", "a", "b", "c"] {
+                let (c, s) = conn(&l);
+                servers.push(s);
+                pool.put(key(worker), c, t0);
+            }
+            // Per key 2 ("a" dropped its oldest), per core 3 ("c" refused).
+            assert_eq!(pool.len(), 3);
+            assert!(pool.checkout(&key("c"), &policy, t0).is_none());
+            // A policy without the loopback allowance refuses the pooled address.
+            let strict = DestinationPolicy::default();
+            assert!(pool.checkout(&key("b"), &strict, t0).is_none());
+            assert_eq!(pool.len(), 2);
+            // Expired on checkout, and swept.
+            let later = t0 + Duration::from_secs(11);
+            assert!(pool.checkout(&key("a"), &policy, later).is_none());
+            assert_eq!(pool.len(), 0);
+            let (c, _s) = conn(&l);
+            pool.put(key("a"), c, t0);
+            assert_eq!(pool.sweep(t0 + Duration::from_secs(1)), 0);
+            assert_eq!(pool.sweep(later), 1);
+            assert_eq!(pool.len(), 0);
+            // A peer that closed is swept too.
+            let (c, s) = conn(&l);
+            drop(s);
+            settle(&c);
+            pool.put(key("a"), c, t0);
+            assert_eq!(pool.sweep(t0), 1);
+        });
+    }
+}

@@ -1,0 +1,131 @@
+//! One upstream connection, plain TCP or TLS, with the read buffer it owns and the facts the
+//! pool needs to decide whether it may be reused.
+//!
+//! On the per-request path: reads go into one reusable buffer; no logging.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+
+use bytes::Bytes;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _};
+use monoio::net::TcpStream;
+use monoio_rustls::ClientTlsStream;
+
+use super::fd::{self, IdleState};
+
+/// Bytes asked for by one read. A TLS record carries at most 16 KiB of plaintext; a larger
+/// buffer lets one read drain several records.
+pub(crate) const READ_BUF_BYTES: usize = 64 * 1024;
+
+/// The transport under the HTTP/1.1 exchange.
+pub(crate) enum Transport {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS over TCP, boxed: the session state is large and moves with the connection.
+    Tls(Box<ClientTlsStream<TcpStream>>),
+}
+
+/// An upstream connection.
+pub(crate) struct Conn {
+    transport: Transport,
+    /// The descriptor of the TCP stream inside `transport`, which owns it; kept because the TLS
+    /// wrapper does not lend out its inner stream.
+    fd: RawFd,
+    peer: SocketAddr,
+    buf: Vec<u8>,
+    /// Whether the last TLS read returned less than it asked for, which means rustls holds no
+    /// further decrypted bytes (its reader copies until the caller's buffer or its own queue is
+    /// exhausted). Always true for plain TCP, which buffers nothing in user space.
+    is_plaintext_drained: bool,
+}
+
+impl Conn {
+    /// Wraps a connected plain TCP stream.
+    pub(crate) fn plain(stream: TcpStream, peer: SocketAddr) -> Conn {
+        let fd = stream.as_raw_fd();
+        Conn::new(Transport::Plain(stream), fd, peer)
+    }
+
+    /// Wraps a TLS stream; `fd` is the descriptor of its TCP stream.
+    pub(crate) fn tls(stream: ClientTlsStream<TcpStream>, fd: RawFd, peer: SocketAddr) -> Conn {
+        Conn::new(Transport::Tls(Box::new(stream)), fd, peer)
+    }
+
+    fn new(transport: Transport, fd: RawFd, peer: SocketAddr) -> Conn {
+        Conn {
+            transport,
+            fd,
+            peer,
+            buf: Vec::with_capacity(READ_BUF_BYTES),
+            is_plaintext_drained: true,
+        }
+    }
+
+    /// The address connected to.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Whether the TLS layer holds no decrypted bytes that were not handed out yet.
+    pub(crate) fn is_plaintext_drained(&self) -> bool {
+        self.is_plaintext_drained
+    }
+
+    /// Reads what is available (waiting for at least one byte) and returns it; an empty slice
+    /// means EOF. A TLS peer that closes without `close_notify` also reads as EOF: many servers
+    /// do, and the HTTP framing, not TLS, decides whether the message was complete.
+    pub(crate) async fn read_some(&mut self) -> io::Result<&[u8]> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        // A read dropped by a timeout takes its buffer with it; never ask for zero bytes, which
+        // would read as EOF.
+        buf.reserve(READ_BUF_BYTES);
+        let asked = buf.capacity();
+        let (res, buf) = match &mut self.transport {
+            Transport::Plain(s) => s.read(buf).await,
+            Transport::Tls(s) => s.read(buf).await,
+        };
+        self.buf = buf;
+        match res {
+            Ok(n) => {
+                self.is_plaintext_drained = n < asked;
+                Ok(self.buf.get(..n).unwrap_or_default())
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::UnexpectedEof
+                    && matches!(self.transport, Transport::Tls(_)) =>
+            {
+                self.is_plaintext_drained = true;
+                self.buf.clear();
+                Ok(&[])
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes all of `data`.
+    pub(crate) async fn write_all(&mut self, data: Bytes) -> io::Result<()> {
+        let (res, _) = match &mut self.transport {
+            Transport::Plain(s) => s.write_all(data).await,
+            Transport::Tls(s) => s.write_all(data).await,
+        };
+        res?;
+        if let Transport::Tls(s) = &mut self.transport {
+            s.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Peeks at the socket of an idle connection without waiting.
+    pub(crate) fn idle_state(&self) -> IdleState {
+        fd::peek_idle(self)
+    }
+}
+
+impl AsRawFd for Conn {
+    /// The TCP descriptor, open for as long as the connection lives.
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}

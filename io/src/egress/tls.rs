@@ -1,0 +1,227 @@
+//! TLS to destinations: the process-wide rustls client configuration (explicit ring provider,
+//! webpki roots plus an optional operator CA file, ALPN `http/1.1` only) and the handshake.
+//!
+//! The handshake runs once per new connection; pooled connections skip it.
+
+use std::fmt;
+use std::io::BufReader;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use monoio::net::TcpStream;
+use monoio_rustls::TlsConnector;
+use rustls::client::Resumption;
+use rustls::pki_types::{DnsName, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use sortie_core::error::ApiError;
+use sortie_core::request::Host;
+
+use super::error;
+use super::stream::Conn;
+
+/// The only application protocol offered: this client speaks HTTP/1.1.
+pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+/// TLS sessions each core remembers for resumption.
+pub const RESUMPTION_SESSIONS_PER_CORE: usize = 256;
+
+/// Why the client configuration could not be built. Names the CA file and the reason.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TlsConfigError {
+    /// The CA file could not be opened or read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The CA file holds no PEM certificate, or a PEM section that does not parse.
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A certificate of the CA file is not a usable trust anchor.
+    Certificate {
+        /// The file.
+        path: PathBuf,
+        /// Position of the certificate in the file, from 0.
+        index: usize,
+        /// What rustls said.
+        reason: String,
+    },
+    /// The crypto provider refused the protocol versions.
+    Provider(String),
+}
+
+impl fmt::Display for TlsConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TlsConfigError::Read { path, source } => {
+                write!(f, "egress ca_file {}: {source}", path.display())
+            }
+            TlsConfigError::Pem { path, reason } => {
+                write!(f, "egress ca_file {}: {reason}", path.display())
+            }
+            TlsConfigError::Certificate {
+                path,
+                index,
+                reason,
+            } => write!(
+                f,
+                "egress ca_file {}: certificate {index} is not a usable trust anchor: {reason}",
+                path.display()
+            ),
+            TlsConfigError::Provider(reason) => write!(f, "TLS provider: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for TlsConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TlsConfigError::Read { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Builds the client configuration shared by every core: the ring provider set explicitly (no
+/// process default is consulted), the webpki roots plus the certificates of `extra_ca_file`
+/// (`[egress] ca_file`, PEM), ALPN `http/1.1` only.
+pub fn client_config(extra_ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca_file {
+        add_ca_file(&mut roots, path)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsConfigError::Provider(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {
+    let file = std::fs::File::open(path).map_err(|source| TlsConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut reader = BufReader::new(file);
+    let mut count = 0usize;
+    for (index, cert) in rustls_pemfile::certs(&mut reader).enumerate() {
+        let cert = cert.map_err(|e| TlsConfigError::Pem {
+            path: path.to_path_buf(),
+            reason: format!("certificate {index} does not parse: {e}"),
+        })?;
+        roots.add(cert).map_err(|e| TlsConfigError::Certificate {
+            path: path.to_path_buf(),
+            index,
+            reason: e.to_string(),
+        })?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(TlsConfigError::Pem {
+            path: path.to_path_buf(),
+            reason: "no PEM CERTIFICATE section found".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A copy of the shared configuration with its own resumption cache, so that cores never
+/// contend on one session store.
+pub(crate) fn per_core_connector(shared: &Arc<ClientConfig>) -> TlsConnector {
+    let mut config = ClientConfig::clone(shared);
+    config.resumption = Resumption::in_memory_sessions(RESUMPTION_SESSIONS_PER_CORE);
+    TlsConnector::from(Arc::new(config))
+}
+
+/// The name the certificate must match, also sent as SNI for DNS names (RFC 6066 §3: "Literal
+/// IPv4 and IPv6 addresses are not permitted in HostName"; rustls sends none for addresses).
+pub(crate) fn server_name(host: &Host) -> Result<ServerName<'static>, ApiError> {
+    match host {
+        Host::Domain(d) => DnsName::try_from(d.clone())
+            .map(ServerName::DnsName)
+            .map_err(|_| error::internal("the destination host is not a valid TLS server name")),
+        Host::V4(a) => Ok(ServerName::IpAddress(std::net::IpAddr::V4(*a).into())),
+        Host::V6(a) => Ok(ServerName::IpAddress(std::net::IpAddr::V6(*a).into())),
+    }
+}
+
+/// Runs the TLS handshake over a connected stream. Any failure is `upstream_tls_failure`.
+pub(crate) async fn handshake(
+    connector: &TlsConnector,
+    name: ServerName<'static>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Result<Conn, ApiError> {
+    let fd = stream.as_raw_fd();
+    match connector.connect(name, stream).await {
+        Ok(tls) => Ok(Conn::tls(tls, fd, peer)),
+        Err(e) => Err(error::tls_failure(&std::io::Error::from(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    #[test]
+    fn config_offers_http11_only_with_explicit_provider() {
+        let c = client_config(None).unwrap();
+        assert_eq!(c.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        assert!(c.crypto_provider().cipher_suites.len() > 1);
+    }
+
+    #[test]
+    fn ca_file_errors_name_the_file_and_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let e = client_config(Some(&missing)).unwrap_err();
+        assert!(matches!(e, TlsConfigError::Read { .. }), "{e:?}");
+        assert!(e.to_string().contains("missing.pem"), "{e}");
+
+        let empty = dir.path().join("empty.pem");
+        std::fs::File::create(&empty)
+            .unwrap()
+            .write_all(b"not a pem file\n")
+            .unwrap();
+        let e = client_config(Some(&empty)).unwrap_err();
+        assert!(matches!(e, TlsConfigError::Pem { .. }), "{e:?}");
+        assert!(e.to_string().contains("empty.pem"), "{e}");
+        assert!(e.to_string().contains("no PEM CERTIFICATE"), "{e}");
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::File::create(&garbage)
+            .unwrap()
+            .write_all(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+            .unwrap();
+        let e = client_config(Some(&garbage)).unwrap_err();
+        assert!(
+            matches!(e, TlsConfigError::Certificate { index: 0, .. }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn server_names_for_each_host_form() {
+        let table: &[(Host, &str)] = &[
+            (Host::Domain("example.com".into()), "DnsName"),
+            (Host::V4("127.0.0.1".parse().unwrap()), "IpAddress"),
+            (Host::V6("::1".parse().unwrap()), "IpAddress"),
+        ];
+        for (host, kind) in table {
+            let name = server_name(host).unwrap();
+            assert!(format!("{name:?}").starts_with(kind), "{host:?}: {name:?}");
+        }
+    }
+}
