@@ -65,7 +65,9 @@ fn concurrent_requests_open_parallel_connections_and_pool_them() {
 
 #[test]
 fn pool_is_keyed_by_worker_and_capped() {
-    let up = Upstream::start(upstream::echo());
+    // Slow enough that overlapping requests really overlap: a fast answer could complete the
+    // first before the second starts, and the second would reuse its connection.
+    let up = Upstream::start(upstream::slow_head(Duration::from_millis(20)));
     run(async {
         let limits = PoolLimits {
             max_idle_per_key: 1,
