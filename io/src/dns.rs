@@ -124,19 +124,21 @@ impl Resolver {
         }
     }
 
-    /// Resolves `host` (a DNS name; literals should not be passed here).
+    /// Resolves `host` (a DNS name; literals should not be passed here). The lookup itself runs
+    /// in a task of its own, so a caller that gives up (deadline, cancellation) never leaves the
+    /// cache entry pending for the callers after it.
     pub async fn resolve(&self, host: &str) -> Result<Vec<IpAddr>, DnsError> {
         let now = Instant::now();
-        let waiter = {
+        let (tx, rx) = oneshot::channel();
+        let start_lookup = {
             let mut cache = self.cache.borrow_mut();
             match cache.get_mut(host) {
                 Some(Entry::Ready { answer, expires }) if *expires > now => {
                     return answer.clone();
                 }
                 Some(Entry::Pending(waiters)) => {
-                    let (tx, rx) = oneshot::channel();
                     waiters.push(tx);
-                    Some(rx)
+                    false
                 }
                 _ => {
                     if cache.len() >= CACHE_ENTRIES {
@@ -145,36 +147,34 @@ impl Resolver {
                             Entry::Pending(_) => true,
                         });
                     }
-                    cache.insert(host.to_string(), Entry::Pending(Vec::new()));
-                    None
+                    cache.insert(host.to_string(), Entry::Pending(vec![tx]));
+                    true
                 }
             }
         };
-        if let Some(rx) = waiter {
-            return rx.await.unwrap_or(Err(DnsError::Unavailable));
+        if start_lookup {
+            let this = self.clone();
+            let host = host.to_string();
+            monoio::spawn(async move { this.lookup_and_publish(host).await });
         }
-        let answer = match self.pool.submit(host) {
+        rx.await.unwrap_or(Err(DnsError::Unavailable))
+    }
+
+    async fn lookup_and_publish(self, host: String) {
+        let answer = match self.pool.submit(&host) {
             Ok(rx) => rx.await.unwrap_or(Err(DnsError::Unavailable)),
             Err(e) => Err(e),
         };
-        let ttl = if answer.is_ok() {
-            POSITIVE_TTL
-        } else {
-            NEGATIVE_TTL
-        };
+        let ttl = if answer.is_ok() { POSITIVE_TTL } else { NEGATIVE_TTL };
         let prev = self.cache.borrow_mut().insert(
-            host.to_string(),
-            Entry::Ready {
-                answer: answer.clone(),
-                expires: Instant::now() + ttl,
-            },
+            host,
+            Entry::Ready { answer: answer.clone(), expires: Instant::now() + ttl },
         );
         if let Some(Entry::Pending(waiters)) = prev {
             for w in waiters {
                 let _ = w.send(answer.clone());
             }
         }
-        answer
     }
 }
 
@@ -195,6 +195,22 @@ mod tests {
             assert_eq!(other.await.unwrap(), a);
             let e = r.resolve("does-not-exist.invalid").await.unwrap_err();
             assert!(matches!(e, DnsError::NotFound(_)));
+            // A caller that gives up must not leave the entry pending for the next one.
+            let r3 = r.clone();
+            let abandoned = monoio::spawn(async move {
+                monoio::time::timeout(
+                    std::time::Duration::from_nanos(1),
+                    r3.resolve("localhost.localdomain"),
+                )
+                .await
+            });
+            let _ = abandoned.await;
+            let _ = monoio::time::timeout(
+                std::time::Duration::from_secs(10),
+                r.resolve("localhost.localdomain"),
+            )
+            .await
+            .expect("a later lookup completes");
         });
     }
 }

@@ -19,10 +19,8 @@ use super::error::{self, Expired, Stage};
 use super::fd;
 use crate::dns::Resolver;
 
-/// The addresses a host stands for: an IP literal as it is, a name through the resolver.
-///
-/// The lookup runs on its own task so that dropping the caller (a cancelled request) never
-/// leaves the per-core cache waiting on an answer nobody collects.
+/// The addresses a host stands for: an IP literal as it is, a name through the resolver (whose
+/// lookups survive a caller that gives up at its deadline).
 pub(crate) async fn resolve(
     resolver: &Resolver,
     host: &Host,
@@ -33,9 +31,7 @@ pub(crate) async fn resolve(
         Host::V6(a) => return Ok(vec![IpAddr::V6(*a)]),
         Host::Domain(d) => d.clone(),
     };
-    let resolver = resolver.clone();
-    let lookup = monoio::spawn(async move { resolver.resolve(&name).await });
-    match within(deadline, lookup).await {
+    match within(deadline, resolver.resolve(&name)).await {
         Some(Ok(addrs)) => Ok(addrs),
         Some(Err(e)) => Err(error::dns_failure(&e)),
         None => Err(error::timeout(Expired::TotalDeadline, Stage::Dns)),
