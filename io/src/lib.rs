@@ -5,6 +5,7 @@ pub mod clock;
 pub mod control;
 pub mod dns;
 pub mod egress;
+pub mod http;
 pub mod runtime;
 pub mod store;
 pub mod tokens;

@@ -1,0 +1,88 @@
+//! Limits and timeouts of the HTTP/1.1 server, with their defaults as named constants.
+
+use std::time::Duration;
+
+use sortie_core::h1::HeadLimits;
+
+/// Default time allowed for a whole request head, counted from its first byte (slowloris).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default time a keep-alive connection may sit idle between requests.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default time allowed without any request body byte arriving while a body is read.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time allowed for writing one response (or `100 Continue`) to a client that does not
+/// read.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time in-flight connections get to finish after shutdown begins.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Default time spent discarding input after a response that closes the connection, so that
+/// unread request bytes do not turn the close into a reset that destroys the response.
+pub const DEFAULT_LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default number of connections one core serves at once; beyond it, new connections are
+/// answered 503 and closed.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16 * 1024;
+/// Default number of unread request body bytes the server discards to keep a connection alive
+/// after a handler answered without reading the whole body. Past it, the connection is closed.
+pub const DEFAULT_MAX_DRAIN_BYTES: u64 = 64 * 1024;
+/// Body limit of a handler that does not choose one.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
+
+/// Settings of one listener's HTTP/1.1 server, shared by its connections on one core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Limits of a request head: bytes, header count, target length.
+    pub head_limits: HeadLimits,
+    /// Time allowed for a whole request head, from its first byte; then 408 and close.
+    pub header_read_timeout: Duration,
+    /// Time a keep-alive connection may wait for the next request; then it is closed.
+    pub idle_timeout: Duration,
+    /// Time allowed between two reads of request body bytes; then 408 and close.
+    pub body_read_timeout: Duration,
+    /// Time allowed for writing one response; then the connection is closed.
+    pub write_timeout: Duration,
+    /// Connections served at once by one accept loop (per core).
+    pub max_connections: usize,
+    /// Time in-flight connections get after shutdown begins; then they are closed.
+    pub shutdown_grace: Duration,
+    /// Time spent discarding input after a closing response.
+    pub linger_timeout: Duration,
+    /// Unread body bytes discarded to keep a connection alive after the handler returned.
+    pub max_drain_bytes: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            head_limits: HeadLimits::REQUEST,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            linger_timeout: DEFAULT_LINGER_TIMEOUT,
+            max_drain_bytes: DEFAULT_MAX_DRAIN_BYTES,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_named_constants() {
+        let c = ServerConfig::default();
+        assert_eq!(c.head_limits, HeadLimits::REQUEST);
+        assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+        assert_eq!(c.idle_timeout, DEFAULT_IDLE_TIMEOUT);
+        assert_eq!(c.body_read_timeout, DEFAULT_BODY_READ_TIMEOUT);
+        assert_eq!(c.write_timeout, DEFAULT_WRITE_TIMEOUT);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        assert_eq!(c.linger_timeout, DEFAULT_LINGER_TIMEOUT);
+        assert_eq!(c.max_drain_bytes, DEFAULT_MAX_DRAIN_BYTES);
+        // The slowloris bound must be shorter than the keep-alive idle bound.
+        assert!(c.header_read_timeout < c.idle_timeout);
+    }
+}

@@ -1,0 +1,447 @@
+//! The connection driver: reads request heads into one growable buffer, parses them with the
+//! sans-IO codec, runs the handler, writes responses in order, and enforces every timeout.
+//!
+//! On the per-request path: no blocking, no locks, debug-level logging only.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::TcpStream;
+use monoio::time::Instant;
+use sortie_core::h1::{parse_request_head, BodyDecoder, BodyLimits, Parsed, Version};
+
+use super::body::{Body, Settled};
+use super::config::ServerConfig;
+use super::handler::Handler;
+use super::race::{race, Either};
+use super::request::RequestParts;
+use super::response::{encode_head, ConnectionField, Response};
+use super::shutdown::ShutdownSignal;
+
+/// Capacity of a connection's read buffer when it starts and after every request: enough for
+/// the heads of ordinary API requests, small enough for many idle keep-alive connections.
+pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
+/// Capacity the read buffer grows to while a request body is read, so that uploads take few
+/// reads; it shrinks back after the request.
+pub const BODY_READ_BUFFER_BYTES: usize = 16 * 1024;
+/// Bodies up to this size are copied behind the head and sent in one write; larger ones are
+/// written separately to avoid the copy.
+const COALESCE_BODY_BYTES: usize = 16 * 1024;
+/// Room reserved for a response head.
+const HEAD_CAPACITY: usize = 256;
+/// Most bytes discarded while lingering after a closing response.
+pub const MAX_LINGER_BYTES: usize = 64 * 1024;
+/// Sent when neither the handler's response nor its 500 can be encoded.
+const INTERNAL_ERROR_RESPONSE: &[u8] =
+    b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+
+/// The socket and read buffer of one connection; [`Body`] borrows it while a handler runs.
+pub(crate) struct ConnIo {
+    stream: TcpStream,
+    /// Bytes read and not yet handed out live in `buf[pos..]`.
+    buf: Vec<u8>,
+    pos: usize,
+    pub(crate) cfg: Rc<ServerConfig>,
+}
+
+impl ConnIo {
+    fn new(stream: TcpStream, cfg: Rc<ServerConfig>) -> ConnIo {
+        ConnIo {
+            stream,
+            buf: Vec::with_capacity(INITIAL_READ_BUFFER_BYTES),
+            pos: 0,
+            cfg,
+        }
+    }
+
+    /// Bytes received and not yet consumed.
+    pub(crate) fn buffered(&self) -> &[u8] {
+        self.buf.get(self.pos..).unwrap_or_default()
+    }
+
+    /// Marks `n` buffered bytes as consumed.
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.pos = self.pos.saturating_add(n).min(self.buf.len());
+    }
+
+    /// Moves the unconsumed bytes to the front of the buffer.
+    fn compact(&mut self) {
+        if self.pos >= self.buf.len() {
+            self.buf.clear();
+        } else if self.pos > 0 {
+            self.buf.drain(..self.pos);
+        }
+        self.pos = 0;
+    }
+
+    /// Makes room for reading more of a head: doubling the buffer up to the head limit. At the
+    /// limit the parser answers 431, so the buffer never needs to exceed it.
+    fn prepare_head_read(&mut self) {
+        self.compact();
+        if self.buf.len() == self.buf.capacity() {
+            let max = self.cfg.head_limits.max_head_bytes;
+            let target = self
+                .buf
+                .capacity()
+                .saturating_mul(2)
+                .max(INITIAL_READ_BUFFER_BYTES)
+                .min(max);
+            self.buf
+                .reserve_exact(target.saturating_sub(self.buf.len()).max(1));
+        }
+    }
+
+    /// Makes room for reading body bytes.
+    pub(crate) fn prepare_body_read(&mut self) {
+        self.compact();
+        if self.buf.capacity() < BODY_READ_BUFFER_BYTES {
+            self.buf
+                .reserve_exact(BODY_READ_BUFFER_BYTES.saturating_sub(self.buf.len()));
+        }
+        if self.buf.len() == self.buf.capacity() {
+            self.buf.reserve(INITIAL_READ_BUFFER_BYTES);
+        }
+    }
+
+    /// Returns a buffer grown by a large head or body to its initial size, so that an idle
+    /// connection holds little memory.
+    fn recycle(&mut self) {
+        self.compact();
+        if self.buf.capacity() > INITIAL_READ_BUFFER_BYTES
+            && self.buf.len() <= INITIAL_READ_BUFFER_BYTES
+        {
+            let mut fresh = Vec::with_capacity(INITIAL_READ_BUFFER_BYTES);
+            fresh.extend_from_slice(&self.buf);
+            self.buf = fresh;
+        }
+    }
+
+    /// Reads into the spare capacity of the buffer; 0 means the peer closed its side.
+    ///
+    /// If the future is dropped before it completes (a timeout or shutdown won the race), the
+    /// buffer goes with the cancelled operation and the connection is left with an empty one:
+    /// every caller closes the connection in that case.
+    pub(crate) async fn read_more(&mut self) -> io::Result<usize> {
+        let pos = std::mem::take(&mut self.pos);
+        let buf = std::mem::take(&mut self.buf);
+        let (len, cap) = (buf.len(), buf.capacity());
+        if len == cap {
+            self.buf = buf;
+            self.pos = pos;
+            return Err(io::Error::other("read buffer has no room"));
+        }
+        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
+        self.buf = slice.into_inner();
+        self.pos = pos;
+        res
+    }
+
+    /// Writes all of `data` within the write timeout.
+    pub(crate) async fn write_all_timed<T: monoio::buf::IoBuf + 'static>(
+        &mut self,
+        data: T,
+    ) -> io::Result<()> {
+        match monoio::time::timeout(self.cfg.write_timeout, self.stream.write_all(data)).await {
+            Ok((res, _)) => res.map(|_| ()),
+            Err(_) => Err(io::Error::from(io::ErrorKind::TimedOut)),
+        }
+    }
+}
+
+/// What reading the next head produced.
+enum Next {
+    Request(RequestParts),
+    /// Close silently: the client left, idled out, or shutdown caught the connection idle.
+    Close,
+    /// Answer this error and close.
+    Reject(u16, &'static str),
+}
+
+/// Whether the connection goes on after an exchange.
+enum Flow {
+    KeepAlive,
+    Close,
+}
+
+struct Connection<'h, H> {
+    io: ConnIo,
+    peer: SocketAddr,
+    handler: &'h H,
+    shutdown: ShutdownSignal,
+    accepted_at: Instant,
+    requests: u64,
+}
+
+/// Serves one connection until it closes: requests in order (pipelined ones from the leftover
+/// bytes of the previous one), keep-alive as the client and handler allow.
+pub async fn serve_connection<H: Handler>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: Rc<H>,
+    cfg: Rc<ServerConfig>,
+    shutdown: ShutdownSignal,
+) {
+    let mut conn = Connection {
+        io: ConnIo::new(stream, cfg),
+        peer,
+        handler: &*handler,
+        shutdown,
+        accepted_at: Instant::now(),
+        requests: 0,
+    };
+    conn.run().await;
+}
+
+impl<H: Handler> Connection<'_, H> {
+    async fn run(&mut self) {
+        loop {
+            let parts = match self.read_head().await {
+                Next::Request(parts) => parts,
+                Next::Close => return,
+                Next::Reject(status, reason) => {
+                    tracing::debug!(peer = %self.peer, status, reason, "request head rejected");
+                    self.reject(status, reason, false).await;
+                    return;
+                }
+            };
+            self.requests = self.requests.saturating_add(1);
+            match self.exchange(parts).await {
+                Flow::KeepAlive => self.io.recycle(),
+                Flow::Close => return,
+            }
+        }
+    }
+
+    /// Reads until a complete head is buffered.
+    async fn read_head(&mut self) -> Next {
+        let cfg = Rc::clone(&self.io.cfg);
+        let limits = &cfg.head_limits;
+        let mut head_deadline: Option<Instant> = None;
+        // Offset into the buffered bytes up to which no LF was found: a head can only
+        // complete with a new LF, so re-parsing before one arrives is wasted work.
+        let mut scanned = 0usize;
+        loop {
+            let input = self.io.buffered();
+            if !input.is_empty() {
+                let fresh = input.get(scanned..).unwrap_or_default();
+                if fresh.contains(&b'\n') || input.len() >= limits.max_head_bytes {
+                    match parse_request_head(input, limits) {
+                        Ok(Parsed::Complete { head, consumed_len }) => {
+                            let parts = RequestParts::from_head(&head, self.peer);
+                            self.io.consume(consumed_len);
+                            return Next::Request(parts);
+                        }
+                        Ok(Parsed::Partial) => {}
+                        Err(e) => return Next::Reject(e.status(), e.as_str()),
+                    }
+                }
+                scanned = input.len();
+                // The whole head must arrive within the timeout of its first byte.
+                head_deadline.get_or_insert_with(|| deadline_after(cfg.header_read_timeout));
+            }
+            self.io.prepare_head_read();
+            if let Some(deadline) = head_deadline {
+                // Mid-head, shutdown does not interrupt: the request finishes, then closes.
+                match monoio::time::timeout_at(deadline, self.io.read_more()).await {
+                    Err(_) => return Next::Reject(408, "request_timeout"),
+                    Ok(Ok(0)) | Ok(Err(_)) => return Next::Close,
+                    Ok(Ok(_)) => {}
+                }
+                continue;
+            }
+            if self.shutdown.is_shutdown() {
+                return Next::Close;
+            }
+            // A new connection must start its first request within the header timeout; a
+            // kept-alive one may idle for the idle timeout.
+            let idle_deadline = if self.requests == 0 {
+                checked_deadline(self.accepted_at, cfg.header_read_timeout)
+            } else {
+                deadline_after(cfg.idle_timeout)
+            };
+            let read = monoio::time::timeout_at(idle_deadline, self.io.read_more());
+            match race(self.shutdown.wait(), read).await {
+                Either::Left(()) => return Next::Close,
+                Either::Right(Err(_)) => return Next::Close,
+                Either::Right(Ok(Ok(0) | Err(_))) => return Next::Close,
+                Either::Right(Ok(Ok(_))) => {}
+            }
+        }
+    }
+
+    /// Runs one request through the handler and writes its response.
+    async fn exchange(&mut self, parts: RequestParts) -> Flow {
+        let handler = self.handler;
+        let is_head = parts.is_head();
+        let framing = parts.framing();
+        let expects_continue = parts.expects_continue();
+        let mut should_close = !parts.is_keep_alive();
+        let is_http10_keep_alive = parts.version() == Version::Http10 && parts.is_keep_alive();
+        let max_drain = self.io.cfg.max_drain_bytes;
+
+        let (mut response, settled) = match handler.body_limit(&parts) {
+            Ok(limit) => {
+                let decoder =
+                    match BodyDecoder::for_request(framing, BodyLimits::with_max_body(limit)) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            // RFC 9110 §15.5.14: 413 when the content is larger than the server
+                            // is willing to process; the declared length already says so.
+                            self.reject(e.status(), e.as_str(), is_head).await;
+                            return Flow::Close;
+                        }
+                    };
+                let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
+                // Boxed so that the handler's future, whatever its size, does not inflate the
+                // state of every idle connection.
+                let response = Box::pin(handler.handle(parts, &mut body)).await;
+                let settled = body
+                    .settle(max_drain, should_close || response.is_closing())
+                    .await;
+                (response, settled)
+            }
+            Err(response) => {
+                // The handler refused from the head alone. The body is unread: discard it
+                // within the drain bound, as after any handler that does not read it.
+                let decoder =
+                    match BodyDecoder::for_request(framing, BodyLimits::with_max_body(u64::MAX)) {
+                        Ok(d) => d,
+                        Err(_) => return Flow::Close,
+                    };
+                let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
+                let settled = body
+                    .settle(max_drain, should_close || response.is_closing())
+                    .await;
+                (response, settled)
+            }
+        };
+
+        match settled {
+            Settled::Complete => {}
+            Settled::MustClose => should_close = true,
+            Settled::Failed(e) => match e.status() {
+                Some(status) => {
+                    tracing::debug!(peer = %self.peer, reason = e.reason(), "request body failed");
+                    response = handler.error_response(status, e.reason());
+                    should_close = true;
+                }
+                None => return Flow::Close,
+            },
+        }
+        should_close |= response.is_closing() || self.shutdown.is_shutdown();
+        let connection = if should_close {
+            ConnectionField::Close
+        } else if is_http10_keep_alive {
+            ConnectionField::KeepAlive
+        } else {
+            ConnectionField::Omit
+        };
+        if self
+            .write_response(&response, is_head, connection)
+            .await
+            .is_err()
+        {
+            return Flow::Close;
+        }
+        if should_close {
+            self.linger().await;
+            return Flow::Close;
+        }
+        Flow::KeepAlive
+    }
+
+    /// Answers an error the server detected itself, then closes.
+    async fn reject(&mut self, status: u16, reason: &'static str, is_head: bool) {
+        let response = self.handler.error_response(status, reason);
+        if self
+            .write_response(&response, is_head, ConnectionField::Close)
+            .await
+            .is_ok()
+        {
+            self.linger().await;
+        }
+    }
+
+    /// Encodes and writes a response; a response that cannot be encoded (a 1xx status, a
+    /// header value with CR or LF) is replaced by the handler's 500.
+    async fn write_response(
+        &mut self,
+        response: &Response,
+        is_head: bool,
+        connection: ConnectionField,
+    ) -> io::Result<()> {
+        let mut out = Vec::with_capacity(HEAD_CAPACITY);
+        let fallback;
+        let (response, has_body) = match encode_head(&mut out, response, is_head, connection) {
+            Ok(has_body) => (response, has_body),
+            Err(e) => {
+                tracing::debug!(error = %e, "handler response cannot be encoded");
+                out.clear();
+                fallback = self.handler.error_response(500, "invalid_response");
+                match encode_head(&mut out, &fallback, is_head, ConnectionField::Close) {
+                    Ok(has_body) => (&fallback, has_body),
+                    Err(_) => return self.io.write_all_timed(INTERNAL_ERROR_RESPONSE).await,
+                }
+            }
+        };
+        let body = match (&response.body, has_body) {
+            (super::response::ResponseBody::Full(b), true) => Some(b.clone()),
+            _ => None,
+        };
+        match body {
+            Some(b) if b.len() <= COALESCE_BODY_BYTES => {
+                out.extend_from_slice(&b);
+                self.io.write_all_timed(out).await
+            }
+            Some(b) => {
+                self.io.write_all_timed(out).await?;
+                self.io.write_all_timed::<Bytes>(b).await
+            }
+            None => self.io.write_all_timed(out).await,
+        }
+    }
+
+    /// After a closing response: shut down the write side, so the client sees the end, then
+    /// discard what it still sends for a short while. Closing with unread bytes would make the
+    /// kernel send a reset, which can destroy the response before the client reads it (RFC
+    /// 9112 §9.6).
+    async fn linger(&mut self) {
+        if self.io.stream.shutdown().await.is_err() {
+            return;
+        }
+        let deadline = deadline_after(self.io.cfg.linger_timeout);
+        let mut discarded = 0usize;
+        loop {
+            self.io.buf.clear();
+            self.io.pos = 0;
+            if self.io.buf.capacity() == 0 {
+                self.io.buf.reserve(INITIAL_READ_BUFFER_BYTES);
+            }
+            match monoio::time::timeout_at(deadline, self.io.read_more()).await {
+                Ok(Ok(n)) if n > 0 => {
+                    discarded = discarded.saturating_add(n);
+                    if discarded > MAX_LINGER_BYTES {
+                        return;
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+/// `now + d`, or a far deadline when the sum does not fit (an absurdly long configured timeout).
+fn deadline_after(d: std::time::Duration) -> Instant {
+    checked_deadline(Instant::now(), d)
+}
+
+fn checked_deadline(from: Instant, d: std::time::Duration) -> Instant {
+    const FAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+    from.checked_add(d)
+        .or_else(|| from.checked_add(FAR))
+        .unwrap_or(from)
+}

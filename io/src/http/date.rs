@@ -1,0 +1,139 @@
+//! The `Date` response field (RFC 9110 §6.6.1), formatted at most once per second per core.
+//!
+//! On the per-request path: one clock read and a 29-byte copy per response.
+
+use std::cell::Cell;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Length of an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`.
+pub(crate) const IMF_FIXDATE_LEN: usize = 29;
+
+thread_local! {
+    /// The second last formatted and its text. Each core is one thread, so the cache needs no
+    /// synchronisation.
+    static CACHE: Cell<(u64, [u8; IMF_FIXDATE_LEN])> = const { Cell::new((u64::MAX, [0; IMF_FIXDATE_LEN])) };
+}
+
+/// The current time as an IMF-fixdate.
+pub(crate) fn now() -> [u8; IMF_FIXDATE_LEN] {
+    // A clock before 1970 is a broken clock; the epoch is as good an answer as any.
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    CACHE.with(|cache| {
+        let (cached_secs, text) = cache.get();
+        if cached_secs == secs {
+            return text;
+        }
+        let text = format_imf_fixdate(secs);
+        cache.set((secs, text));
+        text
+    })
+}
+
+/// Formats seconds since the Unix epoch as `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 9110 §5.6.7).
+pub(crate) fn format_imf_fixdate(secs: u64) -> [u8; IMF_FIXDATE_LEN] {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
+    ];
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    let mut out = [0u8; IMF_FIXDATE_LEN];
+    let weekday = DAYS.get((days % 7) as usize).copied().unwrap_or(b"Thu");
+    let month_name = MONTHS
+        .get(usize::from(month).saturating_sub(1))
+        .copied()
+        .unwrap_or(b"Jan");
+    let mut w = Writer {
+        out: &mut out,
+        at: 0,
+    };
+    w.bytes(weekday);
+    w.bytes(b", ");
+    w.two(u64::from(day));
+    w.bytes(b" ");
+    w.bytes(month_name);
+    w.bytes(b" ");
+    // Years past 9999 are not representable in the format; they do not occur before then.
+    w.two(year / 100 % 100);
+    w.two(year % 100);
+    w.bytes(b" ");
+    w.two(rem / 3600);
+    w.bytes(b":");
+    w.two(rem / 60 % 60);
+    w.bytes(b":");
+    w.two(rem % 60);
+    w.bytes(b" GMT");
+    out
+}
+
+struct Writer<'a> {
+    out: &'a mut [u8; IMF_FIXDATE_LEN],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn bytes(&mut self, s: &[u8]) {
+        for &b in s {
+            if let Some(slot) = self.out.get_mut(self.at) {
+                *slot = b;
+            }
+            self.at = self.at.saturating_add(1);
+        }
+    }
+
+    fn two(&mut self, n: u64) {
+        self.bytes(&[b'0' + (n / 10 % 10) as u8, b'0' + (n % 10) as u8]);
+    }
+}
+
+/// Days since 1970-01-01 to (year, month 1..=12, day 1..=31), in the proleptic Gregorian
+/// calendar (the well-known era-based conversion).
+fn civil_from_days(days: u64) -> (u64, u8, u8) {
+    // Shift the epoch to 0000-03-01 so that leap days fall at the end of a year.
+    let z = days.saturating_add(719_468);
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u8;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_known_dates() {
+        let table: &[(u64, &str)] = &[
+            (0, "Thu, 01 Jan 1970 00:00:00 GMT"),
+            (784_111_777, "Sun, 06 Nov 1994 08:49:37 GMT"),
+            (951_782_400, "Tue, 29 Feb 2000 00:00:00 GMT"),
+            (1_709_164_799, "Wed, 28 Feb 2024 23:59:59 GMT"),
+            (1_709_251_199, "Thu, 29 Feb 2024 23:59:59 GMT"),
+            (4_102_444_800, "Fri, 01 Jan 2100 00:00:00 GMT"),
+            (253_402_300_799, "Fri, 31 Dec 9999 23:59:59 GMT"),
+        ];
+        for (secs, want) in table {
+            assert_eq!(
+                std::str::from_utf8(&format_imf_fixdate(*secs)).unwrap(),
+                *want,
+                "{secs}"
+            );
+        }
+    }
+
+    #[test]
+    fn now_is_a_well_formed_date() {
+        let d = now();
+        assert!(d.ends_with(b" GMT"));
+        assert!(d.iter().all(|b| b.is_ascii_graphic() || *b == b' '));
+    }
+}

@@ -1,0 +1,229 @@
+//! [`RequestParts`]: an owned, compact copy of a parsed request head that a handler keeps across
+//! awaits while the connection's read buffer moves on.
+//!
+//! On the per-request path: three allocations per request (text, values, spans), no logging.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+
+use sortie_core::h1::{BodyFraming, RequestHead, TargetForm, Version};
+
+/// Where one header field's name and value live in a [`RequestParts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FieldSpan {
+    name: Range<usize>,
+    value: Range<usize>,
+}
+
+/// The head of one request, owned.
+///
+/// Method, target and header names are ASCII (the parser checked them) and share one string;
+/// header values share one byte vector, because a value may hold obs-text bytes that are not
+/// UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestParts {
+    text: String,
+    values: Vec<u8>,
+    method_end: usize,
+    fields: Vec<FieldSpan>,
+    target_form: TargetForm,
+    version: Version,
+    framing: BodyFraming,
+    is_keep_alive: bool,
+    expects_continue: bool,
+    peer: SocketAddr,
+}
+
+impl RequestParts {
+    /// Copies a parsed head.
+    pub fn from_head(head: &RequestHead<'_>, peer: SocketAddr) -> RequestParts {
+        let headers = head.headers();
+        let names_len: usize = headers.iter().map(|h| h.name().len()).sum();
+        let values_len: usize = headers.iter().map(|h| h.value().len()).sum();
+        let mut text = String::with_capacity(
+            head.method()
+                .len()
+                .saturating_add(head.target().len())
+                .saturating_add(names_len),
+        );
+        text.push_str(head.method());
+        let method_end = text.len();
+        text.push_str(head.target());
+        let mut values = Vec::with_capacity(values_len);
+        let mut fields = Vec::with_capacity(headers.len());
+        for h in headers {
+            let name_start = text.len();
+            text.push_str(h.name());
+            let value_start = values.len();
+            values.extend_from_slice(h.value());
+            fields.push(FieldSpan {
+                name: name_start..text.len(),
+                value: value_start..values.len(),
+            });
+        }
+        RequestParts {
+            text,
+            values,
+            method_end,
+            fields,
+            target_form: head.target_form(),
+            version: head.version(),
+            framing: head.framing(),
+            is_keep_alive: head.is_keep_alive(),
+            expects_continue: head.expects_continue(),
+            peer,
+        }
+    }
+
+    /// The method token, case preserved.
+    pub fn method(&self) -> &str {
+        self.text.get(..self.method_end).unwrap_or_default()
+    }
+
+    /// Whether this is a HEAD request (the response carries headers only).
+    pub fn is_head(&self) -> bool {
+        self.method() == "HEAD"
+    }
+
+    /// The request-target as sent.
+    pub fn target(&self) -> &str {
+        let end = self
+            .fields
+            .first()
+            .map_or(self.text.len(), |f| f.name.start);
+        self.text.get(self.method_end..end).unwrap_or_default()
+    }
+
+    /// The path part of an origin-form target (the target up to `?`).
+    pub fn path(&self) -> &str {
+        let target = self.target();
+        target.split_once('?').map_or(target, |(path, _)| path)
+    }
+
+    /// The query of the target, without the `?`.
+    pub fn query(&self) -> Option<&str> {
+        self.target().split_once('?').map(|(_, query)| query)
+    }
+
+    /// Which form the target has.
+    pub fn target_form(&self) -> TargetForm {
+        self.target_form
+    }
+
+    /// The protocol version of the request.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// How the request body is delimited.
+    pub fn framing(&self) -> BodyFraming {
+        self.framing
+    }
+
+    /// Whether the client allows the connection to carry another request.
+    pub fn is_keep_alive(&self) -> bool {
+        self.is_keep_alive
+    }
+
+    /// Whether the client waits for `100 Continue` before sending the body.
+    pub fn expects_continue(&self) -> bool {
+        self.expects_continue
+    }
+
+    /// The client's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Number of header field lines.
+    pub fn header_count(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// Every header field in received order, names as sent.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
+        self.fields.iter().map(|f| self.field(f))
+    }
+
+    /// The value of the first field named `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The values of every field named `name` (case-insensitive), in received order.
+    pub fn header_values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'s [u8]> + 's {
+        self.headers()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The Host field value, if any.
+    pub fn host(&self) -> Option<&[u8]> {
+        self.header("host")
+    }
+
+    fn field(&self, f: &FieldSpan) -> (&str, &[u8]) {
+        (
+            self.text.get(f.name.clone()).unwrap_or_default(),
+            self.values.get(f.value.clone()).unwrap_or_default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sortie_core::h1::{parse_request_head, HeadLimits, Parsed};
+
+    fn parts(raw: &[u8]) -> RequestParts {
+        match parse_request_head(raw, &HeadLimits::REQUEST) {
+            Ok(Parsed::Complete { head, .. }) => {
+                RequestParts::from_head(&head, "127.0.0.1:9".parse().unwrap())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn copies_every_part_of_the_head() {
+        let p = parts(
+            b"POST /a/b?x=1 HTTP/1.1\r\nHost: h.example\r\nX-A: 1\r\nx-a: \xff2\r\n\
+              Content-Length: 3\r\nExpect: 100-continue\r\n\r\n",
+        );
+        assert_eq!(p.method(), "POST");
+        assert_eq!(p.target(), "/a/b?x=1");
+        assert_eq!(p.path(), "/a/b");
+        assert_eq!(p.query(), Some("x=1"));
+        assert_eq!(p.target_form(), TargetForm::Origin);
+        assert_eq!(p.version(), Version::Http11);
+        assert_eq!(p.framing(), BodyFraming::ContentLength(3));
+        assert!(p.is_keep_alive());
+        assert!(p.expects_continue());
+        assert!(!p.is_head());
+        assert_eq!(p.host(), Some(&b"h.example"[..]));
+        assert_eq!(p.header_count(), 5);
+        let xa: Vec<&[u8]> = p.header_values("X-a").collect();
+        assert_eq!(xa, vec![&b"1"[..], &b"\xff2"[..]]);
+        let names: Vec<&str> = p.headers().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["Host", "X-A", "x-a", "Content-Length", "Expect"].to_vec()
+        );
+        assert_eq!(p.header("missing"), None);
+        assert_eq!(p.peer().port(), 9);
+    }
+
+    #[test]
+    fn head_without_fields_and_http10() {
+        let p = parts(b"HEAD / HTTP/1.0\r\n\r\n");
+        assert!(p.is_head());
+        assert_eq!(p.target(), "/");
+        assert_eq!(p.query(), None);
+        assert_eq!(p.header_count(), 0);
+        assert!(!p.is_keep_alive());
+        assert_eq!(p.version(), Version::Http10);
+        assert_eq!(p.framing(), BodyFraming::None);
+    }
+}

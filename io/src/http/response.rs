@@ -1,0 +1,293 @@
+//! [`Response`]: what a handler returns, and its encoding into an HTTP/1.1 response head.
+//!
+//! The server owns the framing and connection fields: `Content-Length`, `Transfer-Encoding` and
+//! `Connection` come from the server alone, so that a handler cannot make the framing disagree
+//! with the body or keep open a connection the server decided to close.
+//!
+//! On the per-request path: one head buffer per response, no logging.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
+
+use super::date;
+
+/// A header field name: usually a `&'static str`, owned when built at run time.
+pub type HeaderName = Cow<'static, str>;
+
+/// The body of a [`Response`].
+///
+/// Non-exhaustive so that a streamed body (and a hand-over of the raw connection for CONNECT or
+/// an upgrade) can be added without breaking handlers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ResponseBody {
+    /// No body (`Content-Length: 0`, except where the status forbids the field).
+    #[default]
+    Empty,
+    /// The whole body, sent with `Content-Length`.
+    Full(Bytes),
+}
+
+impl ResponseBody {
+    /// Length of the body in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            ResponseBody::Empty => 0,
+            ResponseBody::Full(b) => b.len(),
+        }
+    }
+
+    /// Whether the body has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A final response to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// The status code, 200..=599. A handler returning 1xx gets a 500 instead: interim
+    /// responses are the server's business.
+    pub status: u16,
+    /// Header fields in order. `Content-Length`, `Transfer-Encoding` and `Connection` are
+    /// dropped (the server writes them); a `Date` here replaces the server's.
+    pub headers: Vec<(HeaderName, Bytes)>,
+    /// The body. HEAD requests, 204 and 304 get the head only.
+    pub body: ResponseBody,
+    /// Whether the connection must be closed after this response.
+    pub should_close: bool,
+}
+
+/// `Content-Type` of [`Response::json`].
+pub const CONTENT_TYPE_JSON: &str = "application/json";
+/// `Content-Type` of [`Response::text`].
+pub const CONTENT_TYPE_TEXT: &str = "text/plain; charset=utf-8";
+
+impl Response {
+    /// A response with no header fields and no body.
+    pub fn new(status: u16) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: ResponseBody::Empty,
+            should_close: false,
+        }
+    }
+
+    /// A JSON response.
+    pub fn json(status: u16, body: impl Into<Bytes>) -> Response {
+        Response::new(status)
+            .with_header("content-type", CONTENT_TYPE_JSON)
+            .with_body(body)
+    }
+
+    /// A plain text response.
+    pub fn text(status: u16, body: impl Into<Bytes>) -> Response {
+        Response::new(status)
+            .with_header("content-type", CONTENT_TYPE_TEXT)
+            .with_body(body)
+    }
+
+    /// Appends a header field.
+    pub fn with_header(mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) -> Response {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Replaces the body.
+    pub fn with_body(mut self, body: impl Into<Bytes>) -> Response {
+        self.body = ResponseBody::Full(body.into());
+        self
+    }
+
+    /// Marks the connection to be closed after this response.
+    pub fn closing(mut self) -> Response {
+        self.should_close = true;
+        self
+    }
+
+    /// The first value of the header field `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_ref())
+    }
+
+    /// Whether the response asks to close the connection, by flag or by a `Connection: close`
+    /// field.
+    pub fn is_closing(&self) -> bool {
+        self.should_close
+            || self
+                .headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+                .flat_map(|(_, v)| v.split(|&b| b == b','))
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"))
+    }
+}
+
+/// The `Connection` field the server adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionField {
+    /// None: HTTP/1.1 persists by default.
+    Omit,
+    /// `Connection: close`: the server closes after this response.
+    Close,
+    /// `Connection: keep-alive`: an HTTP/1.0 client asked to keep the connection.
+    KeepAlive,
+}
+
+/// Appends the head of `resp` to `out` and returns whether the body bytes must follow.
+pub(crate) fn encode_head(
+    out: &mut Vec<u8>,
+    resp: &Response,
+    is_head_request: bool,
+    connection: ConnectionField,
+) -> Result<bool, H1Error> {
+    if !(200..=599).contains(&resp.status) {
+        return Err(H1Error::InvalidStatus);
+    }
+    // RFC 9110 §8.6: "A server MUST NOT send a Content-Length header field in any response
+    // with a status code of 1xx (Informational) or 204 (No Content)". A 304 carries the length
+    // of the representation it stands for, which we do not know here, so it gets none either.
+    let has_no_content = matches!(resp.status, 204 | 304);
+    let framing = if has_no_content {
+        OutgoingBody::None
+    } else {
+        // RFC 9110 §9.3.2: the response to HEAD carries the fields the GET response would,
+        // including its Content-Length, without the content.
+        OutgoingBody::ContentLength(resp.body.len() as u64)
+    };
+    let date = date::now();
+    let has_date = resp.header("date").is_some();
+    let own_fields = resp
+        .headers
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case("connection"))
+        .map(|(n, v)| (n.as_bytes(), v.as_ref()));
+    let date_field = (!has_date).then_some((&b"Date"[..], &date[..]));
+    let connection_field = match connection {
+        ConnectionField::Omit => None,
+        ConnectionField::Close => Some((&b"Connection"[..], &b"close"[..])),
+        ConnectionField::KeepAlive => Some((&b"Connection"[..], &b"keep-alive"[..])),
+    };
+    write_response_head(
+        out,
+        resp.status,
+        own_fields.chain(date_field).chain(connection_field),
+        framing,
+    )?;
+    Ok(!is_head_request && !has_no_content && !resp.body.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(resp: &Response, is_head: bool, c: ConnectionField) -> (String, bool) {
+        let mut out = Vec::new();
+        let has_body = encode_head(&mut out, resp, is_head, c).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        // The date changes every second; replace it for stable comparisons.
+        let text = match text.find("Date: ") {
+            Some(i) => {
+                let end = i + 6 + date::IMF_FIXDATE_LEN;
+                format!("{}Date: D{}", &text[..i], &text[end..])
+            }
+            None => text,
+        };
+        (text, has_body)
+    }
+
+    #[test]
+    fn heads_for_each_case() {
+        type Row = (Response, bool, ConnectionField, &'static str, bool);
+        let table: Vec<Row> = vec![
+            (
+                Response::json(200, &b"{}"[..]),
+                false,
+                ConnectionField::Omit,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nDate: D\r\nContent-Length: 2\r\n\r\n",
+                true,
+            ),
+            (
+                Response::text(404, "no"),
+                true,
+                ConnectionField::Close,
+                "HTTP/1.1 404 Not Found\r\ncontent-type: text/plain; charset=utf-8\r\nDate: D\r\nConnection: close\r\nContent-Length: 2\r\n\r\n",
+                false,
+            ),
+            (
+                Response::new(204).with_body("ignored"),
+                false,
+                ConnectionField::KeepAlive,
+                "HTTP/1.1 204 No Content\r\nDate: D\r\nConnection: keep-alive\r\n\r\n",
+                false,
+            ),
+            (
+                Response::new(304),
+                false,
+                ConnectionField::Omit,
+                "HTTP/1.1 304 Not Modified\r\nDate: D\r\n\r\n",
+                false,
+            ),
+            (
+                Response::new(200)
+                    .with_header("Content-Length", "99")
+                    .with_header("connection", "keep-alive")
+                    .with_header("transfer-encoding", "chunked")
+                    .with_header("date", "x"),
+                false,
+                ConnectionField::Close,
+                "HTTP/1.1 200 OK\r\ndate: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                false,
+            ),
+        ];
+        for (resp, is_head, c, want, want_body) in table {
+            assert_eq!(encode(&resp, is_head, c), (want.to_string(), want_body));
+        }
+    }
+
+    #[test]
+    fn rejects_what_would_split_or_misframe_the_head() {
+        let mut out = Vec::new();
+        let bad: &[(Response, H1Error)] = &[
+            (Response::new(100), H1Error::InvalidStatus),
+            (Response::new(600), H1Error::InvalidStatus),
+            (
+                Response::new(200).with_header("x", "a\r\nb: c"),
+                H1Error::InvalidHeaderValue,
+            ),
+            (
+                Response::new(200).with_header("bad name", "v"),
+                H1Error::InvalidHeaderName,
+            ),
+        ];
+        for (resp, want) in bad {
+            assert_eq!(
+                encode_head(&mut out, resp, false, ConnectionField::Omit),
+                Err(*want)
+            );
+            assert!(out.is_empty());
+        }
+    }
+
+    #[test]
+    fn closing_by_flag_or_field() {
+        assert!(!Response::new(200).is_closing());
+        assert!(Response::new(200).closing().is_closing());
+        assert!(Response::new(200)
+            .with_header("Connection", "keep-alive, Close")
+            .is_closing());
+        assert!(!Response::new(200)
+            .with_header("connection", "closed")
+            .is_closing());
+        assert_eq!(
+            Response::new(200).with_header("A", "1").header("a"),
+            Some(&b"1"[..])
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! The accept loop of one listener on one core: one task per connection, a connection cap, and
+//! graceful shutdown (stop accepting, let in-flight requests finish within a grace period).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::net::{TcpListener, TcpStream};
+
+use super::config::ServerConfig;
+use super::conn::{serve_connection, MAX_LINGER_BYTES};
+use super::handler::Handler;
+use super::race::{race, Either};
+use super::response::{encode_head, ConnectionField};
+use super::shutdown::{Latch, LatchWait, ShutdownSignal};
+
+/// Connections over the cap that are answered 503 at once; further ones are closed without an
+/// answer, so that a flood cannot make the rejections themselves a burden.
+pub const MAX_PENDING_REJECTIONS: usize = 64;
+/// Time a rejected connection gets to receive its 503.
+pub const REJECTION_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause after an accept error such as EMFILE, so that the loop does not spin while the process
+/// is out of descriptors.
+pub const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Counts the tasks of one accept loop, so that shutdown can wait for them.
+#[derive(Default)]
+struct Tracker {
+    /// Connections being served (the cap applies to these).
+    connections: Cell<usize>,
+    /// Rejections being answered.
+    rejections: Cell<usize>,
+    /// The accept loop, waiting for the counts to reach zero.
+    waiter: Cell<Option<Waker>>,
+    /// Set when the grace period ends: every remaining task stops.
+    hard_stop: Rc<Latch>,
+}
+
+impl Tracker {
+    fn is_idle(&self) -> bool {
+        self.connections.get() == 0 && self.rejections.get() == 0
+    }
+
+    fn task_ended(&self) {
+        if self.is_idle() {
+            if let Some(w) = self.waiter.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// Decrements its counter when a task ends, however it ends.
+struct TaskGuard {
+    tracker: Rc<Tracker>,
+    is_connection: bool,
+}
+
+impl TaskGuard {
+    fn new(tracker: &Rc<Tracker>, is_connection: bool) -> TaskGuard {
+        let counter = if is_connection {
+            &tracker.connections
+        } else {
+            &tracker.rejections
+        };
+        counter.set(counter.get().saturating_add(1));
+        TaskGuard {
+            tracker: Rc::clone(tracker),
+            is_connection,
+        }
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        let counter = if self.is_connection {
+            &self.tracker.connections
+        } else {
+            &self.tracker.rejections
+        };
+        counter.set(counter.get().saturating_sub(1));
+        self.tracker.task_ended();
+    }
+}
+
+/// Completes when every task of the tracker has ended.
+struct AllEnded<'t>(&'t Tracker);
+
+impl Future for AllEnded<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.is_idle() {
+            return Poll::Ready(());
+        }
+        self.0.waiter.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+/// Accepts connections until shutdown, serving each on its own task with
+/// [`serve_connection`]; then waits for in-flight connections up to
+/// [`ServerConfig::shutdown_grace`] and closes the rest. Returns when no connection remains.
+///
+/// Past [`ServerConfig::max_connections`], a new connection is answered `503` with
+/// `Connection: close` and closed (up to [`MAX_PENDING_REJECTIONS`] at once; beyond that it is
+/// closed without an answer).
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Rc<H>,
+    cfg: Rc<ServerConfig>,
+    shutdown: ShutdownSignal,
+) {
+    let tracker = Rc::new(Tracker::default());
+    let overload = overload_response(&*handler);
+    {
+        let mut stop = pin!(shutdown.wait());
+        loop {
+            match race(stop.as_mut(), listener.accept()).await {
+                Either::Left(()) => break,
+                Either::Right(Ok((stream, peer))) => {
+                    if tracker.connections.get() >= cfg.max_connections {
+                        reject_overload(&tracker, stream, &overload);
+                        continue;
+                    }
+                    // Responses are written whole; Nagle's algorithm would only delay them.
+                    let _ = stream.set_nodelay(true);
+                    let guard = TaskGuard::new(&tracker, true);
+                    let hard_stop = LatchWait::new(Rc::clone(&tracker.hard_stop));
+                    let conn = serve_connection(
+                        stream,
+                        peer,
+                        Rc::clone(&handler),
+                        Rc::clone(&cfg),
+                        shutdown.clone(),
+                    );
+                    monoio::spawn(async move {
+                        let _guard = guard;
+                        race(hard_stop, conn).await;
+                    });
+                }
+                Either::Right(Err(e)) => {
+                    if is_resource_exhaustion(&e) {
+                        tracing::warn!(error = %e, "accept failed: out of resources");
+                        let pause = monoio::time::sleep(ACCEPT_ERROR_BACKOFF);
+                        if let Either::Left(()) = race(stop.as_mut(), pause).await {
+                            break;
+                        }
+                    } else {
+                        // Errors such as ECONNABORTED concern one connection only.
+                        tracing::debug!(error = %e, "accept failed");
+                    }
+                }
+            }
+        }
+    }
+    // Closing the listener stops accepting; with SO_REUSEPORT the kernel sends new connections
+    // to the listeners that remain open.
+    drop(listener);
+    let grace = monoio::time::sleep(cfg.shutdown_grace);
+    if let Either::Right(()) = race(AllEnded(&tracker), grace).await {
+        tracing::info!(
+            connections = tracker.connections.get(),
+            "shutdown grace period over: closing remaining connections"
+        );
+        tracker.hard_stop.set();
+        AllEnded(&tracker).await;
+    }
+}
+
+/// The 503 answer to connections over the cap, encoded once per accept loop.
+fn overload_response<H: Handler>(handler: &H) -> Bytes {
+    let response = handler.error_response(503, "too_many_connections");
+    let mut out = Vec::with_capacity(128);
+    match encode_head(&mut out, &response, false, ConnectionField::Close) {
+        Ok(has_body) => {
+            if has_body {
+                if let super::response::ResponseBody::Full(b) = &response.body {
+                    out.extend_from_slice(b);
+                }
+            }
+            Bytes::from(out)
+        }
+        Err(_) => Bytes::from_static(
+            b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        ),
+    }
+}
+
+fn reject_overload(tracker: &Rc<Tracker>, stream: TcpStream, overload: &Bytes) {
+    if tracker.rejections.get() >= MAX_PENDING_REJECTIONS {
+        // Dropping the stream closes it.
+        return;
+    }
+    let guard = TaskGuard::new(tracker, false);
+    let hard_stop = LatchWait::new(Rc::clone(&tracker.hard_stop));
+    let answer = overload.clone();
+    monoio::spawn(async move {
+        let _guard = guard;
+        let reject = monoio::time::timeout(REJECTION_TIMEOUT, answer_and_close(stream, answer));
+        race(hard_stop, reject).await;
+    });
+}
+
+/// Writes `answer`, shuts down the write side and discards input until the client closes, so
+/// that the close does not reset the connection before the client reads the answer.
+async fn answer_and_close(mut stream: TcpStream, answer: Bytes) {
+    let (res, _) = stream.write_all(answer).await;
+    if res.is_err() || stream.shutdown().await.is_err() {
+        return;
+    }
+    let mut buf = Vec::with_capacity(1024);
+    let mut discarded = 0usize;
+    loop {
+        buf.clear();
+        let (res, b) = stream.read(buf).await;
+        buf = b;
+        match res {
+            Ok(n) if n > 0 => {
+                discarded = discarded.saturating_add(n);
+                if discarded > MAX_LINGER_BYTES {
+                    return;
+                }
+            }
+            _ => return,
+        }
+    }
+}
+
+fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guards_count_and_wake_the_waiter_at_zero() {
+        let tracker = Rc::new(Tracker::default());
+        let a = TaskGuard::new(&tracker, true);
+        let b = TaskGuard::new(&tracker, false);
+        assert_eq!(tracker.connections.get(), 1);
+        assert_eq!(tracker.rejections.get(), 1);
+        assert!(!tracker.is_idle());
+        drop(a);
+        assert!(!tracker.is_idle());
+        drop(b);
+        assert!(tracker.is_idle());
+    }
+
+    #[test]
+    fn resource_errors_are_told_apart() {
+        assert!(is_resource_exhaustion(&io::Error::from_raw_os_error(
+            libc::EMFILE
+        )));
+        assert!(!is_resource_exhaustion(&io::Error::from_raw_os_error(
+            libc::ECONNABORTED
+        )));
+    }
+}
