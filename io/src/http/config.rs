@@ -10,8 +10,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default time allowed without any request body byte arriving while a body is read.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default time allowed for writing one response (or `100 Continue`) to a client that does not
-/// read.
+/// Default time one write of a response (or `100 Continue`) may make no progress before the
+/// client is considered gone.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time in-flight connections get to finish after shutdown begins.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -38,7 +38,8 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Time allowed between two reads of request body bytes; then 408 and close.
     pub body_read_timeout: Duration,
-    /// Time allowed for writing one response; then the connection is closed.
+    /// Time one write may make no progress (the client does not read); then the connection is
+    /// closed.
     pub write_timeout: Duration,
     /// Connections served at once by one accept loop (per core).
     pub max_connections: usize,

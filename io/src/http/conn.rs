@@ -5,11 +5,12 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use sortie_core::h1::{parse_request_head, BodyDecoder, BodyLimits, Parsed, Version};
@@ -140,15 +141,28 @@ impl ConnIo {
         res
     }
 
-    /// Writes all of `data` within the write timeout.
-    pub(crate) async fn write_all_timed<T: monoio::buf::IoBuf + 'static>(
-        &mut self,
-        data: T,
-    ) -> io::Result<()> {
-        match monoio::time::timeout(self.cfg.write_timeout, self.stream.write_all(data)).await {
-            Ok((res, _)) => res.map(|_| ()),
-            Err(_) => Err(io::Error::from(io::ErrorKind::TimedOut)),
+    /// Writes all of `data`, failing when one write makes no progress within the write
+    /// timeout: a slow but steady client gets a large response, a client that stopped reading
+    /// is cut.
+    pub(crate) async fn write_all_timed<T: IoBuf + 'static>(&mut self, data: T) -> io::Result<()> {
+        let len = data.bytes_init();
+        let mut buf = data;
+        let mut written = 0usize;
+        while written < len {
+            let write = self.stream.write(buf.slice(written..len));
+            let (res, slice) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
+                Ok(done) => done,
+                Err(_) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
+            };
+            buf = slice.into_inner();
+            match res {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => written = written.saturating_add(n).min(len),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
+        Ok(())
     }
 }
 
@@ -204,12 +218,17 @@ impl<H: Handler> Connection<'_, H> {
                 Next::Close => return,
                 Next::Reject(status, reason) => {
                     tracing::debug!(peer = %self.peer, status, reason, "request head rejected");
-                    self.reject(status, reason, false).await;
+                    // Boxed like the exchange below: a rare path should not size every
+                    // connection's state.
+                    Box::pin(self.reject(status, reason, false)).await;
                     return;
                 }
             };
             self.requests = self.requests.saturating_add(1);
-            match self.exchange(parts).await {
+            // Boxed, once per request, so that the state of a request in progress (the
+            // handler's future, the body, the response) does not inflate the state every idle
+            // connection keeps.
+            match Box::pin(self.exchange(parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
                 Flow::Close => return,
             }
@@ -263,7 +282,7 @@ impl<H: Handler> Connection<'_, H> {
             } else {
                 deadline_after(cfg.idle_timeout)
             };
-            let read = monoio::time::timeout_at(idle_deadline, self.io.read_more());
+            let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
             match race(self.shutdown.wait(), read).await {
                 Either::Left(()) => return Next::Close,
                 Either::Right(Err(_)) => return Next::Close,
@@ -296,12 +315,10 @@ impl<H: Handler> Connection<'_, H> {
                         }
                     };
                 let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
-                // Boxed so that the handler's future, whatever its size, does not inflate the
-                // state of every idle connection.
-                let response = Box::pin(handler.handle(parts, &mut body)).await;
-                let settled = body
-                    .settle(max_drain, should_close || response.is_closing())
-                    .await;
+                let response = handler.handle(parts, &mut body).await;
+                let is_closing =
+                    should_close || response.is_closing() || self.shutdown.is_shutdown();
+                let settled = body.settle(max_drain, is_closing).await;
                 (response, settled)
             }
             Err(response) => {
@@ -313,9 +330,9 @@ impl<H: Handler> Connection<'_, H> {
                         Err(_) => return Flow::Close,
                     };
                 let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
-                let settled = body
-                    .settle(max_drain, should_close || response.is_closing())
-                    .await;
+                let is_closing =
+                    should_close || response.is_closing() || self.shutdown.is_shutdown();
+                let settled = body.settle(max_drain, is_closing).await;
                 (response, settled)
             }
         };
@@ -444,4 +461,50 @@ fn checked_deadline(from: Instant, d: std::time::Duration) -> Instant {
     from.checked_add(d)
         .or_else(|| from.checked_add(FAR))
         .unwrap_or(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Body;
+
+    struct Minimal;
+
+    impl Handler for Minimal {
+        async fn handle(&self, _req: RequestParts, _body: &mut Body<'_>) -> Response {
+            Response::new(204)
+        }
+    }
+
+    /// Every idle connection keeps its task's state: the request in progress and the rare
+    /// error path are boxed so that this state stays small.
+    #[test]
+    fn connection_state_stays_small() {
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let _client = std::net::TcpStream::connect(addr).unwrap();
+            let (accepted, _) = listener.accept().unwrap();
+            let stream = TcpStream::from_std(accepted).unwrap();
+            let fut = serve_connection(
+                stream,
+                addr,
+                Rc::new(Minimal),
+                Rc::new(ServerConfig::default()),
+                ShutdownSignal::new(),
+            );
+            let size = std::mem::size_of_val(&fut);
+            assert!(size <= 3 * 1024, "{size} bytes");
+        });
+    }
+
+    #[test]
+    fn deadlines_never_overflow() {
+        let now = Instant::now();
+        assert!(checked_deadline(now, std::time::Duration::MAX) > now);
+        assert_eq!(
+            checked_deadline(now, std::time::Duration::from_secs(1)),
+            now + std::time::Duration::from_secs(1)
+        );
+    }
 }

@@ -1,6 +1,76 @@
-//! HTTP/1.1 server of the request, receipt and admin APIs (and later the forward proxy).
+//! HTTP/1.1 server of the request, receipt and admin APIs (and later the forward proxy), on the
+//! sans-IO codec of `sortie_core::h1`.
 //!
-//! DECISIONS-PLACEHOLDER
+//! Each core runs [`serve`] on its own `SO_REUSEPORT` listener; every accepted connection is a
+//! task running [`serve_connection`], which reads heads into one growable buffer, parses them
+//! with `parse_request_head`, hands the owned [`RequestParts`] and a streaming [`Body`] to the
+//! listener's [`Handler`], and writes the [`Response`] it returns. Requests on a connection are
+//! answered strictly in order; pipelined bytes left after one request start the next.
+//!
+//! On the per-request path: no blocking, no locks, debug-level logging only.
+//!
+//! # Decisions
+//!
+//! - **Connection cap.** Past [`ServerConfig::max_connections`] per accept loop (per core), a
+//!   new connection is accepted, answered `503` (the handler's
+//!   [`Handler::error_response`] with reason `too_many_connections`) with `Connection: close`,
+//!   and closed. At most [`MAX_PENDING_REJECTIONS`] rejections are in progress at once, each
+//!   bounded by [`REJECTION_TIMEOUT`]; beyond that a new connection is closed without an
+//!   answer, so that a flood cannot make the answers themselves a burden.
+//! - **Errors the server answers itself.** Every `H1Error` of a head or body is answered with
+//!   `H1Error::status()` (400/413/414/417/431/501/505), a timeout mid-head or mid-body with
+//!   408, an unencodable handler response (1xx status, CR/LF in a value) with 500; each with
+//!   `Connection: close`, then the connection closes. The body comes from
+//!   [`Handler::error_response`] (default `{"error":"<reason>"}`, JSON, the reason being
+//!   `H1Error::as_str()` or `request_timeout`), so each API can render its own envelope. A body
+//!   read error overrides whatever the handler returned: framing is the server's business.
+//! - **Body limit.** [`Handler::body_limit`] decides per request from the head. A declared
+//!   `Content-Length` above it is answered 413 before any body byte is read (and without
+//!   `100 Continue`); a chunked body that grows past it fails the read with
+//!   [`BodyError::TooLarge`] and the server answers 413.
+//! - **`Expect: 100-continue`.** `HTTP/1.1 100 Continue` is sent when the handler first needs
+//!   body bytes that have not arrived. It is omitted when body bytes already arrived with the
+//!   head (RFC 9110 §10.1.1 allows that). If the handler answers without reading a body it
+//!   never asked for, the connection is closed after the response: the client may or may not
+//!   send the body, so the framing of what follows is unknown.
+//! - **Unread body.** After the handler returns, up to [`ServerConfig::max_drain_bytes`]
+//!   unread body bytes are read and discarded (within the body read timeout) to keep the
+//!   connection; a declared length above the bound, or a chunked body that passes it, closes
+//!   the connection instead. Draining happens before the response is written, so that a client
+//!   still sending its body and a server writing a large response cannot block each other.
+//! - **Lingering close.** After a response with `Connection: close` the server shuts down its
+//!   sending side and discards input for up to [`ServerConfig::linger_timeout`] or
+//!   [`MAX_LINGER_BYTES`], so that unread request bytes do not turn the close into a reset that
+//!   destroys the response before the client reads it (RFC 9112 §9.6).
+//! - **Timeouts.** `header_read_timeout` bounds a whole head from its first byte (slowloris),
+//!   and also the wait for the first byte of a new connection (a connection that never sends
+//!   is closed silently). `idle_timeout` bounds the wait between requests on a kept-alive
+//!   connection (closed silently). `body_read_timeout` bounds each wait for body bytes (408).
+//!   `write_timeout` bounds each write that makes no progress (a client that stopped reading is
+//!   cut; a slow but steady one is not). A timeout mid-head answers 408; timeouts are never
+//!   retried.
+//! - **Graceful shutdown.** [`ShutdownTrigger::trigger`] (any thread) sets every core's
+//!   [`ShutdownSignal`]. The accept loop then closes its listener; connections idle between
+//!   requests close at once, without a response; a connection mid-request (head partly read,
+//!   handler running, body being read) finishes that request and answers it with
+//!   `Connection: close`; pipelined requests after it are not served (the client sees the close
+//!   and may retry them). After [`ServerConfig::shutdown_grace`] the remaining connections are
+//!   dropped and [`serve`] returns.
+//! - **Responses.** Always `HTTP/1.1`. The server writes `Content-Length` (none for 204 and 304;
+//!   the body's length for HEAD, without the body), `Date` (formatted once per second per core,
+//!   unless the handler set one), and `Connection` (`close` when closing, `keep-alive` for an
+//!   HTTP/1.0 client that asked for it); the handler's own `Content-Length`,
+//!   `Transfer-Encoding` and `Connection` fields are dropped. Bodies up to 16 KiB are sent in
+//!   one write with the head.
+//! - **Memory.** The read buffer starts at [`INITIAL_READ_BUFFER_BYTES`], doubles up to the head
+//!   limit for a large head, grows to [`BODY_READ_BUFFER_BYTES`] while a body is read, and is
+//!   replaced by a fresh initial-size buffer after any request that grew it. The state of a
+//!   request in progress (handler future, body, response) and the error path are boxed once per
+//!   request, so an idle connection's task stays under 2 KiB; measured, an idle keep-alive
+//!   connection costs about 7 KiB of RSS (buffer, task, runtime registration).
+//! - **Later extensions.** [`ResponseBody`] is non-exhaustive so a streamed body can be added;
+//!   the connection owns its `TcpStream` and read buffer in one place, so a CONNECT or upgrade
+//!   hand-over can later move both (with any bytes already read) out to a tunnel.
 
 mod body;
 mod config;

@@ -118,37 +118,35 @@ pub async fn serve<H: Handler>(
     shutdown: ShutdownSignal,
 ) {
     let tracker = Rc::new(Tracker::default());
-    let overload = overload_response(&*handler);
     {
         let mut stop = pin!(shutdown.wait());
         loop {
-            match race(stop.as_mut(), listener.accept()).await {
+            let accept = pin!(listener.accept());
+            match race(stop.as_mut(), accept).await {
                 Either::Left(()) => break,
                 Either::Right(Ok((stream, peer))) => {
                     if tracker.connections.get() >= cfg.max_connections {
-                        reject_overload(&tracker, stream, &overload);
+                        reject_overload(&tracker, stream, &*handler);
                         continue;
                     }
                     // Responses are written whole; Nagle's algorithm would only delay them.
                     let _ = stream.set_nodelay(true);
                     let guard = TaskGuard::new(&tracker, true);
                     let hard_stop = LatchWait::new(Rc::clone(&tracker.hard_stop));
-                    let conn = serve_connection(
-                        stream,
-                        peer,
-                        Rc::clone(&handler),
-                        Rc::clone(&cfg),
-                        shutdown.clone(),
-                    );
+                    let (handler, cfg, shutdown) =
+                        (Rc::clone(&handler), Rc::clone(&cfg), shutdown.clone());
                     monoio::spawn(async move {
                         let _guard = guard;
+                        // Built inside the task, not captured: a captured future would be
+                        // stored twice in the task (see `race`).
+                        let conn = pin!(serve_connection(stream, peer, handler, cfg, shutdown));
                         race(hard_stop, conn).await;
                     });
                 }
                 Either::Right(Err(e)) => {
                     if is_resource_exhaustion(&e) {
                         tracing::warn!(error = %e, "accept failed: out of resources");
-                        let pause = monoio::time::sleep(ACCEPT_ERROR_BACKOFF);
+                        let pause = pin!(monoio::time::sleep(ACCEPT_ERROR_BACKOFF));
                         if let Either::Left(()) = race(stop.as_mut(), pause).await {
                             break;
                         }
@@ -163,7 +161,7 @@ pub async fn serve<H: Handler>(
     // Closing the listener stops accepting; with SO_REUSEPORT the kernel sends new connections
     // to the listeners that remain open.
     drop(listener);
-    let grace = monoio::time::sleep(cfg.shutdown_grace);
+    let grace = pin!(monoio::time::sleep(cfg.shutdown_grace));
     if let Either::Right(()) = race(AllEnded(&tracker), grace).await {
         tracing::info!(
             connections = tracker.connections.get(),
@@ -174,7 +172,7 @@ pub async fn serve<H: Handler>(
     }
 }
 
-/// The 503 answer to connections over the cap, encoded once per accept loop.
+/// The 503 answer to connections over the cap.
 fn overload_response<H: Handler>(handler: &H) -> Bytes {
     let response = handler.error_response(503, "too_many_connections");
     let mut out = Vec::with_capacity(128);
@@ -193,17 +191,20 @@ fn overload_response<H: Handler>(handler: &H) -> Bytes {
     }
 }
 
-fn reject_overload(tracker: &Rc<Tracker>, stream: TcpStream, overload: &Bytes) {
+fn reject_overload<H: Handler>(tracker: &Rc<Tracker>, stream: TcpStream, handler: &H) {
     if tracker.rejections.get() >= MAX_PENDING_REJECTIONS {
         // Dropping the stream closes it.
         return;
     }
     let guard = TaskGuard::new(tracker, false);
     let hard_stop = LatchWait::new(Rc::clone(&tracker.hard_stop));
-    let answer = overload.clone();
+    let answer = overload_response(handler);
     monoio::spawn(async move {
         let _guard = guard;
-        let reject = monoio::time::timeout(REJECTION_TIMEOUT, answer_and_close(stream, answer));
+        let reject = pin!(monoio::time::timeout(
+            REJECTION_TIMEOUT,
+            answer_and_close(stream, answer)
+        ));
         race(hard_stop, reject).await;
     });
 }
