@@ -17,6 +17,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway: control plane plus local workers, in one process. Without --config it
+    /// runs on its embedded defaults (loopback listeners, ./sortie-data, generated tokens).
+    Serve {
+        /// The configuration file (TOML).
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
     /// Validate a static configuration file (TOML) and exit non-zero with the key and reason.
     CheckConfig {
         /// The configuration file.
@@ -32,6 +39,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve { config } => serve(config),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckSnapshot { file } => check_snapshot(&file),
     }
@@ -100,4 +108,44 @@ fn check_snapshot(file: &PathBuf) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+fn serve(path: Option<PathBuf>) -> ExitCode {
+    init_logging();
+    let config = match &path {
+        None => Config::embedded_default(),
+        Some(p) => {
+            let text = match read(p) {
+                Ok(t) => t,
+                Err(code) => return code,
+            };
+            match Config::from_toml(&text) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{}: {e}", p.display());
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    };
+    match sortie_io::serve::run(config, path) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sortie: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` filters them (default `info`; per-request lines are
+/// `sortie::request=debug`).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
 }

@@ -165,10 +165,17 @@ impl Resolver {
             Ok(rx) => rx.await.unwrap_or(Err(DnsError::Unavailable)),
             Err(e) => Err(e),
         };
-        let ttl = if answer.is_ok() { POSITIVE_TTL } else { NEGATIVE_TTL };
+        let ttl = if answer.is_ok() {
+            POSITIVE_TTL
+        } else {
+            NEGATIVE_TTL
+        };
         let prev = self.cache.borrow_mut().insert(
             host,
-            Entry::Ready { answer: answer.clone(), expires: Instant::now() + ttl },
+            Entry::Ready {
+                answer: answer.clone(),
+                expires: Instant::now() + ttl,
+            },
         );
         if let Some(Entry::Pending(waiters)) = prev {
             for w in waiters {

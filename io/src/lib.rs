@@ -6,6 +6,8 @@ pub mod control;
 pub mod dns;
 pub mod egress;
 pub mod http;
+pub mod metrics;
 pub mod runtime;
+pub mod serve;
 pub mod store;
 pub mod tokens;

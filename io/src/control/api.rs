@@ -1,0 +1,347 @@
+//! `POST /api/v1/requests`: authenticate, decode and validate, route, take capacity, execute on
+//! a local worker, encode the result — or the one error envelope of the registry.
+//!
+//! This is the per-request path: no blocking, no locks but a sticky-pin shard for sticky
+//! requests, per-request logs only at debug level (target `sortie::request`).
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::fingerprint::BUILTIN_PROFILES;
+use sortie_core::request::{decode_request, RequestBody, ValidationContext};
+use sortie_core::result::{RequestResult, ResultBody, Timing};
+use sortie_core::routing::{Ingress, RouteRequest, StickyPins};
+
+use super::core::ActiveRequests;
+use super::state::ControlState;
+use crate::egress::{Egress, EgressRequest};
+use crate::metrics::Metrics;
+use crate::tokens::bearer;
+
+/// What a core needs to serve the request API.
+pub struct ApiContext {
+    /// Shared control state.
+    pub state: Arc<ControlState>,
+    /// Requests running on this core.
+    pub active: Rc<ActiveRequests>,
+    /// This core's egress executor.
+    pub egress: Rc<Egress>,
+    /// Metrics, written to this core's shard.
+    pub metrics: Arc<Metrics>,
+    /// This core's index.
+    pub core: usize,
+    /// Pins used for requests without a sticky id (never touched by routing then).
+    no_pins: std::cell::RefCell<StickyPins>,
+}
+
+impl ApiContext {
+    /// A context for one core.
+    pub fn new(
+        state: Arc<ControlState>,
+        active: Rc<ActiveRequests>,
+        egress: Rc<Egress>,
+        metrics: Arc<Metrics>,
+        core: usize,
+    ) -> Self {
+        ApiContext {
+            state,
+            active,
+            egress,
+            metrics,
+            core,
+            no_pins: std::cell::RefCell::new(StickyPins::new(1)),
+        }
+    }
+}
+
+/// An answer of the request API: status and JSON body.
+pub struct ApiAnswer {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body.
+    pub body: Vec<u8>,
+    /// `ok` or the error code, for metrics.
+    outcome: &'static str,
+    /// Stage timings of a transported request, for metrics.
+    stages: Option<[u64; 4]>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn error_answer(e: &ApiError, request_id: &str) -> ApiAnswer {
+    ApiAnswer {
+        status: e.http_status(),
+        body: e.to_json(request_id),
+        outcome: e.code.as_str(),
+        stages: None,
+    }
+}
+
+fn is_json_content_type(v: Option<&[u8]>) -> bool {
+    let Some(v) = v else { return false };
+    let media = v.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+}
+
+/// Serves one `POST /api/v1/requests` whose body has been read.
+pub async fn handle(
+    ctx: &ApiContext,
+    authorization: Option<&[u8]>,
+    content_type: Option<&[u8]>,
+    body: Vec<u8>,
+) -> ApiAnswer {
+    let mut deployment = None;
+    let answer = handle_inner(ctx, authorization, content_type, body, &mut deployment).await;
+    ctx.metrics.record(
+        ctx.core,
+        deployment.as_deref().unwrap_or("-"),
+        answer.outcome,
+        answer.stages,
+    );
+    answer
+}
+
+async fn handle_inner(
+    ctx: &ApiContext,
+    authorization: Option<&[u8]>,
+    content_type: Option<&[u8]>,
+    mut body: Vec<u8>,
+    deployment_out: &mut Option<String>,
+) -> ApiAnswer {
+    let started = Instant::now();
+    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let state = &ctx.state;
+
+    let Some(deployment) = authorization
+        .and_then(bearer)
+        .and_then(|t| state.auth.deployment(t))
+    else {
+        let e = ApiError::new(
+            ErrorCode::AuthFailure,
+            "missing or invalid deployment token",
+        );
+        return error_answer(&e, &request_id);
+    };
+    let deployment = deployment.to_string();
+    *deployment_out = Some(deployment.clone());
+    if !is_json_content_type(content_type) {
+        let e = ApiError::new(
+            ErrorCode::InvalidRequest,
+            "Content-Type must be application/json",
+        );
+        return error_answer(&e, &request_id);
+    }
+
+    let active = state.active();
+    let limits = state.limits;
+    let vctx = ValidationContext {
+        max_inline_request_body_bytes: limits.max_inline_request_body_bytes,
+        max_timeout_ms: limits.max_timeout_ms,
+        default_timeout_ms: active.snapshot.default_timeout_ms(),
+        is_object_storage_enabled: false,
+        fingerprint_profiles: BUILTIN_PROFILES,
+    };
+    let req = match decode_request(&mut body, &vctx) {
+        Ok(r) => r,
+        Err(e) => return error_answer(&e, &request_id),
+    };
+    drop(body);
+    let deadline = started + Duration::from_millis(req.timeout_ms);
+
+    // Routing (spec, Routing rules 1-6).
+    let host = req.url.host_str();
+    let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
+    let route_req = RouteRequest {
+        deployment_id: &deployment,
+        hints: &req.routing,
+        ingress: Ingress::Api,
+        host: &host,
+        tie_break,
+    };
+    let capacity = |w| active.active_on(w);
+    let now_ms = crate::clock::monotonic_ms();
+    let decision = match req
+        .routing
+        .sticky_session_id
+        .as_deref()
+        .filter(|s| !s.is_empty())
+    {
+        Some(sid) => state.with_pins(&deployment, sid, |pins| {
+            active.table.route(&route_req, pins, now_ms, &capacity)
+        }),
+        None => active
+            .table
+            .route(&route_req, &mut ctx.no_pins.borrow_mut(), now_ms, &capacity),
+    };
+    let decision = match decision {
+        Ok(d) => d,
+        Err(e) => {
+            let e = e.to_api_error();
+            log_failure(&request_id, &deployment, None, &e, started);
+            return error_answer(&e, &request_id);
+        }
+    };
+    let routed = Instant::now();
+
+    // Spec, Request API rule 6: a named profile the selected worker does not advertise exactly.
+    if let Some(profile) = &req.fingerprint_profile {
+        let advertises = active
+            .table
+            .worker(decision.worker)
+            .and_then(|w| w.capabilities())
+            .is_some_and(|c| c.advertises_profile(profile));
+        if !advertises {
+            let e = ApiError::new(
+                ErrorCode::UnsupportedFingerprint,
+                format!(
+                    "worker {} does not advertise profile {profile}",
+                    decision.worker_id.as_str()
+                ),
+            );
+            return error_answer(&e, &request_id);
+        }
+    }
+
+    let Some(slot) = active.slot(decision.worker).cloned() else {
+        let e = ApiError::new(
+            ErrorCode::RouteUnavailable,
+            "selected worker has no local executor",
+        );
+        return error_answer(&e, &request_id);
+    };
+    let max = active
+        .table
+        .worker(decision.worker)
+        .and_then(|w| w.capabilities())
+        .map_or(0, |c| c.max_capacity());
+    if !slot.try_acquire(max) {
+        let e = ApiError::new(
+            ErrorCode::ExecutorCapacityExhausted,
+            "all eligible workers at capacity",
+        );
+        return error_answer(&e, &request_id);
+    }
+    let _capacity = CapacityGuard(slot.clone());
+    let (_tracked, cancelled) = ctx.active.track(&request_id, &deployment);
+
+    let body_bytes = match req.body {
+        RequestBody::None => bytes::Bytes::new(),
+        RequestBody::Inline(b) => bytes::Bytes::from(b),
+        RequestBody::Receipt(_) => {
+            let e = ApiError::new(
+                ErrorCode::BodyRefUnavailable,
+                "object storage is not enabled",
+            );
+            return error_answer(&e, &request_id);
+        }
+    };
+    let job = EgressRequest {
+        method: req.method,
+        url: req.url,
+        headers: req.headers,
+        body: body_bytes,
+        deadline,
+        max_response_body_bytes: limits.max_inline_response_body_bytes,
+        policy: active.policy.clone(),
+        worker_id: decision.worker_id.as_str().to_string(),
+        bind_address: slot.bind_address(),
+        is_replayable: req.is_replayable,
+        timeouts: Default::default(),
+    };
+    let assigned = Instant::now();
+    let outcome = monoio::select! {
+        r = ctx.egress.execute(&job) => Some(r),
+        _ = cancelled => None,
+    };
+    let done = Instant::now();
+    let result = match outcome {
+        None => Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
+        Some(r) => r,
+    };
+    match result {
+        Ok(resp) => {
+            let headers: Vec<(&[u8], &[u8])> = resp
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_slice(), v.as_slice()))
+                .collect();
+            let timing = Timing {
+                routing_ms: millis(routed - started),
+                assignment_ms: millis(assigned - routed),
+                egress_ms: millis(done - assigned),
+                total_ms: millis(started.elapsed()),
+            };
+            let out = RequestResult {
+                request_id: &request_id,
+                status: resp.status,
+                headers: &headers,
+                body: ResultBody::Inline(&resp.body),
+                timing,
+            };
+            tracing::debug!(
+                target: "sortie::request",
+                request_id = %request_id,
+                deployment = %deployment,
+                rule = %decision.rule_id.as_str(),
+                worker = %decision.worker_id.as_str(),
+                status = resp.status,
+                routing_ms = timing.routing_ms,
+                egress_ms = timing.egress_ms,
+                total_ms = timing.total_ms,
+                "request done"
+            );
+            ApiAnswer {
+                status: 200,
+                body: out.to_json(),
+                outcome: "ok",
+                stages: Some([
+                    timing.routing_ms,
+                    timing.assignment_ms,
+                    timing.egress_ms,
+                    timing.total_ms,
+                ]),
+            }
+        }
+        Err(e) => {
+            log_failure(
+                &request_id,
+                &deployment,
+                Some(decision.worker_id.as_str()),
+                &e,
+                started,
+            );
+            error_answer(&e, &request_id)
+        }
+    }
+}
+
+struct CapacityGuard(Arc<super::state::WorkerSlot>);
+
+impl Drop for CapacityGuard {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+fn log_failure(
+    request_id: &str,
+    deployment: &str,
+    worker: Option<&str>,
+    e: &ApiError,
+    started: Instant,
+) {
+    tracing::debug!(
+        target: "sortie::request",
+        request_id = %request_id,
+        deployment = %deployment,
+        worker = worker.unwrap_or("-"),
+        code = e.code.as_str(),
+        total_ms = millis(started.elapsed()),
+        "request failed"
+    );
+}

@@ -1,0 +1,160 @@
+//! HTTP adapters: the request API and the admin API as [`crate::http::Handler`]s. They only
+//! route by path, read bodies within their limits and translate answers; the logic lives in
+//! `api.rs` and `admin.rs`.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use sortie_core::error::{admin_error_json, ApiError, ErrorCode};
+use sortie_core::limits::{MAX_ADMIN_BODY_BYTES, MAX_REQUEST_ENVELOPE_BYTES};
+use sortie_core::request::envelope_too_large;
+
+use super::admin::{self, AdminContext, AdminRequest};
+use super::api::{self, ApiContext};
+use super::core::ActiveRequests;
+use super::state::ControlState;
+use crate::egress::Egress;
+use crate::http::{Body, BodyError, Handler, RequestParts, Response};
+use crate::metrics::Metrics;
+
+/// Path of the request API.
+pub const REQUESTS_PATH: &str = "/api/v1/requests";
+
+/// The request API listener's handler.
+pub struct ApiHandler {
+    ctx: ApiContext,
+}
+
+impl ApiHandler {
+    /// A handler for one core.
+    pub fn new(
+        state: Arc<ControlState>,
+        active: Rc<ActiveRequests>,
+        egress: Rc<Egress>,
+        metrics: Arc<Metrics>,
+        core: usize,
+    ) -> ApiHandler {
+        ApiHandler {
+            ctx: ApiContext::new(state, active, egress, metrics, core),
+        }
+    }
+}
+
+fn envelope_error(e: &ApiError) -> Response {
+    let id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    Response::json(e.http_status(), e.to_json(&id))
+}
+
+impl Handler for ApiHandler {
+    fn body_limit(&self, req: &RequestParts) -> Result<u64, Response> {
+        if req.path() == REQUESTS_PATH && req.method() == "POST" {
+            // One byte over the limit is read so that an oversized chunked envelope is told
+            // apart from one exactly at the limit.
+            Ok(MAX_REQUEST_ENVELOPE_BYTES as u64 + 1)
+        } else {
+            Ok(0)
+        }
+    }
+
+    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response {
+        if req.path() != REQUESTS_PATH {
+            return Response::json(404, admin_error_json("not_found"));
+        }
+        if req.method() != "POST" {
+            return Response::json(405, admin_error_json("method_not_allowed"))
+                .with_header("allow", "POST");
+        }
+        let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                return envelope_error(&envelope_too_large(MAX_REQUEST_ENVELOPE_BYTES)).closing()
+            }
+            Err(e) => {
+                let err = ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("request body: {}", e.reason()),
+                );
+                return envelope_error(&err).closing();
+            }
+        };
+        let answer = api::handle(
+            &self.ctx,
+            req.header("authorization"),
+            req.header("content-type"),
+            bytes,
+        )
+        .await;
+        Response::json(answer.status, answer.body)
+    }
+
+    fn error_response(&self, status: u16, reason: &'static str) -> Response {
+        let code = if status == 413 {
+            ErrorCode::BodyTooLarge
+        } else {
+            ErrorCode::InvalidRequest
+        };
+        let mut e = ApiError::new(code, format!("malformed HTTP request: {reason}"));
+        if status == 413 {
+            e = e
+                .with_detail("direction", "request")
+                .with_detail("limit_bytes", MAX_REQUEST_ENVELOPE_BYTES.to_string());
+        }
+        let id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+        // The status stays the server's (400, 408, 413, 414, 431, 503...): it describes the HTTP
+        // failure; the body is the registry envelope so API clients can parse it.
+        Response::json(status, e.to_json(&id))
+    }
+}
+
+/// The admin listener's handler.
+pub struct AdminHandler {
+    ctx: Arc<AdminContext>,
+}
+
+impl AdminHandler {
+    /// A handler over the shared admin context.
+    pub fn new(ctx: Arc<AdminContext>) -> AdminHandler {
+        AdminHandler { ctx }
+    }
+}
+
+impl Handler for AdminHandler {
+    fn body_limit(&self, _req: &RequestParts) -> Result<u64, Response> {
+        Ok(MAX_ADMIN_BODY_BYTES as u64 + 1)
+    }
+
+    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response {
+        let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                return Response::json(400, admin_error_json("body is larger than 4194304 bytes"))
+                    .closing()
+            }
+            Err(e) => return Response::json(400, admin_error_json(e.reason())).closing(),
+        };
+        let method = if req.method() == "HEAD" {
+            "GET"
+        } else {
+            req.method()
+        };
+        let answer = admin::handle(
+            &self.ctx,
+            AdminRequest {
+                method,
+                path: req.path(),
+                authorization: req.header("authorization"),
+                if_match: req.header("if-match"),
+                actor: req.header("x-service-actor"),
+                body: bytes,
+            },
+        )
+        .await;
+        let mut r = Response::new(answer.status)
+            .with_header("content-type", answer.content_type)
+            .with_body(answer.body);
+        if let Some(tag) = answer.etag {
+            r = r.with_header("etag", tag);
+        }
+        r
+    }
+}

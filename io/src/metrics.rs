@@ -1,0 +1,179 @@
+//! Prometheus metrics: requests by deployment and outcome, stage latency histograms, active
+//! requests, worker capacity and the config revision. Each core writes only its own shard (no
+//! cross-core contention on the hot path); `/metrics` sums the shards.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::control::state::ControlState;
+
+/// Upper bounds of the latency buckets, in milliseconds.
+const BUCKETS_MS: [u64; 14] = [
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
+];
+/// The stages timed for every request.
+pub const STAGES: [&str; 4] = ["routing", "assignment", "egress", "total"];
+
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS_MS.len()],
+    count: AtomicU64,
+    sum_ms: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, ms: u64) {
+        if let Some(i) = BUCKETS_MS.iter().position(|&b| ms <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+}
+
+struct Shard {
+    requests: Mutex<HashMap<(String, &'static str), u64>>,
+    stages: [Histogram; 4],
+}
+
+/// All metrics of the process.
+pub struct Metrics {
+    shards: Vec<Shard>,
+}
+
+impl Metrics {
+    /// Metrics for `cores` cores.
+    pub fn new(cores: usize) -> Metrics {
+        Metrics {
+            shards: (0..cores.max(1))
+                .map(|_| Shard {
+                    requests: Mutex::new(HashMap::new()),
+                    stages: std::array::from_fn(|_| Histogram::new()),
+                })
+                .collect(),
+        }
+    }
+
+    /// Records one finished request API call on `core`: its outcome (`ok` or the error code)
+    /// and, for transported requests, the stage timings in ms (`[routing, assignment, egress,
+    /// total]`).
+    pub fn record(
+        &self,
+        core: usize,
+        deployment: &str,
+        outcome: &'static str,
+        stages: Option<[u64; 4]>,
+    ) {
+        let Some(shard) = self.shards.get(core % self.shards.len()) else {
+            return;
+        };
+        {
+            let mut m = shard.requests.lock().unwrap_or_else(|p| p.into_inner());
+            match m.get_mut(&(deployment.to_string(), outcome)) {
+                Some(n) => *n += 1,
+                None => {
+                    m.insert((deployment.to_string(), outcome), 1);
+                }
+            }
+        }
+        if let Some(s) = stages {
+            for (h, v) in shard.stages.iter().zip(s) {
+                h.observe(v);
+            }
+        }
+    }
+
+    /// Renders the Prometheus text format.
+    pub fn render(&self, state: &ControlState) -> String {
+        let mut out = String::with_capacity(4096);
+        let mut totals: HashMap<(String, &'static str), u64> = HashMap::new();
+        for s in &self.shards {
+            for (k, v) in s.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                *totals.entry(k.clone()).or_default() += v;
+            }
+        }
+        let mut keys: Vec<_> = totals.into_iter().collect();
+        keys.sort();
+        out.push_str("# HELP sortie_requests_total Request API calls by deployment and outcome (ok or error code).\n# TYPE sortie_requests_total counter\n");
+        for ((dep, outcome), n) in keys {
+            let _ = writeln!(
+                out,
+                "sortie_requests_total{{deployment=\"{}\",outcome=\"{outcome}\"}} {n}",
+                escape(&dep)
+            );
+        }
+        out.push_str("# HELP sortie_request_stage_seconds Request API latency by stage.\n# TYPE sortie_request_stage_seconds histogram\n");
+        for (i, stage) in STAGES.iter().enumerate() {
+            let mut cum = 0u64;
+            for (b, bound) in BUCKETS_MS.iter().enumerate() {
+                cum += self
+                    .shards
+                    .iter()
+                    .map(|s| s.stages[i].buckets[b].load(Ordering::Relaxed))
+                    .sum::<u64>();
+                let _ = writeln!(
+                    out,
+                    "sortie_request_stage_seconds_bucket{{stage=\"{stage}\",le=\"{}\"}} {cum}",
+                    *bound as f64 / 1000.0
+                );
+            }
+            let count: u64 = self
+                .shards
+                .iter()
+                .map(|s| s.stages[i].count.load(Ordering::Relaxed))
+                .sum();
+            let sum: u64 = self
+                .shards
+                .iter()
+                .map(|s| s.stages[i].sum_ms.load(Ordering::Relaxed))
+                .sum();
+            let _ = writeln!(
+                out,
+                "sortie_request_stage_seconds_bucket{{stage=\"{stage}\",le=\"+Inf\"}} {count}"
+            );
+            let _ = writeln!(
+                out,
+                "sortie_request_stage_seconds_sum{{stage=\"{stage}\"}} {}",
+                sum as f64 / 1000.0
+            );
+            let _ = writeln!(
+                out,
+                "sortie_request_stage_seconds_count{{stage=\"{stage}\"}} {count}"
+            );
+        }
+        let active = state.active();
+        out.push_str("# HELP sortie_config_revision Revision of the active configuration snapshot.\n# TYPE sortie_config_revision gauge\n");
+        let _ = writeln!(out, "sortie_config_revision {}", active.revision);
+        out.push_str("# HELP sortie_worker_active_requests Requests in flight per worker.\n# TYPE sortie_worker_active_requests gauge\n");
+        out.push_str("# HELP sortie_worker_capacity Advertised capacity per worker.\n# TYPE sortie_worker_capacity gauge\n");
+        let mut all_active = 0u64;
+        state.with_registry(|reg, slots| {
+            for w in reg.iter() {
+                let n = slots.get(w.id().as_str()).map_or(0, |s| s.active());
+                all_active += u64::from(n);
+                let cap = w.capacity(n);
+                let id = escape(w.id().as_str());
+                let _ = writeln!(out, "sortie_worker_active_requests{{worker=\"{id}\"}} {n}");
+                let _ = writeln!(out, "sortie_worker_capacity{{worker=\"{id}\"}} {}", cap.max);
+            }
+        });
+        out.push_str("# HELP sortie_active_requests Requests in flight.\n# TYPE sortie_active_requests gauge\n");
+        let _ = writeln!(out, "sortie_active_requests {all_active}");
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

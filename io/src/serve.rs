@@ -1,0 +1,340 @@
+//! `sortie serve`: one process with the control plane and its local workers. Startup order:
+//! data directory, tokens, store (bootstrap, latest snapshot, worker settings), control state,
+//! listeners (bound before the cores start, so errors surface here), cores, signals.
+
+use std::fs;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sortie_core::config::{parse_listen, Config, StoreBackend};
+use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT_JSON};
+use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
+
+use crate::control::admin::AdminContext;
+use crate::control::core::{mailbox, run_mailbox, ActiveRequests, MailboxReceiver};
+use crate::control::state::ControlState;
+use crate::control::web::{AdminHandler, ApiHandler};
+use crate::dns::{Resolver, ResolverPool};
+use crate::egress::{client_config, Egress};
+use crate::http::{self, ServerConfig, ShutdownTrigger};
+use crate::metrics::Metrics;
+use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
+use crate::store::{ColdThread, RecordStore as _, SqliteStore};
+use crate::tokens;
+
+/// How long in-flight requests may run after SIGTERM/SIGINT before the process exits anyway.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A startup failure, with what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The data directory, store or a listener failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+fn ioe(what: impl std::fmt::Display) -> ServeError {
+    ServeError::Io(what.to_string())
+}
+
+fn ensure_data_dir(dir: &Path) -> Result<(), ServeError> {
+    fs::create_dir_all(dir).map_err(|e| ioe(format!("control.data_dir {}: {e}", dir.display())))?;
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
+    Ok(())
+}
+
+fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegistry, ServeError> {
+    let mut registry = WorkerRegistry::new();
+    let now = crate::clock::unix_ms();
+    for (i, w) in config.workers.iter().enumerate() {
+        let caps = AdvertisedCapabilities {
+            tags: w.tags.clone(),
+            country: w.country.clone(),
+            region: w.region.clone(),
+            ip_type: w.ip_type.clone(),
+            ingress: w.ingress.clone(),
+            pools: w.pools.clone(),
+            fingerprint_profiles: Vec::new(),
+            capacity: w.capacity,
+        }
+        .validate()
+        .map_err(|e| ServeError::Config(format!("workers[{i}].{e}")))?;
+        registry
+            .register(&w.id, "local", Executor::Local, caps, now)
+            .map_err(|e| ServeError::Config(format!("workers[{i}]: {e}")))?;
+    }
+    for s in store
+        .all_worker_settings()
+        .map_err(|e| ioe(format!("store: {e}")))?
+    {
+        if let Ok(id) = sortie_core::snapshot::ConfigId::parse(&s.worker_id) {
+            registry.restore_settings(
+                id,
+                WorkerSettings {
+                    is_enabled: s.is_enabled,
+                    is_draining: s.is_draining,
+                    revision: s.revision,
+                },
+            );
+        }
+    }
+    Ok(registry)
+}
+
+fn bootstrap_json(config: &Config) -> Result<String, ServeError> {
+    let Some(path) = &config.control.bootstrap_snapshot else {
+        return Ok(DEFAULT_SNAPSHOT_JSON.to_string());
+    };
+    let mut bytes = fs::read(path)
+        .map_err(|e| ServeError::Config(format!("control.bootstrap_snapshot {path}: {e}")))?;
+    let s = decode_snapshot(&mut bytes)
+        .map_err(|e| ServeError::Config(format!("control.bootstrap_snapshot {path}: {e}")))?;
+    Ok(String::from_utf8_lossy(&s.to_json()).into_owned())
+}
+
+struct Listeners {
+    api: (Vec<std::net::TcpListener>, SocketAddr),
+    admin: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
+}
+
+fn bind(
+    key: &str,
+    addr: &str,
+    n: usize,
+) -> Result<(Vec<std::net::TcpListener>, SocketAddr), ServeError> {
+    let a = parse_listen(key, addr).map_err(|e| ServeError::Config(e.to_string()))?;
+    bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
+}
+
+/// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
+pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
+    if config.object_storage.enabled {
+        return Err(ServeError::Config(
+            "object_storage.enabled: the receipt API is not available in this build; set enabled = false".into(),
+        ));
+    }
+    if config.store.backend == StoreBackend::Postgres {
+        return Err(ServeError::Config(
+            "store.backend: postgres is not available in this build; use sqlite".into(),
+        ));
+    }
+    let data_dir = PathBuf::from(&config.control.data_dir);
+    ensure_data_dir(&data_dir)?;
+
+    let resolved =
+        tokens::resolve(&config, &data_dir).map_err(|e| ServeError::Config(e.to_string()))?;
+
+    let mut store = SqliteStore::open(&data_dir).map_err(|e| ioe(format!("store: {e}")))?;
+    let record = store
+        .bootstrap(&bootstrap_json(&config)?, &crate::clock::now_rfc3339())
+        .map_err(|e| ioe(format!("store: {e}")))?;
+    let latest = store
+        .latest_config()
+        .map_err(|e| ioe(format!("store: {e}")))?
+        .unwrap_or(record);
+    let mut bytes = latest.snapshot_json.clone().into_bytes();
+    let snapshot: ValidatedSnapshot = decode_snapshot(&mut bytes).map_err(|e| {
+        ioe(format!(
+            "stored configuration revision {} no longer validates: {e}",
+            latest.revision
+        ))
+    })?;
+    let registry = local_registry(&config, &mut store)?;
+
+    let state = Arc::new(ControlState::new(
+        &config,
+        tokens::Authenticator::new(&resolved.deployments),
+        resolved.admin.clone(),
+        registry,
+        latest.revision,
+        Arc::new(snapshot),
+    ));
+    let (cold, cold_thread) =
+        ColdThread::start(Box::new(store)).map_err(|e| ioe(format!("store: {e}")))?;
+
+    let n = core_count(config.control.cores);
+    let listeners = Listeners {
+        api: bind("control.api_listen", &config.control.api_listen, n)?,
+        admin: match &config.control.admin_listen {
+            Some(a) => Some(bind("control.admin_listen", a, n)?),
+            None => None,
+        },
+    };
+    let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
+        .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
+    let resolver = ResolverPool::start().map_err(ioe)?;
+    let metrics = Arc::new(Metrics::new(n));
+    let metrics_state = state.clone();
+    let metrics_render = metrics.clone();
+    let admin_ctx = Arc::new(AdminContext::new(
+        state.clone(),
+        cold.clone(),
+        Arc::new(move || metrics_render.render(&metrics_state)),
+    ));
+
+    let mut mailboxes = Vec::with_capacity(n);
+    let mut receivers: Vec<Option<MailboxReceiver>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = mailbox();
+        mailboxes.push(tx);
+        receivers.push(Some(rx));
+    }
+    let _ = state.mailboxes.set(mailboxes);
+    let receivers = Arc::new(std::sync::Mutex::new(receivers));
+    let api_socks = Arc::new(std::sync::Mutex::new(
+        listeners.api.0.into_iter().map(Some).collect::<Vec<_>>(),
+    ));
+    let admin_socks = Arc::new(std::sync::Mutex::new(
+        listeners
+            .admin
+            .as_ref()
+            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
+            .unwrap_or_default(),
+    ));
+    let trigger = ShutdownTrigger::new();
+
+    print_banner(
+        &config,
+        config_path.as_deref(),
+        &resolved,
+        listeners.api.1,
+        listeners.admin.as_ref().map(|a| a.1),
+        n,
+    );
+
+    let core_state = state.clone();
+    let core_trigger = trigger.clone();
+    let handles = spawn_cores(n, move |ctx| {
+        let state = core_state.clone();
+        let signal = core_trigger.signal();
+        let rx = receivers
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let api_sock = api_socks
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let admin_sock = admin_socks
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let tls = tls.clone();
+        let resolver = resolver.clone();
+        let admin_ctx = admin_ctx.clone();
+        let metrics = metrics.clone();
+        async move {
+            let active = Rc::new(ActiveRequests::default());
+            if let Some(rx) = rx {
+                monoio::spawn(run_mailbox(rx, active.clone()));
+            }
+            let egress = Rc::new(Egress::new(Resolver::new(resolver), &tls));
+            let api = Rc::new(ApiHandler::new(
+                state.clone(),
+                active,
+                egress,
+                metrics.clone(),
+                ctx.index,
+            ));
+            let cfg = Rc::new(ServerConfig::default());
+            let mut tasks = Vec::new();
+            if let Some(sock) = admin_sock {
+                match monoio::net::TcpListener::from_std(sock) {
+                    Ok(l) => {
+                        let h = Rc::new(AdminHandler::new(admin_ctx));
+                        tasks.push(monoio::spawn(http::serve(
+                            l,
+                            h,
+                            cfg.clone(),
+                            signal.clone(),
+                        )));
+                    }
+                    Err(e) => tracing::error!(error = %e, "admin listener"),
+                }
+            }
+            if let Some(sock) = api_sock {
+                match monoio::net::TcpListener::from_std(sock) {
+                    Ok(l) => http::serve(l, api, cfg, signal).await,
+                    Err(e) => tracing::error!(error = %e, "api listener"),
+                }
+            }
+            for t in tasks {
+                t.await;
+            }
+        }
+    })
+    .map_err(ioe)?;
+
+    wait_for_signal()?;
+    tracing::info!("shutting down: finishing in-flight requests");
+    trigger.trigger();
+    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+    for h in handles {
+        while !h.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        if h.is_finished() {
+            let _ = h.join();
+        }
+    }
+    cold.shutdown();
+    let _ = cold_thread.join();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn wait_for_signal() -> Result<(), ServeError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
+    let _ = signals.forever().next();
+    Ok(())
+}
+
+fn print_banner(
+    config: &Config,
+    config_path: Option<&Path>,
+    t: &tokens::ResolvedTokens,
+    api: SocketAddr,
+    admin: Option<SocketAddr>,
+    cores: usize,
+) {
+    let source = config_path.map_or_else(
+        || "embedded defaults".to_string(),
+        |p| p.display().to_string(),
+    );
+    println!("sortie {} ({source})", env!("CARGO_PKG_VERSION"));
+    println!("  data dir:  {}", config.control.data_dir);
+    println!("  cores:     {cores} ({})", Driver::detect().as_str());
+    println!("  api:       http://{api}  (listening)");
+    match admin {
+        Some(a) => println!("  admin:     http://{a}  (listening)"),
+        None => println!("  admin:     disabled"),
+    }
+    if let Some(file) = &t.file {
+        if t.is_new_file {
+            println!(
+                "  tokens generated and stored in {} (shown this once):",
+                file.display()
+            );
+            for (id, tok) in &t.deployments {
+                println!("    deployment {id}: {tok}");
+            }
+            println!("    admin: {}", t.admin);
+        } else {
+            println!("  tokens:    {}", file.display());
+            for (id, tok) in &t.deployments {
+                println!("    deployment {id}: {}", tokens::redact(tok));
+            }
+        }
+    }
+    use std::io::Write as _;
+    let _ = io::stdout().flush();
+}
