@@ -1,0 +1,9 @@
+//! Fixtures of the black-box tests: a real `sortie serve` process and loopback upstreams (the
+//! same scripted upstreams and test CA the io crate's egress tests use).
+#![allow(dead_code)]
+
+pub mod gateway;
+#[path = "../../io/tests/support/tls.rs"]
+pub mod tls;
+#[path = "../../io/tests/support/upstream.rs"]
+pub mod upstream;
