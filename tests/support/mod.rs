@@ -1,6 +1,6 @@
 //! Fixtures of the black-box tests: a real `sortie serve` process and loopback upstreams (the
 //! same scripted upstreams and test CA the io crate's egress tests use).
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 pub mod gateway;
 #[path = "../../io/tests/support/tls.rs"]
