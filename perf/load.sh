@@ -116,7 +116,7 @@ main() {
 
   start_nginx
   if [ "$SKIP_GATEWAY" != 1 ]; then
-    start_gateway "$bin" 0
+    start_gateway "$bin" "${GATEWAY_CORES:-0}"
     probe_gateway
   fi
 

@@ -41,7 +41,8 @@ impl Histogram {
 }
 
 struct Shard {
-    requests: Mutex<HashMap<(String, &'static str), u64>>,
+    /// Deployment → outcome → count; looked up by `&str`, so a known pair allocates nothing.
+    requests: Mutex<HashMap<String, HashMap<&'static str, u64>>>,
     stages: [Histogram; 4],
 }
 
@@ -78,10 +79,10 @@ impl Metrics {
         };
         {
             let mut m = shard.requests.lock().unwrap_or_else(|p| p.into_inner());
-            match m.get_mut(&(deployment.to_string(), outcome)) {
-                Some(n) => *n += 1,
+            match m.get_mut(deployment) {
+                Some(by_outcome) => *by_outcome.entry(outcome).or_default() += 1,
                 None => {
-                    m.insert((deployment.to_string(), outcome), 1);
+                    m.insert(deployment.to_string(), HashMap::from([(outcome, 1)]));
                 }
             }
         }
@@ -97,8 +98,10 @@ impl Metrics {
         let mut out = String::with_capacity(4096);
         let mut totals: HashMap<(String, &'static str), u64> = HashMap::new();
         for s in &self.shards {
-            for (k, v) in s.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                *totals.entry(k.clone()).or_default() += v;
+            for (dep, by_outcome) in s.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                for (outcome, v) in by_outcome {
+                    *totals.entry((dep.clone(), *outcome)).or_default() += v;
+                }
             }
         }
         let mut keys: Vec<_> = totals.into_iter().collect();

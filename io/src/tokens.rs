@@ -73,11 +73,40 @@ fn random_token(prefix: &str, file: &Path) -> Result<String, TokenError> {
     ))
 }
 
-/// Fills `n` bytes of OS randomness (for request and receipt ids).
+/// Bytes of OS randomness drawn at once for ids: one `getrandom` per 256 request ids instead of
+/// one per request.
+const ID_RANDOM_BATCH: usize = 4096;
+
+thread_local! {
+    static ID_RANDOM: std::cell::RefCell<(Vec<u8>, usize)> =
+        const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+/// `N` bytes of OS randomness for request and receipt ids, served from a per-thread batch.
 pub fn random_bytes<const N: usize>() -> [u8; N] {
     use ring::rand::SecureRandom as _;
-    let mut b = [0u8; N];
-    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+    let mut out = [0u8; N];
+    let served = ID_RANDOM.with(|cell| {
+        let mut st = cell.borrow_mut();
+        let (buf, pos) = &mut *st;
+        if N > ID_RANDOM_BATCH {
+            return false;
+        }
+        if buf.len() != ID_RANDOM_BATCH || *pos + N > buf.len() {
+            buf.resize(ID_RANDOM_BATCH, 0);
+            if ring::rand::SystemRandom::new().fill(buf).is_err() {
+                buf.clear();
+                return false;
+            }
+            *pos = 0;
+        }
+        out.copy_from_slice(&buf[*pos..*pos + N]);
+        // Served bytes are wiped so that they exist once.
+        buf[*pos..*pos + N].fill(0);
+        *pos += N;
+        true
+    });
+    if !served {
         // Ids only need to be unique, not secret: fall back to time and a counter.
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -93,11 +122,11 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
             .enumerate()
         {
             if i < N {
-                b[i] = *x;
+                out[i] = *x;
             }
         }
     }
-    b
+    out
 }
 
 fn from_secret(path: &str, s: &SecretRef) -> Result<Option<String>, TokenError> {
@@ -257,6 +286,14 @@ pub fn token_matches(expected: &str, presented: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ids_do_not_repeat() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            assert!(seen.insert(random_bytes::<16>()));
+        }
+    }
 
     #[test]
     fn bearer_parsing() {
