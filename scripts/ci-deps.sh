@@ -4,3 +4,7 @@ set -euo pipefail
 if ! command -v cargo-fuzz >/dev/null 2>&1 && cargo +nightly --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --version 0.13.2 --locked
 fi
+# The black-box tests drive one case through curl (Expect: 100-continue as a real client sends it).
+if ! command -v curl >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq curl
+fi
