@@ -106,6 +106,9 @@ impl Handler for ApiHandler {
     }
 }
 
+/// The admin API's diagnostic for a mutation body over [`MAX_ADMIN_BODY_BYTES`].
+const BODY_TOO_LARGE: &str = "body is larger than 4194304 bytes";
+
 /// The admin listener's handler.
 pub struct AdminHandler {
     ctx: Arc<AdminContext>,
@@ -127,8 +130,7 @@ impl Handler for AdminHandler {
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                return Response::json(400, admin_error_json("body is larger than 4194304 bytes"))
-                    .closing()
+                return Response::json(400, admin_error_json(BODY_TOO_LARGE)).closing()
             }
             Err(e) => return Response::json(400, admin_error_json(e.reason())).closing(),
         };
@@ -156,5 +158,15 @@ impl Handler for AdminHandler {
             r = r.with_header("etag", tag);
         }
         r
+    }
+
+    fn error_response(&self, status: u16, reason: &'static str) -> Response {
+        // Spec, Admin API errors: a body over the 4 MiB mutation limit is a decode error (400),
+        // whether the server sees it from the declared length or while reading; the server's own
+        // 413 would give the same failure two statuses.
+        if status == 413 {
+            return Response::json(400, admin_error_json(BODY_TOO_LARGE));
+        }
+        Response::json(status, admin_error_json(reason))
     }
 }
