@@ -156,19 +156,25 @@ impl Metrics {
         let active = state.active();
         out.push_str("# HELP sortie_config_revision Revision of the active configuration snapshot.\n# TYPE sortie_config_revision gauge\n");
         let _ = writeln!(out, "sortie_config_revision {}", active.revision);
-        out.push_str("# HELP sortie_worker_active_requests Requests in flight per worker.\n# TYPE sortie_worker_active_requests gauge\n");
-        out.push_str("# HELP sortie_worker_capacity Advertised capacity per worker.\n# TYPE sortie_worker_capacity gauge\n");
-        let mut all_active = 0u64;
-        state.with_registry(|reg, slots| {
-            for w in reg.iter() {
-                let n = slots.get(w.id().as_str()).map_or(0, |s| s.active());
-                all_active += u64::from(n);
-                let cap = w.capacity(n);
-                let id = escape(w.id().as_str());
-                let _ = writeln!(out, "sortie_worker_active_requests{{worker=\"{id}\"}} {n}");
-                let _ = writeln!(out, "sortie_worker_capacity{{worker=\"{id}\"}} {}", cap.max);
-            }
+        // The text format wants all samples of a family in one group after its TYPE line, so
+        // the per-worker values are collected first and written family by family.
+        let workers: Vec<(String, u32, u32)> = state.with_registry(|reg, slots| {
+            reg.iter()
+                .map(|w| {
+                    let n = slots.get(w.id().as_str()).map_or(0, |s| s.active());
+                    (escape(w.id().as_str()), n, w.capacity(n).max)
+                })
+                .collect()
         });
+        let all_active: u64 = workers.iter().map(|(_, n, _)| u64::from(*n)).sum();
+        out.push_str("# HELP sortie_worker_active_requests Requests in flight per worker.\n# TYPE sortie_worker_active_requests gauge\n");
+        for (id, n, _) in &workers {
+            let _ = writeln!(out, "sortie_worker_active_requests{{worker=\"{id}\"}} {n}");
+        }
+        out.push_str("# HELP sortie_worker_capacity Advertised capacity per worker.\n# TYPE sortie_worker_capacity gauge\n");
+        for (id, _, max) in &workers {
+            let _ = writeln!(out, "sortie_worker_capacity{{worker=\"{id}\"}} {max}");
+        }
         out.push_str("# HELP sortie_active_requests Requests in flight.\n# TYPE sortie_active_requests gauge\n");
         let _ = writeln!(out, "sortie_active_requests {all_active}");
         out
