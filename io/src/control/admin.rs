@@ -571,12 +571,16 @@ async fn worker_action(
     {
         return store_error(&e);
     }
+    // The answer is the worker record as the list shows it, live capacity included.
+    let active = ctx
+        .state
+        .with_registry(|_, slots| slots.get(id).map_or(0, |s| s.active()));
     let answer = ctx
         .state
         .update_registry(|reg| match reg.apply_action(id, action, expected) {
             Ok(w) => {
                 let mut out = Vec::new();
-                write_worker(&mut out, w, 0);
+                write_worker(&mut out, w, active);
                 Ok((out, w.settings().revision))
             }
             Err(e) => Err(e),
