@@ -379,8 +379,13 @@ fn sigkill_during_config_writes_never_loses_an_acknowledged_revision() {
         });
         let target = log.lock().unwrap().acknowledged.len() + 1 + rng.below(12) as usize;
         wait_until(Duration::from_secs(20), "acknowledged writes", || {
-            log.lock().unwrap().acknowledged.len() >= target
+            log.lock().unwrap().acknowledged.len() >= target || writer.is_finished()
         });
+        assert!(
+            !writer.is_finished(),
+            "the writer stopped before the kill: {:?}",
+            writer.join().err()
+        );
         // SIGKILL while the writer is in the middle of its next write.
         drop(gw);
         writer.join().expect("writer thread");
@@ -393,6 +398,8 @@ fn sigkill_during_config_writes_never_loses_an_acknowledged_revision() {
         revision > ROUNDS as u64,
         "only {revision} revisions written"
     );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A tmpfs mounted for one test, unmounted when dropped.
