@@ -42,9 +42,39 @@ impl Default for GatewayBuilder {
     }
 }
 
+/// Removes the temp dirs of earlier test processes that are gone. Restart tests reuse a dir
+/// after its gateway is dropped, so dirs live as long as their test process.
+fn sweep_stale_dirs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix("sortie-it-") else {
+                continue;
+            };
+            let pid = rest
+                .split('-')
+                .rev()
+                .nth(1)
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(pid) = pid {
+                if pid != std::process::id()
+                    && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    });
+}
+
 pub fn temp_dir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
+    sweep_stale_dirs();
     let d = std::env::temp_dir().join(format!(
         "sortie-it-{tag}-{}-{}",
         std::process::id(),
