@@ -207,6 +207,31 @@ async fn handle_inner(
         }
     }
 
+    // The local executor has no upstream proxy client: a pool that names a proxy must never be
+    // served from the gateway's own address, which would bypass the operator's egress choice.
+    let is_proxied = active
+        .snapshot
+        .pools()
+        .get(decision.pool)
+        .is_some_and(|p| p.upstream_proxy().is_some());
+    if is_proxied {
+        let e = ApiError::new(
+            ErrorCode::ExecutorInternalError,
+            format!(
+                "pool {} uses an upstream proxy, which the local executor cannot use",
+                decision.pool_id.as_str()
+            ),
+        );
+        log_failure(
+            &request_id,
+            &deployment,
+            Some(decision.worker_id.as_str()),
+            &e,
+            started,
+        );
+        return error_answer(&e, &request_id);
+    }
+
     let Some(slot) = active.slot(decision.worker).cloned() else {
         let e = ApiError::new(
             ErrorCode::RouteUnavailable,
