@@ -1,6 +1,7 @@
 //! `sortie serve`: one process with the control plane and its local workers. Startup order:
-//! data directory, tokens, store (bootstrap, latest snapshot, worker settings), control state,
-//! listeners (bound before the cores start, so errors surface here), cores, signals.
+//! data directory, store (bootstrap, latest snapshot, worker settings), listeners (bound before
+//! the cores start, so errors surface here), TLS roots, resolver, tokens, control state, cores,
+//! signals.
 
 use std::fs;
 use std::io;
@@ -129,9 +130,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     let data_dir = PathBuf::from(&config.control.data_dir);
     ensure_data_dir(&data_dir)?;
 
-    let resolved =
-        tokens::resolve(&config, &data_dir).map_err(|e| ServeError::Config(e.to_string()))?;
-
     let mut store = SqliteStore::open(&data_dir).map_err(|e| ioe(format!("store: {e}")))?;
     let record = store
         .bootstrap(&bootstrap_json(&config)?, &crate::clock::now_rfc3339())
@@ -148,15 +146,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         ))
     })?;
     let registry = local_registry(&config, &mut store)?;
-
-    let state = Arc::new(ControlState::new(
-        &config,
-        tokens::Authenticator::new(&resolved.deployments),
-        resolved.admin.clone(),
-        registry,
-        latest.revision,
-        Arc::new(snapshot),
-    ));
     let (cold, cold_thread) =
         ColdThread::start(Box::new(store)).map_err(|e| ioe(format!("store: {e}")))?;
 
@@ -171,6 +160,20 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
         .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
     let resolver = ResolverPool::start().map_err(ioe)?;
+
+    // Generated tokens are shown in full only by the start that creates them, so they are
+    // resolved after every step that can still fail: a first start that stops at a taken port
+    // or a bad CA file must leave them to be shown by the next one.
+    let resolved =
+        tokens::resolve(&config, &data_dir).map_err(|e| ServeError::Config(e.to_string()))?;
+    let state = Arc::new(ControlState::new(
+        &config,
+        tokens::Authenticator::new(&resolved.deployments),
+        resolved.admin.clone(),
+        registry,
+        latest.revision,
+        Arc::new(snapshot),
+    ));
     let metrics = Arc::new(Metrics::new(n));
     let metrics_state = state.clone();
     let metrics_render = metrics.clone();
