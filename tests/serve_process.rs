@@ -1,0 +1,563 @@
+//! Black-box tests of the `sortie serve` process: the zero-config first start (data dir, tokens
+//! shown once), configuration errors, graceful shutdown with a request in flight, and the
+//! legacy epoll driver.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::gateway::{
+    http, temp_dir, wait_until, Gateway, ADMIN_TOKEN, DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
+};
+use support::upstream::{self, Request, Script, Upstream};
+
+/// How long a process gets to print its banner or to exit.
+const PROCESS_LIMIT: Duration = Duration::from_secs(30);
+
+/// A `sortie` process started by a test, with its stdout and stderr lines (stderr prefixed
+/// `stderr: `) on one channel. Killed when dropped.
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Proc {
+    fn start(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sortie"));
+        cmd.args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("RUST_LOG");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn sortie");
+        let (tx, rx) = mpsc::channel();
+        let out = child.stdout.take().expect("stdout");
+        let err = child.stderr.take().expect("stderr");
+        let tx2 = tx.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx2.send(format!("stderr: {l}"));
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one satisfies `f`; `None` if the process ended (or the limit passed)
+    /// first. Every line read is kept in `seen`.
+    fn until(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + PROCESS_LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if f(&l) {
+                        return Some(l);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Like [`Proc::until`], but a line already read counts too (stdout and stderr lines
+    /// interleave in no fixed order).
+    fn find(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
+        if let Some(l) = self.seen.iter().find(|l| f(l)) {
+            return Some(l.clone());
+        }
+        self.until(f)
+    }
+
+    /// Waits for the exit status, then drains the remaining output into `seen`.
+    fn wait(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + PROCESS_LIMIT;
+        let status = loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("sortie did not exit; output:\n{}", self.seen.join("\n"));
+            }
+            std::thread::park_timeout(Duration::from_millis(20));
+        };
+        // The reader threads end at EOF, which follows the exit.
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(l);
+        }
+        status
+    }
+
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(ok.success());
+    }
+
+    fn output(&self) -> String {
+        self.seen.join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The address in a banner line such as `  api:       http://127.0.0.1:8080  (listening)`.
+fn banner_addr(line: &str) -> Option<SocketAddr> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("http://"))
+        .and_then(|a| a.parse().ok())
+}
+
+fn is_free(addr: &str) -> bool {
+    TcpListener::bind(addr).is_ok()
+}
+
+/// A config like the harness writes: loopback listeners on kernel-chosen ports, known tokens.
+fn write_config(dir: &Path, extra: &str) -> PathBuf {
+    let snapshot = dir.join("bootstrap.json");
+    std::fs::write(&snapshot, LOOPBACK_SNAPSHOT).expect("write snapshot");
+    let config = format!(
+        "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = 2\n\
+         data_dir = {:?}\nbootstrap_snapshot = {:?}\n\n[[deployments]]\nid = \"dep_test\"\n\
+         token = \"{DEPLOYMENT_TOKEN}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n{extra}",
+        dir.join("data").display().to_string(),
+        snapshot.display().to_string(),
+    );
+    let path = dir.join("sortie.toml");
+    std::fs::write(&path, config).expect("write config");
+    path
+}
+
+fn envelope_with(addr: SocketAddr, token: &str, envelope: &Value) -> support::gateway::Resp {
+    let auth = format!("Bearer {token}");
+    http(
+        addr,
+        "POST",
+        "/api/v1/requests",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        envelope.to_string().as_bytes(),
+    )
+}
+
+/// The token printed on a banner line such as `    deployment dep_default: sdt_...`.
+fn token_after(line: &str, label: &str) -> String {
+    line.trim()
+        .strip_prefix(label)
+        .map(|t| t.trim().to_string())
+        .unwrap_or_else(|| panic!("no {label} in {line:?}"))
+}
+
+#[test]
+fn serve_without_config_creates_the_data_dir_and_shows_tokens_once() {
+    let (api, admin) = ("127.0.0.1:8080", "127.0.0.1:8081");
+    if !is_free(api) || !is_free(admin) {
+        println!("SKIPPED: the default ports {api} and {admin} are in use on this machine");
+        return;
+    }
+    let cwd = temp_dir("nocfg");
+    let mut p = Proc::start(&["serve"], &cwd, &[]);
+    let Some(header) = p.until(|l| l.contains("tokens generated") || l.contains("stderr: sortie:"))
+    else {
+        panic!("no banner:\n{}", p.output());
+    };
+    if header.contains("stderr: sortie:") && header.contains("in use") {
+        println!("SKIPPED: a default port was taken while starting: {header}");
+        return;
+    }
+    assert!(header.contains("tokens generated"), "{}", p.output());
+    let dep_line = p
+        .until(|l| l.trim_start().starts_with("deployment dep_default:"))
+        .expect("token line");
+    let admin_line = p
+        .until(|l| l.trim_start().starts_with("admin: ") && !l.contains("http://"))
+        .expect("admin token line");
+    let deployment = token_after(&dep_line, "deployment dep_default:");
+    let admin_token = token_after(&admin_line, "admin:");
+    assert!(
+        deployment.starts_with("sdt_") && deployment.len() > 20,
+        "{deployment}"
+    );
+    assert!(
+        admin_token.starts_with("sat_") && admin_token.len() > 20,
+        "{admin_token}"
+    );
+    let banner = p.output();
+    assert!(banner.contains("embedded defaults"), "{banner}");
+    assert!(banner.contains("http://127.0.0.1:8080"), "{banner}");
+    assert!(banner.contains("http://127.0.0.1:8081"), "{banner}");
+
+    let data = cwd.join("sortie-data");
+    let tokens = data.join("tokens.toml");
+    let mode = std::fs::metadata(&tokens)
+        .expect("tokens.toml")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "tokens.toml mode {mode:o}");
+    let dmode = std::fs::metadata(&data)
+        .expect("data dir")
+        .permissions()
+        .mode();
+    assert_eq!(dmode & 0o077, 0, "data dir mode {dmode:o}");
+    let stored = std::fs::read_to_string(&tokens).expect("read tokens");
+    assert!(stored.contains(&deployment) && stored.contains(&admin_token));
+
+    // The printed tokens work. The default snapshot denies loopback: the request gets as far
+    // as the destination policy.
+    let api_addr: SocketAddr = api.parse().expect("addr");
+    let env = json!({"method": "GET", "url": "http://127.0.0.1:9/"});
+    let r = envelope_with(api_addr, &deployment, &env);
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["code"], "destination_denied");
+    let r = envelope_with(api_addr, &admin_token, &env);
+    assert_eq!(r.status, 401, "the admin token is not a deployment token");
+    let r = http(
+        admin.parse().expect("addr"),
+        "GET",
+        "/api/v1/admin/config",
+        &[("Authorization", &format!("Bearer {admin_token}"))],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["revision"], 1);
+
+    p.sigterm();
+    let status = p.wait();
+    assert!(status.success(), "exit {status:?}:\n{}", p.output());
+
+    // Second start: the same tokens, never printed in full again.
+    let mut p = Proc::start(&["serve"], &cwd, &[]);
+    p.until(|l| l.trim_start().starts_with("admin:"))
+        .expect("banner");
+    p.until(|l| l.trim_start().starts_with("deployment dep_default:"))
+        .expect("redacted token line");
+    let r = envelope_with(api_addr, &deployment, &env);
+    assert_eq!(r.status, 403, "tokens survive a restart");
+    p.sigterm();
+    assert!(p.wait().success());
+    let out = p.output();
+    assert!(
+        !out.contains(&deployment),
+        "deployment token printed again:\n{out}"
+    );
+    assert!(
+        !out.contains(&admin_token),
+        "admin token printed again:\n{out}"
+    );
+    assert!(out.contains("tokens.toml"), "{out}");
+    assert_eq!(std::fs::read_to_string(&tokens).expect("tokens"), stored);
+}
+
+#[test]
+fn tokens_are_shown_by_the_first_start_that_succeeds() {
+    // A first start that fails (here: the API port is taken) must not swallow the one showing
+    // of the generated tokens.
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let cwd = temp_dir("firstfail");
+    let cfg = |api: &str| {
+        format!("[control]\napi_listen = \"{api}\"\nadmin_listen = \"127.0.0.1:0\"\ncores = 1\n")
+    };
+    std::fs::write(
+        cwd.join("a.toml"),
+        cfg(&taken.local_addr().expect("addr").to_string()),
+    )
+    .expect("config");
+    std::fs::write(cwd.join("b.toml"), cfg("127.0.0.1:0")).expect("config");
+    let mut p = Proc::start(&["serve", "--config", "a.toml"], &cwd, &[]);
+    let status = p.wait();
+    assert!(!status.success());
+    assert!(p.output().contains("control.api_listen"), "{}", p.output());
+    assert!(!p.output().contains("sdt_"), "{}", p.output());
+
+    let mut p = Proc::start(&["serve", "--config", "b.toml"], &cwd, &[]);
+    let line = p
+        .until(|l| l.contains("tokens generated") || l.trim_start().starts_with("tokens:"))
+        .unwrap_or_else(|| panic!("no token banner:\n{}", p.output()));
+    assert!(line.contains("tokens generated"), "{}", p.output());
+    let dep = p
+        .until(|l| l.trim_start().starts_with("deployment dep_default:"))
+        .expect("token line");
+    let token = token_after(&dep, "deployment dep_default:");
+    let stored = std::fs::read_to_string(cwd.join("sortie-data/tokens.toml")).expect("tokens");
+    assert!(
+        stored.contains(&token),
+        "the printed token is the stored one"
+    );
+    p.sigterm();
+    assert!(p.wait().success());
+}
+
+#[test]
+fn bad_configs_exit_non_zero_naming_the_key() {
+    let dir = temp_dir("badcfg");
+    let bad_snapshot = dir.join("bad-snapshot.json");
+    std::fs::write(&bad_snapshot, b"{\"default_timeout_ms\": 1}").expect("write");
+    // Listeners on port 0 so that a config that gets as far as binding never collides.
+    let listen = "api_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n";
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("cores", "[control]\ncores = 5000\n".into(), "control.cores"),
+        (
+            "listen address",
+            "[control]\napi_listen = \"nope\"\n".into(),
+            "control.api_listen",
+        ),
+        (
+            "timeout cap",
+            "[control.request]\nmax_timeout_ms = 10\n".into(),
+            "control.request.max_timeout_ms",
+        ),
+        (
+            "inline limit",
+            "[control.request]\nmax_inline_request_body_bytes = 999999999\n".into(),
+            "control.request.max_inline_request_body_bytes",
+        ),
+        (
+            "worker capacity",
+            "[[workers]]\nid = \"w\"\ncapacity = 0\n".into(),
+            "workers[0].capacity",
+        ),
+        (
+            "worker country",
+            "[[workers]]\nid = \"w\"\n\n[[workers]]\nid = \"v\"\ncountry = \"USA\"\n".into(),
+            "workers[1].country",
+        ),
+        (
+            "bind address",
+            "[[workers]]\nid = \"w\"\nbind_address = \"127.0.0.1:80\"\n".into(),
+            "workers[0].bind_address",
+        ),
+        (
+            "duplicate worker",
+            "[[workers]]\nid = \"w\"\n[[workers]]\nid = \"w\"\n".into(),
+            "workers[1].id",
+        ),
+        ("unknown key", "[control]\nbogus = 1\n".into(), "line 2"),
+        ("not TOML", "[control\n".into(), "line 1"),
+        (
+            "missing bootstrap snapshot",
+            format!("[control]\n{listen}bootstrap_snapshot = \"/nonexistent/snapshot.json\"\n"),
+            "control.bootstrap_snapshot",
+        ),
+        (
+            "invalid bootstrap snapshot",
+            format!(
+                "[control]\n{listen}bootstrap_snapshot = {:?}\n",
+                bad_snapshot.display().to_string()
+            ),
+            "control.bootstrap_snapshot",
+        ),
+        (
+            "missing CA file",
+            format!("[control]\n{listen}\n[egress]\nca_file = \"/nonexistent/ca.pem\"\n"),
+            "egress.ca_file",
+        ),
+        (
+            "object storage",
+            format!("[control]\n{listen}\n[object_storage]\nenabled = true\n"),
+            "object_storage.enabled",
+        ),
+    ];
+    for (i, (name, toml, key)) in cases.iter().enumerate() {
+        let case_dir = dir.join(format!("case{i}"));
+        std::fs::create_dir_all(&case_dir).expect("dir");
+        let file = case_dir.join("sortie.toml");
+        std::fs::write(&file, toml).expect("write config");
+        let mut p = Proc::start(&["serve", "--config", "sortie.toml"], &case_dir, &[]);
+        let status = p.wait();
+        let out = p.output();
+        assert_eq!(status.code(), Some(1), "{name}: {out}");
+        let err_line = p
+            .seen
+            .iter()
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("{name}: {key} not named in:\n{out}"));
+        assert!(err_line.starts_with("stderr: "), "{name}: {err_line}");
+        assert!(!out.contains("listening"), "{name}: started anyway:\n{out}");
+    }
+    let mut p = Proc::start(
+        &["serve", "--config", "/nonexistent/sortie.toml"],
+        &dir,
+        &[],
+    );
+    let status = p.wait();
+    assert_eq!(status.code(), Some(2), "{}", p.output());
+    assert!(
+        p.output().contains("/nonexistent/sortie.toml"),
+        "{}",
+        p.output()
+    );
+}
+
+#[test]
+fn check_config_reports_the_same_keys() {
+    let dir = temp_dir("checkcfg");
+    let file = dir.join("bad.toml");
+    std::fs::write(&file, "[[workers]]\nid = \"w\"\ncapacity = 0\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("workers[0].capacity"));
+    let good = write_config(&dir, "");
+    let out = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .arg("check-config")
+        .arg(&good)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Holds every request in the upstream until opened (or dropped).
+struct Gate {
+    inner: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            inner: Arc::new((Mutex::new(false), Condvar::new())),
+        }
+    }
+
+    fn script(&self, then: Script) -> Script {
+        let inner = self.inner.clone();
+        Arc::new(move |r: &Request| {
+            let (m, c) = &*inner;
+            let deadline = Instant::now() + PROCESS_LIMIT;
+            let mut open = m.lock().unwrap_or_else(|p| p.into_inner());
+            while !*open && Instant::now() < deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                open = c
+                    .wait_timeout(open, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            drop(open);
+            then(r)
+        })
+    }
+
+    fn open(&self) {
+        let (m, c) = &*self.inner;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        c.notify_all();
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
+}
+
+#[test]
+fn sigterm_lets_the_in_flight_request_finish_then_exits_0() {
+    let gate = Gate::new();
+    let up = Upstream::start(gate.script(upstream::echo()));
+    let mut gw = Gateway::start();
+    let api = gw.api;
+    let url = up.url("/in-flight");
+    let caller = std::thread::spawn(move || {
+        envelope_with(api, DEPLOYMENT_TOKEN, &json!({"method": "GET", "url": url}))
+    });
+    wait_until(
+        Duration::from_secs(10),
+        "the request to reach the upstream",
+        || up.requests() == 1,
+    );
+    let ok = Command::new("kill")
+        .args(["-TERM", &gw.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+    let deadline = Instant::now() + PROCESS_LIMIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = gw.stdout.recv_timeout(left).expect("shutdown log line");
+        if line.contains("shutting down") {
+            break;
+        }
+    }
+    // Shutdown has begun and the request is still held upstream: let it finish.
+    gate.open();
+    let r = caller.join().expect("caller");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["status"], 200);
+    let status = gw.terminate();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn legacy_epoll_driver_serves_requests() {
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("epoll");
+    let cfg = write_config(&dir, "");
+    let cfg = cfg.display().to_string();
+    let mut p = Proc::start(
+        &["serve", "--config", &cfg],
+        &dir,
+        &[("MONOIO_FORCE_LEGACY_DRIVER", "1")],
+    );
+    let cores = p
+        .until(|l| l.trim_start().starts_with("cores:"))
+        .expect("banner");
+    assert!(cores.contains("(epoll)"), "{cores}");
+    let api = p
+        .until(|l| l.trim_start().starts_with("api:"))
+        .and_then(|l| banner_addr(&l))
+        .expect("api address");
+    let r = envelope_with(
+        api,
+        DEPLOYMENT_TOKEN,
+        &json!({"method": "POST", "url": up.url("/e"),
+        "body": {"mode": "inline_base64", "data_base64": "aGk="}}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["status"], 200);
+    let r = envelope_with(api, "wrong", &json!({"method": "GET", "url": up.url("/")}));
+    assert_eq!(r.status, 401);
+    p.find(|l| l.contains("using the epoll driver"))
+        .expect("the fallback is logged");
+    p.sigterm();
+    assert!(p.wait().success(), "{}", p.output());
+}
