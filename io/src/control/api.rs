@@ -88,6 +88,34 @@ fn is_json_content_type(v: Option<&[u8]>) -> bool {
     media.eq_ignore_ascii_case(b"application/json")
 }
 
+fn deployment_of<'a>(ctx: &'a ApiContext, authorization: Option<&[u8]>) -> Option<&'a str> {
+    authorization
+        .and_then(bearer)
+        .and_then(|t| ctx.state.auth.deployment(t))
+}
+
+fn auth_failure(request_id: &str) -> ApiAnswer {
+    let e = ApiError::new(
+        ErrorCode::AuthFailure,
+        "missing or invalid deployment token",
+    );
+    error_answer(&e, request_id)
+}
+
+/// Answers `auth_failure` from the request head alone when it carries no valid deployment
+/// token, so that an unauthenticated client is never asked for its body (no `100 Continue`)
+/// and the token is checked before anything else, the envelope size included (decision 001).
+pub fn reject_unauthenticated(ctx: &ApiContext, authorization: Option<&[u8]>) -> Option<ApiAnswer> {
+    if deployment_of(ctx, authorization).is_some() {
+        return None;
+    }
+    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let answer = auth_failure(&request_id);
+    ctx.metrics
+        .record(ctx.core, "-", answer.outcome, answer.stages);
+    Some(answer)
+}
+
 /// Serves one `POST /api/v1/requests` whose body has been read.
 pub async fn handle(
     ctx: &ApiContext,
@@ -117,15 +145,8 @@ async fn handle_inner(
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let state = &ctx.state;
 
-    let Some(deployment) = authorization
-        .and_then(bearer)
-        .and_then(|t| state.auth.deployment(t))
-    else {
-        let e = ApiError::new(
-            ErrorCode::AuthFailure,
-            "missing or invalid deployment token",
-        );
-        return error_answer(&e, &request_id);
+    let Some(deployment) = deployment_of(ctx, authorization) else {
+        return auth_failure(&request_id);
     };
     let deployment = deployment.to_string();
     *deployment_out = Some(deployment.clone());

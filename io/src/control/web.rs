@@ -48,6 +48,11 @@ fn envelope_error(e: &ApiError) -> Response {
 impl Handler for ApiHandler {
     fn body_limit(&self, req: &RequestParts) -> Result<u64, Response> {
         if req.path() == REQUESTS_PATH && req.method() == "POST" {
+            if let Some(answer) =
+                api::reject_unauthenticated(&self.ctx, req.header("authorization"))
+            {
+                return Err(Response::json(answer.status, answer.body));
+            }
             // One byte over the limit is read so that an oversized chunked envelope is told
             // apart from one exactly at the limit.
             Ok(MAX_REQUEST_ENVELOPE_BYTES as u64 + 1)
