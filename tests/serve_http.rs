@@ -219,6 +219,38 @@ fn expect_100_continue_on_a_raw_connection() {
 }
 
 #[test]
+fn unauthenticated_client_is_refused_before_it_sends_the_body() {
+    let gw = Gateway::start();
+    // With `Expect: 100-continue` a client waits before sending its body: a bad token is
+    // answered at once, without the interim response.
+    let mut s = connect(gw.api);
+    s.write_all(
+        b"POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 1000000\r\n\r\n",
+    )
+    .expect("write head");
+    let r = read_one(&mut s, &mut Vec::new());
+    assert_envelope(&r, 401, "auth_failure");
+    // The token is checked first (decision 001), even before the size of the envelope.
+    for auth in ["", "Authorization: Bearer nope\r\n"] {
+        let mut s = connect(gw.api);
+        let head = format!(
+            "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 9000000\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).expect("write head");
+        let r = read_one(&mut s, &mut Vec::new());
+        assert_envelope(&r, 401, "auth_failure");
+    }
+    // A valid token with an oversized envelope is still 413, also without the interim answer.
+    let mut s = connect(gw.api);
+    let head = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 9000000\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).expect("write head");
+    let r = read_one(&mut s, &mut Vec::new());
+    assert_envelope(&r, 413, "body_too_large");
+}
+
+#[test]
 fn expect_100_continue_with_curl() {
     let Ok(out) = Command::new("curl").arg("--version").output() else {
         println!("SKIPPED: curl is not installed");
@@ -308,6 +340,11 @@ fn other_paths_are_404_and_other_methods_405() {
 #[test]
 fn malformed_http_gets_400_with_the_error_envelope() {
     let gw = Gateway::start();
+    // A body error needs a valid token: without one the request is refused from its head.
+    let bad_chunk = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+    )
+    .into_bytes();
     let cases: &[(&str, &[u8], u16)] = &[
         ("garbage", b"GARBAGE\r\n\r\n", 400),
         ("bad header line", b"POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n", 400),
@@ -325,7 +362,7 @@ fn malformed_http_gets_400_with_the_error_envelope() {
         ),
         (
             "bad chunk size",
-            b"POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            &bad_chunk,
             400,
         ),
         ("no Host", b"POST /api/v1/requests HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 400),

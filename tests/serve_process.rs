@@ -517,10 +517,16 @@ fn sigterm_lets_the_in_flight_request_finish_then_exits_0() {
             break;
         }
     }
+    // New connections are refused once the listeners close.
+    wait_until(Duration::from_secs(10), "the API listener to close", || {
+        std::net::TcpStream::connect(api).is_err()
+    });
     // Shutdown has begun and the request is still held upstream: let it finish.
+    assert!(!caller.is_finished());
     gate.open();
     let r = caller.join().expect("caller");
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("connection"), Some("close"));
     let v = r.json();
     assert_eq!(v["status"], 200);
     let status = gw.terminate();
