@@ -1179,6 +1179,28 @@ fn total_deadline_while_reading_the_response_body() {
 }
 
 #[test]
+fn idle_timeout_when_the_body_stalls() {
+    // The stage limit is the executor's fixed 30 s without a byte moving (IDLE_TIMEOUT), under
+    // a total deadline long enough not to fire first. The slowest test of the file.
+    let up = Upstream::start(upstream::slow_body(200, 100, Duration::from_secs(45)));
+    let gw = Gateway::start();
+    let started = Instant::now();
+    let r = request_api(
+        &gw,
+        &json!({"method": "GET", "url": up.url("/"), "timeout_ms": 50000}),
+    );
+    let took = started.elapsed();
+    let v = err(&r, 504, "timeout_exceeded", "transport", false);
+    assert_eq!(v["timeout_type"], "idle_timeout");
+    assert_eq!(v["details"]["timeout_type"], "idle_timeout");
+    assert_eq!(v["details"]["stage"], "response_body");
+    assert!(
+        took >= Duration::from_secs(29) && took < Duration::from_secs(40),
+        "{took:?}"
+    );
+}
+
+#[test]
 fn default_timeout_comes_from_the_snapshot() {
     let gate = Gate::new();
     let up = Upstream::start(gate.script(upstream::echo()));

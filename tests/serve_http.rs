@@ -160,6 +160,26 @@ fn keep_alive_serves_several_requests_on_one_connection() {
 }
 
 #[test]
+fn http_1_0_client_is_answered_and_closed() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::start();
+    let body = json!({"method": "GET", "url": up.url("/old")}).to_string();
+    let req = format!(
+        "POST /api/v1/requests HTTP/1.0\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = connect(gw.api);
+    s.write_all(req.as_bytes()).expect("write");
+    let raw = read_to_close(&mut s);
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200 "),
+        "{:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert_echo_of(&parse_response(&raw), "/old");
+}
+
+#[test]
 fn pipelined_envelopes_are_answered_in_order() {
     // The first destination is slower than the second: answers still come in request order.
     let slow = Upstream::start(upstream::slow_head(Duration::from_millis(300)));
