@@ -216,7 +216,8 @@ fn connect_limit_is_upstream_connect_timeout_and_total_deadline_wins_when_earlie
         req.timeouts.connect = Duration::from_secs(5);
         req.deadline = std::time::Instant::now() + Duration::from_millis(200);
         let e = expect_code(egress.execute(&req).await, ErrorCode::TimeoutExceeded);
-        assert_eq!(e.timeout_type, Some(TimeoutType::TotalDeadline));
+        assert_eq!(e.timeout_type, Some(TimeoutType::Connect));
+        assert_eq!(detail(&e, "deadline"), Some("total"));
         assert_eq!(detail(&e, "stage"), Some("connect"));
     });
 }

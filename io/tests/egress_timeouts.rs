@@ -42,8 +42,9 @@ fn slow_head_without_a_header_limit_runs_into_the_total_deadline() {
         req.timeouts.response_header = None;
         req.deadline = Instant::now() + Duration::from_millis(200);
         let e = expect_code(egress.execute(&req).await, ErrorCode::TimeoutExceeded);
-        assert_eq!(e.timeout_type, Some(TimeoutType::TotalDeadline));
-        assert_eq!(detail(&e, "timeout_type"), Some("total_deadline_timeout"));
+        assert_eq!(e.timeout_type, Some(TimeoutType::ResponseHeader));
+        assert_eq!(detail(&e, "timeout_type"), Some("response_header_timeout"));
+        assert_eq!(detail(&e, "deadline"), Some("total"));
         assert_eq!(detail(&e, "stage"), Some("response_header"));
     });
 }
@@ -72,7 +73,8 @@ fn stalled_body_runs_into_the_total_deadline_before_the_idle_limit() {
         req.timeouts.idle = Duration::from_secs(10);
         req.deadline = Instant::now() + Duration::from_millis(250);
         let e = expect_code(egress.execute(&req).await, ErrorCode::TimeoutExceeded);
-        assert_eq!(e.timeout_type, Some(TimeoutType::TotalDeadline));
+        assert_eq!(e.timeout_type, Some(TimeoutType::Download));
+        assert_eq!(detail(&e, "deadline"), Some("total"));
         assert_eq!(detail(&e, "stage"), Some("response_body"));
     });
 }
@@ -110,7 +112,8 @@ fn expired_deadline_fails_before_dialling() {
         let mut req = request(Method::Get, &up.url("/"));
         req.deadline = Instant::now();
         let e = expect_code(egress.execute(&req).await, ErrorCode::TimeoutExceeded);
-        assert_eq!(e.timeout_type, Some(TimeoutType::TotalDeadline));
+        assert_eq!(e.timeout_type, Some(TimeoutType::Connect));
+        assert_eq!(detail(&e, "deadline"), Some("total"));
         assert_eq!(up.connections(), 0);
     });
 }

@@ -24,6 +24,17 @@ pub(crate) enum Stage {
 }
 
 impl Stage {
+    /// The contract's `timeout_type` for a total deadline that expired in this stage.
+    pub(crate) const fn timeout_type(self) -> TimeoutType {
+        match self {
+            Stage::Dns => TimeoutType::TotalDeadline,
+            Stage::Connect | Stage::TlsHandshake => TimeoutType::Connect,
+            Stage::RequestWrite => TimeoutType::Upload,
+            Stage::ResponseHeader => TimeoutType::ResponseHeader,
+            Stage::ResponseBody => TimeoutType::Download,
+        }
+    }
+
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Stage::Dns => "dns",
@@ -70,11 +81,15 @@ pub(crate) fn timeout(expired: Expired, stage: Stage) -> ApiError {
             other,
             "a stage of the upstream exchange timed out",
         ),
+        // Spec, errors table: timeout_exceeded means the total deadline expired, and its
+        // timeout_type names the stage it expired in; total_deadline_timeout is left for a
+        // deadline that expired outside the upstream exchange's stages (name resolution).
         Expired::TotalDeadline => ApiError::timeout(
             ErrorCode::TimeoutExceeded,
-            TimeoutType::TotalDeadline,
+            stage.timeout_type(),
             "the total deadline expired",
-        ),
+        )
+        .with_detail("deadline", "total"),
     };
     e.with_detail("stage", stage.as_str())
 }
@@ -303,6 +318,30 @@ mod tests {
                 Stage::Dns,
                 ErrorCode::TimeoutExceeded,
                 TimeoutType::TotalDeadline,
+            ),
+            (
+                Expired::TotalDeadline,
+                Stage::Connect,
+                ErrorCode::TimeoutExceeded,
+                TimeoutType::Connect,
+            ),
+            (
+                Expired::TotalDeadline,
+                Stage::RequestWrite,
+                ErrorCode::TimeoutExceeded,
+                TimeoutType::Upload,
+            ),
+            (
+                Expired::TotalDeadline,
+                Stage::ResponseHeader,
+                ErrorCode::TimeoutExceeded,
+                TimeoutType::ResponseHeader,
+            ),
+            (
+                Expired::TotalDeadline,
+                Stage::ResponseBody,
+                ErrorCode::TimeoutExceeded,
+                TimeoutType::Download,
             ),
         ];
         for &(expired, stage, code, ty) in table {

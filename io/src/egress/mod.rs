@@ -21,7 +21,7 @@
 //! | response body over `max_response_body_bytes` | `body_too_large` (`direction: response`) | |
 //! | no complete head within `response_header` | `timeout_exceeded` | `response_header_timeout` |
 //! | no bytes moved for `idle` | `timeout_exceeded` | `idle_timeout` |
-//! | the total deadline, at any stage | `timeout_exceeded` | `total_deadline_timeout` |
+//! | the total deadline, at any stage | `timeout_exceeded` | the stage's: `connect_timeout`, `upload_timeout`, `response_header_timeout`, `download_timeout`; `total_deadline_timeout` during name resolution |
 //! | source address unusable, sockets exhausted | `executor_internal_error` | |
 //!
 //! Timeouts and resets carry a `stage` detail (`dns`, `connect`, `tls_handshake`,
