@@ -505,6 +505,14 @@ fn chunked_response_is_decoded() {
     ));
     assert_eq!(v["status"], 200);
     assert_eq!(body_of(&v), b"hello chunked world");
+    // The body is de-framed, so the framing and connection fields are not relayed.
+    for h in v["headers"].as_array().unwrap() {
+        let name = h["name"].as_str().unwrap().to_ascii_lowercase();
+        assert!(
+            !["transfer-encoding", "connection", "keep-alive"].contains(&name.as_str()),
+            "{name} relayed"
+        );
+    }
 }
 
 #[test]

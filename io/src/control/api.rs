@@ -311,9 +311,11 @@ async fn handle_inner(
     };
     match result {
         Ok(resp) => {
+            let hop = connection_tokens(&resp.headers);
             let headers: Vec<(&[u8], &[u8])> = resp
                 .headers
                 .iter()
+                .filter(|(n, _)| !is_hop_by_hop(n, &hop))
                 .map(|(n, v)| (n.as_slice(), v.as_slice()))
                 .collect();
             let timing = Timing {
@@ -364,6 +366,34 @@ async fn handle_inner(
             error_answer(&e, &request_id)
         }
     }
+}
+
+/// Fields that describe the upstream connection, not the response (RFC 9110 §7.6.1); the body in
+/// the envelope is already de-framed, so they are left out of the result's headers.
+const HOP_BY_HOP: &[&[u8]] = &[
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"transfer-encoding",
+    b"te",
+    b"trailer",
+    b"upgrade",
+];
+
+/// Field names listed in the response's `Connection` header, which are hop-by-hop too.
+fn connection_tokens(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<Vec<u8>> {
+    headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(|t| t.trim_ascii().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+fn is_hop_by_hop(name: &[u8], listed: &[Vec<u8>]) -> bool {
+    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+        || listed.iter().any(|t| name.eq_ignore_ascii_case(t))
 }
 
 struct CapacityGuard(Arc<super::state::WorkerSlot>);
