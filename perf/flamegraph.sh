@@ -62,7 +62,7 @@ main() {
   report="$RESULTS_DIR/$stamp-flamegraph.txt"
 
   start_nginx
-  start_gateway "$bin" 0
+  start_gateway "$bin" "${GATEWAY_CORES:-0}"
   export SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/small" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN"
   export SORTIE_PERF_DIR="$PERF_DIR"
   local url="http://127.0.0.1:$API_PORT/api/v1/requests"
@@ -81,6 +81,7 @@ main() {
 
   log "rendering (perf script | inferno); dwarf call graphs take a minute"
   perf script -i "$WORK_DIR/perf.data" 2>/dev/null | inferno-collapse-perf >"$WORK_DIR/folded.txt"
+  cp "$WORK_DIR/folded.txt" "$RESULTS_DIR/$stamp-folded.txt"
   inferno-flamegraph --title "sortie under wrk -c$CONNECTIONS (${FLAME_SECONDS}s, $event)" \
     <"$WORK_DIR/folded.txt" >"$svg"
 

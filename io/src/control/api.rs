@@ -301,7 +301,7 @@ async fn handle_inner(
     };
     let assigned = Instant::now();
     let outcome = monoio::select! {
-        r = ctx.egress.execute(&job) => Some(r),
+        r = Box::pin(ctx.egress.execute(&job)) => Some(r),
         _ = cancelled => None,
     };
     let done = Instant::now();
