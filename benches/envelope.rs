@@ -85,6 +85,32 @@ fn bench(c: &mut Criterion) {
                 black_box(validate(env, &ctx).map(|r| r.timeout_ms).ok())
             })
         });
+        // The JSON decoding alone, without validation, to show what each parser costs.
+        g.bench_with_input(
+            BenchmarkId::new("simd_json_decode_only", doc.len()),
+            &doc,
+            |b, doc| {
+                b.iter_batched_ref(
+                    || doc.clone(),
+                    |scratch| {
+                        let env: Result<RequestEnvelope<'_>, _> =
+                            sortie_core::json::from_slice_strict(scratch, usize::MAX);
+                        black_box(env.is_ok())
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("serde_json_decode_only", doc.len()),
+            &doc,
+            |b, doc| {
+                b.iter(|| {
+                    let env: Result<RequestEnvelope<'_>, _> = serde_json::from_slice(doc);
+                    black_box(env.is_ok())
+                })
+            },
+        );
         g.finish();
     }
 }
