@@ -93,21 +93,31 @@ impl Handler for ApiHandler {
     }
 
     fn error_response(&self, status: u16, reason: &'static str) -> Response {
-        let code = if status == 413 {
-            ErrorCode::BodyTooLarge
-        } else {
-            ErrorCode::InvalidRequest
-        };
-        let mut e = ApiError::new(code, format!("malformed HTTP request: {reason}"));
-        if status == 413 {
-            e = e
-                .with_detail("direction", "request")
-                .with_detail("limit_bytes", MAX_REQUEST_ENVELOPE_BYTES.to_string());
-        }
         let id = sortie_core::ids::request_id(crate::tokens::random_bytes());
         // The status stays the server's (400, 408, 413, 414, 431, 503...): it describes the HTTP
         // failure; the body is the registry envelope so API clients can parse it.
-        Response::json(status, e.to_json(&id))
+        Response::json(status, server_error(status, reason).to_json(&id))
+    }
+}
+
+/// The registry error for a failure the HTTP server detected before the request API ran.
+fn server_error(status: u16, reason: &str) -> ApiError {
+    match status {
+        413 => ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("request too large: {reason}"),
+        )
+        .with_detail("direction", "request")
+        .with_detail("limit_bytes", MAX_REQUEST_ENVELOPE_BYTES.to_string()),
+        // Too many connections on this core: retryable, like any capacity shortage.
+        503 => ApiError::new(
+            ErrorCode::RouteUnavailable,
+            format!("gateway busy: {reason}"),
+        ),
+        _ => ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("malformed HTTP request: {reason}"),
+        ),
     }
 }
 
@@ -173,5 +183,25 @@ impl Handler for AdminHandler {
             return Response::json(400, admin_error_json(BODY_TOO_LARGE));
         }
         Response::json(status, admin_error_json(reason))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_map_to_registry_codes() {
+        let e = server_error(413, "body_too_large");
+        assert_eq!(e.code, ErrorCode::BodyTooLarge);
+        assert!(e
+            .details
+            .contains(&("limit_bytes".into(), "4194304".into())));
+        let e = server_error(503, "too_many_connections");
+        assert_eq!(e.code, ErrorCode::RouteUnavailable);
+        assert!(e.code.is_retryable());
+        for s in [400, 408, 414, 431, 501, 505] {
+            assert_eq!(server_error(s, "x").code, ErrorCode::InvalidRequest, "{s}");
+        }
     }
 }
