@@ -3,8 +3,6 @@
 //!
 //! On the per-request path: one allocation per chunk read, no logging.
 
-use std::cell::Cell;
-
 use bytes::Bytes;
 use sortie_core::h1::{BodyDecoder, BodyFraming, H1Error};
 
@@ -80,18 +78,12 @@ pub(crate) enum Settled {
     Failed(BodyError),
 }
 
-/// Where a [`Body`] hands the connection back once the body has been read to its end, so that
-/// the connection driver can watch the socket for a disconnect while the handler still runs.
-pub(crate) type Release<'c> = Cell<Option<&'c mut ConnIo>>;
-
 /// The body of one request, read incrementally.
 ///
 /// Reading is what sends `100 Continue` to a client that asked for it, so a handler that rejects
 /// a request from its head alone should answer without reading.
 pub struct Body<'c> {
-    /// The connection, until the body has ended; then it is in `release`.
-    io: Option<&'c mut ConnIo>,
-    release: &'c Release<'c>,
+    io: &'c mut ConnIo,
     decoder: BodyDecoder,
     framing: BodyFraming,
     is_continue_pending: bool,
@@ -116,31 +108,18 @@ impl<'c> Body<'c> {
         decoder: BodyDecoder,
         framing: BodyFraming,
         expects_continue: bool,
-        release: &'c Release<'c>,
     ) -> Body<'c> {
         // RFC 9110 §10.1.1: "A server MAY omit sending a 100 (Continue) response if it has
         // already received some or all of the content for the corresponding request".
         let is_continue_pending =
             expects_continue && !decoder.is_done() && io.buffered().is_empty();
-        let mut body = Body {
-            io: Some(io),
-            release,
+        Body {
+            io,
             decoder,
             framing,
             is_continue_pending,
             error: None,
             received: 0,
-        };
-        if body.decoder.is_done() {
-            body.release_io();
-        }
-        body
-    }
-
-    /// Hands the connection to the driver once no body byte remains to be read.
-    fn release_io(&mut self) {
-        if let Some(io) = self.io.take() {
-            self.release.set(Some(io));
         }
     }
 
@@ -194,14 +173,9 @@ impl<'c> Body<'c> {
         }
         loop {
             if self.decoder.is_done() {
-                self.release_io();
                 return Ok(false);
             }
-            // The connection is only released at the end of the body, checked above.
-            let Some(io) = self.io.as_deref_mut() else {
-                return Ok(false);
-            };
-            let input = io.buffered();
+            let input = self.io.buffered();
             if !input.is_empty() {
                 let before = out.len();
                 let progress = self
@@ -211,15 +185,10 @@ impl<'c> Body<'c> {
                     Ok(p) => p,
                     Err(e) => return Err(self.fail(BodyError::from(e))),
                 };
-                io.consume(progress.consumed);
+                self.io.consume(progress.consumed);
                 let added = out.len().saturating_sub(before);
                 if added > 0 {
                     self.received = self.received.saturating_add(added as u64);
-                    // Released now rather than on the next call: a handler that reads exactly
-                    // the declared length may never ask for the end.
-                    if self.decoder.is_done() {
-                        self.release_io();
-                    }
                     return Ok(true);
                 }
                 // Only framing bytes (a chunk-size line, a trailer) were consumed. The decoder
@@ -231,13 +200,13 @@ impl<'c> Body<'c> {
             }
             if self.is_continue_pending {
                 self.is_continue_pending = false;
-                if io.write_all_timed(CONTINUE_RESPONSE).await.is_err() {
+                if self.io.write_all_timed(CONTINUE_RESPONSE).await.is_err() {
                     return Err(self.fail(BodyError::Disconnected));
                 }
             }
-            io.prepare_body_read();
-            let timeout = io.cfg.body_read_timeout;
-            match monoio::time::timeout(timeout, io.read_more()).await {
+            self.io.prepare_body_read();
+            let timeout = self.io.cfg.body_read_timeout;
+            match monoio::time::timeout(timeout, self.io.read_more()).await {
                 Err(_) => return Err(self.fail(BodyError::TimedOut)),
                 Ok(Ok(0)) | Ok(Err(_)) => return Err(self.fail(BodyError::Disconnected)),
                 Ok(Ok(_)) => {}

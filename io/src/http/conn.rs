@@ -3,24 +3,19 @@
 //!
 //! On the per-request path: no blocking, no locks, debug-level logging only.
 
-use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::rc::Rc;
-use std::task::Poll;
 
 use bytes::Bytes;
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{
-    AsyncReadRent, AsyncWriteRent, CancelHandle, CancelableAsyncReadRent, Canceller, OwnedReadHalf,
-    OwnedWriteHalf, Splitable,
-};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use sortie_core::h1::{parse_request_head, BodyDecoder, BodyLimits, Parsed, Version};
 
-use super::body::{Body, Release, Settled};
+use super::body::{Body, Settled};
 use super::config::ServerConfig;
 use super::handler::Handler;
 use super::race::{race, Either};
@@ -45,52 +40,9 @@ pub const MAX_LINGER_BYTES: usize = 64 * 1024;
 const INTERNAL_ERROR_RESPONSE: &[u8] =
     b"HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
 
-/// The receiving half of a connection's socket.
-type Reader = OwnedReadHalf<TcpStream>;
-/// The sending half of a connection's socket.
-type Writer = OwnedWriteHalf<TcpStream>;
-
-/// A read that owns the receiving half and its buffer, so that it can stay pending while the
-/// connection writes a response and then carry over into the wait for the next request.
-pub(crate) struct ReadDone {
-    reader: Reader,
-    buf: Vec<u8>,
-    res: io::Result<usize>,
-}
-
-/// Reads into the spare capacity of `buf`; cancellable through `cancel` when given, so that
-/// bytes the kernel already delivered are returned rather than lost.
-async fn read_owned(mut reader: Reader, buf: Vec<u8>, cancel: Option<CancelHandle>) -> ReadDone {
-    let (len, cap) = (buf.len(), buf.capacity());
-    let (res, slice) = match cancel {
-        Some(handle) => {
-            reader
-                .cancelable_read(buf.slice_mut(len..cap), handle)
-                .await
-        }
-        None => reader.read(buf.slice_mut(len..cap)).await,
-    };
-    ReadDone {
-        reader,
-        buf: slice.into_inner(),
-        res,
-    }
-}
-
-/// A read started by the disconnect watch.
-struct WatchRead {
-    reader: Reader,
-    buf: Vec<u8>,
-    /// Whether the read goes to a separate buffer because the connection's buffer holds
-    /// unconsumed (pipelined) bytes; such a read is cancelled when the handler answers.
-    is_side: bool,
-}
-
 /// The socket and read buffer of one connection; [`Body`] borrows it while a handler runs.
 pub(crate) struct ConnIo {
-    /// `None` while a read started by the disconnect watch is in flight and owns it.
-    reader: Option<Reader>,
-    writer: Writer,
+    stream: TcpStream,
     /// Bytes read and not yet handed out live in `buf[pos..]`.
     buf: Vec<u8>,
     pos: usize,
@@ -99,10 +51,8 @@ pub(crate) struct ConnIo {
 
 impl ConnIo {
     fn new(stream: TcpStream, cfg: Rc<ServerConfig>) -> ConnIo {
-        let (reader, writer) = stream.into_split();
         ConnIo {
-            reader: Some(reader),
-            writer,
+            stream,
             buf: Vec::with_capacity(INITIAL_READ_BUFFER_BYTES),
             pos: 0,
             cfg,
@@ -174,85 +124,21 @@ impl ConnIo {
     /// Reads into the spare capacity of the buffer; 0 means the peer closed its side.
     ///
     /// If the future is dropped before it completes (a timeout or shutdown won the race), the
-    /// buffer and the receiving half go with the cancelled operation, so later reads fail:
+    /// buffer goes with the cancelled operation and the connection is left with an empty one:
     /// every caller closes the connection in that case.
     pub(crate) async fn read_more(&mut self) -> io::Result<usize> {
-        if self.buf.len() == self.buf.capacity() {
-            return Err(io::Error::other("read buffer has no room"));
-        }
-        let Some(reader) = self.reader.take() else {
-            return Err(io::Error::other("a read is already in flight"));
-        };
         let pos = std::mem::take(&mut self.pos);
         let buf = std::mem::take(&mut self.buf);
-        let done = read_owned(reader, buf, None).await;
-        self.reader = Some(done.reader);
-        self.buf = done.buf;
+        let (len, cap) = (buf.len(), buf.capacity());
+        if len == cap {
+            self.buf = buf;
+            self.pos = pos;
+            return Err(io::Error::other("read buffer has no room"));
+        }
+        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
+        self.buf = slice.into_inner();
         self.pos = pos;
-        done.res
-    }
-
-    /// Starts the disconnect watch's next read, or `None` when the buffer already holds a head
-    /// limit of unconsumed bytes (reading resumes after the response) or a read is in flight.
-    ///
-    /// With nothing buffered, the read owns the connection's buffer: it is the read the next
-    /// request needs anyway and may stay pending past the response. Otherwise it reads into a
-    /// separate buffer, appended to the unconsumed bytes when it completes.
-    fn start_watch(&mut self) -> Option<WatchRead> {
-        let max = self.cfg.head_limits.max_head_bytes;
-        self.recycle();
-        let buffered = self.buffered().len();
-        if buffered >= max {
-            return None;
-        }
-        let reader = self.reader.take()?;
-        if buffered == 0 {
-            let mut buf = std::mem::take(&mut self.buf);
-            buf.clear();
-            self.pos = 0;
-            if buf.capacity() == 0 {
-                buf.reserve_exact(INITIAL_READ_BUFFER_BYTES);
-            }
-            return Some(WatchRead {
-                reader,
-                buf,
-                is_side: false,
-            });
-        }
-        let room = max.saturating_sub(buffered).min(INITIAL_READ_BUFFER_BYTES);
-        Some(WatchRead {
-            reader,
-            buf: Vec::with_capacity(room),
-            is_side: true,
-        })
-    }
-
-    /// Takes back the receiving half and the bytes of a finished watch read.
-    fn finish_watch(&mut self, done: ReadDone) -> io::Result<usize> {
-        self.reader = Some(done.reader);
-        if self.buffered().is_empty() {
-            self.buf = done.buf;
-            self.pos = 0;
-        } else {
-            self.buf.extend_from_slice(&done.buf);
-        }
-        done.res
-    }
-
-    /// Reads more bytes: by awaiting the watch read carried over from the last request if
-    /// there is one, else by a new read into the buffer's spare capacity.
-    async fn read_next<F>(&mut self, mut in_flight: Pin<&mut Option<F>>) -> io::Result<usize>
-    where
-        F: Future<Output = ReadDone>,
-    {
-        match in_flight.as_mut().as_pin_mut() {
-            Some(read) => {
-                let done = read.await;
-                in_flight.set(None);
-                self.finish_watch(done)
-            }
-            None => self.read_more().await,
-        }
+        res
     }
 
     /// Writes all of `data`, failing when one write makes no progress within the write
@@ -263,7 +149,7 @@ impl ConnIo {
         let mut buf = data;
         let mut written = 0usize;
         while written < len {
-            let write = self.writer.write(buf.slice(written..len));
+            let write = self.stream.write(buf.slice(written..len));
             let (res, slice) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
                 Ok(done) => done,
                 Err(_) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
@@ -326,18 +212,15 @@ pub async fn serve_connection<H: Handler>(
 
 impl<H: Handler> Connection<'_, H> {
     async fn run(&mut self) {
-        // The disconnect watch's read, when it is still pending after a response: it becomes
-        // the first read of the next request, so watching costs no extra read.
-        let mut in_flight = pin!(None);
         loop {
-            let parts = match self.read_head(in_flight.as_mut()).await {
+            let parts = match self.read_head().await {
                 Next::Request(parts) => parts,
                 Next::Close => return,
                 Next::Reject(status, reason) => {
                     tracing::debug!(peer = %self.peer, status, reason, "request head rejected");
                     // Boxed like the exchange below: a rare path should not size every
                     // connection's state.
-                    Box::pin(self.reject(status, reason, false, in_flight.as_mut())).await;
+                    Box::pin(self.reject(status, reason, false)).await;
                     return;
                 }
             };
@@ -345,7 +228,7 @@ impl<H: Handler> Connection<'_, H> {
             // Boxed, once per request, so that the state of a request in progress (the
             // handler's future, the body, the response) does not inflate the state every idle
             // connection keeps.
-            match Box::pin(self.exchange(parts, in_flight.as_mut(), read_owned)).await {
+            match Box::pin(self.exchange(parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
                 Flow::Close => return,
             }
@@ -353,10 +236,7 @@ impl<H: Handler> Connection<'_, H> {
     }
 
     /// Reads until a complete head is buffered.
-    async fn read_head<F>(&mut self, mut in_flight: Pin<&mut Option<F>>) -> Next
-    where
-        F: Future<Output = ReadDone>,
-    {
+    async fn read_head(&mut self) -> Next {
         let cfg = Rc::clone(&self.io.cfg);
         let limits = &cfg.head_limits;
         let mut head_deadline: Option<Instant> = None;
@@ -382,14 +262,10 @@ impl<H: Handler> Connection<'_, H> {
                 // The whole head must arrive within the timeout of its first byte.
                 head_deadline.get_or_insert_with(|| deadline_after(cfg.header_read_timeout));
             }
-            // A carried-over read owns the buffer, which holds nothing unconsumed.
-            if in_flight.is_none() {
-                self.io.prepare_head_read();
-            }
+            self.io.prepare_head_read();
             if let Some(deadline) = head_deadline {
                 // Mid-head, shutdown does not interrupt: the request finishes, then closes.
-                let read = self.io.read_next(in_flight.as_mut());
-                match monoio::time::timeout_at(deadline, read).await {
+                match monoio::time::timeout_at(deadline, self.io.read_more()).await {
                     Err(_) => return Next::Reject(408, "request_timeout"),
                     Ok(Ok(0)) | Ok(Err(_)) => return Next::Close,
                     Ok(Ok(_)) => {}
@@ -406,10 +282,7 @@ impl<H: Handler> Connection<'_, H> {
             } else {
                 deadline_after(cfg.idle_timeout)
             };
-            let read = pin!(monoio::time::timeout_at(
-                idle_deadline,
-                self.io.read_next(in_flight.as_mut())
-            ));
+            let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
             match race(self.shutdown.wait(), read).await {
                 Either::Left(()) => return Next::Close,
                 Either::Right(Err(_)) => return Next::Close,
@@ -420,16 +293,7 @@ impl<H: Handler> Connection<'_, H> {
     }
 
     /// Runs one request through the handler and writes its response.
-    async fn exchange<F, S>(
-        &mut self,
-        parts: RequestParts,
-        mut in_flight: Pin<&mut Option<F>>,
-        start: S,
-    ) -> Flow
-    where
-        F: Future<Output = ReadDone>,
-        S: Fn(Reader, Vec<u8>, Option<CancelHandle>) -> F,
-    {
+    async fn exchange(&mut self, parts: RequestParts) -> Flow {
         let handler = self.handler;
         let is_head = parts.is_head();
         let framing = parts.framing();
@@ -446,31 +310,12 @@ impl<H: Handler> Connection<'_, H> {
                         Err(e) => {
                             // RFC 9110 §15.5.14: 413 when the content is larger than the server
                             // is willing to process; the declared length already says so.
-                            self.reject(e.status(), e.as_str(), is_head, in_flight)
-                                .await;
+                            self.reject(e.status(), e.as_str(), is_head).await;
                             return Flow::Close;
                         }
                     };
-                let release = Release::new(None);
-                let mut body =
-                    Body::new(&mut self.io, decoder, framing, expects_continue, &release);
-                let handled = {
-                    let handling = pin!(handler.handle(parts, &mut body));
-                    handle_watching(handling, &release, in_flight.as_mut(), start).await
-                };
-                let response = match handled {
-                    Handled::Answered {
-                        response,
-                        is_peer_closed,
-                    } => {
-                        should_close |= is_peer_closed;
-                        response
-                    }
-                    Handled::Disconnected => {
-                        tracing::debug!(peer = %self.peer, "client left while the handler ran");
-                        return Flow::Close;
-                    }
-                };
+                let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
+                let response = handler.handle(parts, &mut body).await;
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
                 let settled = body.settle(max_drain, is_closing).await;
@@ -484,9 +329,7 @@ impl<H: Handler> Connection<'_, H> {
                         Ok(d) => d,
                         Err(_) => return Flow::Close,
                     };
-                let release = Release::new(None);
-                let mut body =
-                    Body::new(&mut self.io, decoder, framing, expects_continue, &release);
+                let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
                 let settled = body.settle(max_drain, is_closing).await;
@@ -522,29 +365,21 @@ impl<H: Handler> Connection<'_, H> {
             return Flow::Close;
         }
         if should_close {
-            self.linger(in_flight).await;
+            self.linger().await;
             return Flow::Close;
         }
         Flow::KeepAlive
     }
 
     /// Answers an error the server detected itself, then closes.
-    async fn reject<F>(
-        &mut self,
-        status: u16,
-        reason: &'static str,
-        is_head: bool,
-        in_flight: Pin<&mut Option<F>>,
-    ) where
-        F: Future<Output = ReadDone>,
-    {
+    async fn reject(&mut self, status: u16, reason: &'static str, is_head: bool) {
         let response = self.handler.error_response(status, reason);
         if self
             .write_response(&response, is_head, ConnectionField::Close)
             .await
             .is_ok()
         {
-            self.linger(in_flight).await;
+            self.linger().await;
         }
     }
 
@@ -591,11 +426,8 @@ impl<H: Handler> Connection<'_, H> {
     /// discard what it still sends for a short while. Closing with unread bytes would make the
     /// kernel send a reset, which can destroy the response before the client reads it (RFC
     /// 9112 §9.6).
-    async fn linger<F>(&mut self, mut in_flight: Pin<&mut Option<F>>)
-    where
-        F: Future<Output = ReadDone>,
-    {
-        if self.io.writer.shutdown().await.is_err() {
+    async fn linger(&mut self) {
+        if self.io.stream.shutdown().await.is_err() {
             return;
         }
         let deadline = deadline_after(self.io.cfg.linger_timeout);
@@ -603,12 +435,10 @@ impl<H: Handler> Connection<'_, H> {
         loop {
             self.io.buf.clear();
             self.io.pos = 0;
-            // A carried-over read owns the buffer: it is awaited like any other read.
-            if in_flight.is_none() && self.io.buf.capacity() == 0 {
+            if self.io.buf.capacity() == 0 {
                 self.io.buf.reserve(INITIAL_READ_BUFFER_BYTES);
             }
-            let read = self.io.read_next(in_flight.as_mut());
-            match monoio::time::timeout_at(deadline, read).await {
+            match monoio::time::timeout_at(deadline, self.io.read_more()).await {
                 Ok(Ok(n)) if n > 0 => {
                     discarded = discarded.saturating_add(n);
                     if discarded > MAX_LINGER_BYTES {
@@ -616,116 +446,6 @@ impl<H: Handler> Connection<'_, H> {
                     }
                 }
                 _ => return,
-            }
-        }
-    }
-}
-
-/// How a handler run under the disconnect watch ended.
-enum Handled {
-    /// The handler answered; `is_peer_closed` when the client's end of the stream arrived
-    /// with the answer (the response is still written, then the connection closes).
-    Answered {
-        response: Response,
-        is_peer_closed: bool,
-    },
-    /// The client closed or reset the connection first, and the handler was dropped.
-    Disconnected,
-}
-
-/// What one wake-up of [`handle_watching`] produced.
-enum Step {
-    Answered(Response),
-    Read(ReadDone),
-}
-
-/// Runs the handler while watching the socket for the client leaving.
-///
-/// The watch starts once the body has handed the connection back (the body has ended, so the
-/// handler reads nothing more) and is one pending read: EOF or an error ends the request at
-/// once, dropping the handler, whose drop guards cancel its work; bytes are kept as the start
-/// of the next request, reading on until a head limit of them is buffered. When the handler
-/// answers, a pending read into the connection's empty buffer stays in `in_flight` for the next
-/// request; a read into a side buffer (bytes were already buffered) is cancelled and its bytes,
-/// if any arrived, kept.
-async fn handle_watching<'c, R, F, S>(
-    mut handling: Pin<&mut R>,
-    release: &Release<'c>,
-    mut in_flight: Pin<&mut Option<F>>,
-    start: S,
-) -> Handled
-where
-    R: Future<Output = Response>,
-    F: Future<Output = ReadDone>,
-    S: Fn(Reader, Vec<u8>, Option<CancelHandle>) -> F,
-{
-    let mut io: Option<&'c mut ConnIo> = None;
-    // Present while a side read is in flight.
-    let mut canceller: Option<Canceller> = None;
-    let mut is_watching = true;
-    loop {
-        let step = poll_fn(|cx| {
-            if let Poll::Ready(response) = handling.as_mut().poll(cx) {
-                return Poll::Ready(Step::Answered(response));
-            }
-            if io.is_none() {
-                io = release.take();
-            }
-            if is_watching && in_flight.is_none() {
-                if let Some(conn) = io.as_deref_mut() {
-                    match conn.start_watch() {
-                        Some(watch) => {
-                            let handle = if watch.is_side {
-                                let c = Canceller::new();
-                                let handle = c.handle();
-                                canceller = Some(c);
-                                Some(handle)
-                            } else {
-                                None
-                            };
-                            in_flight.set(Some(start(watch.reader, watch.buf, handle)));
-                        }
-                        None => is_watching = false,
-                    }
-                }
-            }
-            match in_flight.as_mut().as_pin_mut() {
-                Some(read) => read.poll(cx).map(Step::Read),
-                None => Poll::Pending,
-            }
-        })
-        .await;
-        match step {
-            Step::Read(done) => {
-                in_flight.set(None);
-                canceller = None;
-                let res = match io.as_deref_mut() {
-                    Some(conn) => conn.finish_watch(done),
-                    None => return Handled::Disconnected,
-                };
-                match res {
-                    Ok(n) if n > 0 => {}
-                    // Only the end of the stream or a failure is a disconnect.
-                    _ => return Handled::Disconnected,
-                }
-            }
-            Step::Answered(response) => {
-                let mut is_peer_closed = false;
-                if let Some(c) = canceller.take() {
-                    c.cancel();
-                    if let Some(read) = in_flight.as_mut().as_pin_mut() {
-                        let done = read.await;
-                        in_flight.set(None);
-                        if let Some(conn) = io.as_deref_mut() {
-                            // An error here is the cancellation itself.
-                            is_peer_closed = matches!(conn.finish_watch(done), Ok(0));
-                        }
-                    }
-                }
-                return Handled::Answered {
-                    response,
-                    is_peer_closed,
-                };
             }
         }
     }

@@ -49,19 +49,6 @@
 //!   `write_timeout` bounds each write that makes no progress (a client that stopped reading is
 //!   cut; a slow but steady one is not). A timeout mid-head answers 408; timeouts are never
 //!   retried.
-//! - **Client leaving mid-request.** Once the request body has been read to its end (or there
-//!   is none), the connection watches the socket while the handler runs, with one pending read
-//!   (the read the next request needs anyway, so the ordinary path makes no extra call). EOF,
-//!   a reset or any read error drops the handler future at once (its drop guards cancel the
-//!   upstream work and release capacity) and closes the connection without a response. Bytes
-//!   that arrive instead are the start of a pipelined request: they are kept in the read
-//!   buffer, reading on until a head limit of them is buffered, then pausing until the
-//!   handler answers. A read still pending when the handler answers carries over into the wait
-//!   for the next request; one into a side buffer (bytes were already buffered) is cancelled,
-//!   keeping whatever it delivered. A half-close (the client shuts down its sending side and
-//!   waits for the answer) counts as leaving: HTTP/1.1 clients rarely half-close, and nginx
-//!   treats it the same way by default (`proxy_ignore_client_abort off`); an EOF that arrives
-//!   only together with the answer still gets the response, then the connection closes.
 //! - **Graceful shutdown.** [`ShutdownTrigger::trigger`] (any thread) sets every core's
 //!   [`ShutdownSignal`]. The accept loop then closes its listener; connections idle between
 //!   requests close at once, without a response; a connection mid-request (head partly read,
@@ -82,9 +69,8 @@
 //!   request, so an idle connection's task stays under 2 KiB; measured, an idle keep-alive
 //!   connection costs about 7 KiB of RSS (buffer, task, runtime registration).
 //! - **Later extensions.** [`ResponseBody`] is non-exhaustive so a streamed body can be added;
-//!   the connection owns the two halves of its `TcpStream` and its read buffer in one place, so
-//!   a CONNECT or upgrade hand-over can later reunite the halves and move them (with any bytes
-//!   already read) out to a tunnel.
+//!   the connection owns its `TcpStream` and read buffer in one place, so a CONNECT or upgrade
+//!   hand-over can later move both (with any bytes already read) out to a tunnel.
 
 mod body;
 mod config;
