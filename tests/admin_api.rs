@@ -26,10 +26,6 @@ const ROLLBACK: &str = "/api/v1/admin/config/rollback";
 const ROLLOUTS: &str = "/api/v1/admin/rollouts";
 const REQUESTS: &str = "/api/v1/admin/requests";
 
-fn text(r: &Resp) -> String {
-    String::from_utf8_lossy(&r.body).into_owned()
-}
-
 /// A complete snapshot: the harness's loopback snapshot with another default timeout, so that
 /// every written revision is told apart by `default_timeout_ms`.
 fn snapshot(default_timeout_ms: u64) -> Value {
@@ -70,7 +66,7 @@ fn rollback(gw: &Gateway, if_match: Option<&str>, actor: Option<&str>, body: &[u
 /// `GET /api/v1/admin/config`, checking that the ETag is the quoted revision.
 fn config(gw: &Gateway) -> Value {
     let r = admin(gw, "GET", CONFIG, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     let revision = v["revision"].as_u64().expect("revision");
     assert_eq!(r.header("etag"), Some(format!("\"{revision}\"").as_str()));
@@ -79,7 +75,7 @@ fn config(gw: &Gateway) -> Value {
 
 fn history(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", HISTORY, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
@@ -98,9 +94,9 @@ fn error_of(r: &Resp) -> String {
 }
 
 fn assert_admin_error(r: &Resp, status: u16, error: &str) {
-    assert_eq!(r.status, status, "{}", text(r));
+    assert_eq!(r.status, status, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("application/json"));
-    assert_eq!(error_of(r), error, "{}", text(r));
+    assert_eq!(error_of(r), error, "{}", r.text());
 }
 
 /// An RFC 3339 UTC timestamp such as `2026-11-04T10:11:12Z` or with fractional seconds.
@@ -132,7 +128,7 @@ fn config_reads_and_writes_carry_quoted_etags_and_the_actor() {
     let gw = Gateway::start();
 
     let r = admin(&gw, "GET", CONFIG, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("etag"), Some("\"1\""));
     assert_eq!(r.header("content-type"), Some("application/json"));
     let v = r.json();
@@ -157,7 +153,7 @@ fn config_reads_and_writes_carry_quoted_etags_and_the_actor() {
         Some("alice@example.test"),
         s2.to_string().as_bytes(),
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("etag"), Some("\"2\""));
     let v = r.json();
     assert_eq!(v["revision"], 2);
@@ -169,14 +165,14 @@ fn config_reads_and_writes_carry_quoted_etags_and_the_actor() {
     // ... or its bare numeric contents.
     let s3 = snapshot(3_000);
     let r = put_config(&gw, Some("2"), Some("bob"), s3.to_string().as_bytes());
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("etag"), Some("\"3\""));
     assert_eq!(r.json()["actor"], "bob");
 
     // Without X-Service-Actor the record still names an actor.
     let s4 = snapshot(4_000);
     let r = put_config(&gw, Some("\"3\""), None, s4.to_string().as_bytes());
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     let anonymous = r.json()["actor"].as_str().unwrap().to_string();
     assert!(!anonymous.is_empty());
 
@@ -266,7 +262,7 @@ fn if_match_is_required_and_must_name_the_current_revision() {
     assert_eq!(config(&gw)["revision"], 1);
 
     let r = put_config(&gw, Some("\"1\""), None, body.as_bytes());
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
 
     // 409 for a stale or a future revision; nothing is written.
     let other = snapshot(9_000).to_string();
@@ -355,14 +351,14 @@ fn undecodable_bodies_are_400_and_activate_nothing() {
     ];
     for (what, body) in &bodies {
         let r = put_config(&gw, Some("\"1\""), None, body);
-        assert_eq!(r.status, 400, "{what}: {}", text(&r));
+        assert_eq!(r.status, 400, "{what}: {}", r.text());
         assert!(!error_of(&r).is_empty(), "{what}");
     }
 
     // A declared length far over the limit is refused before the body is sent, with the same
     // status as any other oversized body.
     let r = head_only(&gw, "PUT", CONFIG, 5 * MAX_ADMIN_BODY);
-    assert_eq!(r.status, 400, "{}", text(&r));
+    assert_eq!(r.status, 400, "{}", r.text());
 
     for (what, body) in [
         ("string version", &br#"{"config_version":"1"}"#[..]),
@@ -373,7 +369,7 @@ fn undecodable_bodies_are_400_and_activate_nothing() {
         ("syntax", br#"{"config_version":"#),
     ] {
         let r = rollback(&gw, Some("\"1\""), None, body);
-        assert_eq!(r.status, 400, "rollback {what}: {}", text(&r));
+        assert_eq!(r.status, 400, "rollback {what}: {}", r.text());
     }
     let r = admin(
         &gw,
@@ -382,7 +378,7 @@ fn undecodable_bodies_are_400_and_activate_nothing() {
         &[("If-Match", "\"0\"")],
         b"{\"reason\":\"x\"}",
     );
-    assert_eq!(r.status, 400, "{}", text(&r));
+    assert_eq!(r.status, 400, "{}", r.text());
 
     // Durable and published state unchanged.
     let v = config(&gw);
@@ -400,7 +396,7 @@ fn undecodable_bodies_are_400_and_activate_nothing() {
         None,
         &padded_snapshot(5_000, MAX_ADMIN_BODY),
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["snapshot"], snapshot(5_000));
 }
 
@@ -432,7 +428,7 @@ fn semantically_invalid_snapshots_are_422_naming_the_path() {
             Some("mallory"),
             doc.to_string().as_bytes(),
         );
-        assert_eq!(r.status, 422, "{path}: {}", text(&r));
+        assert_eq!(r.status, 422, "{path}: {}", r.text());
         let v = r.json();
         assert_eq!(v["error"], "invalid_snapshot", "{v}");
         assert_eq!(v["path"], path, "{v}");
@@ -495,7 +491,7 @@ fn every_admin_route_needs_the_admin_token() {
     // The probes are open.
     for p in ["/healthz", "/readyz"] {
         let r = http(admin_addr, "GET", p, &[], b"");
-        assert_eq!(r.status, 200, "{p}: {}", text(&r));
+        assert_eq!(r.status, 200, "{p}: {}", r.text());
     }
 }
 
@@ -511,7 +507,7 @@ fn history_keeps_the_newest_hundred_records_contiguously() {
             Some("loop"),
             snapshot(1_000 + rev).to_string().as_bytes(),
         );
-        assert_eq!(r.status, 200, "write {i}: {}", text(&r));
+        assert_eq!(r.status, 200, "write {i}: {}", r.text());
         assert_eq!(r.header("etag"), Some(format!("\"{}\"", rev + 1).as_str()));
     }
     let newest = writes as u64 + 1;
@@ -533,7 +529,7 @@ fn history_keeps_the_newest_hundred_records_contiguously() {
     // A pruned revision cannot be rolled back to, a kept one can.
     let etag = newest.to_string();
     let r = rollback(&gw, Some(&etag), None, br#"{"config_version":1}"#);
-    assert_eq!(r.status, 422, "{}", text(&r));
+    assert_eq!(r.status, 422, "{}", r.text());
     let oldest = newest + 1 - HISTORY_LIMIT as u64;
     let r = rollback(
         &gw,
@@ -541,7 +537,7 @@ fn history_keeps_the_newest_hundred_records_contiguously() {
         None,
         format!("{{\"config_version\":{oldest}}}").as_bytes(),
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["revision"], newest + 1);
     let items = history(&gw);
     assert_eq!(items.len(), HISTORY_LIMIT);
@@ -567,10 +563,10 @@ fn rollback_reapplies_an_old_snapshot_as_a_new_audited_revision() {
         Some("ops"),
         denying_snapshot().to_string().as_bytes(),
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     for _ in 0..6 {
         let denied = get_through(&gw, &up);
-        assert_eq!(denied.status, 403, "{}", text(&denied));
+        assert_eq!(denied.status, 403, "{}", denied.text());
         assert_eq!(denied.json()["code"], "destination_denied");
     }
 
@@ -593,14 +589,14 @@ fn rollback_reapplies_an_old_snapshot_as_a_new_audited_revision() {
             None,
             format!("{{\"config_version\":{unknown}}}").as_bytes(),
         );
-        assert_eq!(r.status, 422, "version {unknown}: {}", text(&r));
+        assert_eq!(r.status, 422, "version {unknown}: {}", r.text());
         assert!(!error_of(&r).is_empty());
     }
     assert_eq!(config(&gw)["revision"], 3);
     assert_eq!(get_through(&gw, &up).status, 403);
 
     let r = rollback(&gw, Some("\"3\""), Some("carol"), target);
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("etag"), Some("\"4\""));
     let v = r.json();
     assert_eq!(v["revision"], 4);
@@ -630,7 +626,7 @@ fn rollback_reapplies_an_old_snapshot_as_a_new_audited_revision() {
         "revision_conflict",
     );
     let r = rollback(&gw, Some("4"), None, br#"{"config_version":1}"#);
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(
         r.json()["snapshot"],
         serde_json::from_str::<Value>(LOOPBACK_SNAPSHOT).unwrap()
@@ -649,7 +645,7 @@ capacity = 5
 
 fn rollout(gw: &Gateway) -> Value {
     let r = admin(gw, "GET", ROLLOUTS, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()
 }
 
@@ -699,13 +695,13 @@ fn rollouts_follow_activations() {
         &[("If-Match", "\"0\"")],
         b"",
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(rollout(&gw)["config_version"], 3);
 }
 
 fn active_ids(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", REQUESTS, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
@@ -771,7 +767,7 @@ fn operators_list_and_cancel_active_requests() {
         .map(|w| w["capacity"]["active"].as_u64().unwrap())
         .sum();
     assert_eq!(busy, 1, "{workers}");
-    let metrics = text(&admin(&gw, "GET", "/metrics", &[], b""));
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
     assert!(
         metrics.lines().any(|l| l == "sortie_active_requests 1"),
         "{metrics}"
@@ -779,11 +775,11 @@ fn operators_list_and_cancel_active_requests() {
 
     let path = format!("{REQUESTS}/{id}");
     let r = admin(&gw, "DELETE", &path, &[], b"");
-    assert_eq!(r.status, 204, "{}", text(&r));
+    assert_eq!(r.status, 204, "{}", r.text());
     assert!(r.body.is_empty());
 
     let answer = caller.join().expect("caller thread");
-    assert_eq!(answer.status, 499, "{}", text(&answer));
+    assert_eq!(answer.status, 499, "{}", answer.text());
     let v = answer.json();
     assert_eq!(v["code"], "cancelled");
     assert_eq!(v["request_id"], id.as_str());
@@ -791,13 +787,13 @@ fn operators_list_and_cancel_active_requests() {
 
     // Spec, Admin rule 4: repeating the cancellation is safe.
     let r = admin(&gw, "DELETE", &path, &[], b"");
-    assert_eq!(r.status, 204, "{}", text(&r));
+    assert_eq!(r.status, 204, "{}", r.text());
     assert!(r.body.is_empty());
     wait_until(Duration::from_secs(10), "the active list to empty", || {
         active_ids(&gw).is_empty()
     });
     let r = admin(&gw, "DELETE", &path, &[], b"");
-    assert_eq!(r.status, 204, "{}", text(&r));
+    assert_eq!(r.status, 204, "{}", r.text());
 
     for unknown in ["req_00000000000000000000000000", "nothing", "req_"] {
         let r = admin(&gw, "DELETE", &format!("{REQUESTS}/{unknown}"), &[], b"");
@@ -873,12 +869,12 @@ fn probes_and_metrics() {
     assert_eq!(get_through(&gw, &up).status, 200);
     assert_eq!(get_through(&gw, &up).status, 200);
     let refused = request_api(&gw, &json!({"method": "GET", "url": "http://127.0.0.1:1/"}));
-    assert_eq!(refused.status, 502, "{}", text(&refused));
+    assert_eq!(refused.status, 502, "{}", refused.text());
 
     let r = admin(&gw, "GET", "/metrics", &[], b"");
     assert_eq!(r.status, 200);
     assert!(r.header("content-type").unwrap().starts_with("text/plain"));
-    let m = text(&r);
+    let m = r.text();
     assert_families_grouped(&m);
     assert_eq!(
         metric(
@@ -926,7 +922,7 @@ fn probes_and_metrics() {
         rollback(&gw, Some("2"), None, br#"{"config_version":1}"#).status,
         200
     );
-    let m = text(&admin(&gw, "GET", "/metrics", &[], b""));
+    let m = admin(&gw, "GET", "/metrics", &[], b"").text();
     assert_eq!(metric(&m, "sortie_config_revision"), Some(3.0), "{m}");
     assert_eq!(config(&gw)["revision"], 3);
 }
@@ -979,13 +975,13 @@ fn a_malformed_actor_is_refused_before_anything_is_written() {
     let long = "a".repeat(257);
     for actor in [long.as_str(), "tab\there"] {
         let r = put_config(&gw, Some("\"1\""), Some(actor), body.as_bytes());
-        assert_eq!(r.status, 400, "{actor:?}: {}", text(&r));
+        assert_eq!(r.status, 400, "{actor:?}: {}", r.text());
         let r = rollback(&gw, Some("\"1\""), Some(actor), br#"{"config_version":1}"#);
-        assert_eq!(r.status, 400, "{actor:?}: {}", text(&r));
+        assert_eq!(r.status, 400, "{actor:?}: {}", r.text());
     }
     assert_eq!(config(&gw)["revision"], 1);
     let longest = "a".repeat(256);
     let r = put_config(&gw, Some("\"1\""), Some(&longest), body.as_bytes());
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["actor"], longest.as_str());
 }

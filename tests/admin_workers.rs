@@ -53,13 +53,9 @@ id = "w-plain"
 capacity = 4
 "#;
 
-fn text(r: &Resp) -> String {
-    String::from_utf8_lossy(&r.body).into_owned()
-}
-
 fn list(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", WORKERS, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
@@ -82,7 +78,7 @@ fn act(gw: &Gateway, id: &str, action: &str, if_match: Option<&str>) -> Resp {
 /// the `ETag` header and the record's `etag` field agree.
 fn act_ok(gw: &Gateway, id: &str, action: &str, if_match: &str, next: u64) -> Value {
     let r = act(gw, id, action, Some(if_match));
-    assert_eq!(r.status, 200, "{action} {id}: {}", text(&r));
+    assert_eq!(r.status, 200, "{action} {id}: {}", r.text());
     let tag = format!("\"{next}\"");
     assert_eq!(r.header("etag"), Some(tag.as_str()), "{action} {id}");
     let v = r.json();
@@ -92,8 +88,8 @@ fn act_ok(gw: &Gateway, id: &str, action: &str, if_match: &str, next: u64) -> Va
 }
 
 fn assert_error(r: &Resp, status: u16, error: &str) {
-    assert_eq!(r.status, status, "{}", text(r));
-    assert_eq!(r.json()["error"], error, "{}", text(r));
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(r.json()["error"], error, "{}", r.text());
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -116,7 +112,7 @@ fn untagged(gw: &Gateway, up: &Upstream) -> Resp {
 }
 
 fn assert_route_unavailable(r: &Resp) {
-    assert_eq!(r.status, 503, "{}", text(r));
+    assert_eq!(r.status, 503, "{}", r.text());
     let v = r.json();
     assert_eq!(v["code"], "route_unavailable", "{v}");
     assert_eq!(v["retryable"], true);
@@ -265,10 +261,10 @@ fn actions_use_per_worker_etags() {
     }
     for action in ["reboot", "DRAIN", "drain2"] {
         let r = act(&gw, "w-fast", action, Some("\"5\""));
-        assert_eq!(r.status, 400, "{action}: {}", text(&r));
+        assert_eq!(r.status, 400, "{action}: {}", r.text());
     }
     let r = act(&gw, "bad!id", "drain", Some("\"0\""));
-    assert_eq!(r.status, 400, "{}", text(&r));
+    assert_eq!(r.status, 400, "{}", r.text());
 
     let items = list(&gw);
     let fast = item(&items, "w-fast");
@@ -392,7 +388,7 @@ fn a_drained_worker_finishes_its_running_request() {
     assert_route_unavailable(&untagged(&gw, &slow));
 
     let answer = caller.join().expect("caller");
-    assert_eq!(answer.status, 200, "{}", text(&answer));
+    assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.json()["status"], 200);
     assert_eq!(item(&list(&gw), "solo")["capacity"]["active"], 0);
 }

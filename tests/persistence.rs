@@ -35,10 +35,6 @@ id = "w-plain"
 capacity = 4
 "#;
 
-fn text(r: &Resp) -> String {
-    String::from_utf8_lossy(&r.body).into_owned()
-}
-
 /// A complete snapshot told apart by its default timeout; `allows_loopback` decides whether the
 /// loopback upstreams of the tests are reachable, so a request shows which one is active.
 fn snapshot(default_timeout_ms: u64, allows_loopback: bool) -> Value {
@@ -62,7 +58,7 @@ fn put(gw: &Gateway, if_match: &str, body: &Value) -> Resp {
 
 fn config(gw: &Gateway) -> Value {
     let r = admin(gw, "GET", CONFIG, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     let tag = format!("\"{}\"", v["revision"]);
     assert_eq!(r.header("etag"), Some(tag.as_str()));
@@ -71,13 +67,13 @@ fn config(gw: &Gateway) -> Value {
 
 fn history(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", "/api/v1/admin/config/history", &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
 fn workers(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", WORKERS, &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
@@ -106,7 +102,7 @@ fn fetch(gw: &Gateway, up: &Upstream, tags: &[&str]) -> Resp {
 }
 
 fn metric(gw: &Gateway, series: &str) -> Option<f64> {
-    let m = text(&admin(gw, "GET", "/metrics", &[], b""));
+    let m = admin(gw, "GET", "/metrics", &[], b"").text();
     m.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
@@ -126,7 +122,7 @@ fn survives_restart(stop: impl FnOnce(Gateway)) {
     let dir = gw.dir.clone();
     assert_eq!(put(&gw, "1", &snapshot(2_000, true)).status, 200);
     let r = put(&gw, "2", &snapshot(3_000, false));
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(act(&gw, "w-fast", "drain", "\"0\"").status, 200);
     assert_eq!(act(&gw, "ghost", "disable", "\"0\"").status, 200);
     let before = history(&gw);
@@ -140,7 +136,7 @@ fn survives_restart(stop: impl FnOnce(Gateway)) {
     assert_eq!(v["snapshot"], snapshot(3_000, false));
     assert_eq!(history(&gw), before);
     let denied = fetch(&gw, &up, &[]);
-    assert_eq!(denied.status, 403, "{}", text(&denied));
+    assert_eq!(denied.status, 403, "{}", denied.text());
     assert_eq!(denied.json()["code"], "destination_denied");
     let rollout = admin(&gw, "GET", "/api/v1/admin/rollouts", &[], b"").json();
     assert_eq!(rollout["config_version"], 3);
@@ -168,10 +164,10 @@ fn survives_restart(stop: impl FnOnce(Gateway)) {
         &[("If-Match", "\"3\"")],
         br#"{"config_version":2}"#,
     );
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["revision"], 4);
     let tagged = fetch(&gw, &up, &["fast"]);
-    assert_eq!(tagged.status, 503, "{}", text(&tagged));
+    assert_eq!(tagged.status, 503, "{}", tagged.text());
     assert_eq!(tagged.json()["code"], "route_unavailable");
     assert_eq!(fetch(&gw, &up, &[]).status, 200);
     assert_eq!(act(&gw, "w-fast", "undrain", "\"0\"").status, 409);
@@ -324,7 +320,7 @@ fn verify_after_crash(gw: &Gateway, up: &Upstream, log: &Log) -> u64 {
         r.status,
         expected_status,
         "snapshot {timeout}: {}",
-        text(&r)
+        r.text()
     );
     revision
 }
@@ -372,7 +368,7 @@ fn sigkill_during_config_writes_never_loses_an_acknowledged_revision() {
                             .acknowledged
                             .push((revision, timeout));
                     }
-                    Ok(r) => panic!("write answered {}: {}", r.status, text(&r)),
+                    Ok(r) => panic!("write answered {}: {}", r.status, r.text()),
                     Err(_) => return,
                 }
             }
@@ -450,10 +446,10 @@ fn assert_writes_fail_and_change_nothing(gw: &Gateway, up: &Upstream) {
         r.status >= 500,
         "store failure answered {}: {}",
         r.status,
-        text(&r)
+        r.text()
     );
     assert!(r.header("etag").is_none());
-    assert!(r.json()["error"].is_string(), "{}", text(&r));
+    assert!(r.json()["error"].is_string(), "{}", r.text());
     let r = admin(
         gw,
         "POST",
@@ -465,10 +461,10 @@ fn assert_writes_fail_and_change_nothing(gw: &Gateway, up: &Upstream) {
         r.status >= 500,
         "rollback answered {}: {}",
         r.status,
-        text(&r)
+        r.text()
     );
     let r = act(gw, "w-fast", "drain", "\"0\"");
-    assert!(r.status >= 500, "drain answered {}: {}", r.status, text(&r));
+    assert!(r.status >= 500, "drain answered {}: {}", r.status, r.text());
 
     let v = config(gw);
     assert_eq!(v["revision"], 2);
@@ -486,11 +482,11 @@ fn assert_writes_fail_and_change_nothing(gw: &Gateway, up: &Upstream) {
 /// After the store recovered: the next writes take the revisions the failed ones never used.
 fn assert_writes_recover(gw: &Gateway, up: &Upstream) {
     let r = put(gw, "\"2\"", &snapshot(9_000, false));
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["revision"], 3);
     assert_eq!(fetch(gw, up, &[]).status, 403);
     let r = act(gw, "w-fast", "drain", "\"0\"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("etag"), Some("\"1\""));
     let revs: Vec<u64> = history(gw)
         .iter()

@@ -7,11 +7,12 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{json, Value};
+use support::gate::Gate;
 use support::gateway::{
     admin, http, parse_response, request_api, wait_until, Gateway, GatewayBuilder, Resp,
     DEPLOYMENT_TOKEN,
@@ -19,9 +20,6 @@ use support::gateway::{
 use support::tls::{untrusted_config, TestCa};
 use support::upstream::{self, Options, Request, Script, Step, Upstream};
 
-/// The longest a gated upstream holds a request; far beyond any test's need, so that a test
-/// that forgets its gate still ends.
-const GATE_LIMIT: Duration = Duration::from_secs(30);
 /// How long a test waits for the gateway to reach a state it polls for.
 const SETTLE: Duration = Duration::from_secs(10);
 /// The request envelope limit of the contract (4 MiB).
@@ -39,10 +37,6 @@ fn unb64(v: &Value) -> Vec<u8> {
         .expect("valid base64")
 }
 
-fn text(r: &Resp) -> String {
-    String::from_utf8_lossy(&r.body).into_owned()
-}
-
 /// Whether `s` has the documented request id shape: `req_` and 32 lowercase hex digits.
 fn is_request_id(s: &str) -> bool {
     s.strip_prefix("req_").is_some_and(|h| {
@@ -54,7 +48,7 @@ fn is_request_id(s: &str) -> bool {
 
 /// Asserts a 200 result envelope and returns it.
 fn ok(r: &Resp) -> Value {
-    assert_eq!(r.status, 200, "{}", text(r));
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("application/json"));
     let v = r.json();
     assert!(is_request_id(v["request_id"].as_str().unwrap_or("")), "{v}");
@@ -74,7 +68,7 @@ fn ok(r: &Resp) -> Value {
 
 /// Asserts an error envelope against its registry row and returns it.
 fn err(r: &Resp, status: u16, code: &str, category: &str, retryable: bool) -> Value {
-    assert_eq!(r.status, status, "{code}: {}", text(r));
+    assert_eq!(r.status, status, "{code}: {}", r.text());
     let v = r.json();
     assert_eq!(v["code"], code, "{v}");
     assert_eq!(v["category"], category, "{v}");
@@ -136,54 +130,6 @@ fn only_request(seen: &Arc<Mutex<Vec<Request>>>) -> Request {
     v[0].clone()
 }
 
-/// Holds requests in the upstream until the test opens it, so that a request stays in flight
-/// exactly as long as the test needs. Dropping the gate opens it.
-struct Gate {
-    inner: Arc<(Mutex<bool>, Condvar)>,
-}
-
-impl Gate {
-    fn new() -> Gate {
-        Gate {
-            inner: Arc::new((Mutex::new(false), Condvar::new())),
-        }
-    }
-
-    /// `then`, run once the gate is open (or after [`GATE_LIMIT`]).
-    fn script(&self, then: Script) -> Script {
-        let inner = self.inner.clone();
-        Arc::new(move |r: &Request| {
-            let (m, c) = &*inner;
-            let deadline = Instant::now() + GATE_LIMIT;
-            let mut open = m.lock().unwrap_or_else(|p| p.into_inner());
-            while !*open {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                open = c
-                    .wait_timeout(open, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            drop(open);
-            then(r)
-        })
-    }
-
-    fn open(&self) {
-        let (m, c) = &*self.inner;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        c.notify_all();
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-    }
-}
-
 /// A runtime snapshot with the given rules and pools that opens loopback destinations.
 fn snapshot(rules: Value, pools: Value) -> String {
     json!({
@@ -225,7 +171,7 @@ fn in_background<T: Send + 'static>(
 
 fn worker_items(gw: &Gateway) -> Vec<Value> {
     let r = admin(gw, "GET", "/api/v1/admin/workers", &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"].as_array().expect("items").clone()
 }
 
@@ -245,12 +191,12 @@ fn worker_action(gw: &Gateway, id: &str, action: &str) {
         &[("If-Match", &etag), ("X-Service-Actor", "tests")],
         b"",
     );
-    assert_eq!(r.status, 200, "{action} {id}: {}", text(&r));
+    assert_eq!(r.status, 200, "{action} {id}: {}", r.text());
 }
 
 fn active_request_ids(gw: &Gateway) -> Vec<String> {
     let r = admin(gw, "GET", "/api/v1/admin/requests", &[], b"");
-    assert_eq!(r.status, 200, "{}", text(&r));
+    assert_eq!(r.status, 200, "{}", r.text());
     r.json()["items"]
         .as_array()
         .expect("items")
@@ -804,7 +750,7 @@ fn invalid_request_for_malformed_envelopes() {
     ];
     for (name, body) in &cases {
         let r = post_raw(&gw, &json_ct, body);
-        assert_eq!(r.status, 400, "{name}: {}", text(&r));
+        assert_eq!(r.status, 400, "{name}: {}", r.text());
         let v = err(&r, 400, "invalid_request", "client", false);
         assert!(!v["message"].as_str().unwrap_or("").is_empty(), "{name}");
     }
@@ -1471,7 +1417,7 @@ fn cancelled_by_the_operator_through_the_admin_api() {
     assert!(is_request_id(&id), "{id}");
     let path = format!("/api/v1/admin/requests/{id}");
     let r = admin(&gw, "DELETE", &path, &[], b"");
-    assert_eq!(r.status, 204, "{}", text(&r));
+    assert_eq!(r.status, 204, "{}", r.text());
     assert!(r.body.is_empty());
     let r = caller.join().expect("caller");
     let v = err(&r, 499, "cancelled", "client", false);
@@ -1485,7 +1431,7 @@ fn cancelled_by_the_operator_through_the_admin_api() {
     });
     // Repeating the cancellation is safe.
     let r = admin(&gw, "DELETE", &path, &[], b"");
-    assert_eq!(r.status, 204, "{}", text(&r));
+    assert_eq!(r.status, 204, "{}", r.text());
     let r = admin(
         &gw,
         "DELETE",

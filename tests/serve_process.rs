@@ -9,14 +9,14 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::gate::Gate;
 use support::gateway::{
     http, temp_dir, wait_until, Gateway, ADMIN_TOKEN, DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
 };
-use support::upstream::{self, Request, Script, Upstream};
+use support::upstream::{self, Upstream};
 
 /// How long a process gets to print its banner or to exit.
 const PROCESS_LIMIT: Duration = Duration::from_secs(30);
@@ -444,49 +444,6 @@ fn check_config_reports_the_same_keys() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Holds every request in the upstream until opened (or dropped).
-struct Gate {
-    inner: Arc<(Mutex<bool>, Condvar)>,
-}
-
-impl Gate {
-    fn new() -> Gate {
-        Gate {
-            inner: Arc::new((Mutex::new(false), Condvar::new())),
-        }
-    }
-
-    fn script(&self, then: Script) -> Script {
-        let inner = self.inner.clone();
-        Arc::new(move |r: &Request| {
-            let (m, c) = &*inner;
-            let deadline = Instant::now() + PROCESS_LIMIT;
-            let mut open = m.lock().unwrap_or_else(|p| p.into_inner());
-            while !*open && Instant::now() < deadline {
-                let left = deadline.saturating_duration_since(Instant::now());
-                open = c
-                    .wait_timeout(open, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
-            }
-            drop(open);
-            then(r)
-        })
-    }
-
-    fn open(&self) {
-        let (m, c) = &*self.inner;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        c.notify_all();
-    }
-}
-
-impl Drop for Gate {
-    fn drop(&mut self) {
-        self.open();
-    }
 }
 
 #[test]
