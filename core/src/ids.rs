@@ -1,18 +1,18 @@
 //! Identifiers: requests are `req_` and receipts `rcpt_` followed by 32 lowercase hex digits
 //! (128 random bits). Randomness is an input; the io crate draws it from the OS.
 
-use std::fmt::Write as _;
-
 /// Prefix of request ids (spec, Request result).
 pub const REQUEST_ID_PREFIX: &str = "req_";
 /// Prefix of receipt ids (decision 001).
 pub const RECEIPT_ID_PREFIX: &str = "rcpt_";
 
 fn render(prefix: &str, random: [u8; 16]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(prefix.len() + 32);
     s.push_str(prefix);
     for b in random {
-        let _ = write!(s, "{b:02x}");
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0x0f)]));
     }
     s
 }

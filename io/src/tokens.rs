@@ -250,8 +250,15 @@ pub fn bearer(value: &[u8]) -> Option<&[u8]> {
 /// Checks presented deployment tokens. Lookup is by SHA-256 digest of the token, then the full
 /// token is compared in constant time, so neither step leaks the stored token through timing.
 pub struct Authenticator {
-    by_digest: HashMap<[u8; 32], (String, Vec<u8>)>,
+    /// Token digest to (index into `ids`, token).
+    by_digest: HashMap<[u8; 32], (usize, Vec<u8>)>,
+    ids: Vec<String>,
 }
+
+/// A deployment an [`Authenticator`] authenticated: a small copyable handle, resolved to its id
+/// with [`Authenticator::id`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeploymentRef(usize);
 
 fn sha256(b: &[u8]) -> [u8; 32] {
     let d = digest::digest(&digest::SHA256, b);
@@ -265,15 +272,27 @@ impl Authenticator {
     pub fn new(tokens: &[(String, String)]) -> Authenticator {
         let by_digest = tokens
             .iter()
-            .map(|(id, t)| (sha256(t.as_bytes()), (id.clone(), t.as_bytes().to_vec())))
+            .enumerate()
+            .map(|(i, (_, t))| (sha256(t.as_bytes()), (i, t.as_bytes().to_vec())))
             .collect();
-        Authenticator { by_digest }
+        let ids = tokens.iter().map(|(id, _)| id.clone()).collect();
+        Authenticator { by_digest, ids }
     }
 
     /// The deployment a presented token belongs to.
+    pub fn authenticate(&self, token: &[u8]) -> Option<DeploymentRef> {
+        let (i, stored) = self.by_digest.get(&sha256(token))?;
+        bool::from(stored.as_slice().ct_eq(token)).then_some(DeploymentRef(*i))
+    }
+
+    /// The id of an authenticated deployment.
+    pub fn id(&self, d: DeploymentRef) -> &str {
+        self.ids.get(d.0).map_or("", String::as_str)
+    }
+
+    /// The id of the deployment a presented token belongs to.
     pub fn deployment(&self, token: &[u8]) -> Option<&str> {
-        let (id, stored) = self.by_digest.get(&sha256(token))?;
-        bool::from(stored.as_slice().ct_eq(token)).then_some(id.as_str())
+        self.authenticate(token).map(|d| self.id(d))
     }
 }
 

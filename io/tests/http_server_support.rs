@@ -17,7 +17,8 @@ use sortie_core::h1::{
     parse_response_head, BodyDecoder, BodyLimits, HeadLimits, Parsed, ResponseHead,
 };
 use sortie_io::http::{
-    serve, Body, BodyError, Handler, RequestParts, Response, ServerConfig, ShutdownTrigger,
+    serve, Admitted, Body, BodyError, Handler, RequestParts, Response, ServerConfig,
+    ShutdownTrigger,
 };
 use sortie_io::runtime::{bind_reuseport, run_on, Driver};
 
@@ -118,7 +119,7 @@ pub(crate) fn test_config() -> ServerConfig {
 /// - `/noread`: answers without reading the body.
 /// - `/limit/N`: body limit N, then like `/echo`.
 /// - `/big/N`: answers N bytes.
-/// - `/refuse`: refused from the head by `body_limit` (403).
+/// - `/refuse`: refused from the head by `admit` (403).
 /// - `/close`: answers with `should_close`.
 /// - `/bad-header`: a header value with CRLF (the server must answer 500).
 /// - `/slow`: reports that it started, then waits for the release gate.
@@ -146,17 +147,23 @@ impl TestHandler {
 }
 
 impl Handler for TestHandler {
-    fn body_limit(&self, req: &RequestParts) -> Result<u64, Response> {
+    type Admission = ();
+
+    fn admit(&self, req: &RequestParts) -> Result<Admitted<()>, Response> {
         if req.path() == "/refuse" {
             return Err(Response::text(403, "refused"));
         }
-        match req.path().strip_prefix("/limit/") {
-            Some(n) => Ok(n.parse().unwrap_or(0)),
-            None => Ok(1 << 20),
-        }
+        let body_limit = match req.path().strip_prefix("/limit/") {
+            Some(n) => n.parse().unwrap_or(0),
+            None => 1 << 20,
+        };
+        Ok(Admitted {
+            body_limit,
+            admission: (),
+        })
     }
 
-    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
         self.served.set(self.served.get() + 1);
         let served = self.served.get().to_string();
         let response = match req.path() {

@@ -19,7 +19,7 @@ use super::core::ActiveRequests;
 use super::state::ControlState;
 use crate::egress::{Egress, EgressRequest};
 use crate::metrics::Metrics;
-use crate::tokens::bearer;
+use crate::tokens::{bearer, DeploymentRef};
 
 /// What a core needs to serve the request API.
 pub struct ApiContext {
@@ -88,12 +88,6 @@ fn is_json_content_type(v: Option<&[u8]>) -> bool {
     media.eq_ignore_ascii_case(b"application/json")
 }
 
-fn deployment_of<'a>(ctx: &'a ApiContext, authorization: Option<&[u8]>) -> Option<&'a str> {
-    authorization
-        .and_then(bearer)
-        .and_then(|t| ctx.state.auth.deployment(t))
-}
-
 fn auth_failure(request_id: &str) -> ApiAnswer {
     let e = ApiError::new(
         ErrorCode::AuthFailure,
@@ -102,54 +96,51 @@ fn auth_failure(request_id: &str) -> ApiAnswer {
     error_answer(&e, request_id)
 }
 
-/// Answers `auth_failure` from the request head alone when it carries no valid deployment
-/// token, so that an unauthenticated client is never asked for its body (no `100 Continue`)
-/// and the token is checked before anything else, the envelope size included (decision 001).
-pub fn reject_unauthenticated(ctx: &ApiContext, authorization: Option<&[u8]>) -> Option<ApiAnswer> {
-    if deployment_of(ctx, authorization).is_some() {
-        return None;
+/// Authenticates a request from its head alone, so that an unauthenticated client is never
+/// asked for its body (no `100 Continue`) and the token is checked before anything else, the
+/// envelope size included (decision 001). A request without a valid deployment token gets its
+/// `auth_failure` answer here.
+pub fn authenticate(
+    ctx: &ApiContext,
+    authorization: Option<&[u8]>,
+) -> Result<DeploymentRef, ApiAnswer> {
+    if let Some(d) = authorization
+        .and_then(bearer)
+        .and_then(|t| ctx.state.auth.authenticate(t))
+    {
+        return Ok(d);
     }
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let answer = auth_failure(&request_id);
     ctx.metrics
         .record(ctx.core, "-", answer.outcome, answer.stages);
-    Some(answer)
+    Err(answer)
 }
 
-/// Serves one `POST /api/v1/requests` whose body has been read.
+/// Serves one `POST /api/v1/requests` of an authenticated deployment whose body has been read.
 pub async fn handle(
     ctx: &ApiContext,
-    authorization: Option<&[u8]>,
+    deployment: DeploymentRef,
     content_type: Option<&[u8]>,
     body: Vec<u8>,
 ) -> ApiAnswer {
-    let mut deployment = None;
-    let answer = handle_inner(ctx, authorization, content_type, body, &mut deployment).await;
-    ctx.metrics.record(
-        ctx.core,
-        deployment.as_deref().unwrap_or("-"),
-        answer.outcome,
-        answer.stages,
-    );
+    let deployment = ctx.state.auth.id(deployment);
+    let answer = handle_inner(ctx, deployment, content_type, body).await;
+    ctx.metrics
+        .record(ctx.core, deployment, answer.outcome, answer.stages);
     answer
 }
 
 async fn handle_inner(
     ctx: &ApiContext,
-    authorization: Option<&[u8]>,
+    deployment: &str,
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
-    deployment_out: &mut Option<String>,
 ) -> ApiAnswer {
     let started = Instant::now();
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let state = &ctx.state;
 
-    let Some(deployment) = deployment_of(ctx, authorization) else {
-        return auth_failure(&request_id);
-    };
-    let deployment = deployment.to_string();
-    *deployment_out = Some(deployment.clone());
     if !is_json_content_type(content_type) {
         let e = ApiError::new(
             ErrorCode::InvalidRequest,
@@ -178,7 +169,7 @@ async fn handle_inner(
     let host = req.url.host_str();
     let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
     let route_req = RouteRequest {
-        deployment_id: &deployment,
+        deployment_id: deployment,
         hints: &req.routing,
         ingress: Ingress::Api,
         host: &host,
@@ -192,7 +183,7 @@ async fn handle_inner(
         .as_deref()
         .filter(|s| !s.is_empty())
     {
-        Some(sid) => state.with_pins(&deployment, sid, |pins| {
+        Some(sid) => state.with_pins(deployment, sid, |pins| {
             active.table.route(&route_req, pins, now_ms, &capacity)
         }),
         None => active
@@ -203,7 +194,7 @@ async fn handle_inner(
         Ok(d) => d,
         Err(e) => {
             let e = e.to_api_error();
-            log_failure(&request_id, &deployment, None, &e, started);
+            log_failure(&request_id, deployment, None, &e, started);
             return error_answer(&e, &request_id);
         }
     };
@@ -245,7 +236,7 @@ async fn handle_inner(
         );
         log_failure(
             &request_id,
-            &deployment,
+            deployment,
             Some(decision.worker_id.as_str()),
             &e,
             started,
@@ -273,7 +264,7 @@ async fn handle_inner(
         return error_answer(&e, &request_id);
     }
     let _capacity = CapacityGuard(slot.clone());
-    let (_tracked, cancelled) = ctx.active.track(&request_id, &deployment);
+    let (_tracked, cancelled) = ctx.active.track(&request_id, deployment);
 
     let body_bytes = match req.body {
         RequestBody::None => bytes::Bytes::new(),
@@ -358,7 +349,7 @@ async fn handle_inner(
         Err(e) => {
             log_failure(
                 &request_id,
-                &deployment,
+                deployment,
                 Some(decision.worker_id.as_str()),
                 &e,
                 started,

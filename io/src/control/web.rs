@@ -14,8 +14,9 @@ use super::api::{self, ApiContext};
 use super::core::ActiveRequests;
 use super::state::ControlState;
 use crate::egress::Egress;
-use crate::http::{Body, BodyError, Handler, RequestParts, Response};
+use crate::http::{Admitted, Body, BodyError, Handler, RequestParts, Response};
 use crate::metrics::Metrics;
+use crate::tokens::DeploymentRef;
 
 /// Path of the request API.
 pub const REQUESTS_PATH: &str = "/api/v1/requests";
@@ -46,29 +47,41 @@ fn envelope_error(e: &ApiError) -> Response {
 }
 
 impl Handler for ApiHandler {
-    fn body_limit(&self, req: &RequestParts) -> Result<u64, Response> {
-        if req.path() == REQUESTS_PATH && req.method() == "POST" {
-            if let Some(answer) =
-                api::reject_unauthenticated(&self.ctx, req.header("authorization"))
-            {
-                return Err(Response::json(answer.status, answer.body));
-            }
-            // One byte over the limit is read so that an oversized chunked envelope is told
-            // apart from one exactly at the limit.
-            Ok(MAX_REQUEST_ENVELOPE_BYTES as u64 + 1)
-        } else {
-            Ok(0)
+    /// The authenticated deployment of a `POST` to the request API; `None` for any other
+    /// request, which is answered 404 or 405 without reading a body.
+    type Admission = Option<DeploymentRef>;
+
+    fn admit(&self, req: &RequestParts) -> Result<Admitted<Self::Admission>, Response> {
+        if req.path() != REQUESTS_PATH || req.method() != "POST" {
+            return Ok(Admitted {
+                body_limit: 0,
+                admission: None,
+            });
+        }
+        match api::authenticate(&self.ctx, req.header("authorization")) {
+            Ok(deployment) => Ok(Admitted {
+                // One byte over the limit is read so that an oversized chunked envelope is told
+                // apart from one exactly at the limit.
+                body_limit: MAX_REQUEST_ENVELOPE_BYTES as u64 + 1,
+                admission: Some(deployment),
+            }),
+            Err(answer) => Err(Response::json(answer.status, answer.body)),
         }
     }
 
-    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response {
+    async fn handle(
+        &self,
+        req: RequestParts,
+        deployment: Self::Admission,
+        body: &mut Body<'_>,
+    ) -> Response {
         if req.path() != REQUESTS_PATH {
             return Response::json(404, admin_error_json("not_found"));
         }
-        if req.method() != "POST" {
+        let Some(deployment) = deployment.filter(|_| req.method() == "POST") else {
             return Response::json(405, admin_error_json("method_not_allowed"))
                 .with_header("allow", "POST");
-        }
+        };
         let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
@@ -82,13 +95,7 @@ impl Handler for ApiHandler {
                 return envelope_error(&err).closing();
             }
         };
-        let answer = api::handle(
-            &self.ctx,
-            req.header("authorization"),
-            req.header("content-type"),
-            bytes,
-        )
-        .await;
+        let answer = api::handle(&self.ctx, deployment, req.header("content-type"), bytes).await;
         Response::json(answer.status, answer.body)
     }
 
@@ -137,11 +144,16 @@ impl AdminHandler {
 }
 
 impl Handler for AdminHandler {
-    fn body_limit(&self, _req: &RequestParts) -> Result<u64, Response> {
-        Ok(MAX_ADMIN_BODY_BYTES as u64 + 1)
+    type Admission = ();
+
+    fn admit(&self, _req: &RequestParts) -> Result<Admitted<()>, Response> {
+        Ok(Admitted {
+            body_limit: MAX_ADMIN_BODY_BYTES as u64 + 1,
+            admission: (),
+        })
     }
 
-    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {

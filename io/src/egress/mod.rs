@@ -56,7 +56,9 @@ use sortie_core::limits::DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES;
 use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
-pub use pool::{PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL};
+pub use pool::{
+    PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
+};
 pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
 
 use self::client::{Exchange, Failure};
@@ -234,7 +236,9 @@ impl Egress {
             let connect_started = Instant::now();
             let mut conn = match pooled {
                 Some(conn) => conn,
-                None => self.connect(req).await?,
+                // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state of
+                // the exchange, and the hot path reuses a pooled connection instead.
+                None => Box::pin(self.connect(req)).await?,
             };
             let connect_ms = if is_reused {
                 0

@@ -21,6 +21,12 @@ use super::stream::Conn;
 /// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
 /// seconds; a connection they closed is caught by the peek on checkout.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection idle for less than this is reused without the peek. The peek is a system call
+/// per request, and it catches what happens to idle connections: a server's idle timeout
+/// (seconds, never a millisecond) or a close it announced, which the client already honours.
+/// A server that closes silently right after a response is caught only by the stale-connection
+/// retry of a `replayable` request.
+pub const POOL_PEEK_AFTER: Duration = Duration::from_millis(1);
 /// Idle connections kept per key.
 pub const POOL_MAX_IDLE_PER_KEY: usize = 64;
 /// Idle connections kept per core, over all keys.
@@ -35,6 +41,8 @@ pub struct PoolLimits {
     pub max_idle_per_key: usize,
     /// Idle connections kept per core.
     pub max_idle_total: usize,
+    /// A connection idle for at least this long is peeked before reuse.
+    pub peek_after: Duration,
 }
 
 impl Default for PoolLimits {
@@ -43,6 +51,7 @@ impl Default for PoolLimits {
             idle_timeout: POOL_IDLE_TIMEOUT,
             max_idle_per_key: POOL_MAX_IDLE_PER_KEY,
             max_idle_total: POOL_MAX_IDLE_TOTAL,
+            peek_after: POOL_PEEK_AFTER,
         }
     }
 }
@@ -86,8 +95,8 @@ impl Pool {
     }
 
     /// Takes the newest healthy idle connection for `key`. Connections that expired, that the
-    /// peer closed or wrote to, or whose address the current policy no longer allows are
-    /// closed on the way.
+    /// peer closed or wrote to (seen by a peek once idle for [`PoolLimits::peek_after`]), or
+    /// whose address the current policy no longer allows are closed on the way.
     pub(crate) fn checkout(
         &self,
         key: &PoolKey,
@@ -110,7 +119,8 @@ impl Pool {
             if !policy.allows(entry.conn.peer().ip()) {
                 continue;
             }
-            if entry.conn.idle_state() == IdleState::Quiet {
+            let idle_for = now.saturating_duration_since(entry.since);
+            if idle_for < self.limits.peek_after || entry.conn.idle_state() == IdleState::Quiet {
                 found = Some(entry.conn);
                 break;
             }
@@ -237,15 +247,35 @@ mod tests {
             let got = pool.checkout(&key("w1"), &policy, now).unwrap();
             assert_eq!(monoio_local(&got), b_local);
             assert_eq!(pool.len(), 2);
-            // A connection the peer wrote to is out of step and closed on checkout.
+            // A connection the peer wrote to is out of step and closed on checkout, once it has
+            // been idle long enough to be peeked at.
             sc.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
             let c = pool.inner.borrow();
             let entry = c.by_key.get(&key("w2")).and_then(|l| l.last()).unwrap();
             assert_eq!(monoio_local(&entry.conn), c_local);
             settle(&entry.conn);
             drop(c);
-            assert!(pool.checkout(&key("w2"), &policy, now).is_none());
+            let peeked = now + POOL_PEEK_AFTER;
+            assert!(pool.checkout(&key("w2"), &policy, peeked).is_none());
             assert_eq!(pool.len(), 1);
+        });
+    }
+
+    /// Under load a connection comes back and goes out again within microseconds; the peek, a
+    /// system call, is kept for connections idle long enough for a server to have closed them.
+    #[test]
+    fn a_connection_just_returned_is_reused_without_the_peek() {
+        run_on(Driver::detect(), async {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let pool = Pool::new(PoolLimits::default());
+            let policy = loopback_policy();
+            let now = Instant::now();
+            let (a, mut sa) = conn(&l);
+            sa.write_all(b"x").unwrap();
+            settle(&a);
+            assert!(pool.put(key("w1"), a, now));
+            let just_after = now + POOL_PEEK_AFTER / 2;
+            assert!(pool.checkout(&key("w1"), &policy, just_after).is_some());
         });
     }
 
@@ -261,6 +291,7 @@ mod tests {
                 idle_timeout: Duration::from_secs(10),
                 max_idle_per_key: 2,
                 max_idle_total: 3,
+                peek_after: POOL_PEEK_AFTER,
             };
             let pool = Pool::new(limits);
             let policy = loopback_policy();

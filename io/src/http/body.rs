@@ -149,7 +149,7 @@ impl<'c> Body<'c> {
     }
 
     /// The rest of the body, failing with [`BodyError::TooLarge`] past `limit` bytes (on top of
-    /// the limit chosen by [`super::Handler::body_limit`]).
+    /// the limit chosen by [`super::Handler::admit`]).
     pub async fn read_to_end(&mut self, limit: u64) -> Result<Vec<u8>, BodyError> {
         let declared = match self.framing {
             BodyFraming::ContentLength(n) => n.saturating_sub(self.received),

@@ -302,20 +302,20 @@ impl<H: Handler> Connection<'_, H> {
         let is_http10_keep_alive = parts.version() == Version::Http10 && parts.is_keep_alive();
         let max_drain = self.io.cfg.max_drain_bytes;
 
-        let (mut response, settled) = match handler.body_limit(&parts) {
-            Ok(limit) => {
-                let decoder =
-                    match BodyDecoder::for_request(framing, BodyLimits::with_max_body(limit)) {
-                        Ok(d) => d,
-                        Err(e) => {
-                            // RFC 9110 §15.5.14: 413 when the content is larger than the server
-                            // is willing to process; the declared length already says so.
-                            self.reject(e.status(), e.as_str(), is_head).await;
-                            return Flow::Close;
-                        }
-                    };
+        let (mut response, settled) = match handler.admit(&parts) {
+            Ok(admitted) => {
+                let limits = BodyLimits::with_max_body(admitted.body_limit);
+                let decoder = match BodyDecoder::for_request(framing, limits) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        // RFC 9110 §15.5.14: 413 when the content is larger than the server
+                        // is willing to process; the declared length already says so.
+                        self.reject(e.status(), e.as_str(), is_head).await;
+                        return Flow::Close;
+                    }
+                };
                 let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
-                let response = handler.handle(parts, &mut body).await;
+                let response = handler.handle(parts, admitted.admission, &mut body).await;
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
                 let settled = body.settle(max_drain, is_closing).await;
@@ -471,7 +471,13 @@ mod tests {
     struct Minimal;
 
     impl Handler for Minimal {
-        async fn handle(&self, _req: RequestParts, _body: &mut Body<'_>) -> Response {
+        type Admission = ();
+
+        fn admit(&self, _req: &RequestParts) -> Result<crate::http::Admitted<()>, Response> {
+            Ok(crate::http::Admitted::with_default_limit())
+        }
+
+        async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
             Response::new(204)
         }
     }

@@ -7,6 +7,25 @@ use super::config::DEFAULT_MAX_BODY_BYTES;
 use super::request::RequestParts;
 use super::response::Response;
 
+/// A request [`Handler::admit`] let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted<A> {
+    /// Most body bytes the handler will read.
+    pub body_limit: u64,
+    /// Handed to [`Handler::handle`].
+    pub admission: A,
+}
+
+impl Admitted<()> {
+    /// Admission with the server's default body limit and nothing to hand on.
+    pub fn with_default_limit() -> Admitted<()> {
+        Admitted {
+            body_limit: DEFAULT_MAX_BODY_BYTES,
+            admission: (),
+        }
+    }
+}
+
 /// Answers the requests of one listener on one core.
 ///
 /// Handlers are per core and `!Send`: the server calls them from the connection's task on the
@@ -15,20 +34,27 @@ use super::response::Response;
 // never sent to another thread, so there is nothing to require.
 #[allow(async_fn_in_trait)]
 pub trait Handler: 'static {
-    /// Chooses the body limit of a request from its head alone, or rejects the request before
-    /// any body byte is read (and before `100 Continue` is sent).
+    /// What [`Handler::admit`] learned from the head and hands to [`Handler::handle`], such as
+    /// the identity a token authenticated, so that nothing is checked twice; `()` when there is
+    /// nothing to pass.
+    type Admission;
+
+    /// Admits a request from its head alone, choosing its body limit, or rejects it before any
+    /// body byte is read (and before `100 Continue` is sent).
     ///
     /// A declared `Content-Length` above the limit is answered 413 by the server without
     /// calling [`Handler::handle`]; a chunked body that grows past it fails the body read with
     /// [`super::BodyError::TooLarge`].
-    fn body_limit(&self, req: &RequestParts) -> Result<u64, Response> {
-        let _ = req;
-        Ok(DEFAULT_MAX_BODY_BYTES)
-    }
+    fn admit(&self, req: &RequestParts) -> Result<Admitted<Self::Admission>, Response>;
 
-    /// Answers one request. The body is read through `body`; reading it sends the
+    /// Answers one admitted request. The body is read through `body`; reading it sends the
     /// `100 Continue` a client may be waiting for.
-    async fn handle(&self, req: RequestParts, body: &mut Body<'_>) -> Response;
+    async fn handle(
+        &self,
+        req: RequestParts,
+        admission: Self::Admission,
+        body: &mut Body<'_>,
+    ) -> Response;
 
     /// The response to a request the server rejects itself: a malformed or oversized head or
     /// body (the [`sortie_core::h1::H1Error`] status), a timeout (408), too many connections
@@ -45,7 +71,13 @@ mod tests {
     struct Minimal;
 
     impl Handler for Minimal {
-        async fn handle(&self, _req: RequestParts, _body: &mut Body<'_>) -> Response {
+        type Admission = ();
+
+        fn admit(&self, _req: &RequestParts) -> Result<Admitted<()>, Response> {
+            Ok(Admitted::with_default_limit())
+        }
+
+        async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
             Response::new(204)
         }
     }
@@ -59,7 +91,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         };
-        assert_eq!(Minimal.body_limit(&parts), Ok(DEFAULT_MAX_BODY_BYTES));
+        assert_eq!(
+            Minimal.admit(&parts).map(|a| a.body_limit),
+            Ok(DEFAULT_MAX_BODY_BYTES)
+        );
         let r = Minimal.error_response(400, "bare_lf");
         assert_eq!(r.status, 400);
         assert_eq!(

@@ -24,10 +24,11 @@
 //!   [`Handler::error_response`] (default `{"error":"<reason>"}`, JSON, the reason being
 //!   `H1Error::as_str()` or `request_timeout`), so each API can render its own envelope. A body
 //!   read error overrides whatever the handler returned: framing is the server's business.
-//! - **Body limit.** [`Handler::body_limit`] decides per request from the head. A declared
-//!   `Content-Length` above it is answered 413 before any body byte is read (and without
-//!   `100 Continue`); a chunked body that grows past it fails the read with
-//!   [`BodyError::TooLarge`] and the server answers 413.
+//! - **Admission and body limit.** [`Handler::admit`] decides per request from the head: it
+//!   refuses, or picks the body limit and hands what it learned (an authenticated identity) to
+//!   [`Handler::handle`]. A declared `Content-Length` above the limit is answered 413 before
+//!   any body byte is read (and without `100 Continue`); a chunked body that grows past it
+//!   fails the read with [`BodyError::TooLarge`] and the server answers 413.
 //! - **`Expect: 100-continue`.** `HTTP/1.1 100 Continue` is sent when the handler first needs
 //!   body bytes that have not arrived. It is omitted when body bytes already arrived with the
 //!   head (RFC 9110 §10.1.1 allows that). If the handler answers without reading a body it
@@ -92,7 +93,7 @@ pub use config::{
 pub use conn::{
     serve_connection, BODY_READ_BUFFER_BYTES, INITIAL_READ_BUFFER_BYTES, MAX_LINGER_BYTES,
 };
-pub use handler::Handler;
+pub use handler::{Admitted, Handler};
 pub use request::RequestParts;
 pub use response::{HeaderName, Response, ResponseBody, CONTENT_TYPE_JSON, CONTENT_TYPE_TEXT};
 pub use server::{serve, ACCEPT_ERROR_BACKOFF, MAX_PENDING_REJECTIONS, REJECTION_TIMEOUT};
