@@ -5,6 +5,7 @@ pub mod clock;
 pub mod control;
 pub mod dns;
 pub mod egress;
+mod fd;
 pub mod http;
 pub mod metrics;
 pub mod runtime;

@@ -125,20 +125,57 @@ pub async fn handle(
     body: Vec<u8>,
 ) -> ApiAnswer {
     let deployment = ctx.state.auth.id(deployment);
-    let answer = handle_inner(ctx, deployment, content_type, body).await;
+    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let mut pending = Unanswered {
+        ctx,
+        request_id: &request_id,
+        deployment,
+        is_answered: false,
+    };
+    let answer = handle_inner(ctx, &request_id, deployment, content_type, body).await;
+    pending.is_answered = true;
     ctx.metrics
         .record(ctx.core, deployment, answer.outcome, answer.stages);
     answer
 }
 
+/// Counts a request whose future was dropped before it answered (its caller left, so the HTTP
+/// server dropped it) as `cancelled`: the guards inside released its capacity and upstream
+/// connection on the way.
+struct Unanswered<'a> {
+    ctx: &'a ApiContext,
+    request_id: &'a str,
+    deployment: &'a str,
+    is_answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.is_answered {
+            return;
+        }
+        let outcome = ErrorCode::Cancelled.as_str();
+        self.ctx
+            .metrics
+            .record(self.ctx.core, self.deployment, outcome, None);
+        tracing::debug!(
+            target: "sortie::request",
+            request_id = %self.request_id,
+            deployment = %self.deployment,
+            code = outcome,
+            "caller left; request cancelled"
+        );
+    }
+}
+
 async fn handle_inner(
     ctx: &ApiContext,
+    request_id: &str,
     deployment: &str,
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
 ) -> ApiAnswer {
     let started = Instant::now();
-    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let state = &ctx.state;
 
     if !is_json_content_type(content_type) {
@@ -146,7 +183,7 @@ async fn handle_inner(
             ErrorCode::InvalidRequest,
             "Content-Type must be application/json",
         );
-        return error_answer(&e, &request_id);
+        return error_answer(&e, request_id);
     }
 
     let active = state.active();
@@ -160,7 +197,7 @@ async fn handle_inner(
     };
     let req = match decode_request(&mut body, &vctx) {
         Ok(r) => r,
-        Err(e) => return error_answer(&e, &request_id),
+        Err(e) => return error_answer(&e, request_id),
     };
     drop(body);
     let deadline = started + Duration::from_millis(req.timeout_ms);
@@ -194,8 +231,8 @@ async fn handle_inner(
         Ok(d) => d,
         Err(e) => {
             let e = e.to_api_error();
-            log_failure(&request_id, deployment, None, &e, started);
-            return error_answer(&e, &request_id);
+            log_failure(request_id, deployment, None, &e, started);
+            return error_answer(&e, request_id);
         }
     };
     let routed = Instant::now();
@@ -215,7 +252,7 @@ async fn handle_inner(
                     decision.worker_id.as_str()
                 ),
             );
-            return error_answer(&e, &request_id);
+            return error_answer(&e, request_id);
         }
     }
 
@@ -235,13 +272,13 @@ async fn handle_inner(
             ),
         );
         log_failure(
-            &request_id,
+            request_id,
             deployment,
             Some(decision.worker_id.as_str()),
             &e,
             started,
         );
-        return error_answer(&e, &request_id);
+        return error_answer(&e, request_id);
     }
 
     let Some(slot) = active.slot(decision.worker).cloned() else {
@@ -249,7 +286,7 @@ async fn handle_inner(
             ErrorCode::RouteUnavailable,
             "selected worker has no local executor",
         );
-        return error_answer(&e, &request_id);
+        return error_answer(&e, request_id);
     };
     let max = active
         .table
@@ -261,10 +298,10 @@ async fn handle_inner(
             ErrorCode::ExecutorCapacityExhausted,
             "all eligible workers at capacity",
         );
-        return error_answer(&e, &request_id);
+        return error_answer(&e, request_id);
     }
     let _capacity = CapacityGuard(slot.clone());
-    let (_tracked, cancelled) = ctx.active.track(&request_id, deployment);
+    let (_tracked, cancelled) = ctx.active.track(request_id, deployment);
 
     let body_bytes = match req.body {
         RequestBody::None => bytes::Bytes::new(),
@@ -274,7 +311,7 @@ async fn handle_inner(
                 ErrorCode::BodyRefUnavailable,
                 "object storage is not enabled",
             );
-            return error_answer(&e, &request_id);
+            return error_answer(&e, request_id);
         }
     };
     let job = EgressRequest {
@@ -316,7 +353,7 @@ async fn handle_inner(
                 total_ms: millis(started.elapsed()),
             };
             let out = RequestResult {
-                request_id: &request_id,
+                request_id,
                 status: resp.status,
                 headers: &headers,
                 body: ResultBody::Inline(&resp.body),
@@ -348,13 +385,13 @@ async fn handle_inner(
         }
         Err(e) => {
             log_failure(
-                &request_id,
+                request_id,
                 deployment,
                 Some(decision.worker_id.as_str()),
                 &e,
                 started,
             );
-            error_answer(&e, &request_id)
+            error_answer(&e, request_id)
         }
     }
 }

@@ -16,8 +16,8 @@ use sortie_core::error::ApiError;
 use sortie_core::request::Host;
 
 use super::error::{self, Expired, Stage};
-use super::fd;
 use crate::dns::Resolver;
+use crate::fd;
 
 /// The addresses a host stands for: an IP literal as it is, a name through the resolver (whose
 /// lookups survive a caller that gives up at its deadline).

@@ -37,7 +37,6 @@
 mod client;
 mod connect;
 mod error;
-mod fd;
 mod pool;
 mod stream;
 mod tls;

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::request::{Host, Scheme};
 
-use super::fd::IdleState;
 use super::stream::Conn;
+use crate::fd::IdleState;
 
 /// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
 /// seconds; a connection they closed is caught by the peek on checkout.
@@ -280,7 +280,7 @@ mod tests {
     }
 
     fn monoio_local(c: &Conn) -> SocketAddr {
-        super::super::fd::local_addr(c).unwrap()
+        crate::fd::local_addr(c).unwrap()
     }
 
     #[test]

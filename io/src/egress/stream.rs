@@ -12,7 +12,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _};
 use monoio::net::TcpStream;
 use monoio_rustls::ClientTlsStream;
 
-use super::fd::{self, IdleState};
+use crate::fd::{self, IdleState};
 
 /// Bytes asked for by one read. A TLS record carries at most 16 KiB of plaintext; a larger
 /// buffer lets one read drain several records.

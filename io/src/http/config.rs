@@ -24,6 +24,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16 * 1024;
 /// Default number of unread request body bytes the server discards to keep a connection alive
 /// after a handler answered without reading the whole body. Past it, the connection is closed.
 pub const DEFAULT_MAX_DRAIN_BYTES: u64 = 64 * 1024;
+/// Default time a request runs before the server starts watching for its client leaving: the
+/// watch costs system calls, which requests answered sooner never pay.
+pub const DEFAULT_DEPARTURE_WATCH_AFTER: Duration = Duration::from_millis(10);
 /// Body limit of a handler that does not choose one.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 1024 * 1024;
 
@@ -49,6 +52,9 @@ pub struct ServerConfig {
     pub linger_timeout: Duration,
     /// Unread body bytes discarded to keep a connection alive after the handler returned.
     pub max_drain_bytes: u64,
+    /// Time a handler runs before the server watches for its client leaving (a close, reset or
+    /// half-close), which drops the handler.
+    pub departure_watch_after: Duration,
 }
 
 impl Default for ServerConfig {
@@ -63,6 +69,7 @@ impl Default for ServerConfig {
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             linger_timeout: DEFAULT_LINGER_TIMEOUT,
             max_drain_bytes: DEFAULT_MAX_DRAIN_BYTES,
+            departure_watch_after: DEFAULT_DEPARTURE_WATCH_AFTER,
         }
     }
 }
@@ -83,6 +90,7 @@ mod tests {
         assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
         assert_eq!(c.linger_timeout, DEFAULT_LINGER_TIMEOUT);
         assert_eq!(c.max_drain_bytes, DEFAULT_MAX_DRAIN_BYTES);
+        assert_eq!(c.departure_watch_after, DEFAULT_DEPARTURE_WATCH_AFTER);
         // The slowloris bound must be shorter than the keep-alive idle bound.
         assert!(c.header_read_timeout < c.idle_timeout);
     }

@@ -5,6 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::rc::Rc;
 
@@ -17,6 +18,7 @@ use sortie_core::h1::{parse_request_head, BodyDecoder, BodyLimits, Parsed, Versi
 
 use super::body::{Body, Settled};
 use super::config::ServerConfig;
+use super::departure::client_departure;
 use super::handler::Handler;
 use super::race::{race, Either};
 use super::request::RequestParts;
@@ -314,8 +316,24 @@ impl<H: Handler> Connection<'_, H> {
                         return Flow::Close;
                     }
                 };
+                let fd = self.io.stream.as_raw_fd();
+                let watch_after = self.io.cfg.departure_watch_after;
                 let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
-                let response = handler.handle(parts, admitted.admission, &mut body).await;
+                let outcome = {
+                    let handling = pin!(handler.handle(parts, admitted.admission, &mut body));
+                    // The connection outlives the watch, which keeps `fd` open for it.
+                    let departure = pin!(client_departure(fd, watch_after));
+                    race(handling, departure).await
+                };
+                let response = match outcome {
+                    Either::Left(response) => response,
+                    Either::Right(()) => {
+                        // Dropping the handler's future releases what it holds (an upstream
+                        // exchange, worker capacity); nobody is left to answer.
+                        tracing::debug!(peer = %self.peer, "client left; request dropped");
+                        return Flow::Close;
+                    }
+                };
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
                 let settled = body.settle(max_drain, is_closing).await;

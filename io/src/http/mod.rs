@@ -50,6 +50,12 @@
 //!   `write_timeout` bounds each write that makes no progress (a client that stopped reading is
 //!   cut; a slow but steady one is not). A timeout mid-head answers 408; timeouts are never
 //!   retried.
+//! - **A client that leaves.** Once a handler has run for
+//!   [`ServerConfig::departure_watch_after`] (10 ms), the server watches the connection (a
+//!   duplicate of its descriptor, so the handler's reads are untouched). A close, a reset or a
+//!   half-close, even behind unread pipelined bytes, drops the handler's future, which releases
+//!   what it holds (an upstream exchange, worker capacity), and closes the connection without a
+//!   response. Requests answered sooner pay one timer and no system call.
 //! - **Graceful shutdown.** [`ShutdownTrigger::trigger`] (any thread) sets every core's
 //!   [`ShutdownSignal`]. The accept loop then closes its listener; connections idle between
 //!   requests close at once, without a response; a connection mid-request (head partly read,
@@ -77,6 +83,7 @@ mod body;
 mod config;
 mod conn;
 mod date;
+mod departure;
 mod handler;
 mod race;
 mod request;
@@ -86,13 +93,15 @@ mod shutdown;
 
 pub use body::{Body, BodyError};
 pub use config::{
-    ServerConfig, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_LINGER_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_DRAIN_BYTES, DEFAULT_SHUTDOWN_GRACE, DEFAULT_WRITE_TIMEOUT,
+    ServerConfig, DEFAULT_BODY_READ_TIMEOUT, DEFAULT_DEPARTURE_WATCH_AFTER,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_LINGER_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_DRAIN_BYTES,
+    DEFAULT_SHUTDOWN_GRACE, DEFAULT_WRITE_TIMEOUT,
 };
 pub use conn::{
     serve_connection, BODY_READ_BUFFER_BYTES, INITIAL_READ_BUFFER_BYTES, MAX_LINGER_BYTES,
 };
+pub use departure::RECHECK_WITH_UNREAD_BYTES;
 pub use handler::{Admitted, Handler};
 pub use request::RequestParts;
 pub use response::{HeaderName, Response, ResponseBody, CONTENT_TYPE_JSON, CONTENT_TYPE_TEXT};

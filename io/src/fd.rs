@@ -1,15 +1,17 @@
 //! Socket operations the runtime does not offer on a connected stream: reading `SO_ERROR` after
-//! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver, and
-//! peeking at an idle pooled connection without consuming bytes or waiting.
+//! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver,
+//! peeking at an idle pooled connection without consuming bytes or waiting, and watching a
+//! client's connection for its departure while a request is served.
 //!
-//! This is the only module of the egress client with `unsafe` code: each operation borrows the
-//! raw descriptor of a stream the caller holds a reference to, for the length of one system call.
+//! This is the only module of the io crate's network code with `unsafe` code: each operation
+//! borrows the raw descriptor of a stream the caller keeps open, for the length of one system
+//! call.
 
 #![allow(unsafe_code)]
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use socket2::SockRef;
 
@@ -63,6 +65,54 @@ pub(crate) fn peek_idle<S: AsRawFd>(stream: &S) -> IdleState {
     }
 }
 
+/// What a non-waiting poll found on a client connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerState {
+    /// Connected, nothing unread.
+    Quiet,
+    /// Connected, with bytes the server has not read yet (a pipelined request, say); the socket
+    /// stays readable until they are read, so readiness says nothing more.
+    Unread,
+    /// The peer shut down its sending side, closed, or reset the connection. Unread bytes do
+    /// not hide this.
+    Gone,
+}
+
+/// Polls the socket without waiting (`poll` with `POLLIN | POLLRDHUP` and a zero timeout).
+pub(crate) fn peer_state(fd: RawFd) -> PeerState {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: `p` is a valid pollfd for the length of the call, and the count is 1. A closed or
+    // reused descriptor cannot make poll unsound; callers keep `fd` open anyway.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n <= 0 {
+        // No event, or an error of poll itself (EINTR, ENOMEM): nothing learned.
+        return PeerState::Quiet;
+    }
+    if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        PeerState::Gone
+    } else if p.revents & libc::POLLIN != 0 {
+        PeerState::Unread
+    } else {
+        PeerState::Quiet
+    }
+}
+
+/// A second stream on the descriptor `fd` (`F_DUPFD_CLOEXEC`), registered with the runtime so
+/// that a task can wait for readiness on it while another part of the program owns the
+/// original. Closing the copy leaves the original open.
+///
+/// The caller must keep `fd` open for the length of this call.
+pub(crate) fn duplicate_stream(fd: RawFd) -> io::Result<monoio::net::TcpStream> {
+    // SAFETY: the caller keeps `fd` open for the length of this call; the borrow ends before
+    // the function returns, and the duplicate is a descriptor of its own.
+    let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
+}
+
 /// The local address of the socket (tests identify pooled connections by it).
 #[cfg(test)]
 pub(crate) fn local_addr<S: AsRawFd>(stream: &S) -> io::Result<std::net::SocketAddr> {
@@ -110,6 +160,35 @@ mod tests {
         s.shutdown(Shutdown::Write).unwrap();
         assert_eq!(settle(&c), IdleState::Closed);
         assert!(take_error(&c).unwrap().is_none());
+    }
+
+    /// Waits (bounded) until `peer_state` reports something other than `Quiet`.
+    fn settle_peer(c: &TcpStream) -> PeerState {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let s = peer_state(c.as_raw_fd());
+            if s != PeerState::Quiet || std::time::Instant::now() > until {
+                return s;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn peer_state_sees_a_close_behind_unread_bytes() {
+        let (c, mut s) = pair();
+        assert_eq!(peer_state(c.as_raw_fd()), PeerState::Quiet);
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!(settle_peer(&c), PeerState::Unread);
+        s.shutdown(Shutdown::Write).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while peer_state(c.as_raw_fd()) != PeerState::Gone {
+            assert!(std::time::Instant::now() < until, "close not seen");
+            std::thread::yield_now();
+        }
+        let (c, s) = pair();
+        drop(s);
+        assert_eq!(settle_peer(&c), PeerState::Gone);
     }
 
     #[test]

@@ -1,0 +1,107 @@
+//! Black-box test: a client that closes its connection while its request API call waits on a
+//! slow upstream ends that request at once: it leaves the active list, frees its worker's
+//! capacity and closes the upstream connection, well before the upstream would have answered,
+//! and is counted as `cancelled`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::gateway::{admin, wait_until, Gateway, DEPLOYMENT_TOKEN};
+
+const REQUESTS: &str = "/api/v1/admin/requests";
+const WORKERS: &str = "/api/v1/admin/workers";
+/// How long the upstream waits, silent, for the gateway to close: far longer than the release
+/// may take.
+const UPSTREAM_PAUSE: Duration = Duration::from_secs(10);
+/// How soon after the client leaves the request must be gone.
+const RELEASE_WITHIN: Duration = Duration::from_secs(2);
+
+fn active_requests(gw: &Gateway) -> Vec<Value> {
+    let r = admin(gw, "GET", REQUESTS, &[], b"");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.json()["items"].as_array().expect("items").clone()
+}
+
+fn active_capacity(gw: &Gateway) -> u64 {
+    let w = admin(gw, "GET", WORKERS, &[], b"").json();
+    w["items"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| w["capacity"]["active"].as_u64().expect("capacity.active"))
+        .sum()
+}
+
+/// An upstream that reads one request head and never answers; it reports when the gateway
+/// closed the connection (EOF or reset), or that it did not within [`UPSTREAM_PAUSE`].
+fn silent_upstream() -> (String, mpsc::Receiver<Option<Instant>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/slow", listener.local_addr().expect("addr"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        conn.set_read_timeout(Some(UPSTREAM_PAUSE))
+            .expect("timeout");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        let closed = loop {
+            match conn.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+                Err(_) => break false,
+            }
+        };
+        assert!(seen.starts_with(b"GET /slow HTTP/1.1\r\n"), "{seen:?}");
+        let _ = tx.send(closed.then(Instant::now));
+    });
+    (url, rx)
+}
+
+#[test]
+fn client_leaving_mid_request_releases_it_at_once() {
+    let (url, upstream_closed) = silent_upstream();
+    let gw = Gateway::start();
+    assert!(active_requests(&gw).is_empty());
+
+    let envelope = json!({"method": "GET", "url": url, "timeout_ms": 60000}).to_string();
+    let mut client = TcpStream::connect(gw.api).expect("connect");
+    let head = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        gw.api,
+        envelope.len()
+    );
+    client.write_all(head.as_bytes()).expect("write head");
+    client.write_all(envelope.as_bytes()).expect("write body");
+
+    wait_until(Duration::from_secs(10), "the request to be listed", || {
+        active_requests(&gw).len() == 1
+    });
+    assert_eq!(active_capacity(&gw), 1);
+
+    let closed_at = Instant::now();
+    drop(client);
+    wait_until(RELEASE_WITHIN, "the request to be released", || {
+        active_requests(&gw).is_empty() && active_capacity(&gw) == 0
+    });
+    println!("released {:?} after the client closed", closed_at.elapsed());
+    let upstream_closed_at = upstream_closed
+        .recv_timeout(UPSTREAM_PAUSE + Duration::from_secs(5))
+        .expect("upstream report")
+        .expect("the gateway left its upstream connection open");
+    assert!(upstream_closed_at.duration_since(closed_at) < RELEASE_WITHIN);
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sortie_requests_total{")
+                && l.contains("outcome=\"cancelled\"} 1")),
+        "{metrics}"
+    );
+}
