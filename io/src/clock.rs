@@ -11,7 +11,12 @@ fn epoch() -> Instant {
 
 /// Milliseconds since the process first asked; monotonic and shared by every core.
 pub fn monotonic_ms() -> u64 {
-    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+    monotonic_ms_at(Instant::now())
+}
+
+/// [`monotonic_ms`] of an instant already read, which saves reading the clock again.
+pub fn monotonic_ms_at(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(epoch()).as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds since the Unix epoch.

@@ -126,7 +126,7 @@ fn response_headers_keep_order_duplicates_and_raw_values() {
             .await
             .expect("response");
         assert_eq!(resp.status, 201);
-        let names: Vec<&[u8]> = resp.headers.iter().map(|(n, _)| n.as_slice()).collect();
+        let names: Vec<&[u8]> = resp.headers.iter().map(|(n, _)| &n[..]).collect();
         assert_eq!(
             names,
             vec![

@@ -213,7 +213,7 @@ async fn handle_inner(
         tie_break,
     };
     let capacity = |w| active.active_on(w);
-    let now_ms = crate::clock::monotonic_ms();
+    let now_ms = crate::clock::monotonic_ms_at(started);
     let decision = match req
         .routing
         .sticky_session_id
@@ -339,18 +339,17 @@ async fn handle_inner(
     };
     match result {
         Ok(resp) => {
-            let hop = connection_tokens(&resp.headers);
             let headers: Vec<(&[u8], &[u8])> = resp
                 .headers
                 .iter()
-                .filter(|(n, _)| !is_hop_by_hop(n, &hop))
-                .map(|(n, v)| (n.as_slice(), v.as_slice()))
+                .filter(|(n, _)| !is_hop_by_hop(n, &resp.headers))
+                .map(|(n, v)| (&n[..], &v[..]))
                 .collect();
             let timing = Timing {
                 routing_ms: millis(routed - started),
                 assignment_ms: millis(assigned - routed),
                 egress_ms: millis(done - assigned),
-                total_ms: millis(started.elapsed()),
+                total_ms: millis(done - started),
             };
             let out = RequestResult {
                 request_id,
@@ -408,20 +407,15 @@ const HOP_BY_HOP: &[&[u8]] = &[
     b"upgrade",
 ];
 
-/// Field names listed in the response's `Connection` header, which are hop-by-hop too.
-fn connection_tokens(headers: &[(Vec<u8>, Vec<u8>)]) -> Vec<Vec<u8>> {
-    headers
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
-        .flat_map(|(_, v)| v.split(|&b| b == b','))
-        .map(|t| t.trim_ascii().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-        .collect()
-}
-
-fn is_hop_by_hop(name: &[u8], listed: &[Vec<u8>]) -> bool {
+/// Whether a response field is hop-by-hop: one of [`HOP_BY_HOP`] or a name the response's
+/// `Connection` fields list. The head limits bound the fields, so the nested scan stays small.
+fn is_hop_by_hop(name: &[u8], headers: &[(bytes::Bytes, bytes::Bytes)]) -> bool {
     HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
-        || listed.iter().any(|t| name.eq_ignore_ascii_case(t))
+        || headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+            .flat_map(|(_, v)| v.split(|&b| b == b','))
+            .any(|t| name.eq_ignore_ascii_case(t.trim_ascii()))
 }
 
 struct CapacityGuard(Arc<super::state::WorkerSlot>);

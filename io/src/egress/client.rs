@@ -77,7 +77,7 @@ pub(crate) fn request_head(
 /// A response read completely.
 pub(crate) struct Response {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub(crate) headers: Vec<(Bytes, Bytes)>,
     pub(crate) body: Vec<u8>,
     /// Whether the connection may carry another request.
     pub(crate) is_reusable: bool,
@@ -164,7 +164,7 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
 /// The parts of a final response head that outlive the buffer it was parsed from.
 struct Head {
     status: u16,
-    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    headers: Vec<(Bytes, Bytes)>,
     framing: ResponseFraming,
     is_keep_alive: bool,
 }
@@ -284,18 +284,30 @@ async fn read_head(conn: &mut Conn, method: Method, buf: &mut Vec<u8>) -> Result
                         buf.drain(..consumed_len.min(buf.len()));
                         continue;
                     }
-                    let owned = Head {
-                        status: head.status(),
-                        headers: head
-                            .headers()
-                            .iter()
-                            .map(|h| (h.name().as_bytes().to_vec(), h.value().to_vec()))
+                    // The fields become slices of the head's buffer: one allocation shared by
+                    // every field instead of two per field.
+                    let base = buf.as_ptr() as usize;
+                    let offset = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+                    let spans: Vec<((usize, usize), (usize, usize))> = head
+                        .headers()
+                        .iter()
+                        .map(|h| (offset(h.name().as_bytes()), offset(h.value())))
+                        .collect();
+                    let (status, framing) = (head.status(), head.framing());
+                    let is_keep_alive = head.is_keep_alive();
+                    let consumed = consumed_len.min(buf.len());
+                    let rest = buf.split_off(consumed);
+                    let frozen = Bytes::from(std::mem::replace(buf, rest));
+                    let slice = |(at, len): (usize, usize)| frozen.slice(at..at + len);
+                    return Ok(Head {
+                        status,
+                        headers: spans
+                            .into_iter()
+                            .map(|(n, v)| (slice(n), slice(v)))
                             .collect(),
-                        framing: head.framing(),
-                        is_keep_alive: head.is_keep_alive(),
-                    };
-                    buf.drain(..consumed_len.min(buf.len()));
-                    return Ok(owned);
+                        framing,
+                        is_keep_alive,
+                    });
                 }
                 Err(e) => return Err(Failure::during_response(error::protocol_error(e))),
             }

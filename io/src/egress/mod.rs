@@ -154,8 +154,9 @@ pub struct EgressResponse {
     /// The destination's status.
     pub status: u16,
     /// Response header fields as received: names as spelled, raw values, order and duplicates
-    /// kept (hop-by-hop and framing fields included; the caller decides what to relay).
-    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// kept (hop-by-hop and framing fields included; the caller decides what to relay). Each
+    /// is a slice of one shared buffer.
+    pub headers: Vec<(Bytes, Bytes)>,
     /// The decoded body (chunked coding removed).
     pub body: Vec<u8>,
     /// The address the response came from.
@@ -227,28 +228,27 @@ impl Egress {
         let mut may_reuse = true;
         loop {
             let pooled = if may_reuse {
-                self.inner.pool.checkout(&key, &req.policy, Instant::now())
+                self.inner.pool.checkout(&key, &req.policy, started)
             } else {
                 None
             };
             let is_reused = pooled.is_some();
-            let connect_started = Instant::now();
-            let mut conn = match pooled {
-                Some(conn) => conn,
-                // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state of
-                // the exchange, and the hot path reuses a pooled connection instead.
-                None => Box::pin(self.connect(req)).await?,
-            };
-            let connect_ms = if is_reused {
-                0
-            } else {
-                millis(connect_started.elapsed())
+            let (mut conn, connect_ms) = match pooled {
+                Some(conn) => (conn, 0),
+                None => {
+                    let connect_started = Instant::now();
+                    // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state
+                    // of the exchange, and the hot path reuses a pooled connection instead.
+                    let conn = Box::pin(self.connect(req)).await?;
+                    (conn, millis(connect_started.elapsed()))
+                }
             };
             match client::exchange(&mut conn, &x).await {
                 Ok(resp) => {
                     let peer_addr = conn.peer();
+                    let finished = Instant::now();
                     if resp.is_reusable {
-                        self.inner.pool.put(key, conn, Instant::now());
+                        self.inner.pool.put(key, conn, finished);
                     }
                     return Ok(EgressResponse {
                         status: resp.status,
@@ -256,7 +256,7 @@ impl Egress {
                         body: resp.body,
                         peer_addr,
                         connect_ms,
-                        egress_ms: millis(started.elapsed()),
+                        egress_ms: millis(finished - started),
                         is_connection_reused: is_reused,
                     });
                 }

@@ -88,7 +88,7 @@ pub fn request(method: Method, url: &str) -> EgressRequest {
 }
 
 /// The value of a response header (first occurrence, case-insensitive name).
-pub fn header<'a>(headers: &'a [(Vec<u8>, Vec<u8>)], name: &str) -> Option<&'a str> {
+pub fn header<'a>(headers: &'a [(bytes::Bytes, bytes::Bytes)], name: &str) -> Option<&'a str> {
     headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
