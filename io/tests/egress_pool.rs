@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sortie_core::error::ErrorCode;
 use sortie_core::request::Method;
+use sortie_core::snapshot::ConfigId;
 use sortie_io::egress::PoolLimits;
 use support::upstream::{self, Options, Upstream};
 use support::{detail, egress, egress_with_pool, expect_code, header, request, run, wait_until};
@@ -75,9 +76,9 @@ fn pool_is_keyed_by_worker_and_capped() {
         };
         let egress = egress_with_pool(None, limits);
         let mut a = request(Method::Get, &up.url("/"));
-        a.worker_id = "worker-a".into();
+        a.worker_id = ConfigId::parse("worker-a").unwrap();
         let mut b = a.clone();
-        b.worker_id = "worker-b".into();
+        b.worker_id = ConfigId::parse("worker-b").unwrap();
         egress.execute(&a).await.expect("a");
         let resp = egress.execute(&b).await.expect("b");
         // Another worker never gets worker-a's connection.

@@ -3,7 +3,7 @@
 //!
 //! This is on the per-request path: no allocation beyond the validated result.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::limits::MAX_URL_BYTES;
@@ -38,8 +38,9 @@ impl Scheme {
 /// The host of a destination.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Host {
-    /// A DNS name: lowercase ASCII labels (IDNs must arrive as A-labels, `xn--…`).
-    Domain(String),
+    /// A DNS name: lowercase ASCII labels (IDNs must arrive as A-labels, `xn--…`). Shared, so
+    /// that pool keys and lookups clone it without allocating.
+    Domain(std::sync::Arc<str>),
     /// An IPv4 literal in strict dotted-decimal form.
     V4(Ipv4Addr),
     /// An IPv6 literal (written in brackets in the URL), without a zone identifier.
@@ -74,22 +75,104 @@ pub struct TargetUrl {
 
 impl TargetUrl {
     /// The value of the `Host` header for this URL: the host, plus the port when it is not the
-    /// scheme's default.
-    pub fn authority(&self) -> String {
-        if self.has_explicit_port {
-            format!("{}:{}", self.host, self.port)
-        } else {
-            self.host.to_string()
+    /// scheme's default. Built without allocating.
+    pub fn authority(&self) -> HostText<'_> {
+        match (&self.host, self.has_explicit_port) {
+            (Host::Domain(d), false) => HostText::Borrowed(d),
+            (host, has_port) => {
+                let mut t = InlineText::default();
+                let _ = if has_port {
+                    write!(t, "{host}:{}", self.port)
+                } else {
+                    write!(t, "{host}")
+                };
+                HostText::Inline(t)
+            }
         }
     }
 
-    /// The host name for TLS SNI and DNS: the domain, or the address literal without brackets.
-    pub fn host_str(&self) -> String {
-        match &self.host {
-            Host::Domain(d) => d.clone(),
-            Host::V4(a) => a.to_string(),
-            Host::V6(a) => a.to_string(),
+    /// The host name for TLS SNI, DNS and routing: the domain, or the address literal without
+    /// brackets. Built without allocating.
+    pub fn host_str(&self) -> HostText<'_> {
+        let mut t = InlineText::default();
+        let _ = match &self.host {
+            Host::Domain(d) => return HostText::Borrowed(d),
+            Host::V4(a) => write!(t, "{a}"),
+            Host::V6(a) => write!(t, "{a}"),
+        };
+        HostText::Inline(t)
+    }
+}
+
+/// Longest text [`InlineText`] holds: the longest DNS name with `:65535`, which is longer than
+/// any bracketed IPv6 literal with a port.
+const INLINE_TEXT_BYTES: usize = MAX_HOSTNAME_BYTES + ":65535".len();
+
+/// A short string on the stack.
+#[derive(Clone, Copy)]
+pub struct InlineText {
+    buf: [u8; INLINE_TEXT_BYTES],
+    len: usize,
+}
+
+impl Default for InlineText {
+    fn default() -> Self {
+        InlineText {
+            buf: [0; INLINE_TEXT_BYTES],
+            len: 0,
         }
+    }
+}
+
+impl fmt::Write for InlineText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len.checked_add(s.len()).ok_or(fmt::Error)?;
+        let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// A host or authority rendered from a [`TargetUrl`]: borrowed when the URL holds the text,
+/// otherwise formatted on the stack.
+// Short-lived on the stack; boxing the large variant would be the allocation this type avoids.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy)]
+pub enum HostText<'a> {
+    /// The URL's own text.
+    Borrowed(&'a str),
+    /// Formatted text (an address literal, or a host with its port).
+    Inline(InlineText),
+}
+
+impl std::ops::Deref for HostText<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            HostText::Borrowed(s) => s,
+            // Only whole `&str`s are ever written, so the prefix is UTF-8.
+            HostText::Inline(t) => std::str::from_utf8(&t.buf[..t.len]).unwrap_or_default(),
+        }
+    }
+}
+
+impl fmt::Debug for HostText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl fmt::Display for HostText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self)
+    }
+}
+
+impl PartialEq<&str> for HostText<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        **self == **other
     }
 }
 
@@ -277,7 +360,7 @@ pub fn parse_host(host: &str) -> Result<Host, UrlError> {
             return Err(UrlError::BadHost);
         }
     }
-    Ok(Host::Domain(host.to_ascii_lowercase()))
+    Ok(Host::Domain(host.to_ascii_lowercase().into()))
 }
 
 fn is_hex_literal(label: &str) -> bool {
@@ -390,6 +473,25 @@ mod tests {
             assert_eq!(u.port, *port, "{input}");
             assert_eq!(u.path_and_query, *pq, "{input}");
         }
+    }
+
+    /// The longest accepted names and literals render whole, with their port, on the stack.
+    #[test]
+    fn longest_hosts_render_whole() {
+        let label = "a".repeat(63);
+        let name = format!("{label}.{label}.{label}.{}", "b".repeat(61));
+        assert_eq!(name.len(), MAX_HOSTNAME_BYTES);
+        let u = parse_target_url(&format!("https://{name}:65535/")).unwrap();
+        assert_eq!(&*u.authority(), format!("{name}:65535"));
+        assert_eq!(&*u.host_str(), name);
+        let v6 = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255";
+        let u = parse_target_url(&format!("http://[{v6}]:65535/")).unwrap();
+        let canonical = v6.parse::<Ipv6Addr>().unwrap().to_string();
+        assert_eq!(&*u.authority(), format!("[{canonical}]:65535"));
+        assert_eq!(&*u.host_str(), canonical);
+        let u = parse_target_url("http://10.0.0.1/").unwrap();
+        assert_eq!(u.authority(), "10.0.0.1");
+        assert_eq!(u.host_str(), "10.0.0.1");
     }
 
     #[test]

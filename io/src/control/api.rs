@@ -322,7 +322,7 @@ async fn handle_inner(
         deadline,
         max_response_body_bytes: limits.max_inline_response_body_bytes,
         policy: active.policy.clone(),
-        worker_id: decision.worker_id.as_str().to_string(),
+        worker_id: decision.worker_id.clone(),
         bind_address: slot.bind_address(),
         is_replayable: req.is_replayable,
         timeouts: Default::default(),

@@ -1,10 +1,12 @@
 //! Per-core control context: the requests this core is running (so the admin API can list and
 //! cancel them) and the core's mailbox, through which other threads reach them without a lock.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
@@ -45,61 +47,117 @@ pub fn mailbox() -> (CoreMailbox, MailboxReceiver) {
     (CoreMailbox { tx }, MailboxReceiver { rx })
 }
 
-struct Entry {
-    deployment_id: String,
-    cancel: Option<oneshot::Sender<()>>,
+/// The cancel signal of one request, shared by the request's future and the core's table: set
+/// once, it wakes the request. Per core, so plain cells suffice.
+#[derive(Default)]
+struct CancelSignal {
+    is_set: Cell<bool>,
+    waker: Cell<Option<Waker>>,
 }
 
-/// Requests running on this core.
+/// Completes when an operator cancels the request.
+pub struct Cancelled(Rc<CancelSignal>);
+
+impl Future for Cancelled {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.is_set.get() {
+            return Poll::Ready(());
+        }
+        let waker = match self.0.waker.take() {
+            Some(w) if w.will_wake(cx.waker()) => w,
+            _ => cx.waker().clone(),
+        };
+        self.0.waker.set(Some(waker));
+        Poll::Pending
+    }
+}
+
+struct Entry {
+    request_id: Box<str>,
+    deployment_id: Box<str>,
+    signal: Rc<CancelSignal>,
+}
+
+/// Requests running on this core: a slab, so that starting and ending a request hashes
+/// nothing; listing and cancelling (operator actions) scan it.
 #[derive(Default)]
 pub struct ActiveRequests {
-    map: RefCell<HashMap<String, Entry>>,
+    slab: RefCell<Slab>,
+}
+
+#[derive(Default)]
+struct Slab {
+    entries: Vec<Option<Entry>>,
+    free: Vec<usize>,
+    len: usize,
 }
 
 /// Removes the request from the active set when dropped (on completion, error or cancel).
 pub struct ActiveGuard {
     owner: Rc<ActiveRequests>,
-    request_id: String,
+    index: usize,
 }
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.owner.map.borrow_mut().remove(&self.request_id);
+        let mut slab = self.owner.slab.borrow_mut();
+        if let Some(slot) = slab.entries.get_mut(self.index) {
+            if slot.take().is_some() {
+                slab.len -= 1;
+                slab.free.push(self.index);
+            }
+        }
     }
 }
 
 impl ActiveRequests {
-    /// Registers a request; the receiver fires when an operator cancels it.
+    /// Registers a request; the returned future completes when an operator cancels it.
     pub fn track(
         self: &Rc<Self>,
         request_id: &str,
         deployment_id: &str,
-    ) -> (ActiveGuard, oneshot::Receiver<()>) {
-        let (tx, rx) = oneshot::channel();
-        self.map.borrow_mut().insert(
-            request_id.to_string(),
-            Entry {
-                deployment_id: deployment_id.to_string(),
-                cancel: Some(tx),
-            },
-        );
+    ) -> (ActiveGuard, Cancelled) {
+        let signal = Rc::new(CancelSignal::default());
+        let entry = Entry {
+            request_id: request_id.into(),
+            deployment_id: deployment_id.into(),
+            signal: Rc::clone(&signal),
+        };
+        let mut slab = self.slab.borrow_mut();
+        let index = match slab.free.pop() {
+            Some(i) => {
+                if let Some(slot) = slab.entries.get_mut(i) {
+                    *slot = Some(entry);
+                }
+                i
+            }
+            None => {
+                slab.entries.push(Some(entry));
+                slab.entries.len() - 1
+            }
+        };
+        slab.len += 1;
         (
             ActiveGuard {
-                owner: self.clone(),
-                request_id: request_id.to_string(),
+                owner: Rc::clone(self),
+                index,
             },
-            rx,
+            Cancelled(signal),
         )
     }
 
     /// The requests running now.
     pub fn list(&self) -> Vec<ActiveItem> {
-        self.map
+        self.slab
             .borrow()
+            .entries
             .iter()
-            .map(|(id, e)| ActiveItem {
-                request_id: id.clone(),
-                deployment_id: e.deployment_id.clone(),
+            .flatten()
+            .map(|e| ActiveItem {
+                request_id: e.request_id.to_string(),
+                deployment_id: e.deployment_id.to_string(),
             })
             .collect()
     }
@@ -107,25 +165,30 @@ impl ActiveRequests {
     /// Fires the cancel signal of a request. Repeating it on a request still winding down
     /// answers true again.
     pub fn cancel(&self, request_id: &str) -> bool {
-        match self.map.borrow_mut().get_mut(request_id) {
-            Some(e) => {
-                if let Some(tx) = e.cancel.take() {
-                    let _ = tx.send(());
-                }
-                true
-            }
-            None => false,
+        let slab = self.slab.borrow();
+        let Some(e) = slab
+            .entries
+            .iter()
+            .flatten()
+            .find(|e| &*e.request_id == request_id)
+        else {
+            return false;
+        };
+        e.signal.is_set.set(true);
+        if let Some(w) = e.signal.waker.take() {
+            w.wake();
         }
+        true
     }
 
     /// Number of requests running on this core.
     pub fn len(&self) -> usize {
-        self.map.borrow().len()
+        self.slab.borrow().len
     }
 
     /// Whether no request runs on this core.
     pub fn is_empty(&self) -> bool {
-        self.map.borrow().is_empty()
+        self.len() == 0
     }
 }
 
@@ -185,4 +248,43 @@ pub async fn cancel_request(state: &Arc<ControlState>, request_id: &str) -> bool
         found |= r.await.unwrap_or(false);
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn track_list_cancel_and_release() {
+        let active = Rc::new(ActiveRequests::default());
+        let (a, mut a_cancelled) = active.track("req_a", "d1");
+        let (b, _) = active.track("req_b", "d2");
+        assert_eq!(active.len(), 2);
+        let mut items = active.list();
+        items.sort();
+        assert_eq!(items[0].request_id, "req_a");
+        assert_eq!(items[1].deployment_id, "d2");
+
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut a_cancelled).poll(&mut cx).is_pending());
+        assert!(active.cancel("req_a"));
+        assert!(
+            active.cancel("req_a"),
+            "repeats answer true while the request winds down"
+        );
+        assert!(Pin::new(&mut a_cancelled).poll(&mut cx).is_ready());
+        assert!(!active.cancel("req_zzz"));
+
+        drop(a);
+        assert_eq!(active.len(), 1);
+        assert!(!active.cancel("req_a"));
+        // The freed slot is reused.
+        let (c, _) = active.track("req_c", "d1");
+        assert_eq!(active.len(), 2);
+        drop(b);
+        drop(c);
+        assert!(active.is_empty());
+        assert!(active.list().is_empty());
+    }
 }

@@ -53,6 +53,7 @@ use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::ApiError;
 use sortie_core::limits::DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES;
 use sortie_core::request::{Header, Method, Scheme, TargetUrl};
+use sortie_core::snapshot::ConfigId;
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
 pub use pool::{
@@ -116,7 +117,7 @@ pub struct EgressRequest {
     /// The destination policy of the snapshot the request runs under.
     pub policy: Arc<DestinationPolicy>,
     /// The worker performing the request; connections are pooled per worker.
-    pub worker_id: String,
+    pub worker_id: ConfigId,
     /// The source address of egress connections, when the worker has one.
     pub bind_address: Option<IpAddr>,
     /// Permission for one transport-level retry (spec: `replayable`).
@@ -141,7 +142,7 @@ impl EgressRequest {
             timeouts: Timeouts::default(),
             max_response_body_bytes: DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
             policy,
-            worker_id: "local".to_string(),
+            worker_id: ConfigId::parse("local").unwrap_or_else(|_| unreachable!()),
             bind_address: None,
             is_replayable: false,
         }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::request::{Host, Scheme};
+use sortie_core::snapshot::ConfigId;
 
 use super::stream::Conn;
 use crate::fd::IdleState;
@@ -60,7 +61,7 @@ impl Default for PoolLimits {
 /// source address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PoolKey {
-    pub(crate) worker_id: String,
+    pub(crate) worker_id: ConfigId,
     pub(crate) scheme: Scheme,
     pub(crate) host: Host,
     pub(crate) port: u16,
@@ -207,7 +208,7 @@ mod tests {
 
     fn key(worker: &str) -> PoolKey {
         PoolKey {
-            worker_id: worker.into(),
+            worker_id: ConfigId::parse(worker).unwrap(),
             scheme: Scheme::Http,
             host: Host::V4("127.0.0.1".parse().unwrap()),
             port: 80,

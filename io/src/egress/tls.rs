@@ -148,7 +148,7 @@ pub(crate) fn per_core_connector(shared: &Arc<ClientConfig>) -> TlsConnector {
 /// IPv4 and IPv6 addresses are not permitted in HostName"; rustls sends none for addresses).
 pub(crate) fn server_name(host: &Host) -> Result<ServerName<'static>, ApiError> {
     match host {
-        Host::Domain(d) => DnsName::try_from(d.clone())
+        Host::Domain(d) => DnsName::try_from(d.to_string())
             .map(ServerName::DnsName)
             .map_err(|_| error::internal("the destination host is not a valid TLS server name")),
         Host::V4(a) => Ok(ServerName::IpAddress(std::net::IpAddr::V4(*a).into())),
