@@ -65,9 +65,22 @@ fn silent_upstream() -> (String, mpsc::Receiver<Option<Instant>>) {
 
 #[test]
 fn client_leaving_mid_request_releases_it_at_once() {
+    assert_release_on_departure(&Gateway::start());
+}
+
+/// The watch waits on a duplicate of the client's descriptor; with the epoll driver that
+/// duplicate is registered separately, so both drivers are checked.
+#[test]
+fn client_leaving_is_noticed_with_the_epoll_driver_too() {
+    let gw = Gateway::builder()
+        .env("MONOIO_FORCE_LEGACY_DRIVER", "1")
+        .start();
+    assert_release_on_departure(&gw);
+}
+
+fn assert_release_on_departure(gw: &Gateway) {
     let (url, upstream_closed) = silent_upstream();
-    let gw = Gateway::start();
-    assert!(active_requests(&gw).is_empty());
+    assert!(active_requests(gw).is_empty());
 
     let envelope = json!({"method": "GET", "url": url, "timeout_ms": 60000}).to_string();
     let mut client = TcpStream::connect(gw.api).expect("connect");
@@ -81,14 +94,14 @@ fn client_leaving_mid_request_releases_it_at_once() {
     client.write_all(envelope.as_bytes()).expect("write body");
 
     wait_until(Duration::from_secs(10), "the request to be listed", || {
-        active_requests(&gw).len() == 1
+        active_requests(gw).len() == 1
     });
-    assert_eq!(active_capacity(&gw), 1);
+    assert_eq!(active_capacity(gw), 1);
 
     let closed_at = Instant::now();
     drop(client);
     wait_until(RELEASE_WITHIN, "the request to be released", || {
-        active_requests(&gw).is_empty() && active_capacity(&gw) == 0
+        active_requests(gw).is_empty() && active_capacity(gw) == 0
     });
     println!("released {:?} after the client closed", closed_at.elapsed());
     let upstream_closed_at = upstream_closed
@@ -96,7 +109,7 @@ fn client_leaving_mid_request_releases_it_at_once() {
         .expect("upstream report")
         .expect("the gateway left its upstream connection open");
     assert!(upstream_closed_at.duration_since(closed_at) < RELEASE_WITHIN);
-    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    let metrics = admin(gw, "GET", "/metrics", &[], b"").text();
     assert!(
         metrics
             .lines()
