@@ -22,15 +22,91 @@ import resource
 import sys
 import time
 
-from fixedrate import ResponseError, parse_response
-
 # Bounds that keep a run within what the machine and the harness allow.
 MAX_CONNECTIONS = 50_000
 MAX_TIMEOUT_SECONDS = 120
 # File descriptors this process needs beyond the connections (stdio, the event loop, imports).
 SPARE_FDS = 64
 
+# Responses larger than this are treated as errors; the targets answer a few hundred bytes.
+MAX_RESPONSE_BYTES = 1 << 20
+
 BAD_TOKEN_BODY = b'{"method":"GET","url":"http://127.0.0.1:9/idle","timeout_ms":1000}'
+
+
+class ResponseError(Exception):
+    """A response this client cannot parse or does not accept."""
+
+
+def parse_response(buf):
+    """Returns (status, body, consumed, wants_close) for one complete response at the start of
+    buf, or None when more bytes are needed."""
+    head_end = buf.find(b"\r\n\r\n")
+    if head_end < 0:
+        if len(buf) > MAX_RESPONSE_BYTES:
+            raise ResponseError("response head too large")
+        return None
+    lines = bytes(buf[:head_end]).split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise ResponseError("bad status line %r" % lines[0][:80])
+    status = int(parts[1])
+    length = None
+    chunked = False
+    wants_close = parts[0] == b"HTTP/1.0"
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        value = value.strip().lower()
+        if name == b"content-length":
+            if not value.isdigit():
+                raise ResponseError("bad content-length")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value.endswith(b"chunked")
+        elif name == b"connection":
+            wants_close = b"close" in value
+    start = head_end + 4
+    if chunked:
+        return parse_chunked(buf, start, status, wants_close)
+    if length is None:
+        # Without a length the body runs to the end of the connection, which a keep-alive
+        # load cannot use.
+        raise ResponseError("response without content-length or chunked encoding")
+    if length > MAX_RESPONSE_BYTES:
+        raise ResponseError("response body too large")
+    if len(buf) < start + length:
+        return None
+    return status, bytes(buf[start:start + length]), start + length, wants_close
+
+
+def parse_chunked(buf, pos, status, wants_close):
+    body = bytearray()
+    while True:
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            return None
+        size_text = bytes(buf[pos:line_end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError as exc:
+            raise ResponseError("bad chunk size") from exc
+        if size > MAX_RESPONSE_BYTES or len(body) + size > MAX_RESPONSE_BYTES:
+            raise ResponseError("chunked body too large")
+        pos = line_end + 2
+        if size == 0:
+            # Trailer section: lines until an empty one.
+            while True:
+                line_end = buf.find(b"\r\n", pos)
+                if line_end < 0:
+                    return None
+                if line_end == pos:
+                    return status, bytes(body), line_end + 2, wants_close
+                pos = line_end + 2
+        if len(buf) < pos + size + 2:
+            return None
+        body += buf[pos:pos + size]
+        pos += size + 2
 
 
 def bad_token_request(host, port):
