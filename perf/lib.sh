@@ -196,6 +196,18 @@ gateway_binary() {
   echo "${CARGO_TARGET_DIR:-$REPO_DIR/target}/release/sortie"
 }
 
+# Builds the fixed-rate load generator (perf/fixedrate, a cargo project of its own) in release
+# mode and prints the binary's path. Cargo's output is shown only when the build fails.
+fixedrate_binary() {
+  local log="$WORK_DIR/fixedrate-build.log"
+  command -v cargo >/dev/null ||
+    die "cargo not found; the fixed-rate generator needs a Rust toolchain"
+  log "cargo build --release (perf/fixedrate)"
+  cargo build --release --quiet --manifest-path "$PERF_DIR/fixedrate/Cargo.toml" >"$log" 2>&1 ||
+    { cat "$log" >&2; die "building the fixed-rate generator failed"; }
+  echo "${CARGO_TARGET_DIR:-$PERF_DIR/fixedrate/target}/release/sortie-fixedrate"
+}
+
 # Writes the gateway's static config and bootstrap snapshot into the run directory. The
 # snapshot allows loopback destinations, which the default policy denies.
 write_gateway_config() {
