@@ -31,7 +31,11 @@ struct Proc {
 
 impl Proc {
     fn start(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sortie"));
+        Proc::start_program(env!("CARGO_BIN_EXE_sortie"), args, cwd, env)
+    }
+
+    fn start_program(program: &str, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(program);
         cmd.args(args)
             .current_dir(cwd)
             .stdin(Stdio::null())
@@ -521,6 +525,45 @@ fn legacy_epoll_driver_serves_requests() {
     assert_eq!(r.status, 401);
     p.find(|l| l.contains("using the epoll driver"))
         .expect("the fallback is logged");
+    p.sigterm();
+    assert!(p.wait().success(), "{}", p.output());
+}
+
+/// The usual soft open-file limit (1024, or less) would cap the gateway at a few hundred
+/// requests in flight: `serve` raises it to the hard limit and says so in its banner.
+#[test]
+fn serve_raises_the_soft_open_file_limit() {
+    let hard = std::fs::read_to_string("/proc/self/limits")
+        .expect("limits")
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .expect("hard limit");
+    let dir = temp_dir("nofile");
+    let cfg = write_config(&dir, "");
+    let cfg = cfg.display().to_string();
+    let mut p = Proc::start_program(
+        "sh",
+        &[
+            "-c",
+            "ulimit -Sn 256 && exec \"$0\" \"$@\"",
+            env!("CARGO_BIN_EXE_sortie"),
+            "serve",
+            "--config",
+            &cfg,
+        ],
+        &dir,
+        &[],
+    );
+    let line = p
+        .until(|l| l.trim_start().starts_with("fd limit:"))
+        .expect("banner");
+    let shown = line.split_whitespace().nth(2).expect("limit").to_string();
+    if hard == "unlimited" {
+        assert_ne!(shown, "256", "{line}");
+    } else {
+        assert_eq!(shown, hard, "{line}");
+    }
     p.sigterm();
     assert!(p.wait().success(), "{}", p.output());
 }

@@ -113,6 +113,51 @@ pub(crate) fn duplicate_stream(fd: RawFd) -> io::Result<monoio::net::TcpStream> 
     monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
 }
 
+/// The highest soft open-file limit asked for: the kernel's default `fs.nr_open`.
+const MAX_OPEN_FILES: libc::rlim_t = 1 << 20;
+
+/// The open-file limit after [`raise_open_file_limit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpenFileLimit {
+    /// The soft limit now in force.
+    pub(crate) soft: u64,
+    /// The hard limit, which only a privileged process may raise.
+    pub(crate) hard: u64,
+}
+
+/// Raises the soft open-file limit (`RLIMIT_NOFILE`) to the hard limit. Every client
+/// connection, pooled upstream connection and watched request holds a descriptor, and the
+/// usual soft default of 1024 (the default for shells and systemd services alike) would cap the
+/// gateway at a few hundred requests in flight, far below its connection limits.
+pub(crate) fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the length of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // An unlimited hard limit cannot be the soft one: the kernel caps descriptors at
+    // `fs.nr_open`, 1,048,576 by default.
+    let target = lim.rlim_max.min(MAX_OPEN_FILES);
+    if lim.rlim_cur < target {
+        let raised = libc::rlimit {
+            rlim_cur: target,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit for the length of the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        lim = raised;
+    }
+    Ok(OpenFileLimit {
+        soft: lim.rlim_cur,
+        hard: lim.rlim_max,
+    })
+}
+
 /// The local address of the socket (tests identify pooled connections by it).
 #[cfg(test)]
 pub(crate) fn local_addr<S: AsRawFd>(stream: &S) -> io::Result<std::net::SocketAddr> {

@@ -22,7 +22,7 @@ use crate::control::state::ControlState;
 use crate::control::web::{AdminHandler, ApiHandler};
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{client_config, Egress};
-use crate::http::{self, ServerConfig, ShutdownTrigger};
+use crate::http::{self, ServerConfig, ShutdownTrigger, DEFAULT_MAX_CONNECTIONS};
 use crate::metrics::Metrics;
 use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
 use crate::store::{ColdThread, RecordStore as _, SqliteStore};
@@ -129,6 +129,13 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     }
     let data_dir = PathBuf::from(&config.control.data_dir);
     ensure_data_dir(&data_dir)?;
+    let open_files = match crate::fd::raise_open_file_limit() {
+        Ok(l) => Some(l.soft),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
+            None
+        }
+    };
 
     let mut store = SqliteStore::open(&data_dir).map_err(|e| ioe(format!("store: {e}")))?;
     let record = store
@@ -211,7 +218,20 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         listeners.api.1,
         listeners.admin.as_ref().map(|a| a.1),
         n,
+        open_files,
     );
+    if let Some(limit) = open_files {
+        // A request in flight holds a client and an upstream descriptor.
+        let wanted = (n as u64).saturating_mul(DEFAULT_MAX_CONNECTIONS as u64 * 2);
+        if limit < wanted {
+            tracing::warn!(
+                limit,
+                wanted,
+                "the open-file limit caps connections below the per-core limits; raise the hard \
+                 limit (ulimit -Hn, or LimitNOFILE= for a systemd service)"
+            );
+        }
+    }
 
     let core_state = state.clone();
     let core_trigger = trigger.clone();
@@ -308,6 +328,7 @@ fn print_banner(
     api: SocketAddr,
     admin: Option<SocketAddr>,
     cores: usize,
+    open_files: Option<u64>,
 ) {
     let source = config_path.map_or_else(
         || "embedded defaults".to_string(),
@@ -316,6 +337,9 @@ fn print_banner(
     println!("sortie {} ({source})", env!("CARGO_PKG_VERSION"));
     println!("  data dir:  {}", config.control.data_dir);
     println!("  cores:     {cores} ({})", Driver::detect().as_str());
+    if let Some(n) = open_files {
+        println!("  fd limit:  {n} open files");
+    }
     println!("  api:       http://{api}  (listening)");
     match admin {
         Some(a) => println!("  admin:     http://{a}  (listening)"),
