@@ -6,11 +6,15 @@ use std::net::{IpAddr, Ipv6Addr};
 pub(crate) const MAX_SECONDS: f64 = 15.0;
 /// The highest rate accepted.
 pub(crate) const MAX_RATE: f64 = 200_000.0;
-/// The most connections (and so threads) accepted.
+/// The most connections accepted.
 pub(crate) const MAX_CONNECTIONS: usize = 1024;
+/// The most event-loop threads accepted: one holds 50,000 requests per second, and the
+/// machine the load runs on has few cores to share with the server under test.
+pub(crate) const MAX_THREADS: usize = 8;
 
 const DEFAULT_SECONDS: f64 = 10.0;
 const DEFAULT_CONNECTIONS: usize = 32;
+const DEFAULT_THREADS: usize = 1;
 
 /// Printed with `--help` and after every argument error.
 pub(crate) const USAGE: &str = "\
@@ -22,6 +26,8 @@ Open-loop HTTP/1.1 load at a fixed request rate, for latency at a known load.
   --rate R           requests per second, in (0, 200000]
   --seconds S        schedule length, in (0, 15] (default 10)
   --connections N    keep-alive connections, in [1, 1024] (default 32)
+  --threads N        event-loop threads sharing the connections, in [1, 8] and at most
+                     the connections (default 1)
   --method M         request method (default GET)
   --header 'N: v'    request header, repeatable
   --body TEXT        request body (sets Content-Length)
@@ -45,6 +51,7 @@ pub(crate) struct Options {
     pub(crate) rate: f64,
     pub(crate) seconds: f64,
     pub(crate) connections: usize,
+    pub(crate) threads: usize,
     pub(crate) method: String,
     pub(crate) headers: Vec<String>,
     pub(crate) body: Option<String>,
@@ -125,6 +132,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
     let mut rate = None;
     let mut seconds = None;
     let mut connections = None;
+    let mut threads = None;
     let mut method = None;
     let mut headers = Vec::new();
     let mut body = None;
@@ -148,6 +156,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
             "--rate",
             "--seconds",
             "--connections",
+            "--threads",
             "--method",
             "--header",
             "--body",
@@ -166,6 +175,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
             "--rate" => &mut rate,
             "--seconds" => &mut seconds,
             "--connections" => &mut connections,
+            "--threads" => &mut threads,
             "--method" => &mut method,
             "--body" => &mut body,
             "--expect" => &mut expect,
@@ -201,6 +211,20 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
     if !(1..=MAX_CONNECTIONS).contains(&connections) {
         return Err(format!("--connections must be in [1, {MAX_CONNECTIONS}]"));
     }
+    let threads = match threads {
+        Some(text) => text
+            .parse::<usize>()
+            .map_err(|_| format!("--threads: '{text}' is not a count"))?,
+        None => DEFAULT_THREADS,
+    };
+    if !(1..=MAX_THREADS).contains(&threads) {
+        return Err(format!("--threads must be in [1, {MAX_THREADS}]"));
+    }
+    // A thread without a connection could send nothing, and its share of the slots would go
+    // unsent.
+    if threads > connections {
+        return Err("--threads must not exceed --connections".to_owned());
+    }
     let method = method.unwrap_or_else(|| "GET".to_owned());
     // RFC 9110 §9.1: a method is a token.
     if method.is_empty() || !method.bytes().all(is_token_byte) {
@@ -222,6 +246,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
         rate,
         seconds,
         connections,
+        threads,
         method,
         headers,
         body,
@@ -389,6 +414,8 @@ mod tests {
             "--seconds",
             "3",
             "--connections=4",
+            "--threads",
+            "2",
             "--method",
             "POST",
             "--header",
@@ -405,8 +432,13 @@ mod tests {
             panic!("not a run: {parsed:?}");
         };
         assert_eq!(
-            (options.rate, options.seconds, options.connections),
-            (2500.5, 3.0, 4)
+            (
+                options.rate,
+                options.seconds,
+                options.connections,
+                options.threads
+            ),
+            (2500.5, 3.0, 4, 2)
         );
         assert_eq!(options.headers, ["A: 1", "B: 2"]);
         assert_eq!(
@@ -426,8 +458,8 @@ mod tests {
             panic!("not a run: {parsed:?}");
         };
         assert_eq!(
-            (options.seconds, options.connections),
-            (DEFAULT_SECONDS, DEFAULT_CONNECTIONS)
+            (options.seconds, options.connections, options.threads),
+            (DEFAULT_SECONDS, DEFAULT_CONNECTIONS, DEFAULT_THREADS)
         );
         assert_eq!(
             (options.method.as_str(), options.label.as_str()),
@@ -475,6 +507,31 @@ mod tests {
             (
                 &["--url", url, "--rate", "1", "--connections", "2.5"],
                 "not a count",
+            ),
+            (
+                &["--url", url, "--rate", "1", "--threads", "0"],
+                "--threads must be",
+            ),
+            (
+                &["--url", url, "--rate", "1", "--threads", "9"],
+                "--threads must be",
+            ),
+            (
+                &["--url", url, "--rate", "1", "--threads", "one"],
+                "not a count",
+            ),
+            (
+                &[
+                    "--url",
+                    url,
+                    "--rate",
+                    "1",
+                    "--connections",
+                    "2",
+                    "--threads",
+                    "3",
+                ],
+                "must not exceed --connections",
             ),
             (&["--url", url, "--rate", "1", "--rate", "2"], "given twice"),
             (
