@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::worker::{Tally, UNANSWERED};
 
-/// Scheduler lag above this means the client fell behind its schedule. A timed wait here ends within
-/// tens of microseconds of its instant, so a millisecond of lag means connections were all busy
-/// or this process waited for a CPU, and the latencies are then those of a lower rate.
+/// Scheduler lag above this means the client fell behind its schedule. A timed wait here ends
+/// within tens of microseconds of its instant, so a millisecond of lag means connections were all
+/// busy or this process waited for a CPU, and the latencies are then those of a lower rate.
 pub(crate) const MAX_HEALTHY_LAG_US: u32 = 1000;
 /// Below this share of the asked rate the run did not hold its schedule.
 const MIN_HELD_SHARE: f64 = 0.95;
