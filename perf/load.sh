@@ -17,7 +17,9 @@ SKIP_GATEWAY=${SKIP_GATEWAY:-0}
 RATE=${RATE:-}
 RATE_CAP=${RATE_CAP:-50000}
 RATE_SECONDS=${RATE_SECONDS:-10}
-RATE_CONNECTIONS=${RATE_CONNECTIONS:-32}
+# As many connections as the throughput phase: with fewer, a stall of the system under test
+# leaves every connection busy and the schedule falls behind.
+RATE_CONNECTIONS=${RATE_CONNECTIONS:-64}
 # The fixed-rate generator's binary, built once at the start of the run.
 FIXEDRATE_BIN=""
 
