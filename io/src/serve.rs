@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use signal_hook::consts::{SIGINT, SIGTERM};
 use sortie_core::config::{parse_listen, Config, StoreBackend};
 use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT_JSON};
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
@@ -127,6 +128,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             "store.backend: postgres is not available in this build; use sqlite".into(),
         ));
     }
+    // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
+    // right after its banner) is a graceful stop rather than the default, abrupt termination.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
     let data_dir = PathBuf::from(&config.control.data_dir);
     ensure_data_dir(&data_dir)?;
     let open_files = match crate::fd::raise_open_file_limit() {
@@ -296,7 +300,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     })
     .map_err(ioe)?;
 
-    wait_for_signal()?;
+    let _ = signals.forever().next();
     tracing::info!("shutting down: finishing in-flight requests");
     trigger.trigger();
     let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
@@ -311,13 +315,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     cold.shutdown();
     let _ = cold_thread.join();
     tracing::info!("stopped");
-    Ok(())
-}
-
-fn wait_for_signal() -> Result<(), ServeError> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
-    let _ = signals.forever().next();
     Ok(())
 }
 
