@@ -20,6 +20,13 @@ RATE_SECONDS=${RATE_SECONDS:-10}
 # As many connections as the throughput phase: with fewer, a stall of the system under test
 # leaves every connection busy and the schedule falls behind.
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-64}
+# ISOLATE=1 (the default when the gateway has fewer cores than the machine) pins nginx and the
+# generator to the CPUs the gateway's pinned threads do not use during the fixed-rate phase, in
+# both its direct and gateway runs, so that the latency measured is the gateway's and not that
+# of processes sharing its core. The throughput phase never pins: there wrk and nginx use every
+# CPU, as they would without the gateway.
+ISOLATE=${ISOLATE:-}
+PIN_PREFIX=""
 # The fixed-rate generator's binary, built once at the start of the run.
 FIXEDRATE_BIN=""
 
@@ -91,7 +98,8 @@ run_wrk() {
 run_fixedrate() {
   local label=$1 rate=$2 out="$WORK_DIR/fixedrate-$1.txt"
   shift 2
-  timeout $((RATE_SECONDS + 30)) "$FIXEDRATE_BIN" --label "$label" --rate "$rate" \
+  # shellcheck disable=SC2086 # PIN_PREFIX is empty or "taskset -c CPUS", split on purpose.
+  timeout $((RATE_SECONDS + 30)) $PIN_PREFIX "$FIXEDRATE_BIN" --label "$label" --rate "$rate" \
     --seconds "$RATE_SECONDS" --connections "$RATE_CONNECTIONS" "$@" >"$out" 2>&1 || true
   { printf -- '--- fixedrate %s\n' "$label"; cat "$out"; } | tee -a "$RESULTS_FILE" >&2
   grep '^FIXEDRATE_RESULT ' "$out" || die "fixedrate ($label) printed no result line"
@@ -138,7 +146,8 @@ main() {
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
   say "tools: $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2), $(nginx -v 2>&1 | cut -d' ' -f3)"
   say "knobs: DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
-    "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY"
+    "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY" \
+    "GATEWAY_CORES=${GATEWAY_CORES:-0} ISOLATE=${ISOLATE:-auto}"
 
   local direct_url="http://127.0.0.1:$UPSTREAM_PORT/small"
   local gateway_url="http://127.0.0.1:$API_PORT/api/v1/requests"
@@ -178,6 +187,25 @@ main() {
       h = int(r / 2); if (h > cap) h = cap; if (h < 1) h = 1; print h }')
     say "fixed rate: half of the measured $([ -n "$gateway" ] && echo gateway || echo direct)" \
       "maximum, capped at RATE_CAP=$RATE_CAP: $rate req/s"
+  fi
+
+  # The gateway pins core thread i to CPU i (runtime.rs), so CPUs from GATEWAY_CORES up are free.
+  local cores=${GATEWAY_CORES:-0} cpus
+  cpus=$(nproc)
+  PIN_PREFIX=""
+  if [ -z "$ISOLATE" ]; then
+    if [ "$cores" -gt 0 ] && [ "$cores" -lt "$cpus" ]; then ISOLATE=1; else ISOLATE=0; fi
+  fi
+  if [ "$ISOLATE" = 1 ]; then
+    if [ "$cores" -lt 1 ] || [ "$cores" -ge "$cpus" ]; then
+      die "ISOLATE=1 needs GATEWAY_CORES between 1 and $((cpus - 1))"
+    fi
+    local others="$cores-$((cpus - 1))" worker
+    worker=$(nginx_worker_pid) || die "no nginx worker process"
+    taskset -pc "$others" "$worker" >/dev/null || die "cannot pin nginx to CPUs $others"
+    PIN_PREFIX="taskset -c $others"
+    say "fixed-rate phase: nginx and the generator pinned to CPUs $others; the gateway's" \
+      "threads run on CPUs 0-$((cores - 1)) (ISOLATE=0 to share)"
   fi
 
   local fdirect fgateway
