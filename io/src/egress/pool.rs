@@ -137,7 +137,7 @@ impl Pool {
 
     /// Returns a connection whose exchange ended cleanly. When the key or the core is at its
     /// cap the connection is closed instead; returns whether it was kept.
-    pub(crate) fn put(&self, key: PoolKey, conn: Conn, now: Instant) -> bool {
+    pub(crate) fn put(&self, key: PoolKey, mut conn: Conn, now: Instant) -> bool {
         if self.limits.max_idle_per_key == 0 || self.limits.max_idle_total == 0 {
             return false;
         }
@@ -155,6 +155,7 @@ impl Pool {
             list.remove(0);
             *total = total.saturating_sub(1);
         }
+        conn.release_read_buffer();
         list.push(Idle { conn, since: now });
         *total += 1;
         true
@@ -273,12 +274,18 @@ mod tests {
             let pool = Pool::new(PoolLimits::default());
             let policy = loopback_policy();
             let now = Instant::now();
-            let (a, mut sa) = conn(&l);
+            let (mut a, mut sa) = conn(&l);
             sa.write_all(b"x").unwrap();
+            settle(&a);
+            // The read buffer goes away while the connection idles.
+            a.read_some().await.unwrap();
+            assert!(a.read_buffer_capacity() > 0);
+            sa.write_all(b"y").unwrap();
             settle(&a);
             assert!(pool.put(key("w1"), a, now));
             let just_after = now + POOL_PEEK_AFTER / 2;
-            assert!(pool.checkout(&key("w1"), &policy, just_after).is_some());
+            let a = pool.checkout(&key("w1"), &policy, just_after).unwrap();
+            assert_eq!(a.read_buffer_capacity(), 0);
         });
     }
 

@@ -57,7 +57,8 @@ impl Conn {
             transport,
             fd,
             peer,
-            buf: Vec::with_capacity(READ_BUF_BYTES),
+            // Allocated by the first read, and given back whenever the connection idles.
+            buf: Vec::new(),
             is_plaintext_drained: true,
         }
     }
@@ -115,6 +116,19 @@ impl Conn {
             s.flush().await?;
         }
         Ok(())
+    }
+
+    /// Frees the read buffer of a connection going idle: a pooled connection then costs its
+    /// socket (and TLS session) only, not [`READ_BUF_BYTES`], which over a full pool would be
+    /// hundreds of megabytes per core. The next read allocates a fresh one.
+    pub(crate) fn release_read_buffer(&mut self) {
+        self.buf = Vec::new();
+    }
+
+    /// Bytes held by the read buffer.
+    #[cfg(test)]
+    pub(crate) fn read_buffer_capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Peeks at the socket of an idle connection without waiting.
