@@ -11,6 +11,8 @@ FLAME_FREQUENCY=${FLAME_FREQUENCY:-999}
 # info); fp is cheaper but loses frames in such code.
 CALL_GRAPH=${CALL_GRAPH:-dwarf}
 CONNECTIONS=${CONNECTIONS:-64}
+# As in load.sh: half the CPUs for the gateway, the rest for wrk and nginx; 0 means all.
+GATEWAY_CORES=${GATEWAY_CORES:-$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))}
 THREADS=${THREADS:-1}
 TOP_SYMBOLS=${TOP_SYMBOLS:-15}
 INFERNO_VERSION=${INFERNO_VERSION:-0.12.8}
@@ -62,7 +64,7 @@ main() {
   report="$RESULTS_DIR/$stamp-flamegraph.txt"
 
   start_nginx
-  start_gateway "$bin" "${GATEWAY_CORES:-0}"
+  start_gateway "$bin" "$GATEWAY_CORES"
   export SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/small" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN"
   export SORTIE_PERF_DIR="$PERF_DIR"
   local url="http://127.0.0.1:$API_PORT/api/v1/requests"

@@ -27,6 +27,10 @@ RATE_CONNECTIONS=${RATE_CONNECTIONS:-64}
 # CPU, as they would without the gateway.
 ISOLATE=${ISOLATE:-}
 PIN_PREFIX=""
+# Cores the gateway runs on. By default half the machine's CPUs (at least one), leaving the
+# other half to the load generator and nginx, as a benchmark of a system under test should;
+# 0 means every CPU.
+GATEWAY_CORES=${GATEWAY_CORES:-$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))}
 # The fixed-rate generator's binary, built once at the start of the run.
 FIXEDRATE_BIN=""
 
@@ -135,7 +139,7 @@ main() {
 
   start_nginx
   if [ "$SKIP_GATEWAY" != 1 ]; then
-    start_gateway "$bin" "${GATEWAY_CORES:-0}"
+    start_gateway "$bin" "$GATEWAY_CORES"
     probe_gateway
   fi
 
@@ -147,7 +151,7 @@ main() {
   say "tools: $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2), $(nginx -v 2>&1 | cut -d' ' -f3)"
   say "knobs: DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
     "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY" \
-    "GATEWAY_CORES=${GATEWAY_CORES:-0} ISOLATE=${ISOLATE:-auto}"
+    "GATEWAY_CORES=$GATEWAY_CORES ISOLATE=${ISOLATE:-auto}"
 
   local direct_url="http://127.0.0.1:$UPSTREAM_PORT/small"
   local gateway_url="http://127.0.0.1:$API_PORT/api/v1/requests"
@@ -190,7 +194,7 @@ main() {
   fi
 
   # The gateway pins core thread i to CPU i (runtime.rs), so CPUs from GATEWAY_CORES up are free.
-  local cores=${GATEWAY_CORES:-0} cpus
+  local cores=$GATEWAY_CORES cpus
   cpus=$(nproc)
   PIN_PREFIX=""
   if [ -z "$ISOLATE" ]; then
