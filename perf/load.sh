@@ -6,7 +6,9 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DURATION=${DURATION:-10s}
+DURATION=${DURATION:-5s}
+# Alternating direct/gateway rounds of DURATION each; the median round is reported.
+ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-1}
 WARMUP=${WARMUP:-2s}
@@ -126,6 +128,10 @@ main() {
   local wrk_secs
   wrk_secs=$(duration_seconds "$DURATION")
   [ "$wrk_secs" -le "$MAX_WRK_SECONDS" ] || die "DURATION is capped at ${MAX_WRK_SECONDS}s"
+  case "$ROUNDS" in
+    [1-9]) ;;
+    *) die "ROUNDS must be 1 to 9 (got '$ROUNDS')" ;;
+  esac
   [ "$RATE_SECONDS" -le 15 ] || die "RATE_SECONDS is capped at 15"
 
   init_run
@@ -149,7 +155,7 @@ main() {
     git -C "$REPO_DIR" diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
   say "tools: $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2), $(nginx -v 2>&1 | cut -d' ' -f3)"
-  say "knobs: DURATION=$DURATION CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
+  say "knobs: DURATION=$DURATION ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
     "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY" \
     "GATEWAY_CORES=$GATEWAY_CORES ISOLATE=${ISOLATE:-auto}"
 
@@ -157,18 +163,44 @@ main() {
   local gateway_url="http://127.0.0.1:$API_PORT/api/v1/requests"
   export SORTIE_PERF_URL="$direct_url" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" SORTIE_PERF_DIR="$PERF_DIR"
 
-  local direct gateway=""
+  # Direct and gateway runs alternate for ROUNDS rounds, and the round with the median ratio is
+  # reported: on a shared machine the background load drifts, and one disturbed run (or a
+  # drift between the two runs of a round) must not decide the result.
+  local direct="" gateway="" round d g ratios=() directs=() gateways=()
   run_wrk warmup-direct "$WARMUP" "$direct_url" "$PERF_DIR/report.lua" >/dev/null
-  direct=$(run_wrk direct "$DURATION" "$direct_url" "$PERF_DIR/report.lua")
   if [ "$SKIP_GATEWAY" != 1 ]; then
     run_wrk warmup-gateway "$WARMUP" "$gateway_url" "$PERF_DIR/envelope.lua" >/dev/null
-    gateway=$(run_wrk gateway "$DURATION" "$gateway_url" "$PERF_DIR/envelope.lua")
   fi
+  for ((round = 1; round <= ROUNDS; round++)); do
+    d=$(run_wrk "direct-$round" "$DURATION" "$direct_url" "$PERF_DIR/report.lua")
+    directs+=("$d")
+    if [ "$SKIP_GATEWAY" != 1 ]; then
+      g=$(run_wrk "gateway-$round" "$DURATION" "$gateway_url" "$PERF_DIR/envelope.lua")
+      gateways+=("$g")
+      ratios+=("$(awk -v g="$(field rps "$g")" -v d="$(field rps "$d")" 'BEGIN { printf "%.4f", g / d }')")
+    fi
+  done
+  local pick=0 median
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    median=$(printf '%s\n' "${ratios[@]}" | sort -n | sed -n "$(((ROUNDS + 1) / 2))p")
+    for ((round = 0; round < ROUNDS; round++)); do
+      [ "${ratios[$round]}" != "$median" ] || { pick=$round; break; }
+    done
+    gateway=${gateways[$pick]}
+  fi
+  direct=${directs[$pick]}
 
   local direct_rps gateway_rps="" bad
   direct_rps=$(field rps "$direct")
   say ""
-  say "--- maximum throughput (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
+  say "--- maximum throughput (wrk -t$THREADS -c$CONNECTIONS -d$DURATION, $ROUNDS rounds)"
+  if [ "$SKIP_GATEWAY" != 1 ]; then
+    for ((round = 0; round < ROUNDS; round++)); do
+      say "round $((round + 1)): direct $(field rps "${directs[$round]}")" \
+        " gateway $(field rps "${gateways[$round]}")  ratio ${ratios[$round]}"
+    done
+    say "reported: round $((pick + 1)), the median ratio"
+  fi
   say "direct  req/s: $direct_rps  p50 $(us_to_ms "$(field p50_us "$direct")") ms" \
     " p99 $(us_to_ms "$(field p99_us "$direct")") ms"
   if [ -n "$gateway" ]; then
