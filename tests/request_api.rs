@@ -654,6 +654,31 @@ fn auth_failure_for_missing_bad_or_malformed_tokens() {
     err(&r, 401, "auth_failure", "client", false);
 }
 
+/// Each core remembers the last token it authenticated; a token that differs from it in one
+/// byte, or is a prefix or an extension of it, must still fail, on every core.
+#[test]
+fn near_misses_of_a_recently_accepted_token_fail() {
+    let gw = Gateway::start();
+    let body = br#"{"method":"GET","url":"http://127.0.0.1:1/"}"#;
+    let valid = format!("Bearer {DEPLOYMENT_TOKEN}");
+    let mut flipped = DEPLOYMENT_TOKEN.as_bytes().to_vec();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    let flipped = format!("Bearer {}", String::from_utf8(flipped).expect("ascii"));
+    let prefix = format!("Bearer {}", &DEPLOYMENT_TOKEN[..DEPLOYMENT_TOKEN.len() - 1]);
+    let longer = format!("Bearer {DEPLOYMENT_TOKEN}x");
+    // Enough rounds, each on new connections, for both cores to see the valid token first.
+    for _ in 0..8 {
+        let json = ("Content-Type", "application/json");
+        let r = post_raw(&gw, &[("Authorization", &valid), json], body);
+        assert_ne!(r.status, 401, "{}", r.text());
+        for bad in [&flipped, &prefix, &longer] {
+            let r = post_raw(&gw, &[("Authorization", bad), json], body);
+            err(&r, 401, "auth_failure", "client", false);
+        }
+    }
+}
+
 #[test]
 fn invalid_request_for_malformed_envelopes() {
     let gw = Gateway::start();
