@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::gateway::{
-    admin, http, request_api, wait_until, Gateway, Resp, ADMIN_TOKEN, DEPLOYMENT_TOKEN,
-    LOOPBACK_SNAPSHOT,
+    admin, admin_items, http, request_api, wait_until, Gateway, Resp, ADMIN_TOKEN,
+    DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::upstream::{self, Upstream};
 
@@ -74,9 +74,7 @@ fn config(gw: &Gateway) -> Value {
 }
 
 fn history(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", HISTORY, &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
+    admin_items(gw, HISTORY)
 }
 
 fn revisions(items: &[Value]) -> Vec<u64> {
@@ -700,9 +698,7 @@ fn rollouts_follow_activations() {
 }
 
 fn active_ids(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", REQUESTS, &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
+    admin_items(gw, REQUESTS)
 }
 
 #[test]

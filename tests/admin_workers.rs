@@ -7,7 +7,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::gateway::{admin, http, request_api, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN};
+use support::gateway::{
+    admin, admin_items, http, request_api, wait_until, worker_item, Gateway, Resp, DEPLOYMENT_TOKEN,
+};
 use support::upstream::{self, Upstream};
 
 const WORKERS: &str = "/api/v1/admin/workers";
@@ -54,16 +56,7 @@ capacity = 4
 "#;
 
 fn list(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", WORKERS, &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
-}
-
-fn item<'a>(items: &'a [Value], id: &str) -> &'a Value {
-    items
-        .iter()
-        .find(|w| w["worker_id"] == id)
-        .unwrap_or_else(|| panic!("{id} not listed: {items:?}"))
+    admin_items(gw, WORKERS)
 }
 
 fn act(gw: &Gateway, id: &str, action: &str, if_match: Option<&str>) -> Resp {
@@ -169,7 +162,7 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
         assert_eq!(strings(&w["fingerprint_profiles"]), Vec::<String>::new());
     }
 
-    let a = item(&items, "w-a");
+    let a = worker_item(&items, "w-a");
     assert_eq!(
         a["capacity"],
         json!({"active": 0, "available": 4, "max": 4})
@@ -183,7 +176,7 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
     assert_eq!(a["ip_type"], "residential");
     assert_eq!(strings(&a["ingress"]), ["api"]);
 
-    let b = item(&items, "w-b");
+    let b = worker_item(&items, "w-b");
     assert_eq!(
         b["capacity"],
         json!({"active": 0, "available": 6, "max": 6})
@@ -198,7 +191,7 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
     ingress.sort();
     assert_eq!(ingress, ["api", "connect", "proxy"]);
 
-    let c = item(&items, "w-c");
+    let c = worker_item(&items, "w-c");
     assert_eq!(c["capacity"]["max"], 2);
     assert_eq!(strings(&c["tags"]), ["slow"]);
     assert!(
@@ -216,11 +209,11 @@ fn actions_use_per_worker_etags() {
     assert_eq!(v["enabled"], true);
     assert_eq!(v["state"], "connected");
     let items = list(&gw);
-    assert_eq!(item(&items, "w-fast")["draining"], true);
-    assert_eq!(item(&items, "w-fast")["etag"], "\"1\"");
+    assert_eq!(worker_item(&items, "w-fast")["draining"], true);
+    assert_eq!(worker_item(&items, "w-fast")["etag"], "\"1\"");
     // The other worker's ETag is its own.
-    assert_eq!(item(&items, "w-plain")["etag"], "\"0\"");
-    assert_eq!(item(&items, "w-plain")["draining"], false);
+    assert_eq!(worker_item(&items, "w-plain")["etag"], "\"0\"");
+    assert_eq!(worker_item(&items, "w-plain")["draining"], false);
 
     // A stale, a future or a foreign ETag conflicts and changes nothing.
     for stale in ["\"0\"", "0", "\"2\""] {
@@ -236,8 +229,8 @@ fn actions_use_per_worker_etags() {
         "revision_conflict",
     );
     let items = list(&gw);
-    assert_eq!(item(&items, "w-fast")["draining"], true);
-    assert_eq!(item(&items, "w-plain")["etag"], "\"0\"");
+    assert_eq!(worker_item(&items, "w-fast")["draining"], true);
+    assert_eq!(worker_item(&items, "w-plain")["etag"], "\"0\"");
 
     // Bare numeric contents are accepted too.
     let v = act_ok(&gw, "w-fast", "undrain", "1", 2);
@@ -267,13 +260,13 @@ fn actions_use_per_worker_etags() {
     assert_eq!(r.status, 400, "{}", r.text());
 
     let items = list(&gw);
-    let fast = item(&items, "w-fast");
+    let fast = worker_item(&items, "w-fast");
     assert_eq!(
         (fast["enabled"].clone(), fast["draining"].clone()),
         (json!(true), json!(false))
     );
     assert_eq!(fast["etag"], "\"5\"");
-    let plain = item(&items, "w-plain");
+    let plain = worker_item(&items, "w-plain");
     assert_eq!(plain["enabled"], false);
     assert_eq!(plain["etag"], "\"1\"");
     assert_eq!(
@@ -328,7 +321,7 @@ fn a_settings_record_for_an_unregistered_worker_is_listed_but_never_routed() {
         .map(|w| w["worker_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["ghost", "w-fast", "w-plain"]);
-    let ghost = item(&items, "ghost");
+    let ghost = worker_item(&items, "ghost");
     assert_eq!(ghost["state"], "unregistered");
     assert_eq!(ghost["etag"], "\"2\"");
     assert_eq!(ghost["capacity"]["max"], 0);
@@ -375,7 +368,7 @@ fn a_drained_worker_finishes_its_running_request() {
         )
     });
     wait_until(Duration::from_secs(10), "the request to start", || {
-        item(&list(&gw), "solo")["capacity"]["active"] == 1
+        worker_item(&list(&gw), "solo")["capacity"]["active"] == 1
     });
 
     // The action answers the live record, including the work still running on the worker.
@@ -390,5 +383,5 @@ fn a_drained_worker_finishes_its_running_request() {
     let answer = caller.join().expect("caller");
     assert_eq!(answer.status, 200, "{}", answer.text());
     assert_eq!(answer.json()["status"], 200);
-    assert_eq!(item(&list(&gw), "solo")["capacity"]["active"], 0);
+    assert_eq!(worker_item(&list(&gw), "solo")["capacity"]["active"], 0);
 }

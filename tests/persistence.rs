@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::gateway::{
-    admin, parse_response, request_api, temp_dir, wait_until, Gateway, Resp, ADMIN_TOKEN,
-    LOOPBACK_SNAPSHOT,
+    admin, admin_items, parse_response, request_api, temp_dir, wait_until, worker_item, Gateway,
+    Resp, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::upstream::{self, Upstream};
 
@@ -66,22 +66,11 @@ fn config(gw: &Gateway) -> Value {
 }
 
 fn history(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", "/api/v1/admin/config/history", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
+    admin_items(gw, "/api/v1/admin/config/history")
 }
 
 fn workers(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", WORKERS, &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
-}
-
-fn worker<'a>(items: &'a [Value], id: &str) -> &'a Value {
-    items
-        .iter()
-        .find(|w| w["worker_id"] == id)
-        .unwrap_or_else(|| panic!("{id} not listed: {items:?}"))
+    admin_items(gw, WORKERS)
 }
 
 fn act(gw: &Gateway, id: &str, action: &str, if_match: &str) -> Resp {
@@ -149,13 +138,13 @@ fn survives_restart(stop: impl FnOnce(Gateway)) {
         .map(|w| w["worker_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["ghost", "w-fast", "w-plain"]);
-    assert_eq!(worker(&items, "w-fast")["draining"], true);
-    assert_eq!(worker(&items, "w-fast")["etag"], "\"1\"");
-    assert_eq!(worker(&items, "w-fast")["state"], "connected");
-    assert_eq!(worker(&items, "w-plain")["etag"], "\"0\"");
-    assert_eq!(worker(&items, "ghost")["state"], "unregistered");
-    assert_eq!(worker(&items, "ghost")["enabled"], false);
-    assert_eq!(worker(&items, "ghost")["etag"], "\"1\"");
+    assert_eq!(worker_item(&items, "w-fast")["draining"], true);
+    assert_eq!(worker_item(&items, "w-fast")["etag"], "\"1\"");
+    assert_eq!(worker_item(&items, "w-fast")["state"], "connected");
+    assert_eq!(worker_item(&items, "w-plain")["etag"], "\"0\"");
+    assert_eq!(worker_item(&items, "ghost")["state"], "unregistered");
+    assert_eq!(worker_item(&items, "ghost")["enabled"], false);
+    assert_eq!(worker_item(&items, "ghost")["etag"], "\"1\"");
 
     let r = admin(
         &gw,
@@ -472,8 +461,8 @@ fn assert_writes_fail_and_change_nothing(gw: &Gateway, up: &Upstream) {
     assert_eq!(history(gw).len(), 2);
     assert_eq!(fetch(gw, up, &["fast"]).status, 200);
     let items = workers(gw);
-    assert_eq!(worker(&items, "w-fast")["draining"], false);
-    assert_eq!(worker(&items, "w-fast")["etag"], "\"0\"");
+    assert_eq!(worker_item(&items, "w-fast")["draining"], false);
+    assert_eq!(worker_item(&items, "w-fast")["etag"], "\"0\"");
     let rollout = admin(gw, "GET", "/api/v1/admin/rollouts", &[], b"").json();
     assert_eq!(rollout["config_version"], 2);
     assert_eq!(metric(gw, "sortie_config_revision"), Some(2.0));
@@ -521,7 +510,7 @@ fn a_full_disk_fails_writes_and_activates_nothing() {
     let gw = restart(&fs.0);
     assert_eq!(config(&gw)["revision"], 3);
     assert_eq!(history(&gw).len(), 3);
-    assert_eq!(worker(&workers(&gw), "w-fast")["etag"], "\"1\"");
+    assert_eq!(worker_item(&workers(&gw), "w-fast")["etag"], "\"1\"");
 }
 
 fn chattr(flag: &str, path: &Path) -> bool {

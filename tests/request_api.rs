@@ -14,8 +14,8 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use support::gate::Gate;
 use support::gateway::{
-    admin, http, parse_response, request_api, wait_until, Gateway, GatewayBuilder, Resp,
-    DEPLOYMENT_TOKEN,
+    admin, admin_items, http, parse_response, request_api, wait_until, worker_item, Gateway,
+    GatewayBuilder, Resp, DEPLOYMENT_TOKEN,
 };
 use support::tls::{untrusted_config, TestCa};
 use support::upstream::{self, Options, Request, Script, Step, Upstream};
@@ -169,17 +169,8 @@ fn in_background<T: Send + 'static>(
     std::thread::spawn(f)
 }
 
-fn worker_items(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", "/api/v1/admin/workers", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"].as_array().expect("items").clone()
-}
-
 fn worker(gw: &Gateway, id: &str) -> Value {
-    worker_items(gw)
-        .into_iter()
-        .find(|w| w["worker_id"] == id)
-        .unwrap_or_else(|| panic!("worker {id} not listed"))
+    worker_item(&admin_items(gw, "/api/v1/admin/workers"), id).clone()
 }
 
 fn worker_action(gw: &Gateway, id: &str, action: &str) {
@@ -195,11 +186,7 @@ fn worker_action(gw: &Gateway, id: &str, action: &str) {
 }
 
 fn active_request_ids(gw: &Gateway) -> Vec<String> {
-    let r = admin(gw, "GET", "/api/v1/admin/requests", &[], b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["items"]
-        .as_array()
-        .expect("items")
+    admin_items(gw, "/api/v1/admin/requests")
         .iter()
         .map(|i| {
             assert_eq!(i["deployment_id"], "dep_test");

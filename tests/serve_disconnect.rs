@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::gateway::{admin, wait_until, Gateway, DEPLOYMENT_TOKEN};
+use support::gateway::{admin, admin_items, wait_until, Gateway, DEPLOYMENT_TOKEN};
 
 const REQUESTS: &str = "/api/v1/admin/requests";
 const WORKERS: &str = "/api/v1/admin/workers";
@@ -22,16 +22,11 @@ const UPSTREAM_PAUSE: Duration = Duration::from_secs(10);
 const RELEASE_WITHIN: Duration = Duration::from_secs(2);
 
 fn active_requests(gw: &Gateway) -> Vec<Value> {
-    let r = admin(gw, "GET", REQUESTS, &[], b"");
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    r.json()["items"].as_array().expect("items").clone()
+    admin_items(gw, REQUESTS)
 }
 
 fn active_capacity(gw: &Gateway) -> u64 {
-    let w = admin(gw, "GET", WORKERS, &[], b"").json();
-    w["items"]
-        .as_array()
-        .expect("workers")
+    admin_items(gw, WORKERS)
         .iter()
         .map(|w| w["capacity"]["active"].as_u64().expect("capacity.active"))
         .sum()

@@ -338,6 +338,22 @@ pub fn admin(
     http(gw.admin.expect("admin listener"), method, path, &h, body)
 }
 
+/// The `items` of an admin list (config history, workers, active requests), after checking that
+/// the call answered 200.
+pub fn admin_items(gw: &Gateway, path: &str) -> Vec<serde_json::Value> {
+    let r = admin(gw, "GET", path, &[], b"");
+    assert_eq!(r.status, 200, "GET {path}: {}", r.text());
+    r.json()["items"].as_array().expect("items").clone()
+}
+
+/// The entry of `worker_id` in a workers list; panics when it is not listed.
+pub fn worker_item<'a>(items: &'a [serde_json::Value], id: &str) -> &'a serde_json::Value {
+    items
+        .iter()
+        .find(|w| w["worker_id"] == id)
+        .unwrap_or_else(|| panic!("{id} not listed: {items:?}"))
+}
+
 /// Waits until `f` holds, or panics after `timeout`.
 pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
