@@ -1,7 +1,7 @@
 //! Socket operations the runtime does not offer on a connected stream: reading `SO_ERROR` after
 //! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver,
-//! peeking at an idle pooled connection without consuming bytes or waiting, and watching a
-//! client's connection for its departure while a request is served.
+//! checking an idle pooled connection or a client's connection for a close or unread bytes
+//! without consuming them or waiting, and duplicating a client's descriptor to wait on it.
 //!
 //! This is the only module of the io crate's network code with `unsafe` code: each operation
 //! borrows the raw descriptor of a stream the caller keeps open, for the length of one system
@@ -10,23 +10,9 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use socket2::SockRef;
-
-/// What a non-blocking peek found on an idle connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum IdleState {
-    /// Nothing to read and no error: the peer has not closed the connection.
-    Quiet,
-    /// The peer closed its side (EOF).
-    Closed,
-    /// The peer sent bytes nobody asked for; the connection is out of step.
-    UnexpectedBytes,
-    /// The socket reports an error (for example a reset).
-    Broken,
-}
 
 /// Runs `f` on a socket2 view of the descriptor behind `stream`.
 fn with_socket<S: AsRawFd, R>(stream: &S, f: impl FnOnce(SockRef<'_>) -> R) -> R {
@@ -49,36 +35,23 @@ pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.set_nonblocking(false))
 }
 
-/// Peeks one byte without waiting (`recv(MSG_PEEK | MSG_DONTWAIT)`), leaving the socket's
-/// receive queue as it was.
-pub(crate) fn peek_idle<S: AsRawFd>(stream: &S) -> IdleState {
-    let mut byte = [MaybeUninit::<u8>::uninit(); 1];
-    let peeked = with_socket(stream, |s| {
-        s.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-    });
-    match peeked {
-        Ok(0) => IdleState::Closed,
-        Ok(_) => IdleState::UnexpectedBytes,
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => IdleState::Quiet,
-        Err(e) if e.kind() == io::ErrorKind::Interrupted => IdleState::Quiet,
-        Err(_) => IdleState::Broken,
-    }
-}
-
-/// What a non-waiting poll found on a client connection.
+/// What a non-waiting poll found on a connection: a client's while its request is served, or
+/// an idle pooled upstream connection's before reuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PeerState {
     /// Connected, nothing unread.
     Quiet,
-    /// Connected, with bytes the server has not read yet (a pipelined request, say); the socket
-    /// stays readable until they are read, so readiness says nothing more.
+    /// Connected, with bytes nobody has read yet: a pipelined request from a client, or bytes
+    /// an idle upstream sent unasked (it is out of step). The socket stays readable until they
+    /// are read, so readiness says nothing more.
     Unread,
     /// The peer shut down its sending side, closed, or reset the connection. Unread bytes do
     /// not hide this.
     Gone,
 }
 
-/// Polls the socket without waiting (`poll` with `POLLIN | POLLRDHUP` and a zero timeout).
+/// Polls the socket without waiting (`poll` with `POLLIN | POLLRDHUP` and a zero timeout),
+/// leaving its receive queue as it was.
 pub(crate) fn peer_state(fd: RawFd) -> PeerState {
     let mut p = libc::pollfd {
         fd,
@@ -179,35 +152,8 @@ mod tests {
         (c, s)
     }
 
-    /// Waits (bounded) until the peek reports something other than `Quiet`: the kernel delivers
-    /// loopback segments asynchronously.
-    fn settle(c: &TcpStream) -> IdleState {
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let s = peek_idle(c);
-            if s != IdleState::Quiet || std::time::Instant::now() > until {
-                return s;
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    #[test]
-    fn peek_sees_quiet_bytes_and_eof_without_consuming() {
-        let (c, mut s) = pair();
-        assert_eq!(peek_idle(&c), IdleState::Quiet);
-        s.write_all(b"x").unwrap();
-        assert_eq!(settle(&c), IdleState::UnexpectedBytes);
-        // Peeking did not consume: the byte is still there.
-        assert_eq!(peek_idle(&c), IdleState::UnexpectedBytes);
-
-        let (c, s) = pair();
-        s.shutdown(Shutdown::Write).unwrap();
-        assert_eq!(settle(&c), IdleState::Closed);
-        assert!(take_error(&c).unwrap().is_none());
-    }
-
-    /// Waits (bounded) until `peer_state` reports something other than `Quiet`.
+    /// Waits (bounded) until `peer_state` reports something other than `Quiet`: the kernel
+    /// delivers loopback segments asynchronously.
     fn settle_peer(c: &TcpStream) -> PeerState {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
@@ -217,6 +163,21 @@ mod tests {
             }
             std::thread::yield_now();
         }
+    }
+
+    #[test]
+    fn peer_state_sees_quiet_bytes_and_eof_without_consuming() {
+        let (c, mut s) = pair();
+        assert_eq!(peer_state(c.as_raw_fd()), PeerState::Quiet);
+        s.write_all(b"x").unwrap();
+        assert_eq!(settle_peer(&c), PeerState::Unread);
+        // Polling did not consume: the byte is still there.
+        assert_eq!(peer_state(c.as_raw_fd()), PeerState::Unread);
+
+        let (c, s) = pair();
+        s.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(settle_peer(&c), PeerState::Gone);
+        assert!(take_error(&c).unwrap().is_none());
     }
 
     #[test]
@@ -241,7 +202,7 @@ mod tests {
         let (c, _s) = pair();
         c.set_nonblocking(true).unwrap();
         set_blocking(&c).unwrap();
-        // A blocking socket still peeks without waiting thanks to MSG_DONTWAIT.
-        assert_eq!(peek_idle(&c), IdleState::Quiet);
+        // A blocking socket is still polled without waiting (a zero timeout).
+        assert_eq!(peer_state(c.as_raw_fd()), PeerState::Quiet);
     }
 }

@@ -17,7 +17,7 @@ use sortie_core::request::{Host, Scheme};
 use sortie_core::snapshot::ConfigId;
 
 use super::stream::Conn;
-use crate::fd::IdleState;
+use crate::fd::PeerState;
 
 /// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
 /// seconds; a connection they closed is caught by the peek on checkout.
@@ -123,7 +123,7 @@ impl Pool {
                 continue;
             }
             let idle_for = now.saturating_duration_since(entry.since);
-            if idle_for < self.limits.peek_after || entry.conn.idle_state() == IdleState::Quiet {
+            if idle_for < self.limits.peek_after || entry.conn.idle_state() == PeerState::Quiet {
                 found = Some(entry.conn);
                 break;
             }
@@ -170,7 +170,7 @@ impl Pool {
         by_key.retain(|_, list| {
             let before = list.len();
             list.retain(|e| {
-                !is_expired(&self.limits, e, now) && e.conn.idle_state() == IdleState::Quiet
+                !is_expired(&self.limits, e, now) && e.conn.idle_state() == PeerState::Quiet
             });
             closed += before - list.len();
             !list.is_empty()
@@ -226,7 +226,7 @@ mod tests {
     /// Waits (bounded) until the peer's close or bytes are visible to a peek.
     fn settle(c: &Conn) {
         let until = Instant::now() + Duration::from_secs(5);
-        while c.idle_state() == IdleState::Quiet && Instant::now() < until {
+        while c.idle_state() == PeerState::Quiet && Instant::now() < until {
             std::thread::yield_now();
         }
     }

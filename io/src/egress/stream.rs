@@ -12,7 +12,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _};
 use monoio::net::TcpStream;
 use monoio_rustls::ClientTlsStream;
 
-use crate::fd::{self, IdleState};
+use crate::fd::{self, PeerState};
 
 /// Bytes asked for by one read. A TLS record carries at most 16 KiB of plaintext; a larger
 /// buffer lets one read drain several records.
@@ -131,9 +131,9 @@ impl Conn {
         self.buf.capacity()
     }
 
-    /// Peeks at the socket of an idle connection without waiting.
-    pub(crate) fn idle_state(&self) -> IdleState {
-        fd::peek_idle(self)
+    /// Checks the socket of an idle connection for a close or unasked bytes, without waiting.
+    pub(crate) fn idle_state(&self) -> PeerState {
+        fd::peer_state(self.fd)
     }
 }
 
