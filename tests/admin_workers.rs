@@ -1,4 +1,4 @@
-//! Black-box tests of the admin API's worker resources: the worker list (DESIGN §4 fields),
+//! Black-box tests of the admin API's worker resources: the worker list (decision 017 fields),
 //! lifecycle actions under per-worker ETags, settings-only workers, and routing that follows
 //! the flags at once.
 
@@ -181,7 +181,7 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
         b["capacity"],
         json!({"active": 0, "available": 6, "max": 6})
     );
-    // DESIGN §4: a local worker without `pools` belongs to `direct`.
+    // Decision 017: a local worker without `pools` belongs to `direct`.
     assert_eq!(strings(&b["pools"]), ["direct"]);
     assert_eq!(strings(&b["tags"]), Vec::<String>::new());
     assert_eq!(b["country"], "DE");

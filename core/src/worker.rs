@@ -24,10 +24,10 @@ pub const MAX_WORKER_PROFILES: usize = 64;
 pub const MAX_WORKER_CAPACITY: u32 = 1_000_000;
 /// Longest session identifier of a worker registration.
 pub const MAX_SESSION_BYTES: usize = 128;
-/// The pool of a worker that names none (DESIGN §4).
+/// The pool of a worker that names none (decision 017).
 pub const DEFAULT_POOL: &str = "direct";
 
-/// Connection state of a worker (DESIGN §4 worker list items).
+/// Connection state of a worker (decision 017 worker list items).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkerState {
     /// Registered and reachable.
@@ -311,7 +311,7 @@ impl WorkerCapabilities {
         &self.fingerprint_profiles
     }
 
-    /// Whether the worker advertises this profile, by exact, case-sensitive name (DESIGN §7).
+    /// Whether the worker advertises this profile, by exact, case-sensitive name (decision 017).
     pub fn advertises_profile(&self, name: &str) -> bool {
         self.fingerprint_profiles
             .binary_search_by(|p| (**p).cmp(name))
@@ -331,7 +331,7 @@ pub struct WorkerSettings {
     pub is_enabled: bool,
     /// Set by `drain`, cleared by `undrain`.
     pub is_draining: bool,
-    /// Bumped by every action; 0 when no settings record exists yet (DESIGN §4).
+    /// Bumped by every action; 0 when no settings record exists yet (decision 017).
     pub revision: u64,
 }
 
@@ -660,7 +660,7 @@ impl WorkerRegistry {
     }
 
     /// Applies an admin action under optimistic concurrency: `if_match` must equal the worker's
-    /// settings revision (0 for a worker without a settings record, DESIGN §4). A worker id
+    /// settings revision (0 for a worker without a settings record, decision 017). A worker id
     /// that is unknown gets a settings record and is listed as `unregistered`.
     pub fn apply_action(
         &mut self,

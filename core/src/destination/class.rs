@@ -16,7 +16,7 @@ use super::Cidr;
 
 /// What kind of address an IP is, as far as the destination policy cares.
 ///
-/// Every class except [`IpClass::Public`] is denied by default (DESIGN §5); a snapshot's
+/// Every class except [`IpClass::Public`] is denied by default (decision 003); a snapshot's
 /// `destinations.allow` list can open them again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IpClass {

@@ -2,7 +2,7 @@
 //!
 //! [`classify`] names the special-purpose range an address is in, [`canonical`] unwraps IPv4
 //! addresses embedded in IPv6 forms, and [`DestinationPolicy`] applies the snapshot's allow and
-//! deny lists on top of the deny-by-default rule for non-public addresses (DESIGN §5).
+//! deny lists on top of the deny-by-default rule for non-public addresses (decision 003).
 
 mod cidr;
 mod class;

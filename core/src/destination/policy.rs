@@ -4,7 +4,7 @@
 //! This is on the per-connection path: [`DestinationPolicy::check`] scans two short lists and
 //! classifies one address, without allocating. It must be called with the resolved address that
 //! is actually connected to, after DNS, so that a name re-resolving to an internal address
-//! between check and connect (DNS rebinding) cannot slip through (DESIGN §5).
+//! between check and connect (DNS rebinding) cannot slip through (decision 003).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -15,7 +15,7 @@ use crate::error::{ApiError, ErrorCode};
 
 /// Which destinations workers may connect to.
 ///
-/// Deny-by-default for non-public addresses (DESIGN §5). The order of [`check`](Self::check):
+/// Deny-by-default for non-public addresses (decision 003). The order of [`check`](Self::check):
 ///
 /// 1. An address in a `deny` entry is denied, whatever `allow` says.
 /// 2. A public address (see [`classify`]) is allowed.

@@ -48,7 +48,7 @@ const REJECTED: &[(&str, &str)] = &[
     ),
 ];
 
-/// The prefix of the gateway's own headers; they never reach a destination (DESIGN §5).
+/// The prefix of the gateway's own headers; they never reach a destination (decision 017).
 const SERVICE_PREFIX: &str = "x-service-";
 
 /// Whether `b` is an RFC 9110 §5.6.2 `tchar`.

@@ -329,7 +329,7 @@ impl RoutingTable {
         for &pool in rule.pool_indices() {
             match self.pick(pool, &want, capacity, req.tie_break) {
                 PoolPick::NoEligible => continue,
-                // Spec, Routing rule 5; DESIGN §4: no fall-through to the next pool or rule.
+                // Spec, Routing rule 5; decision 017: no fall-through to the next pool or rule.
                 PoolPick::Full => {
                     return Err(RouteError::CapacityExhausted {
                         rule_id: rule.id().clone(),

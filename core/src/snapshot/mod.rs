@@ -97,7 +97,7 @@ pub struct ValidatedSnapshot {
 }
 
 impl ValidatedSnapshot {
-    /// The snapshot of a fresh data dir (DESIGN §4): one rule `default`, priority 100, no
+    /// The snapshot of a fresh data dir (decision 017): one rule `default`, priority 100, no
     /// constraints, over pool `direct`; `default_timeout_ms` 60000; no destination entries.
     pub fn default_snapshot() -> ValidatedSnapshot {
         let mut buf = DEFAULT_SNAPSHOT_JSON.as_bytes().to_vec();
@@ -336,7 +336,7 @@ pub struct Destinations {
 }
 
 impl Destinations {
-    /// Ranges opened in the deny-by-default policy (DESIGN §5).
+    /// Ranges opened in the deny-by-default policy (decision 017).
     pub fn allow(&self) -> &[Cidr] {
         &self.allow
     }
@@ -351,8 +351,8 @@ impl Destinations {
 mod tests {
     use super::*;
 
-    /// The example of DESIGN §4.
-    const DESIGN_EXAMPLE: &str = r#"{
+    /// The example snapshot of decision 017's shape.
+    const EXAMPLE_SNAPSHOT: &str = r#"{
       "default_timeout_ms": 60000,
       "routing": { "rules": [
         { "id": "default", "priority": 100,
@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn design_example_decodes() {
-        let s = decode(DESIGN_EXAMPLE).unwrap();
+        let s = decode(EXAMPLE_SNAPSHOT).unwrap();
         assert_eq!(s.default_timeout_ms(), 60_000);
         let [rule] = s.rules() else {
             panic!("one rule expected")

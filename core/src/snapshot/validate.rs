@@ -66,7 +66,7 @@ pub(crate) fn validate(w: WireSnapshot) -> Result<ValidatedSnapshot, SnapshotErr
     };
     let (pools, pool_index) = validate_pools(w.pools)?;
     let mut rules = validate_rules(w.routing.rules, &pool_index)?;
-    // DESIGN §4: rules are evaluated in ascending priority; equal priorities by rule id.
+    // Decision 017: rules are evaluated in ascending priority; equal priorities by rule id.
     rules.sort_by(|a, b| (a.priority, &a.id).cmp(&(b.priority, &b.id)));
     let destinations = validate_destinations(w.destinations.unwrap_or_default())?;
     Ok(ValidatedSnapshot {

@@ -50,7 +50,7 @@ pub(crate) fn request_head(
         }
     };
     // Fields the gateway manages (hop-by-hop, framing, Expect, proxy credentials, its own
-    // X-Service-*) never reach the destination, whoever built the request (DESIGN §5).
+    // X-Service-*) never reach the destination, whoever built the request (decision 017).
     let fields = headers
         .iter()
         .filter(|h| rejection_reason(&h.name).is_none())

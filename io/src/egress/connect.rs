@@ -1,6 +1,6 @@
 //! Resolving the destination and opening a TCP connection to it: every resolved address is
 //! checked against the destination policy right before it is dialled (DNS-rebinding safe,
-//! DESIGN §5), optionally from a configured source address, with a per-attempt limit that never
+//! decision 003), optionally from a configured source address, with a per-attempt limit that never
 //! runs past the request's total deadline.
 //!
 //! On the per-request path: DNS runs on the resolver threads, never on the core.
@@ -52,7 +52,7 @@ pub(crate) async fn connect_any(
     let mut last_error = None;
     let mut denied = None;
     for &ip in addrs {
-        // DESIGN §5: the check is made on the resolved address that is actually connected to.
+        // Decision 003: the check is made on the resolved address that is actually connected to.
         if let Err(d) = policy.check(ip) {
             tracing::debug!(reason = d.reason(), %d, "egress address denied");
             denied.get_or_insert(d);
