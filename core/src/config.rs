@@ -1,5 +1,5 @@
 //! The static configuration file (TOML): its keys, their defaults and their validation. Names
-//! follow DESIGN §4; the keys the contract names keep the contract's names
+//! follow decision 017; the keys the contract names keep the contract's names
 //! (`control.request.max_timeout_ms`, `object_storage.max_object_bytes`, …).
 //!
 //! Parsing and validation are pure; resolving `*_env` variables, reading files and binding
@@ -24,10 +24,10 @@ pub const DEFAULT_WORKER_CAPACITY: u32 = 256;
 pub const DEFAULT_WORKER_ID: &str = "local";
 /// The deployment `serve` creates when the file declares none.
 pub const DEFAULT_DEPLOYMENT_ID: &str = "dep_default";
-/// The pool a worker without `pools` belongs to.
-pub const DEFAULT_POOL: &str = "direct";
 /// Longest identifier (deployment, worker, pool).
-pub const MAX_ID_BYTES: usize = 64;
+pub use crate::snapshot::MAX_ID_BYTES;
+/// The pool a worker without `pools` belongs to.
+pub use crate::worker::DEFAULT_POOL;
 /// At most this many workers in one file.
 pub const MAX_CONFIG_WORKERS: usize = 4096;
 /// Largest `control.request.max_timeout_ms`: one hour.

@@ -52,7 +52,7 @@ pub fn from_slice_strict<'a, T: Deserialize<'a>>(
             limit,
         });
     }
-    if simdutf8_check(buf).is_err() {
+    if std::str::from_utf8(buf).is_err() {
         return Err(JsonError::InvalidUtf8);
     }
     if buf.iter().all(|b| b.is_ascii_whitespace()) {
@@ -73,10 +73,6 @@ pub fn from_slice_strict<'a, T: Deserialize<'a>>(
         simd_json::serde::from_slice::<T>(buf)
     };
     parsed.map_err(|e| JsonError::Invalid(describe(&e)))
-}
-
-fn simdutf8_check(buf: &[u8]) -> Result<(), ()> {
-    std::str::from_utf8(buf).map(|_| ()).map_err(|_| ())
 }
 
 /// Turns a simd-json error into a message that names the problem without echoing input bytes

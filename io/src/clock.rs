@@ -34,7 +34,7 @@ pub fn rfc3339(unix_ms: u64) -> String {
     let ms = unix_ms % 1000;
     let days = secs / 86_400;
     let rem = secs % 86_400;
-    let (y, m, d) = civil_from_days(days as i64);
+    let (y, m, d) = civil_from_days(days);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
         rem / 3600,
@@ -43,19 +43,19 @@ pub fn rfc3339(unix_ms: u64) -> String {
     )
 }
 
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day), after H. Hinnant's
-/// `civil_from_days`.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
+/// Days since 1970-01-01 to (year, month 1..=12, day 1..=31) in the proleptic Gregorian
+/// calendar, after H. Hinnant's `civil_from_days`; also used by the HTTP `Date` formatter.
+pub(crate) fn civil_from_days(days: u64) -> (u64, u32, u32) {
+    // Shift the epoch to 0000-03-01 so that leap days fall at the end of a year.
+    let z = days.saturating_add(719_468);
+    let era = z / 146_097;
+    let doe = z % 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+    (yoe + era * 400 + u64::from(m <= 2), m, d)
 }
 
 #[cfg(test)]

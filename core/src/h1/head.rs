@@ -225,14 +225,7 @@ pub(super) fn trim_ows(mut s: &[u8]) -> &[u8] {
     s
 }
 
-/// RFC 9110 §5.6.2: `tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." /
-/// "^" / "_" / "`" / "|" / "~" / DIGIT / ALPHA`.
-pub(super) const fn is_tchar(b: u8) -> bool {
-    matches!(b,
-        b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z'
-        | b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_'
-        | b'`' | b'|' | b'~')
-}
+pub(super) use crate::request::is_tchar;
 
 /// Whether `s` is a non-empty `token`.
 pub(super) fn is_token(s: &[u8]) -> bool {

@@ -83,6 +83,11 @@ impl AdminAnswer {
     }
 }
 
+/// The diagnostic of a mutation body over [`MAX_ADMIN_BODY_BYTES`] (spec, Admin API rule 2).
+pub(crate) fn body_too_large_message() -> String {
+    format!("body is larger than {MAX_ADMIN_BODY_BYTES} bytes")
+}
+
 /// What the admin API needs.
 pub struct AdminContext {
     /// Shared control state.
@@ -234,7 +239,7 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
         return AdminAnswer::error(AdminErrorKind::AuthRequired);
     }
     if req.body.len() > MAX_ADMIN_BODY_BYTES {
-        return AdminAnswer::diagnostic(400, "body is larger than 4194304 bytes");
+        return AdminAnswer::diagnostic(400, &body_too_large_message());
     }
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method, segments.as_slice()) {

@@ -128,9 +128,6 @@ fn server_error(status: u16, reason: &str) -> ApiError {
     }
 }
 
-/// The admin API's diagnostic for a mutation body over [`MAX_ADMIN_BODY_BYTES`].
-const BODY_TOO_LARGE: &str = "body is larger than 4194304 bytes";
-
 /// The admin listener's handler.
 pub struct AdminHandler {
     ctx: Arc<AdminContext>,
@@ -157,7 +154,8 @@ impl Handler for AdminHandler {
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                return Response::json(400, admin_error_json(BODY_TOO_LARGE)).closing()
+                return Response::json(400, admin_error_json(&admin::body_too_large_message()))
+                    .closing()
             }
             Err(e) => return Response::json(400, admin_error_json(e.reason())).closing(),
         };
@@ -192,7 +190,7 @@ impl Handler for AdminHandler {
         // whether the server sees it from the declared length or while reading; the server's own
         // 413 would give the same failure two statuses.
         if status == 413 {
-            return Response::json(400, admin_error_json(BODY_TOO_LARGE));
+            return Response::json(400, admin_error_json(&admin::body_too_large_message()));
         }
         Response::json(status, admin_error_json(reason))
     }

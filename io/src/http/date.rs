@@ -5,6 +5,8 @@
 use std::cell::Cell;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::clock::civil_from_days;
+
 /// Length of an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub(crate) const IMF_FIXDATE_LEN: usize = 29;
 
@@ -44,7 +46,7 @@ pub(crate) fn format_imf_fixdate(secs: u64) -> [u8; IMF_FIXDATE_LEN] {
     let mut out = [0u8; IMF_FIXDATE_LEN];
     let weekday = DAYS.get((days % 7) as usize).copied().unwrap_or(b"Thu");
     let month_name = MONTHS
-        .get(usize::from(month).saturating_sub(1))
+        .get((month as usize).saturating_sub(1))
         .copied()
         .unwrap_or(b"Jan");
     let mut w = Writer {
@@ -88,22 +90,6 @@ impl Writer<'_> {
     fn two(&mut self, n: u64) {
         self.bytes(&[b'0' + (n / 10 % 10) as u8, b'0' + (n % 10) as u8]);
     }
-}
-
-/// Days since 1970-01-01 to (year, month 1..=12, day 1..=31), in the proleptic Gregorian
-/// calendar (the well-known era-based conversion).
-fn civil_from_days(days: u64) -> (u64, u8, u8) {
-    // Shift the epoch to 0000-03-01 so that leap days fall at the end of a year.
-    let z = days.saturating_add(719_468);
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u8;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 #[cfg(test)]
