@@ -387,6 +387,123 @@ fn sigkill_during_config_writes_never_loses_an_acknowledged_revision() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What the worker-action writer tried and what the gateway acknowledged: (If-Match revision
+/// sent, draining after the action) per attempt, (revision answered, draining) per 200.
+#[derive(Default)]
+struct ActionLog {
+    attempted: Vec<(u64, bool)>,
+    acknowledged: Vec<(u64, bool)>,
+}
+
+/// Checks the worker `w-fast` of a restarted gateway against the actions written so far: its
+/// record is the last acknowledged one or the single one in flight at the kill, routing obeys
+/// it, and the ETag the list shows is the one the next action must carry. Returns (revision,
+/// draining).
+fn verify_worker_after_crash(gw: &Gateway, up: &Upstream, log: &ActionLog) -> (u64, bool) {
+    let items = workers(gw);
+    let w = worker_item(&items, "w-fast");
+    let etag = w["etag"].as_str().expect("etag").to_string();
+    let revision: u64 = etag.trim_matches('"').parse().expect("numeric etag");
+    let draining = w["draining"].as_bool().expect("draining");
+    let (acked, acked_draining) = log.acknowledged.last().copied().unwrap_or((0, false));
+    assert!(
+        revision >= acked,
+        "revision {revision} lost acknowledged {acked}"
+    );
+    if revision == acked {
+        assert_eq!(draining, acked_draining, "{w}");
+    } else {
+        assert_eq!(
+            revision,
+            acked + 1,
+            "more than one unacknowledged action: {w}"
+        );
+        assert!(
+            log.attempted
+                .iter()
+                .any(|&(sent, d)| sent == acked && d == draining),
+            "record {w} was never written at {acked}"
+        );
+    }
+    // The routing state is the stored one: a draining worker takes no new request.
+    let r = fetch(gw, up, &["fast"]);
+    let want = if draining { 503 } else { 200 };
+    assert_eq!(r.status, want, "draining {draining}: {}", r.text());
+    (revision, draining)
+}
+
+#[test]
+fn sigkill_during_worker_actions_keeps_store_and_routing_in_step() {
+    const ROUNDS: usize = 4;
+    let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"ok")));
+    let mut rng = Rng::from_clock();
+    let dir = temp_dir("actionloop");
+    let log = Arc::new(Mutex::new(ActionLog::default()));
+    let mut gw = restart(&dir);
+    for round in 0..ROUNDS {
+        let (mut revision, mut draining) =
+            verify_worker_after_crash(&gw, &up, &log.lock().unwrap());
+        let addr = gw.admin.expect("admin listener");
+        let writer_log = log.clone();
+        let writer = std::thread::spawn(move || {
+            let auth = format!("Bearer {ADMIN_TOKEN}");
+            loop {
+                let action = if draining { "undrain" } else { "drain" };
+                let if_match = format!("\"{revision}\"");
+                writer_log
+                    .lock()
+                    .unwrap()
+                    .attempted
+                    .push((revision, !draining));
+                let headers = [
+                    ("Authorization", auth.as_str()),
+                    ("If-Match", if_match.as_str()),
+                ];
+                let path = format!("{WORKERS}/w-fast/{action}");
+                match try_http(addr, "POST", &path, &headers, b"") {
+                    Ok(r) if r.status == 200 => {
+                        let tag = r
+                            .header("etag")
+                            .expect("etag")
+                            .trim_matches('"')
+                            .to_string();
+                        revision = tag.parse().expect("numeric etag");
+                        draining = r.json()["draining"].as_bool().expect("draining");
+                        writer_log
+                            .lock()
+                            .unwrap()
+                            .acknowledged
+                            .push((revision, draining));
+                    }
+                    Ok(r) => panic!("action answered {}: {}", r.status, r.text()),
+                    Err(_) => return,
+                }
+            }
+        });
+        let target = log.lock().unwrap().acknowledged.len() + 1 + rng.below(20) as usize;
+        wait_until(Duration::from_secs(20), "acknowledged actions", || {
+            log.lock().unwrap().acknowledged.len() >= target || writer.is_finished()
+        });
+        assert!(
+            !writer.is_finished(),
+            "the writer stopped before the kill: {:?}",
+            writer.join().err()
+        );
+        drop(gw);
+        writer.join().expect("writer thread");
+        let acked = log.lock().unwrap().acknowledged.len();
+        eprintln!("round {round}: {acked} actions acknowledged so far");
+        gw = restart(&dir);
+    }
+    let (revision, _) = verify_worker_after_crash(&gw, &up, &log.lock().unwrap());
+    assert!(revision > ROUNDS as u64, "only {revision} actions written");
+    // The ETag shown after the last restart is accepted by the next action.
+    let r = act(&gw, "w-fast", "enable", &format!("\"{revision}\""));
+    assert_eq!(r.status, 200, "{}", r.text());
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A tmpfs mounted for one test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 

@@ -28,6 +28,7 @@ pub struct GatewayBuilder {
     workers: String,
     env: Vec<(String, String)>,
     dir: Option<PathBuf>,
+    cores: u32,
 }
 
 impl Default for GatewayBuilder {
@@ -38,6 +39,7 @@ impl Default for GatewayBuilder {
             workers: String::new(),
             env: Vec::new(),
             dir: None,
+            cores: 2,
         }
     }
 }
@@ -110,6 +112,12 @@ impl GatewayBuilder {
         self
     }
 
+    /// Hot cores (2 unless set).
+    pub fn cores(mut self, n: u32) -> Self {
+        self.cores = n;
+        self
+    }
+
     /// Reuses a data dir (restart tests).
     pub fn dir(mut self, d: PathBuf) -> Self {
         self.dir = Some(d);
@@ -125,8 +133,9 @@ impl GatewayBuilder {
             snapshot_line = format!("bootstrap_snapshot = {:?}\n", p.display().to_string());
         }
         let config = format!(
-            "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = 2\ndata_dir = {:?}\n{snapshot_line}{}\n\
+            "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = {}\ndata_dir = {:?}\n{snapshot_line}{}\n\
              [[deployments]]\nid = \"dep_test\"\ntoken = \"{DEPLOYMENT_TOKEN}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n{}",
+            self.cores,
             dir.join("data").display().to_string(),
             self.extra,
             self.workers,
