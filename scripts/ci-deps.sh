@@ -8,3 +8,7 @@ fi
 if ! command -v curl >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq curl
 fi
+# The OpenAPI conformance test runs schemathesis and an OpenAPI validator (PyPI).
+if ! command -v st >/dev/null 2>&1 || ! command -v openapi-spec-validator >/dev/null 2>&1; then
+  python3 -m pip install -q --disable-pip-version-check schemathesis==4.32.5 openapi-spec-validator
+fi

@@ -540,3 +540,20 @@ fn a_thousand_concurrent_requests_all_succeed_and_release_capacity() {
     let r = admin(&gw, "GET", "/api/v1/admin/requests", &[], b"");
     assert_eq!(r.json()["items"], json!([]));
 }
+
+#[test]
+fn receipt_routes_are_404_without_object_storage() {
+    let gw = Gateway::start();
+    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+    for (method, path, body) in [
+        ("POST", "/api/v1/receipts", &b"{}"[..]),
+        ("GET", "/api/v1/receipts/rcpt_x", b""),
+        ("PUT", "/api/v1/receipts/rcpt_x/parts/1", &[7u8; 1000][..]),
+        ("POST", "/api/v1/receipts/rcpt_x/complete", b""),
+        ("GET", "/api/v1/receipt-objects/rcpt_x?signature=x", b""),
+    ] {
+        let r = http(gw.api, method, path, &[("Authorization", &auth)], body);
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.text());
+        assert_eq!(r.json()["code"], "receipt_error", "{method} {path}");
+    }
+}

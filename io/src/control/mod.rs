@@ -3,5 +3,6 @@
 pub mod admin;
 pub mod api;
 pub mod core;
+pub mod openapi;
 pub mod state;
 pub mod web;

@@ -12,6 +12,7 @@ use sortie_core::request::envelope_too_large;
 use super::admin::{self, AdminContext, AdminRequest};
 use super::api::{self, ApiContext};
 use super::core::ActiveRequests;
+use super::openapi;
 use super::state::ControlState;
 use crate::egress::Egress;
 use crate::http::{Admitted, Body, BodyError, Handler, RequestParts, Response};
@@ -52,6 +53,14 @@ impl Handler for ApiHandler {
     type Admission = Option<DeploymentRef>;
 
     fn admit(&self, req: &RequestParts) -> Result<Admitted<Self::Admission>, Response> {
+        if is_receipt_path(req.path()) {
+            // Spec, Receipt API: the routes exist only when object storage is enabled; answered
+            // from the head so that no part body is read for nothing.
+            return Err(Response::json(
+                404,
+                sortie_core::error::receipt_error_json("object storage is not enabled"),
+            ));
+        }
         if req.path() != REQUESTS_PATH || req.method() != "POST" {
             return Ok(Admitted {
                 body_limit: 0,
@@ -75,6 +84,9 @@ impl Handler for ApiHandler {
         deployment: Self::Admission,
         body: &mut Body<'_>,
     ) -> Response {
+        if req.path() == openapi::OPENAPI_PATH {
+            return openapi_document(req.method(), openapi::API_DOCUMENT);
+        }
         if req.path() != REQUESTS_PATH {
             return Response::json(404, admin_error_json("not_found"));
         }
@@ -104,6 +116,25 @@ impl Handler for ApiHandler {
         // The status stays the server's (400, 408, 413, 414, 431, 503...): it describes the HTTP
         // failure; the body is the registry envelope so API clients can parse it.
         Response::json(status, server_error(status, reason).to_json(&id))
+    }
+}
+
+/// Whether `path` is one of the receipt API's routes.
+fn is_receipt_path(path: &str) -> bool {
+    ["/api/v1/receipts", "/api/v1/receipt-objects"]
+        .iter()
+        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
+}
+
+/// `GET` (or `HEAD`) of a listener's OpenAPI document; no token needed.
+fn openapi_document(method: &str, document: &'static [u8]) -> Response {
+    match method {
+        "GET" | "HEAD" => Response::new(200)
+            .with_header("content-type", "application/json")
+            .with_header("cache-control", "no-cache")
+            .with_body(bytes::Bytes::from_static(document)),
+        _ => Response::json(405, admin_error_json("method_not_allowed"))
+            .with_header("allow", "GET, HEAD"),
     }
 }
 
@@ -151,6 +182,9 @@ impl Handler for AdminHandler {
     }
 
     async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
+        if req.path() == openapi::OPENAPI_PATH {
+            return openapi_document(req.method(), openapi::ADMIN_DOCUMENT);
+        }
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
