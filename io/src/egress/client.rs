@@ -112,7 +112,11 @@ pub(crate) struct Exchange<'a> {
 }
 
 /// The earlier of a stage limit and the total deadline, with what to report when it fires.
-fn limit(stage_end: Option<Instant>, ty: TimeoutType, deadline: Instant) -> (Instant, Expired) {
+pub(crate) fn limit(
+    stage_end: Option<Instant>,
+    ty: TimeoutType,
+    deadline: Instant,
+) -> (Instant, Expired) {
     match stage_end {
         Some(end) if end < deadline => (end, Expired::Stage(ty)),
         _ => (deadline, Expired::TotalDeadline),
@@ -162,11 +166,11 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
 }
 
 /// The parts of a final response head that outlive the buffer it was parsed from.
-struct Head {
-    status: u16,
-    headers: Vec<(Bytes, Bytes)>,
-    framing: ResponseFraming,
-    is_keep_alive: bool,
+pub(crate) struct Head {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) framing: ResponseFraming,
+    pub(crate) is_keep_alive: bool,
 }
 
 async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
@@ -255,7 +259,11 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
 
 /// Reads until a final response head is complete, skipping interim responses. On return,
 /// `buf` holds only the bytes after the head.
-async fn read_head(conn: &mut Conn, method: Method, buf: &mut Vec<u8>) -> Result<Head, Failure> {
+pub(crate) async fn read_head(
+    conn: &mut Conn,
+    method: Method,
+    buf: &mut Vec<u8>,
+) -> Result<Head, Failure> {
     let mut interim = 0usize;
     let mut received_any = false;
     loop {
@@ -336,7 +344,7 @@ async fn read_head(conn: &mut Conn, method: Method, buf: &mut Vec<u8>) -> Result
     }
 }
 
-fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
+pub(crate) fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
     if error::is_tls_error(e) {
         error::tls_failure(e)
     } else {

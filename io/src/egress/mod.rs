@@ -5,7 +5,9 @@
 //! connector and the keep-alive pool. [`Egress::execute`] resolves the host (IP literals skip
 //! DNS), checks every address against the destination policy right before dialling it, connects
 //! (optionally from a source address), runs the TLS handshake for `https`, writes the request
-//! and reads the whole response into memory under the response body limit.
+//! and reads the whole response into memory under the response body limit. [`Egress::open`]
+//! (`streaming.rs`) is the streamed form over the same pool: a request body from a
+//! [`BodySource`], the response head first, then its body through a [`ResponseBodyReader`].
 //!
 //! Every failure is one registry error:
 //!
@@ -39,6 +41,7 @@ mod connect;
 mod error;
 mod pool;
 mod stream;
+mod streaming;
 mod tls;
 
 use std::net::{IpAddr, SocketAddr};
@@ -59,6 +62,7 @@ pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
 pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
 };
+pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
 pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
 
 use self::client::{Exchange, Failure};
@@ -240,7 +244,7 @@ impl Egress {
                     let connect_started = Instant::now();
                     // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state
                     // of the exchange, and the hot path reuses a pooled connection instead.
-                    let conn = Box::pin(self.connect(req)).await?;
+                    let conn = Box::pin(self.connect(Dial::of(req))).await?;
                     (conn, millis(connect_started.elapsed()))
                 }
             };
@@ -277,6 +281,23 @@ impl Egress {
         }
     }
 
+    /// Resolves the host and opens a TCP connection to the first address the policy allows.
+    async fn dial_tcp(
+        &self,
+        req: &Dial<'_>,
+    ) -> Result<(monoio::net::TcpStream, SocketAddr), ApiError> {
+        let addrs = connect::resolve(&self.inner.resolver, &req.url.host, req.deadline).await?;
+        connect::connect_any(
+            &addrs,
+            req.url.port,
+            req.bind_address,
+            req.policy,
+            req.timeouts.connect,
+            req.deadline,
+        )
+        .await
+    }
+
     /// Closes idle connections that expired or that their peer closed; the core calls this
     /// periodically. Returns how many were closed.
     pub fn sweep_idle(&self) -> usize {
@@ -289,17 +310,8 @@ impl Egress {
     }
 
     /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`.
-    async fn connect(&self, req: &EgressRequest) -> Result<Conn, ApiError> {
-        let addrs = connect::resolve(&self.inner.resolver, &req.url.host, req.deadline).await?;
-        let (tcp, peer) = connect::connect_any(
-            &addrs,
-            req.url.port,
-            req.bind_address,
-            &req.policy,
-            req.timeouts.connect,
-            req.deadline,
-        )
-        .await?;
+    async fn connect(&self, req: Dial<'_>) -> Result<Conn, ApiError> {
+        let (tcp, peer) = self.dial_tcp(&req).await?;
         match req.url.scheme {
             Scheme::Http => Ok(Conn::plain(tcp, peer)),
             Scheme::Https => {
@@ -314,6 +326,28 @@ impl Egress {
                     None => Err(error::timeout(expired, Stage::TlsHandshake)),
                 }
             }
+        }
+    }
+}
+
+/// What opening an upstream connection needs to know.
+#[derive(Clone, Copy)]
+struct Dial<'a> {
+    url: &'a TargetUrl,
+    bind_address: Option<IpAddr>,
+    policy: &'a DestinationPolicy,
+    timeouts: &'a Timeouts,
+    deadline: Instant,
+}
+
+impl<'a> Dial<'a> {
+    fn of(req: &'a EgressRequest) -> Dial<'a> {
+        Dial {
+            url: &req.url,
+            bind_address: req.bind_address,
+            policy: &req.policy,
+            timeouts: &req.timeouts,
+            deadline: req.deadline,
         }
     }
 }

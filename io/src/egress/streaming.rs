@@ -1,0 +1,560 @@
+//! Streamed upstream exchanges: the request body comes from a [`BodySource`] while it is sent,
+//! and the response is handed over as soon as its head is read, its body read piece by piece
+//! through a [`ResponseBodyReader`]. Nothing is buffered whole, so bodies of any size pass
+//! through a bounded amount of memory.
+//!
+//! Connections come from, and go back to, the same per-core keep-alive pool as
+//! [`super::Egress::execute`]: a connection is returned only when the response body was read to
+//! its end with keep-alive allowed on both sides and nothing left over.
+//!
+//! Also here: [`super::Egress::dial`], a raw TCP connection to a destination for a tunnel, with
+//! the same resolution, destination policy and source address as every other exchange.
+//!
+//! On the per-request path: no blocking, no locks, no logging above debug.
+
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use monoio::net::TcpStream;
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
+use sortie_core::h1::{
+    write_chunk_header, write_request_head, BodyDecoder, BodyLimits, OutgoingBody, ResponseFraming,
+    CHUNK_DATA_END, LAST_CHUNK,
+};
+use sortie_core::request::{rejection_reason, Host, Method, Scheme, TargetUrl};
+use sortie_core::snapshot::ConfigId;
+
+use super::client::{self, limit, read_error, Failure};
+use super::connect::within;
+use super::error::{self, Stage};
+use super::pool::PoolKey;
+use super::stream::Conn;
+use super::{millis, Dial, Egress, Inner, Timeouts};
+
+/// How a streamed request body is delimited on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLength {
+    /// No body.
+    None,
+    /// Exactly this many bytes (`Content-Length`).
+    Known(u64),
+    /// Unknown in advance: sent with the chunked transfer coding.
+    Chunked,
+}
+
+/// Where the request body of a streamed exchange comes from.
+///
+/// The exchange calls [`BodySource::next_chunk`] until it returns `None`; for
+/// [`BodyLength::Known`] the pieces must add up to exactly the declared length (more or fewer
+/// bytes fail the exchange with `stream_upload_aborted`).
+// Sources are per core and never sent to another thread; see `crate::http::Handler`.
+#[allow(async_fn_in_trait)]
+pub trait BodySource {
+    /// How the body is delimited.
+    fn length(&self) -> BodyLength;
+
+    /// The next piece of the body, `None` at its end. An error aborts the exchange and is
+    /// returned by [`Egress::open`] as it is.
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError>;
+}
+
+/// A body held in memory (possibly empty).
+impl BodySource for Bytes {
+    fn length(&self) -> BodyLength {
+        if self.is_empty() {
+            BodyLength::None
+        } else {
+            BodyLength::Known(self.len() as u64)
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        if self.is_empty() {
+            Ok(None)
+        } else {
+            Ok(Some(std::mem::take(self)))
+        }
+    }
+}
+
+/// One streamed upstream request.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamRequest<'a> {
+    /// The method.
+    pub method: Method,
+    /// The destination.
+    pub url: &'a TargetUrl,
+    /// Destination header fields in order, duplicates kept. Fields the gateway manages
+    /// (framing, hop-by-hop, `Expect`, proxy credentials, `X-Service-*`) are dropped if present.
+    pub headers: &'a [(&'a str, &'a [u8])],
+    /// The deadline for connecting, sending the request and receiving the response head; the
+    /// body's deadline is [`ResponseBodyReader::set_deadline`]'s.
+    pub deadline: Instant,
+    /// Stage limits.
+    pub timeouts: Timeouts,
+    /// The destination policy of the snapshot the request runs under.
+    pub policy: &'a DestinationPolicy,
+    /// The worker performing the request; connections are pooled per worker.
+    pub worker_id: &'a ConfigId,
+    /// The source address of egress connections, when the worker has one.
+    pub bind_address: Option<IpAddr>,
+    /// Permission to send the request again, once, on a fresh connection when a pooled one
+    /// broke before any response byte. Only used when the body is [`BodyLength::None`]: a
+    /// streamed body cannot be sent twice.
+    pub is_replayable: bool,
+}
+
+/// The head of a streamed response, with the reader of its body.
+pub struct StreamedResponse {
+    /// The destination's status.
+    pub status: u16,
+    /// Response header fields as received: names as spelled, raw values, order and duplicates
+    /// kept (hop-by-hop and framing fields included; the caller decides what to relay).
+    pub headers: Vec<(Bytes, Bytes)>,
+    /// The address the response came from.
+    pub peer_addr: SocketAddr,
+    /// Milliseconds spent on DNS, TCP and TLS; 0 on a reused connection.
+    pub connect_ms: u64,
+    /// Whether the response came over a pooled connection.
+    pub is_connection_reused: bool,
+    /// The body.
+    pub body: ResponseBodyReader,
+}
+
+/// Reads the body of a streamed response. Dropping it before the end closes the connection.
+pub struct ResponseBodyReader {
+    conn: Option<Conn>,
+    decoder: BodyDecoder,
+    framing: ResponseFraming,
+    /// Body bytes that arrived with the head.
+    early: Vec<u8>,
+    is_keep_alive: bool,
+    has_leftover: bool,
+    is_finished: bool,
+    deadline: Instant,
+    idle: std::time::Duration,
+    home: Rc<Inner>,
+    key: Option<PoolKey>,
+}
+
+impl ResponseBodyReader {
+    /// How the upstream delimited the body.
+    pub fn framing(&self) -> ResponseFraming {
+        self.framing
+    }
+
+    /// Whether the body has been read to its end.
+    pub fn is_end(&self) -> bool {
+        self.is_finished
+    }
+
+    /// Replaces the deadline of the body (by default the request's head deadline). Each read
+    /// is also bounded by the idle limit.
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
+    /// Appends the next decoded piece of the body to `out`; returns `false` at the end of the
+    /// body (nothing appended). At the end, a reusable connection goes back to the pool.
+    ///
+    /// Errors: `upstream_reset` (closed or broken before the end), `upstream_tls_failure`,
+    /// `protocol_error` (bad chunk framing), `timeout_exceeded` (`idle_timeout` or
+    /// `download_timeout`).
+    pub async fn read_into(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+        if self.is_finished {
+            return Ok(false);
+        }
+        let before = out.len();
+        if !self.early.is_empty() {
+            let early = std::mem::take(&mut self.early);
+            let progress = self
+                .decoder
+                .decode(&early, &mut |d: &[u8]| out.extend_from_slice(d))
+                .map_err(error::protocol_error)?;
+            self.has_leftover = progress.consumed < early.len();
+        }
+        loop {
+            if self.decoder.is_done() {
+                self.finish(false);
+                return Ok(out.len() > before);
+            }
+            if out.len() > before {
+                return Ok(true);
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Ok(false);
+            };
+            let idle_end = Instant::now().checked_add(self.idle);
+            let (at, expired) = limit(idle_end, TimeoutType::Idle, self.deadline);
+            let chunk = match within(at, conn.read_some()).await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => {
+                    self.conn = None;
+                    return Err(read_error(&e, Stage::ResponseBody));
+                }
+                None => {
+                    self.conn = None;
+                    return Err(error::timeout(expired, Stage::ResponseBody));
+                }
+            };
+            if chunk.is_empty() {
+                if self.decoder.is_complete_at_eof() {
+                    self.finish(true);
+                    return Ok(out.len() > before);
+                }
+                self.conn = None;
+                return Err(error::reset(
+                    Stage::ResponseBody,
+                    "the connection closed before the response body was complete",
+                ));
+            }
+            let progress = self
+                .decoder
+                .decode(chunk, &mut |d: &[u8]| out.extend_from_slice(d))
+                .map_err(error::protocol_error)?;
+            self.has_leftover = progress.consumed < chunk.len();
+        }
+    }
+
+    fn finish(&mut self, is_eof: bool) {
+        self.is_finished = true;
+        let Some(conn) = self.conn.take() else { return };
+        // Reuse needs a cleanly ended body with nothing after it (see `client.rs`).
+        let is_reusable = self.is_keep_alive
+            && !is_eof
+            && !self.has_leftover
+            && self.framing != ResponseFraming::CloseDelimited
+            && conn.is_plaintext_drained();
+        if let (true, Some(key)) = (is_reusable, self.key.take()) {
+            self.home.pool.put(key, conn, Instant::now());
+        }
+    }
+}
+
+impl Egress {
+    /// Performs one streamed exchange: connects (or reuses a pooled connection), writes the
+    /// head and the body from `body`, and returns once the response head is read.
+    ///
+    /// Failures are the registry errors of [`Egress::execute`]; an error of `body` is
+    /// returned as it is, and a source that yields more or fewer bytes than it declared fails
+    /// with `stream_upload_aborted`. Dropping the future closes the connection it holds.
+    pub async fn open<B: BodySource>(
+        &self,
+        req: &StreamRequest<'_>,
+        body: &mut B,
+    ) -> Result<StreamedResponse, ApiError> {
+        let length = body.length();
+        let head = stream_head(req, length)?;
+        let key = PoolKey {
+            worker_id: req.worker_id.clone(),
+            scheme: req.url.scheme,
+            host: req.url.host.clone(),
+            port: req.url.port,
+            bind: req.bind_address,
+        };
+        let dial = Dial {
+            url: req.url,
+            bind_address: req.bind_address,
+            policy: req.policy,
+            timeouts: &req.timeouts,
+            deadline: req.deadline,
+        };
+        let started = Instant::now();
+        let mut may_retry = req.is_replayable && length == BodyLength::None;
+        let mut may_reuse = true;
+        loop {
+            let pooled = if may_reuse {
+                self.inner.pool.checkout(&key, req.policy, started)
+            } else {
+                None
+            };
+            let is_reused = pooled.is_some();
+            let (mut conn, connect_ms) = match pooled {
+                Some(conn) => (conn, 0),
+                None => {
+                    let connect_started = Instant::now();
+                    let conn = Box::pin(self.connect(dial)).await?;
+                    (conn, millis(connect_started.elapsed()))
+                }
+            };
+            match exchange_head(&mut conn, req, &head, length, body).await {
+                Ok((head, early)) => {
+                    let decoder = BodyDecoder::for_response(
+                        head.framing,
+                        BodyLimits::with_max_body(u64::MAX),
+                    )
+                    .map_err(error::protocol_error)?;
+                    let is_finished = decoder.is_done() && early.is_empty();
+                    let mut reader = ResponseBodyReader {
+                        conn: Some(conn),
+                        decoder,
+                        framing: head.framing,
+                        early,
+                        is_keep_alive: head.is_keep_alive,
+                        has_leftover: false,
+                        is_finished: false,
+                        deadline: req.deadline,
+                        idle: req.timeouts.idle,
+                        home: self.inner.clone(),
+                        key: Some(key),
+                    };
+                    if is_finished {
+                        // No body at all (HEAD, 204, 304, `Content-Length: 0`): the
+                        // connection is ready for the pool right away.
+                        reader.finish(false);
+                    }
+                    let peer_addr = reader.conn.as_ref().map_or(dial_peer(req), Conn::peer);
+                    return Ok(StreamedResponse {
+                        status: head.status,
+                        headers: head.headers,
+                        peer_addr,
+                        connect_ms,
+                        is_connection_reused: is_reused,
+                        body: reader,
+                    });
+                }
+                Err(Failure {
+                    is_before_response: true,
+                    ..
+                }) if is_reused && may_retry => {
+                    tracing::debug!("pooled connection broke before a response; retrying");
+                    may_retry = false;
+                    may_reuse = false;
+                }
+                Err(f) => return Err(f.error),
+            }
+        }
+    }
+
+    /// Opens a TCP connection to `host:port` for a tunnel: resolution on the resolver threads,
+    /// the destination policy on every address right before it is dialled, `bind_address` as
+    /// the source, `connect_limit` per attempt and `deadline` overall.
+    pub async fn dial(
+        &self,
+        host: &Host,
+        port: u16,
+        bind_address: Option<IpAddr>,
+        policy: &DestinationPolicy,
+        connect_limit: std::time::Duration,
+        deadline: Instant,
+    ) -> Result<(TcpStream, SocketAddr), ApiError> {
+        let url = TargetUrl {
+            scheme: Scheme::Http,
+            host: host.clone(),
+            port,
+            has_explicit_port: true,
+            path_and_query: "/".into(),
+        };
+        let timeouts = Timeouts {
+            connect: connect_limit,
+            ..Timeouts::default()
+        };
+        self.dial_tcp(&Dial {
+            url: &url,
+            bind_address,
+            policy,
+            timeouts: &timeouts,
+            deadline,
+        })
+        .await
+    }
+}
+
+/// The address a response is reported from when its connection already went back to the pool.
+fn dial_peer(req: &StreamRequest<'_>) -> SocketAddr {
+    SocketAddr::new(IpAddr::from([0, 0, 0, 0]), req.url.port)
+}
+
+/// The request head of a streamed exchange: origin-form target, `Host` first, the caller's
+/// fields in order minus the managed ones, `Connection: keep-alive`, then the framing field.
+fn stream_head(req: &StreamRequest<'_>, length: BodyLength) -> Result<Vec<u8>, ApiError> {
+    let framing = match length {
+        BodyLength::None => match req.method {
+            // RFC 9110 §8.6, as for buffered requests (`client::request_head`).
+            Method::Post | Method::Put | Method::Patch => OutgoingBody::ContentLength(0),
+            _ => OutgoingBody::None,
+        },
+        BodyLength::Known(n) => OutgoingBody::ContentLength(n),
+        BodyLength::Chunked => OutgoingBody::Chunked,
+    };
+    let fields = req
+        .headers
+        .iter()
+        .filter(|(n, _)| rejection_reason(n).is_none())
+        .map(|(n, v)| (n.as_bytes(), *v))
+        .chain(std::iter::once((&b"Connection"[..], &b"keep-alive"[..])));
+    let mut out = Vec::with_capacity(256);
+    write_request_head(
+        &mut out,
+        req.method.as_str(),
+        &req.url.path_and_query,
+        req.url.authority().as_bytes(),
+        fields,
+        framing,
+    )
+    .map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the request head cannot be written: {e}"),
+        )
+    })?;
+    Ok(out)
+}
+
+/// Sends the head and the body, then reads the final response head. Returns the head and the
+/// body bytes that came with it.
+async fn exchange_head<B: BodySource>(
+    conn: &mut Conn,
+    req: &StreamRequest<'_>,
+    head: &[u8],
+    length: BodyLength,
+    body: &mut B,
+) -> Result<(client::Head, Vec<u8>), Failure> {
+    let before = |error| Failure {
+        error,
+        is_before_response: true,
+    };
+    let during = |error| Failure {
+        error,
+        is_before_response: false,
+    };
+    write(conn, req, Bytes::copy_from_slice(head))
+        .await
+        .map_err(before)?;
+    let mut sent = 0u64;
+    // Once body bytes are out, a failure is no longer a harmless stale-connection race.
+    while let Some(piece) = body.next_chunk().await.map_err(during)? {
+        if piece.is_empty() {
+            continue;
+        }
+        sent = sent.saturating_add(piece.len() as u64);
+        let data = match length {
+            BodyLength::Chunked => {
+                let mut framed = Vec::with_capacity(piece.len() + 20);
+                write_chunk_header(&mut framed, piece.len() as u64);
+                framed.extend_from_slice(&piece);
+                framed.extend_from_slice(CHUNK_DATA_END);
+                Bytes::from(framed)
+            }
+            BodyLength::Known(n) if sent > n => return Err(during(upload_mismatch())),
+            BodyLength::None => return Err(during(upload_mismatch())),
+            BodyLength::Known(_) => piece,
+        };
+        write(conn, req, data).await.map_err(during)?;
+    }
+    match length {
+        BodyLength::Chunked => write(conn, req, Bytes::from_static(LAST_CHUNK))
+            .await
+            .map_err(during)?,
+        BodyLength::Known(n) if sent != n => return Err(during(upload_mismatch())),
+        _ => {}
+    }
+    let sent_at = Instant::now();
+    let header_end = req
+        .timeouts
+        .response_header
+        .and_then(|t| sent_at.checked_add(t));
+    let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
+    let mut buf = Vec::new();
+    match within(at, client::read_head(conn, req.method, &mut buf)).await {
+        Some(head) => Ok((head?, buf)),
+        None => Err(during(error::timeout(expired, Stage::ResponseHeader))),
+    }
+}
+
+/// Writes `data` within the idle limit and the deadline.
+async fn write(conn: &mut Conn, req: &StreamRequest<'_>, data: Bytes) -> Result<(), ApiError> {
+    let idle_end = Instant::now().checked_add(req.timeouts.idle);
+    let (at, expired) = limit(idle_end, TimeoutType::Idle, req.deadline);
+    match within(at, conn.write_all(data)).await {
+        Some(Ok(())) => Ok(()),
+        Some(Err(e)) if error::is_tls_error(&e) => Err(error::tls_failure(&e)),
+        Some(Err(_)) => Err(error::reset(
+            Stage::RequestWrite,
+            "the connection broke while the request was sent",
+        )),
+        None => Err(error::timeout(expired, Stage::RequestWrite)),
+    }
+}
+
+fn upload_mismatch() -> ApiError {
+    ApiError::new(
+        ErrorCode::StreamUploadAborted,
+        "the request body did not match its declared length",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sortie_core::request::parse_target_url;
+
+    #[test]
+    fn heads_by_body_length() {
+        let url = parse_target_url("http://a.example:8080/p?q=1").unwrap();
+        let policy = DestinationPolicy::default();
+        let worker = ConfigId::parse("w").unwrap();
+        let headers: &[(&str, &[u8])] = &[
+            ("Accept", b"*/*"),
+            ("Proxy-Authorization", b"Basic x"),
+            ("X-Service-Route-Tags", b"a"),
+            ("X-Dup", b"1"),
+            ("X-Dup", b"2"),
+        ];
+        let req = |method| StreamRequest {
+            method,
+            url: &url,
+            headers,
+            deadline: Instant::now(),
+            timeouts: Timeouts::default(),
+            policy: &policy,
+            worker_id: &worker,
+            bind_address: None,
+            is_replayable: false,
+        };
+        let prefix = "Host: a.example:8080\r\nAccept: */*\r\nX-Dup: 1\r\nX-Dup: 2\r\n\
+                      Connection: keep-alive\r\n";
+        let table = [
+            (Method::Get, BodyLength::None, "GET", ""),
+            (
+                Method::Post,
+                BodyLength::None,
+                "POST",
+                "Content-Length: 0\r\n",
+            ),
+            (
+                Method::Put,
+                BodyLength::Known(7),
+                "PUT",
+                "Content-Length: 7\r\n",
+            ),
+            (
+                Method::Post,
+                BodyLength::Chunked,
+                "POST",
+                "Transfer-Encoding: chunked\r\n",
+            ),
+        ];
+        for (method, length, name, framing) in table {
+            let got = String::from_utf8(stream_head(&req(method), length).unwrap()).unwrap();
+            assert_eq!(
+                got,
+                format!("{name} /p?q=1 HTTP/1.1\r\n{prefix}{framing}\r\n")
+            );
+        }
+    }
+
+    #[test]
+    fn bytes_are_a_body_source() {
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async {
+            let mut b = Bytes::from_static(b"abc");
+            assert_eq!(b.length(), BodyLength::Known(3));
+            assert_eq!(b.next_chunk().await.unwrap().unwrap(), &b"abc"[..]);
+            assert_eq!(b.next_chunk().await.unwrap(), None);
+            assert_eq!(Bytes::new().length(), BodyLength::None);
+        });
+    }
+}
