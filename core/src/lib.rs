@@ -15,6 +15,7 @@ pub mod ids;
 pub mod json;
 pub mod limits;
 pub mod provider_session;
+pub mod proxy;
 pub mod receipt;
 pub mod request;
 pub mod result;

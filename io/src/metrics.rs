@@ -1,4 +1,5 @@
-//! Prometheus metrics: requests by deployment and outcome, stage latency histograms, active
+//! Prometheus metrics: requests by deployment and outcome (request API and forward proxy),
+//! ended tunnels and their bytes, stage latency histograms, active
 //! requests, worker capacity and the config revision. Each core writes only its own shard (no
 //! cross-core contention on the hot path); `/metrics` sums the shards.
 
@@ -44,6 +45,8 @@ struct Shard {
     /// Deployment → outcome → count; looked up by `&str`, so a known pair allocates nothing.
     requests: Mutex<HashMap<String, HashMap<&'static str, u64>>>,
     stages: [Histogram; 4],
+    /// Tunnels ended, and the bytes they carried up (client to destination) and down.
+    tunnels: [AtomicU64; 3],
 }
 
 /// All metrics of the process.
@@ -59,6 +62,7 @@ impl Metrics {
                 .map(|_| Shard {
                     requests: Mutex::new(HashMap::new()),
                     stages: std::array::from_fn(|_| Histogram::new()),
+                    tunnels: std::array::from_fn(|_| AtomicU64::new(0)),
                 })
                 .collect(),
         }
@@ -93,6 +97,16 @@ impl Metrics {
         }
     }
 
+    /// Records one ended CONNECT tunnel on `core` and the bytes it carried each way.
+    pub fn record_tunnel(&self, core: usize, up: u64, down: u64) {
+        let Some(shard) = self.shards.get(core % self.shards.len()) else {
+            return;
+        };
+        for (c, v) in shard.tunnels.iter().zip([1, up, down]) {
+            c.fetch_add(v, Ordering::Relaxed);
+        }
+    }
+
     /// Renders the Prometheus text format.
     pub fn render(&self, state: &ControlState) -> String {
         let mut out = String::with_capacity(4096);
@@ -106,7 +120,7 @@ impl Metrics {
         }
         let mut keys: Vec<_> = totals.into_iter().collect();
         keys.sort();
-        out.push_str("# HELP sortie_requests_total Request API calls by deployment and outcome (ok or error code).\n# TYPE sortie_requests_total counter\n");
+        out.push_str("# HELP sortie_requests_total Request API calls and proxied requests (absolute-form and CONNECT) by deployment and outcome (ok or error code).\n# TYPE sortie_requests_total counter\n");
         for ((dep, outcome), n) in keys {
             let _ = writeln!(
                 out,
@@ -153,6 +167,25 @@ impl Metrics {
                 "sortie_request_stage_seconds_count{{stage=\"{stage}\"}} {count}"
             );
         }
+        let tunnel = |i: usize| -> u64 {
+            self.shards
+                .iter()
+                .map(|s| s.tunnels[i].load(Ordering::Relaxed))
+                .sum()
+        };
+        out.push_str("# HELP sortie_tunnels_total CONNECT tunnels that ended.\n# TYPE sortie_tunnels_total counter\n");
+        let _ = writeln!(out, "sortie_tunnels_total {}", tunnel(0));
+        out.push_str("# HELP sortie_tunnel_bytes_total Bytes carried by ended tunnels, up (client to destination) and down.\n# TYPE sortie_tunnel_bytes_total counter\n");
+        let _ = writeln!(
+            out,
+            "sortie_tunnel_bytes_total{{direction=\"up\"}} {}",
+            tunnel(1)
+        );
+        let _ = writeln!(
+            out,
+            "sortie_tunnel_bytes_total{{direction=\"down\"}} {}",
+            tunnel(2)
+        );
         let active = state.active();
         out.push_str("# HELP sortie_config_revision Revision of the active configuration snapshot.\n# TYPE sortie_config_revision gauge\n");
         let _ = writeln!(out, "sortie_config_revision {}", active.revision);

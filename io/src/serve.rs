@@ -18,7 +18,9 @@ use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
 
 use crate::control::admin::AdminContext;
+use crate::control::api::ApiContext;
 use crate::control::core::{mailbox, run_mailbox, ActiveRequests, MailboxReceiver};
+use crate::control::proxy::{ProxyHandler, TunnelCounts, MAX_TUNNELS_PER_DEPLOYMENT};
 use crate::control::state::ControlState;
 use crate::control::web::{AdminHandler, ApiHandler};
 use crate::dns::{Resolver, ResolverPool};
@@ -105,6 +107,7 @@ fn bootstrap_json(config: &Config) -> Result<String, ServeError> {
 struct Listeners {
     api: (Vec<std::net::TcpListener>, SocketAddr),
     admin: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
+    proxy: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
 }
 
 fn bind(
@@ -167,6 +170,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             Some(a) => Some(bind("control.admin_listen", a, n)?),
             None => None,
         },
+        proxy: match &config.control.proxy_listen {
+            Some(a) => Some(bind("control.proxy_listen", a, n)?),
+            None => None,
+        },
     };
     let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
         .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
@@ -213,14 +220,28 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
             .unwrap_or_default(),
     ));
+    let proxy_socks = Arc::new(std::sync::Mutex::new(
+        listeners
+            .proxy
+            .as_ref()
+            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
+            .unwrap_or_default(),
+    ));
+    let tunnels = Arc::new(TunnelCounts::new(
+        state.auth.len(),
+        MAX_TUNNELS_PER_DEPLOYMENT,
+    ));
     let trigger = ShutdownTrigger::new();
 
     print_banner(
         &config,
         config_path.as_deref(),
         &resolved,
-        listeners.api.1,
-        listeners.admin.as_ref().map(|a| a.1),
+        ListenAddrs {
+            api: listeners.api.1,
+            admin: listeners.admin.as_ref().map(|a| a.1),
+            proxy: listeners.proxy.as_ref().map(|a| a.1),
+        },
         n,
         open_files,
     );
@@ -254,6 +275,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .lock()
             .ok()
             .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let proxy_sock = proxy_socks
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let tunnels = tunnels.clone();
         let tls = tls.clone();
         let resolver = resolver.clone();
         let admin_ctx = admin_ctx.clone();
@@ -264,6 +290,31 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                 monoio::spawn(run_mailbox(rx, active.clone()));
             }
             let egress = Rc::new(Egress::new(Resolver::new(resolver), &tls));
+            let cfg = Rc::new(ServerConfig::default());
+            let mut tasks = Vec::new();
+            if let Some(sock) = proxy_sock {
+                match monoio::net::TcpListener::from_std(sock) {
+                    Ok(l) => {
+                        // The proxy shares the core's egress pool and active list with the
+                        // request API.
+                        let ctx = ApiContext::new(
+                            state.clone(),
+                            active.clone(),
+                            egress.clone(),
+                            metrics.clone(),
+                            ctx.index,
+                        );
+                        let h = Rc::new(ProxyHandler::new(ctx, tunnels));
+                        tasks.push(monoio::spawn(http::serve(
+                            l,
+                            h,
+                            cfg.clone(),
+                            signal.clone(),
+                        )));
+                    }
+                    Err(e) => tracing::error!(error = %e, "proxy listener"),
+                }
+            }
             let api = Rc::new(ApiHandler::new(
                 state.clone(),
                 active,
@@ -271,8 +322,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                 metrics.clone(),
                 ctx.index,
             ));
-            let cfg = Rc::new(ServerConfig::default());
-            let mut tasks = Vec::new();
             if let Some(sock) = admin_sock {
                 match monoio::net::TcpListener::from_std(sock) {
                     Ok(l) => {
@@ -318,12 +367,18 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     Ok(())
 }
 
+/// The bound addresses the banner reports.
+struct ListenAddrs {
+    api: SocketAddr,
+    admin: Option<SocketAddr>,
+    proxy: Option<SocketAddr>,
+}
+
 fn print_banner(
     config: &Config,
     config_path: Option<&Path>,
     t: &tokens::ResolvedTokens,
-    api: SocketAddr,
-    admin: Option<SocketAddr>,
+    addrs: ListenAddrs,
     cores: usize,
     open_files: Option<u64>,
 ) {
@@ -337,10 +392,15 @@ fn print_banner(
     if let Some(n) = open_files {
         println!("  fd limit:  {n} open files");
     }
+    let ListenAddrs { api, admin, proxy } = addrs;
     println!("  api:       http://{api}  (listening)");
     match admin {
         Some(a) => println!("  admin:     http://{a}  (listening)"),
         None => println!("  admin:     disabled"),
+    }
+    match proxy {
+        Some(p) => println!("  proxy:     http://{p}  (listening)"),
+        None => println!("  proxy:     disabled"),
     }
     if let Some(file) = &t.file {
         if t.is_new_file {

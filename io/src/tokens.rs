@@ -260,6 +260,13 @@ pub struct Authenticator {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeploymentRef(usize);
 
+impl DeploymentRef {
+    /// The deployment's position in the configuration, below [`Authenticator::len`].
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 fn sha256(b: &[u8]) -> [u8; 32] {
     let d = digest::digest(&digest::SHA256, b);
     let mut out = [0u8; 32];
@@ -283,6 +290,16 @@ impl Authenticator {
     pub fn authenticate(&self, token: &[u8]) -> Option<DeploymentRef> {
         let (i, stored) = self.by_digest.get(&sha256(token))?;
         bool::from(stored.as_slice().ct_eq(token)).then_some(DeploymentRef(*i))
+    }
+
+    /// Number of deployments.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether no deployment is configured.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
     }
 
     /// The id of an authenticated deployment.

@@ -18,6 +18,8 @@ pub struct Gateway {
     pub child: Child,
     pub api: SocketAddr,
     pub admin: Option<SocketAddr>,
+    /// The forward-proxy listener (every test gateway runs one).
+    pub proxy: Option<SocketAddr>,
     pub dir: PathBuf,
     pub stdout: mpsc::Receiver<String>,
 }
@@ -133,7 +135,7 @@ impl GatewayBuilder {
             snapshot_line = format!("bootstrap_snapshot = {:?}\n", p.display().to_string());
         }
         let config = format!(
-            "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = {}\ndata_dir = {:?}\n{snapshot_line}{}\n\
+            "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nproxy_listen = \"127.0.0.1:0\"\ncores = {}\ndata_dir = {:?}\n{snapshot_line}{}\n\
              [[deployments]]\nid = \"dep_test\"\ntoken = \"{DEPLOYMENT_TOKEN}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n{}",
             self.cores,
             dir.join("data").display().to_string(),
@@ -167,9 +169,10 @@ impl GatewayBuilder {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut api, mut admin) = (None, None);
+        let (mut api, mut admin, mut proxy) = (None, None, None);
         let mut seen = Vec::new();
-        while api.is_none() || admin.is_none() {
+        let mut has_proxy_line = false;
+        while api.is_none() || admin.is_none() || !has_proxy_line {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match rx.recv_timeout(left) {
                 Ok(l) => l,
@@ -187,12 +190,17 @@ impl GatewayBuilder {
             if let Some(a) = parse_listen_line(&line, "admin:") {
                 admin = Some(a);
             }
+            if line.trim().starts_with("proxy:") {
+                has_proxy_line = true;
+                proxy = parse_listen_line(&line, "proxy:");
+            }
             seen.push(line);
         }
         Gateway {
             child,
             api: api.expect("api"),
             admin,
+            proxy,
             dir,
             stdout: rx,
         }

@@ -381,6 +381,37 @@ fn body_too_large(limit: usize) -> ApiError {
 }
 
 fn validate_routing(r: WireRouting) -> Result<RouteHints, ApiError> {
+    let tags: Option<Vec<&str>> = r
+        .tags
+        .as_ref()
+        .map(|t| t.iter().map(CowStr::as_str).collect());
+    validate_routing_fields(RoutingFields {
+        tags,
+        country: r.country.as_deref(),
+        region: r.region.as_deref(),
+        ip_type: r.ip_type.as_deref(),
+        sticky_session_id: r.sticky_session_id.as_deref(),
+    })
+}
+
+/// Routing hints as given, before validation: by the request envelope's `routing` object or by
+/// the forward proxy's `X-Service-Route-*` headers, which share these rules and messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingFields<'a> {
+    /// `tags`, in order.
+    pub tags: Option<Vec<&'a str>>,
+    /// `country`.
+    pub country: Option<&'a str>,
+    /// `region`.
+    pub region: Option<&'a str>,
+    /// `ip_type`.
+    pub ip_type: Option<&'a str>,
+    /// `sticky_session_id`.
+    pub sticky_session_id: Option<&'a str>,
+}
+
+/// Validates routing hints (spec, Routing object and Limits).
+pub fn validate_routing_fields(r: RoutingFields<'_>) -> Result<RouteHints, ApiError> {
     let mut hints = RouteHints::default();
     if let Some(tags) = r.tags {
         if tags.len() > MAX_ROUTING_TAGS {
@@ -401,10 +432,10 @@ fn validate_routing(r: WireRouting) -> Result<RouteHints, ApiError> {
                 return Err(invalid(format!("routing.tags[{i}]: duplicate tag")));
             }
         }
-        hints.tags = tags.into_iter().map(CowStr::into_owned).collect();
+        hints.tags = tags.into_iter().map(str::to_owned).collect();
     }
     if let Some(c) = r.country {
-        hints.country = Some(CountryCode::parse(&c).ok_or_else(|| {
+        hints.country = Some(CountryCode::parse(c).ok_or_else(|| {
             invalid("routing.country: must be a two-letter ISO 3166-1 country code")
         })?);
     }
@@ -416,18 +447,18 @@ fn validate_routing(r: WireRouting) -> Result<RouteHints, ApiError> {
                 "routing.sticky_session_id: longer than {MAX_STICKY_SESSION_ID_BYTES} bytes"
             )));
         }
-        hints.sticky_session_id = Some(s.into_owned());
+        hints.sticky_session_id = Some(s.to_owned());
     }
     Ok(hints)
 }
 
-fn bounded_field(path: &str, v: Option<CowStr<'_>>) -> Result<Option<String>, ApiError> {
-    match v.map(CowStr::into_owned) {
-        Some(s) if s.is_empty() => Err(invalid(format!("{path}: must not be empty"))),
+fn bounded_field(path: &str, v: Option<&str>) -> Result<Option<String>, ApiError> {
+    match v {
+        Some("") => Err(invalid(format!("{path}: must not be empty"))),
         Some(s) if s.len() > MAX_ROUTING_FIELD_BYTES => Err(invalid(format!(
             "{path}: longer than {MAX_ROUTING_FIELD_BYTES} bytes"
         ))),
-        other => Ok(other),
+        other => Ok(other.map(str::to_owned)),
     }
 }
 

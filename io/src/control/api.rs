@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
+use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
 use sortie_core::request::{decode_request, RequestBody, ValidationContext};
 use sortie_core::result::{RequestResult, ResultBody, Timing};
 use sortie_core::routing::{Ingress, RouteRequest, StickyPins};
@@ -215,105 +216,25 @@ async fn handle_inner(
     drop(body);
     let deadline = started + Duration::from_millis(req.timeout_ms);
 
-    // Routing (spec, Routing rules 1-6).
-    let host = req.url.host_str();
-    let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
-    let route_req = RouteRequest {
-        deployment_id: deployment,
-        hints: &req.routing,
-        ingress: Ingress::Api,
-        host: &host,
-        tie_break,
-    };
-    let capacity = |w| active.active_on(w);
-    let now_ms = crate::clock::monotonic_ms_at(started);
-    let decision = match req
-        .routing
-        .sticky_session_id
-        .as_deref()
-        .filter(|s| !s.is_empty())
-    {
-        Some(sid) => state.with_pins(deployment, sid, |pins| {
-            active.table.route(&route_req, pins, now_ms, &capacity)
-        }),
-        None => active
-            .table
-            .route(&route_req, &mut ctx.no_pins.borrow_mut(), now_ms, &capacity),
-    };
-    let decision = match decision {
-        Ok(d) => d,
+    let assigned = match assign(
+        ctx,
+        &active,
+        deployment,
+        &req.routing,
+        Ingress::Api,
+        &req.url.host_str(),
+        req.fingerprint_profile.as_deref(),
+        started,
+    ) {
+        Ok(a) => a,
         Err(e) => {
-            let e = e.to_api_error();
             log_failure(request_id, deployment, None, &e, started);
             return error_answer(&e, request_id);
         }
     };
-    let routed = Instant::now();
-
-    // Spec, Request API rule 6: a named profile the selected worker does not advertise exactly.
-    if let Some(profile) = &req.fingerprint_profile {
-        let advertises = active
-            .table
-            .worker(decision.worker)
-            .and_then(|w| w.capabilities())
-            .is_some_and(|c| c.advertises_profile(profile));
-        if !advertises {
-            let e = ApiError::new(
-                ErrorCode::UnsupportedFingerprint,
-                format!(
-                    "worker {} does not advertise profile {profile}",
-                    decision.worker_id.as_str()
-                ),
-            );
-            return error_answer(&e, request_id);
-        }
-    }
-
-    // The local executor has no upstream proxy client: a pool that names a proxy must never be
-    // served from the gateway's own address, which would bypass the operator's egress choice.
-    let is_proxied = active
-        .snapshot
-        .pools()
-        .get(decision.pool)
-        .is_some_and(|p| p.upstream_proxy().is_some());
-    if is_proxied {
-        let e = ApiError::new(
-            ErrorCode::ExecutorInternalError,
-            format!(
-                "pool {} uses an upstream proxy, which the local executor cannot use",
-                decision.pool_id.as_str()
-            ),
-        );
-        log_failure(
-            request_id,
-            deployment,
-            Some(decision.worker_id.as_str()),
-            &e,
-            started,
-        );
-        return error_answer(&e, request_id);
-    }
-
-    let Some(slot) = active.slot(decision.worker).cloned() else {
-        let e = ApiError::new(
-            ErrorCode::RouteUnavailable,
-            "selected worker has no local executor",
-        );
-        return error_answer(&e, request_id);
-    };
-    let max = active
-        .table
-        .worker(decision.worker)
-        .and_then(|w| w.capabilities())
-        .map_or(0, |c| c.max_capacity());
-    if !slot.try_acquire(max) {
-        let e = ApiError::new(
-            ErrorCode::ExecutorCapacityExhausted,
-            "all eligible workers at capacity",
-        );
-        return error_answer(&e, request_id);
-    }
-    let _capacity = CapacityGuard(slot.clone());
+    let routed = assigned.routed;
+    let decision = &assigned.decision;
+    let slot = &assigned.slot;
     let (_tracked, cancelled) = ctx.active.track(request_id, deployment);
 
     let body_bytes = match req.body {
@@ -352,10 +273,13 @@ async fn handle_inner(
     };
     match result {
         Ok(resp) => {
+            // The body in the envelope is already de-framed: the fields that describe the
+            // upstream connection are left out.
+            let tokens = connection_tokens(&resp.headers);
             let headers: Vec<(&[u8], &[u8])> = resp
                 .headers
                 .iter()
-                .filter(|(n, _)| !is_hop_by_hop(n, &resp.headers))
+                .filter(|(n, _)| !is_hop_by_hop_response_field(n, &tokens))
                 .map(|(n, v)| (&n[..], &v[..]))
                 .collect();
             let timing = Timing {
@@ -408,27 +332,111 @@ async fn handle_inner(
     }
 }
 
-/// Fields that describe the upstream connection, not the response (RFC 9110 §7.6.1); the body in
-/// the envelope is already de-framed, so they are left out of the result's headers.
-const HOP_BY_HOP: &[&[u8]] = &[
-    b"connection",
-    b"keep-alive",
-    b"proxy-connection",
-    b"transfer-encoding",
-    b"te",
-    b"trailer",
-    b"upgrade",
-];
+/// A request that routing placed on a local worker, holding one unit of its capacity until
+/// dropped.
+pub(crate) struct Assigned {
+    /// What routing chose.
+    pub(crate) decision: sortie_core::routing::RouteDecision,
+    /// The chosen worker's executor slot.
+    pub(crate) slot: Arc<super::state::WorkerSlot>,
+    /// When routing finished.
+    pub(crate) routed: Instant,
+    _capacity: CapacityGuard,
+}
 
-/// Whether a response field is hop-by-hop: one of [`HOP_BY_HOP`] or a name the response's
-/// `Connection` fields list. The head limits bound the fields, so the nested scan stays small.
-fn is_hop_by_hop(name: &[u8], headers: &[(bytes::Bytes, bytes::Bytes)]) -> bool {
-    HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
-        || headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
-            .flat_map(|(_, v)| v.split(|&b| b == b','))
-            .any(|t| name.eq_ignore_ascii_case(t.trim_ascii()))
+/// Routes a request (spec, Routing rules 1-6) and takes capacity on the chosen local worker:
+/// the steps the request API and the forward proxy share. `fingerprint` is the request API's
+/// named profile, checked against the worker's advertisement (Request API rule 6).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assign(
+    ctx: &ApiContext,
+    active: &super::state::Active,
+    deployment: &str,
+    hints: &sortie_core::routing::RouteHints,
+    ingress: Ingress,
+    host: &str,
+    fingerprint: Option<&str>,
+    started: Instant,
+) -> Result<Assigned, ApiError> {
+    let state = &ctx.state;
+    let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
+    let route_req = RouteRequest {
+        deployment_id: deployment,
+        hints,
+        ingress,
+        host,
+        tie_break,
+    };
+    let capacity = |w| active.active_on(w);
+    let now_ms = crate::clock::monotonic_ms_at(started);
+    let decision = match hints.sticky_session_id.as_deref().filter(|s| !s.is_empty()) {
+        Some(sid) => state.with_pins(deployment, sid, |pins| {
+            active.table.route(&route_req, pins, now_ms, &capacity)
+        }),
+        None => active
+            .table
+            .route(&route_req, &mut ctx.no_pins.borrow_mut(), now_ms, &capacity),
+    };
+    let decision = decision.map_err(|e| e.to_api_error())?;
+    let routed = Instant::now();
+
+    if let Some(profile) = fingerprint {
+        let advertises = active
+            .table
+            .worker(decision.worker)
+            .and_then(|w| w.capabilities())
+            .is_some_and(|c| c.advertises_profile(profile));
+        if !advertises {
+            return Err(ApiError::new(
+                ErrorCode::UnsupportedFingerprint,
+                format!(
+                    "worker {} does not advertise profile {profile}",
+                    decision.worker_id.as_str()
+                ),
+            ));
+        }
+    }
+
+    // The local executor has no upstream proxy client: a pool that names a proxy must never be
+    // served from the gateway's own address, which would bypass the operator's egress choice.
+    let is_proxied = active
+        .snapshot
+        .pools()
+        .get(decision.pool)
+        .is_some_and(|p| p.upstream_proxy().is_some());
+    if is_proxied {
+        return Err(ApiError::new(
+            ErrorCode::ExecutorInternalError,
+            format!(
+                "pool {} uses an upstream proxy, which the local executor cannot use",
+                decision.pool_id.as_str()
+            ),
+        ));
+    }
+
+    let Some(slot) = active.slot(decision.worker).cloned() else {
+        return Err(ApiError::new(
+            ErrorCode::RouteUnavailable,
+            "selected worker has no local executor",
+        ));
+    };
+    let max = active
+        .table
+        .worker(decision.worker)
+        .and_then(|w| w.capabilities())
+        .map_or(0, |c| c.max_capacity());
+    if !slot.try_acquire(max) {
+        return Err(ApiError::new(
+            ErrorCode::ExecutorCapacityExhausted,
+            "all eligible workers at capacity",
+        ));
+    }
+    Ok(Assigned {
+        decision,
+        _capacity: CapacityGuard(slot.clone()),
+        slot,
+        routed,
+    })
 }
 
 struct CapacityGuard(Arc<super::state::WorkerSlot>);

@@ -58,6 +58,13 @@ struct CancelSignal {
 /// Completes when an operator cancels the request.
 pub struct Cancelled(Rc<CancelSignal>);
 
+impl Cancelled {
+    /// Whether the request was cancelled, without waiting.
+    pub fn is_set(&self) -> bool {
+        self.0.is_set.get()
+    }
+}
+
 impl Future for Cancelled {
     type Output = ();
 

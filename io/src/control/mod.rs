@@ -4,5 +4,6 @@ pub mod admin;
 pub mod api;
 pub mod core;
 pub mod openapi;
+pub mod proxy;
 pub mod state;
 pub mod web;

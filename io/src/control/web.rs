@@ -139,7 +139,7 @@ fn openapi_document(method: &str, document: &'static [u8]) -> Response {
 }
 
 /// The registry error for a failure the HTTP server detected before the request API ran.
-fn server_error(status: u16, reason: &str) -> ApiError {
+pub(crate) fn server_error(status: u16, reason: &str) -> ApiError {
     match status {
         413 => ApiError::new(
             ErrorCode::BodyTooLarge,

@@ -22,7 +22,9 @@ use super::departure::client_departure;
 use super::handler::Handler;
 use super::race::{race, Either};
 use super::request::RequestParts;
-use super::response::{encode_head, ConnectionField, Response};
+use super::response::{
+    encode_head, encode_head_for, ConnectionField, Response, ResponseBody, StreamBody, Tunnel,
+};
 use super::shutdown::ShutdownSignal;
 
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
@@ -147,9 +149,19 @@ impl ConnIo {
     /// timeout: a slow but steady client gets a large response, a client that stopped reading
     /// is cut.
     pub(crate) async fn write_all_timed<T: IoBuf + 'static>(&mut self, data: T) -> io::Result<()> {
+        self.write_all_timed_from(data, 0).await.map(drop)
+    }
+
+    /// [`ConnIo::write_all_timed`] of `data[start..]`, giving the buffer back for
+    /// reuse (it is lost with a write that timed out).
+    pub(crate) async fn write_all_timed_from<T: IoBuf + 'static>(
+        &mut self,
+        data: T,
+        start: usize,
+    ) -> io::Result<T> {
         let len = data.bytes_init();
         let mut buf = data;
-        let mut written = 0usize;
+        let mut written = start.min(len);
         while written < len {
             let write = self.stream.write(buf.slice(written..len));
             let (res, slice) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
@@ -164,7 +176,7 @@ impl ConnIo {
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
+        Ok(buf)
     }
 }
 
@@ -181,6 +193,8 @@ enum Next {
 enum Flow {
     KeepAlive,
     Close,
+    /// HTTP ends: the connection belongs to the tunnel from here.
+    Tunnel(Box<dyn Tunnel>),
 }
 
 struct Connection<'h, H> {
@@ -209,21 +223,28 @@ pub async fn serve_connection<H: Handler>(
         accepted_at: Instant::now(),
         requests: 0,
     };
-    conn.run().await;
+    if let Some(tunnel) = conn.run().await {
+        let ConnIo {
+            stream, buf, pos, ..
+        } = conn.io;
+        let early = buf.get(pos..).unwrap_or_default().to_vec();
+        tunnel.run(stream, early).await;
+    }
 }
 
 impl<H: Handler> Connection<'_, H> {
-    async fn run(&mut self) {
+    /// Serves requests until the connection closes, or until a request hands it to a tunnel.
+    async fn run(&mut self) -> Option<Box<dyn Tunnel>> {
         loop {
             let parts = match self.read_head().await {
                 Next::Request(parts) => parts,
-                Next::Close => return,
+                Next::Close => return None,
                 Next::Reject(status, reason) => {
                     tracing::debug!(peer = %self.peer, status, reason, "request head rejected");
                     // Boxed like the exchange below: a rare path should not size every
                     // connection's state.
                     Box::pin(self.reject(status, reason, false)).await;
-                    return;
+                    return None;
                 }
             };
             self.requests = self.requests.saturating_add(1);
@@ -232,7 +253,8 @@ impl<H: Handler> Connection<'_, H> {
             // connection keeps.
             match Box::pin(self.exchange(parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
-                Flow::Close => return,
+                Flow::Close => return None,
+                Flow::Tunnel(tunnel) => return Some(tunnel),
             }
         }
     }
@@ -301,7 +323,8 @@ impl<H: Handler> Connection<'_, H> {
         let framing = parts.framing();
         let expects_continue = parts.expects_continue();
         let mut should_close = !parts.is_keep_alive();
-        let is_http10_keep_alive = parts.version() == Version::Http10 && parts.is_keep_alive();
+        let version = parts.version();
+        let is_http10_keep_alive = version == Version::Http10 && parts.is_keep_alive();
         let max_drain = self.io.cfg.max_drain_bytes;
 
         let (mut response, settled) = match handler.admit(&parts) {
@@ -368,7 +391,20 @@ impl<H: Handler> Connection<'_, H> {
             },
         }
         should_close |= response.is_closing() || self.shutdown.is_shutdown();
-        let connection = if should_close {
+        let is_tunnel = matches!(response.body, ResponseBody::Tunnel(_));
+        if is_tunnel && (should_close || !(200..300).contains(&response.status)) {
+            // Only a 2xx answer to CONNECT starts a tunnel; anything else is a plain answer.
+            response.body = ResponseBody::Empty;
+            should_close = true;
+        }
+        let is_http10 = version == Version::Http10;
+        if is_http10 && matches!(&response.body, ResponseBody::Stream(s) if s.length().is_none()) {
+            // Close-delimited: HTTP/1.0 has no chunked coding.
+            should_close = true;
+        }
+        let connection = if is_tunnel && !should_close {
+            ConnectionField::Omit
+        } else if should_close {
             ConnectionField::Close
         } else if is_http10_keep_alive {
             ConnectionField::KeepAlive
@@ -376,11 +412,14 @@ impl<H: Handler> Connection<'_, H> {
             ConnectionField::Omit
         };
         if self
-            .write_response(&response, is_head, connection)
+            .write_response(&mut response, is_head, connection, is_http10)
             .await
             .is_err()
         {
             return Flow::Close;
+        }
+        if let ResponseBody::Tunnel(tunnel) = std::mem::take(&mut response.body) {
+            return Flow::Tunnel(tunnel);
         }
         if should_close {
             self.linger().await;
@@ -391,9 +430,9 @@ impl<H: Handler> Connection<'_, H> {
 
     /// Answers an error the server detected itself, then closes.
     async fn reject(&mut self, status: u16, reason: &'static str, is_head: bool) {
-        let response = self.handler.error_response(status, reason);
+        let mut response = self.handler.error_response(status, reason);
         if self
-            .write_response(&response, is_head, ConnectionField::Close)
+            .write_response(&mut response, is_head, ConnectionField::Close, false)
             .await
             .is_ok()
         {
@@ -402,41 +441,48 @@ impl<H: Handler> Connection<'_, H> {
     }
 
     /// Encodes and writes a response; a response that cannot be encoded (a 1xx status, a
-    /// header value with CR or LF) is replaced by the handler's 500.
+    /// header value with CR or LF) is replaced by the handler's 500. A streamed body is written
+    /// as it is produced; the head of a tunnel is written alone.
     async fn write_response(
         &mut self,
-        response: &Response,
+        response: &mut Response,
         is_head: bool,
         connection: ConnectionField,
+        is_http10: bool,
     ) -> io::Result<()> {
         let mut out = Vec::with_capacity(HEAD_CAPACITY);
-        let fallback;
-        let (response, has_body) = match encode_head(&mut out, response, is_head, connection) {
-            Ok(has_body) => (response, has_body),
-            Err(e) => {
-                tracing::debug!(error = %e, "handler response cannot be encoded");
-                out.clear();
-                fallback = self.handler.error_response(500, "invalid_response");
-                match encode_head(&mut out, &fallback, is_head, ConnectionField::Close) {
-                    Ok(has_body) => (&fallback, has_body),
-                    Err(_) => return self.io.write_all_timed(INTERNAL_ERROR_RESPONSE).await,
+        let mut fallback;
+        let (response, has_body) =
+            match encode_head_for(&mut out, response, is_head, connection, is_http10) {
+                Ok(has_body) => (response, has_body),
+                Err(e) => {
+                    tracing::debug!(error = %e, "handler response cannot be encoded");
+                    out.clear();
+                    fallback = self.handler.error_response(500, "invalid_response");
+                    match encode_head(&mut out, &fallback, is_head, ConnectionField::Close) {
+                        Ok(has_body) => (&mut fallback, has_body),
+                        Err(_) => return self.io.write_all_timed(INTERNAL_ERROR_RESPONSE).await,
+                    }
                 }
-            }
-        };
-        let body = match (&response.body, has_body) {
-            (super::response::ResponseBody::Full(b), true) => Some(b.clone()),
-            _ => None,
-        };
-        match body {
-            Some(b) if b.len() <= COALESCE_BODY_BYTES => {
-                out.extend_from_slice(&b);
+            };
+        if !has_body {
+            return self.io.write_all_timed(out).await;
+        }
+        match &mut response.body {
+            ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => {
+                out.extend_from_slice(b);
                 self.io.write_all_timed(out).await
             }
-            Some(b) => {
+            ResponseBody::Full(b) => {
                 self.io.write_all_timed(out).await?;
-                self.io.write_all_timed::<Bytes>(b).await
+                self.io.write_all_timed::<Bytes>(b.clone()).await
             }
-            None => self.io.write_all_timed(out).await,
+            ResponseBody::Stream(stream) => {
+                let is_chunked = stream.length().is_none() && !is_http10;
+                self.io.write_all_timed(out).await?;
+                write_stream(&mut self.io, stream.as_mut(), is_chunked).await
+            }
+            _ => self.io.write_all_timed(out).await,
         }
     }
 
@@ -467,6 +513,59 @@ impl<H: Handler> Connection<'_, H> {
             }
         }
     }
+}
+
+/// Room left before the data of a streamed piece for its chunk-size line (16 hex digits and
+/// CRLF), so that chunk framing costs no copy of the data.
+const CHUNK_PREFIX_BYTES: usize = 18;
+/// The buffer a streamed body is read into and written from, reused for every piece.
+const STREAM_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Writes a streamed body: each piece as it comes, chunk-framed when `is_chunked`. An error of
+/// the stream or of the client fails the write; the caller then closes the connection.
+async fn write_stream(
+    io: &mut ConnIo,
+    stream: &mut dyn StreamBody,
+    is_chunked: bool,
+) -> io::Result<()> {
+    let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
+    let mut buf: Vec<u8> = Vec::with_capacity(STREAM_BUFFER_BYTES + prefix + 2);
+    let mut declared_left = stream.length();
+    loop {
+        buf.clear();
+        buf.resize(prefix, 0);
+        if !stream.read_into(&mut buf).await? {
+            break;
+        }
+        let data_len = buf.len() - prefix;
+        if let Some(left) = &mut declared_left {
+            // A stream must not send more than it declared: the client would read the excess
+            // as the next response.
+            *left = left
+                .checked_sub(data_len as u64)
+                .ok_or_else(|| io::Error::other("stream body longer than its length"))?;
+        }
+        let start = if is_chunked {
+            let mut line = Vec::with_capacity(CHUNK_PREFIX_BYTES);
+            sortie_core::h1::write_chunk_header(&mut line, data_len as u64);
+            let start = prefix.saturating_sub(line.len());
+            if let Some(slot) = buf.get_mut(start..prefix) {
+                slot.copy_from_slice(&line);
+            }
+            buf.extend_from_slice(sortie_core::h1::CHUNK_DATA_END);
+            start
+        } else {
+            0
+        };
+        buf = io.write_all_timed_from(buf, start).await?;
+    }
+    if declared_left.is_some_and(|left| left > 0) {
+        return Err(io::Error::other("stream body shorter than its length"));
+    }
+    if is_chunked {
+        io.write_all_timed(sortie_core::h1::LAST_CHUNK).await?;
+    }
+    Ok(())
 }
 
 /// `now + d`, or a far deadline when the sum does not fit (an absurdly long configured timeout).

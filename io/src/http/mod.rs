@@ -104,6 +104,8 @@ pub use conn::{
 pub use departure::RECHECK_WITH_UNREAD_BYTES;
 pub use handler::{Admitted, Handler};
 pub use request::RequestParts;
-pub use response::{HeaderName, Response, ResponseBody, CONTENT_TYPE_JSON, CONTENT_TYPE_TEXT};
+pub use response::{
+    HeaderName, Response, ResponseBody, StreamBody, Tunnel, CONTENT_TYPE_JSON, CONTENT_TYPE_TEXT,
+};
 pub use server::{serve, ACCEPT_ERROR_BACKOFF, MAX_PENDING_REJECTIONS, REJECTION_TIMEOUT};
 pub use shutdown::{ShutdownSignal, ShutdownTrigger, ShutdownWait};

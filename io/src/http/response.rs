@@ -7,8 +7,12 @@
 //! On the per-request path: one head buffer per response, no logging.
 
 use std::borrow::Cow;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 
 use bytes::Bytes;
+use monoio::net::TcpStream;
 use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
 
 use super::date;
@@ -16,11 +20,37 @@ use super::date;
 /// A header field name: usually a `&'static str`, owned when built at run time.
 pub type HeaderName = Cow<'static, str>;
 
+/// A response body produced while it is sent (a relayed upstream body).
+///
+/// The server writes the head, then calls [`StreamBody::read_into`] until it returns `false`,
+/// writing each piece as it comes: with `Content-Length` when [`StreamBody::length`] is known,
+/// chunked otherwise (or, for an HTTP/1.0 client, until the connection closes). An error
+/// mid-body closes the connection: the status is already sent, and the truncation is what
+/// tells the client.
+pub trait StreamBody {
+    /// The exact length, when known before the first byte.
+    fn length(&self) -> Option<u64>;
+
+    /// Appends the next piece of the body to `out` and returns `true`, or returns `false` at
+    /// the end of the body (nothing appended).
+    fn read_into<'a>(
+        &'a mut self,
+        out: &'a mut Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = io::Result<bool>> + 'a>>;
+}
+
+/// What takes over a connection after a `2xx` answer to `CONNECT`: the client's socket and the
+/// bytes it already sent past the request head.
+pub trait Tunnel {
+    /// Runs the tunnel to its end; the connection closes when the future completes.
+    fn run(self: Box<Self>, client: TcpStream, early: Vec<u8>)
+        -> Pin<Box<dyn Future<Output = ()>>>;
+}
+
 /// The body of a [`Response`].
 ///
-/// Non-exhaustive so that a streamed body (and a hand-over of the raw connection for CONNECT or
-/// an upgrade) can be added without breaking handlers.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// Non-exhaustive so that further forms can be added without breaking handlers.
+#[derive(Default)]
 #[non_exhaustive]
 pub enum ResponseBody {
     /// No body (`Content-Length: 0`, except where the status forbids the field).
@@ -28,14 +58,48 @@ pub enum ResponseBody {
     Empty,
     /// The whole body, sent with `Content-Length`.
     Full(Bytes),
+    /// A body produced while it is sent.
+    Stream(Box<dyn StreamBody>),
+    /// No body: the head (without framing fields) ends HTTP on the connection, which is handed
+    /// to the tunnel. Only for a `2xx` answer to `CONNECT`.
+    Tunnel(Box<dyn Tunnel>),
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResponseBody::Empty => f.write_str("Empty"),
+            ResponseBody::Full(b) => f.debug_tuple("Full").field(b).finish(),
+            ResponseBody::Stream(s) => f
+                .debug_struct("Stream")
+                .field("length", &s.length())
+                .finish(),
+            ResponseBody::Tunnel(_) => f.write_str("Tunnel"),
+        }
+    }
+}
+
+/// Bodies compare by content; streams and tunnels never compare equal.
+impl PartialEq for ResponseBody {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (ResponseBody::Empty, ResponseBody::Empty) => true,
+            (ResponseBody::Full(a), ResponseBody::Full(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 impl ResponseBody {
-    /// Length of the body in bytes.
+    /// Length of the body in bytes, as far as known before it is sent (0 for a stream of
+    /// unknown length and for a tunnel).
     pub fn len(&self) -> usize {
         match self {
-            ResponseBody::Empty => 0,
+            ResponseBody::Empty | ResponseBody::Tunnel(_) => 0,
             ResponseBody::Full(b) => b.len(),
+            ResponseBody::Stream(s) => s
+                .length()
+                .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         }
     }
 
@@ -46,7 +110,7 @@ impl ResponseBody {
 }
 
 /// A final response to one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub struct Response {
     /// The status code, 200..=599. A handler returning 1xx gets a 500 instead: interim
     /// responses are the server's business.
@@ -147,6 +211,18 @@ pub(crate) fn encode_head(
     is_head_request: bool,
     connection: ConnectionField,
 ) -> Result<bool, H1Error> {
+    encode_head_for(out, resp, is_head_request, connection, false)
+}
+
+/// [`encode_head`] for a client of the given version: a streamed body of unknown length is
+/// chunked for HTTP/1.1 and close-delimited for HTTP/1.0.
+pub(crate) fn encode_head_for(
+    out: &mut Vec<u8>,
+    resp: &Response,
+    is_head_request: bool,
+    connection: ConnectionField,
+    is_http10: bool,
+) -> Result<bool, H1Error> {
     if !(200..=599).contains(&resp.status) {
         return Err(H1Error::InvalidStatus);
     }
@@ -154,12 +230,23 @@ pub(crate) fn encode_head(
     // with a status code of 1xx (Informational) or 204 (No Content)". A 304 carries the length
     // of the representation it stands for, which we do not know here, so it gets none either.
     let has_no_content = matches!(resp.status, 204 | 304);
-    let framing = if has_no_content {
-        OutgoingBody::None
-    } else {
+    let framing = match &resp.body {
+        _ if has_no_content => OutgoingBody::None,
+        // RFC 9110 §9.3.6: "A server MUST NOT send any Transfer-Encoding or Content-Length
+        // header fields in a 2xx (Successful) response to CONNECT."
+        ResponseBody::Tunnel(_) => OutgoingBody::None,
+        ResponseBody::Stream(s) => match s.length() {
+            Some(n) => OutgoingBody::ContentLength(n),
+            // A HEAD answer of unknown length says nothing about the length.
+            None if is_head_request => OutgoingBody::None,
+            // HTTP/1.0 has no chunked coding: the body runs until the connection closes, which
+            // the caller arranges (RFC 9112 §6.3, item 8).
+            None if is_http10 => OutgoingBody::None,
+            None => OutgoingBody::Chunked,
+        },
         // RFC 9110 §9.3.2: the response to HEAD carries the fields the GET response would,
         // including its Content-Length, without the content.
-        OutgoingBody::ContentLength(resp.body.len() as u64)
+        _ => OutgoingBody::ContentLength(resp.body.len() as u64),
     };
     let date = date::now();
     let has_date = resp.header("date").is_some();
@@ -180,7 +267,12 @@ pub(crate) fn encode_head(
         own_fields.chain(date_field).chain(connection_field),
         framing,
     )?;
-    Ok(!is_head_request && !has_no_content && !resp.body.is_empty())
+    let has_bytes = match &resp.body {
+        ResponseBody::Stream(st) => st.length() != Some(0),
+        ResponseBody::Tunnel(_) => false,
+        body => !body.is_empty(),
+    };
+    Ok(!is_head_request && !has_no_content && has_bytes)
 }
 
 #[cfg(test)]

@@ -1,0 +1,649 @@
+//! The forward-proxy ingress: absolute-form HTTP requests relayed with streamed bodies, and
+//! CONNECT tunnels, on the routing, capacity, destination policy, active-request list and
+//! metrics of the request API (decisions 020–023).
+//!
+//! Per request: the head is admitted (request form, then Basic credentials), the routing hints
+//! come from `X-Service-Route-*` fields, routing runs with ingress `proxy` or `connect`, the
+//! request takes capacity on the chosen local worker and joins the core's active list (so an
+//! operator can list and cancel it), and the upstream exchange runs on the core's shared pool
+//! (`Egress::open`). Bodies are streamed both ways. Every error is the registry's, answered
+//! with `Proxy-Status` and the JSON error envelope.
+//!
+//! On the per-request path: no blocking, no locks but a sticky-pin shard, logs at debug only
+//! (target `sortie::proxy`); credentials and tokens are never logged.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Splitable as _};
+use monoio::net::TcpStream;
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
+use sortie_core::proxy::{
+    connection_tokens, is_forwarded_request_field, is_hop_by_hop_response_field, parse_basic,
+    parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
+};
+use sortie_core::request::{parse_target_url, Method};
+use sortie_core::routing::Ingress;
+use subtle::ConstantTimeEq as _;
+
+use super::api::{assign, ApiContext};
+use super::core::{ActiveGuard, Cancelled};
+use crate::egress::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts};
+use crate::http::{
+    Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
+};
+use crate::tokens::DeploymentRef;
+
+/// Concurrent CONNECT tunnels one deployment may hold across all cores (decision 022).
+pub const MAX_TUNNELS_PER_DEPLOYMENT: u32 = 1024;
+/// A tunnel with no byte moving in either direction for this long is closed (decision 022).
+pub const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bytes one read of a tunnel direction asks for.
+const TUNNEL_BUFFER_BYTES: usize = 32 * 1024;
+/// The idle limit of a relayed request: without a byte moving, while the request is sent or
+/// the response body relayed.
+pub const PROXY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Concurrent tunnels per deployment, shared by every core.
+pub struct TunnelCounts {
+    counts: Vec<AtomicU32>,
+    max: u32,
+}
+
+impl TunnelCounts {
+    /// Counters for `deployments` deployments, each limited to `max` tunnels.
+    pub fn new(deployments: usize, max: u32) -> TunnelCounts {
+        TunnelCounts {
+            counts: (0..deployments).map(|_| AtomicU32::new(0)).collect(),
+            max,
+        }
+    }
+
+    /// Takes one tunnel of the deployment, or `None` at its limit.
+    fn try_take(self: &Arc<Self>, d: DeploymentRef) -> Option<TunnelPermit> {
+        let c = self.counts.get(d.index())?;
+        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < self.max).then_some(n + 1)
+        })
+        .ok()?;
+        Some(TunnelPermit {
+            counts: Arc::clone(self),
+            index: d.index(),
+        })
+    }
+
+    /// Tunnels the deployment holds now.
+    pub fn current(&self, d: DeploymentRef) -> u32 {
+        self.counts
+            .get(d.index())
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+}
+
+/// One tunnel of a deployment, given back when dropped.
+struct TunnelPermit {
+    counts: Arc<TunnelCounts>,
+    index: usize,
+}
+
+impl Drop for TunnelPermit {
+    fn drop(&mut self) {
+        if let Some(c) = self.counts.counts.get(self.index) {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The proxy listener's handler on one core.
+pub struct ProxyHandler {
+    ctx: Rc<ApiContext>,
+    tunnels: Arc<TunnelCounts>,
+    /// The last `Proxy-Authorization` value this core accepted, with its deployment: clients
+    /// send the same one request after request; a constant-time compare with it saves the
+    /// base64 decoding and the digest lookup.
+    last_credential: RefCell<Option<(Vec<u8>, DeploymentRef)>>,
+}
+
+/// What [`ProxyHandler::admit`] learned from the head.
+pub struct ProxyAdmission {
+    deployment: DeploymentRef,
+    ingress: Ingress,
+}
+
+/// A registry error as the proxy answers it: the proxy status (407 for credentials), an RFC
+/// 9209 `Proxy-Status` field naming the code, and the JSON error envelope (decision 023).
+pub fn proxy_error(e: &ApiError, request_id: &str) -> Response {
+    let mut r = Response::json(proxy_http_status(e.code), e.to_json(request_id))
+        .with_header("proxy-status", proxy_status(e));
+    if e.code == ErrorCode::AuthFailure {
+        r = r.with_header("proxy-authenticate", PROXY_AUTHENTICATE);
+    }
+    r
+}
+
+fn new_request_id() -> String {
+    sortie_core::ids::request_id(crate::tokens::random_bytes())
+}
+
+impl ProxyHandler {
+    /// A handler for one core, sharing the core's egress executor and active list through
+    /// `ctx` and the tunnel counts with every core.
+    pub fn new(ctx: ApiContext, tunnels: Arc<TunnelCounts>) -> ProxyHandler {
+        ProxyHandler {
+            ctx: Rc::new(ctx),
+            tunnels,
+            last_credential: RefCell::new(None),
+        }
+    }
+
+    /// The deployment a `Proxy-Authorization` value proves: Basic, the deployment id as user
+    /// and its token as password (decision 020), the token compared in constant time.
+    fn authenticate(&self, value: Option<&[u8]>) -> Option<DeploymentRef> {
+        let value = value?;
+        if let Some((last, d)) = &*self.last_credential.borrow() {
+            if bool::from(last.as_slice().ct_eq(value)) {
+                return Some(*d);
+            }
+        }
+        let creds = parse_basic(value)?;
+        let auth = &self.ctx.state.auth;
+        let d = auth.authenticate(creds.password())?;
+        // The id is not a secret: a plain comparison.
+        if auth.id(d).as_bytes() != creds.user() {
+            return None;
+        }
+        *self.last_credential.borrow_mut() = Some((value.to_vec(), d));
+        Some(d)
+    }
+
+    fn refuse(&self, e: &ApiError, deployment: &str) -> Response {
+        self.ctx
+            .metrics
+            .record(self.ctx.core, deployment, e.code.as_str(), None);
+        proxy_error(e, &new_request_id())
+    }
+}
+
+impl Handler for ProxyHandler {
+    type Admission = ProxyAdmission;
+
+    fn admit(&self, req: &RequestParts) -> Result<Admitted<ProxyAdmission>, Response> {
+        let ingress = match (req.method(), req.target_form()) {
+            ("CONNECT", TargetForm::Authority) => Ingress::Connect,
+            (_, TargetForm::Absolute) => Ingress::Proxy,
+            (method, form) => {
+                let e = ApiError::new(
+                    ErrorCode::UnsupportedIngressMode,
+                    format!(
+                        "the proxy accepts absolute-form requests and CONNECT; got {method} with \
+                         a{} target",
+                        match form {
+                            TargetForm::Origin => "n origin-form",
+                            TargetForm::Asterisk => "n asterisk-form",
+                            TargetForm::Absolute => "n absolute-form",
+                            TargetForm::Authority => "n authority-form",
+                        }
+                    ),
+                );
+                return Err(self.refuse(&e, "-"));
+            }
+        };
+        let Some(deployment) = self.authenticate(req.header("proxy-authorization")) else {
+            let e = ApiError::new(
+                ErrorCode::AuthFailure,
+                "missing or invalid proxy credentials (Basic: deployment id and token)",
+            );
+            return Err(self.refuse(&e, "-"));
+        };
+        Ok(Admitted {
+            // Request bodies are streamed to the destination, never held whole.
+            body_limit: u64::MAX,
+            admission: ProxyAdmission {
+                deployment,
+                ingress,
+            },
+        })
+    }
+
+    async fn handle(&self, req: RequestParts, a: ProxyAdmission, body: &mut Body<'_>) -> Response {
+        let request_id = new_request_id();
+        let deployment = self.ctx.state.auth.id(a.deployment);
+        let started = Instant::now();
+        let mut pending = Unanswered {
+            handler: self,
+            deployment,
+            is_answered: false,
+        };
+        let outcome = match a.ingress {
+            Ingress::Connect => {
+                self.connect(&req, a.deployment, deployment, &request_id, started)
+                    .await
+            }
+            _ => {
+                self.relay(&req, deployment, &request_id, body, started)
+                    .await
+            }
+        };
+        pending.is_answered = true;
+        match outcome {
+            Ok(response) => {
+                self.ctx
+                    .metrics
+                    .record(self.ctx.core, deployment, "ok", None);
+                response
+            }
+            Err(e) => {
+                tracing::debug!(
+                    target: "sortie::proxy",
+                    request_id = %request_id,
+                    deployment = %deployment,
+                    code = e.code.as_str(),
+                    total_ms = started.elapsed().as_millis() as u64,
+                    "proxied request failed"
+                );
+                self.ctx
+                    .metrics
+                    .record(self.ctx.core, deployment, e.code.as_str(), None);
+                proxy_error(&e, &request_id)
+            }
+        }
+    }
+
+    fn error_response(&self, status: u16, reason: &'static str) -> Response {
+        // Framing errors, timeouts and overload the server detects itself: the server's status,
+        // with the registry code in Proxy-Status and the envelope.
+        let e = super::web::server_error(status, reason);
+        let mut r = proxy_error(&e, &new_request_id());
+        r.status = status;
+        r
+    }
+}
+
+/// Counts a proxied request whose future was dropped before it answered (its client left) as
+/// `cancelled`, as the request API does.
+struct Unanswered<'a> {
+    handler: &'a ProxyHandler,
+    deployment: &'a str,
+    is_answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.is_answered {
+            let ctx = &self.handler.ctx;
+            ctx.metrics.record(
+                ctx.core,
+                self.deployment,
+                ErrorCode::Cancelled.as_str(),
+                None,
+            );
+        }
+    }
+}
+
+/// The client's request body as the source of the upstream request body.
+struct ClientBody<'a, 'b> {
+    body: &'a mut Body<'b>,
+    length: BodyLength,
+}
+
+impl BodySource for ClientBody<'_, '_> {
+    fn length(&self) -> BodyLength {
+        self.length
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        self.body.read_chunk().await.map_err(|e| {
+            let code = match e {
+                BodyError::TooLarge => ErrorCode::BodyTooLarge,
+                _ => ErrorCode::StreamUploadAborted,
+            };
+            ApiError::new(code, format!("client request body: {}", e.reason()))
+        })
+    }
+}
+
+impl ProxyHandler {
+    /// The total deadline of a proxied request's head: the snapshot's default timeout under
+    /// the configured cap (decision 021).
+    fn deadline(&self, started: Instant) -> Instant {
+        let active = self.ctx.state.active();
+        let ms = active
+            .snapshot
+            .default_timeout_ms()
+            .min(self.ctx.state.limits.max_timeout_ms);
+        started + Duration::from_millis(ms)
+    }
+
+    /// Relays one absolute-form request.
+    async fn relay(
+        &self,
+        req: &RequestParts,
+        deployment: &str,
+        request_id: &str,
+        body: &mut Body<'_>,
+        started: Instant,
+    ) -> Result<Response, ApiError> {
+        let method = Method::parse(req.method()).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("method {} is not supported", req.method()),
+            )
+        })?;
+        let url = parse_target_url(req.target()).map_err(|e| {
+            ApiError::new(ErrorCode::InvalidRequest, format!("request target: {e}"))
+        })?;
+        let hints = route_hints(req.headers())?;
+        let active = self.ctx.state.active();
+        let assigned = assign(
+            &self.ctx,
+            &active,
+            deployment,
+            &hints,
+            Ingress::Proxy,
+            &url.host_str(),
+            None,
+            started,
+        )?;
+        let (tracked, mut cancelled) = self.ctx.active.track(request_id, deployment);
+
+        let fields: Vec<(&str, &[u8])> = req.headers().collect();
+        let tokens = connection_tokens(&fields);
+        let forwarded: Vec<(&str, &[u8])> = fields
+            .iter()
+            .copied()
+            .filter(|(n, _)| is_forwarded_request_field(n, &tokens))
+            .collect();
+        let length = match body.framing() {
+            BodyFraming::None | BodyFraming::ContentLength(0) => BodyLength::None,
+            BodyFraming::ContentLength(n) => BodyLength::Known(n),
+            BodyFraming::Chunked => BodyLength::Chunked,
+        };
+        let stream_req = StreamRequest {
+            method,
+            url: &url,
+            headers: &forwarded,
+            deadline: self.deadline(started),
+            timeouts: Timeouts {
+                idle: PROXY_IDLE_TIMEOUT,
+                ..Timeouts::default()
+            },
+            policy: &active.policy,
+            worker_id: &assigned.decision.worker_id,
+            bind_address: assigned.slot.bind_address(),
+            // RFC 9110 §9.2.2: a proxy may retry an idempotent request without a body.
+            is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
+        };
+        let mut source = ClientBody { body, length };
+        let opened = monoio::select! {
+            r = Box::pin(self.ctx.egress.open(&stream_req, &mut source)) => Some(r),
+            _ = &mut cancelled => None,
+        };
+        let mut resp = match opened {
+            None => return Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
+            Some(r) => r?,
+        };
+        tracing::debug!(
+            target: "sortie::proxy",
+            request_id = %request_id,
+            deployment = %deployment,
+            worker = %assigned.decision.worker_id.as_str(),
+            status = resp.status,
+            "proxied response head"
+        );
+        let head_fields = std::mem::take(&mut resp.headers);
+        let tokens = connection_tokens(&head_fields);
+        let declared_length = head_fields
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+        let length = match resp.body.framing() {
+            ResponseFraming::ContentLength(n) => Some(n),
+            // A HEAD answer relays the length the destination announced.
+            ResponseFraming::None if method == Method::Head => declared_length,
+            ResponseFraming::None => Some(0),
+            _ => None,
+        };
+        let mut out = Response::new(resp.status);
+        out.headers = head_fields
+            .iter()
+            .filter(|(n, _)| {
+                !is_hop_by_hop_response_field(n, &tokens)
+                    && !n.eq_ignore_ascii_case(b"content-length")
+                    && !n.eq_ignore_ascii_case(b"proxy-authenticate")
+            })
+            .filter_map(|(n, v)| {
+                let name = std::str::from_utf8(n).ok()?.to_owned();
+                Some((name.into(), v.clone()))
+            })
+            .collect();
+        // The body deadline is its idle limit alone: a long download is not cut by the head's
+        // total deadline.
+        resp.body
+            .set_deadline(started + Duration::from_secs(365 * 24 * 3600));
+        out.body = ResponseBody::Stream(Box::new(RelayedBody {
+            reader: resp.body,
+            length,
+            cancelled,
+            _tracked: tracked,
+            _assigned: assigned,
+        }));
+        Ok(out)
+    }
+}
+
+/// A destination's response body on its way to the client. It holds the request's place in
+/// the active list and its worker capacity until the body ends or the client leaves.
+struct RelayedBody {
+    reader: ResponseBodyReader,
+    length: Option<u64>,
+    cancelled: Cancelled,
+    _tracked: ActiveGuard,
+    _assigned: super::api::Assigned,
+}
+
+impl StreamBody for RelayedBody {
+    fn length(&self) -> Option<u64> {
+        self.length
+    }
+
+    fn read_into<'a>(
+        &'a mut self,
+        out: &'a mut Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<bool>> + 'a>> {
+        Box::pin(async move {
+            if self.cancelled.is_set() {
+                return Err(std::io::Error::other("cancelled by operator"));
+            }
+            let read = monoio::select! {
+                r = self.reader.read_into(out) => Some(r),
+                _ = &mut self.cancelled => None,
+            };
+            match read {
+                Some(Ok(more)) => Ok(more),
+                Some(Err(e)) => Err(std::io::Error::other(e.message)),
+                None => Err(std::io::Error::other("cancelled by operator")),
+            }
+        })
+    }
+}
+
+impl ProxyHandler {
+    /// Opens a CONNECT tunnel: routing with ingress `connect`, the tunnel limit, the
+    /// destination policy on the connected address, then `200` and the hand-over.
+    async fn connect(
+        &self,
+        req: &RequestParts,
+        d: DeploymentRef,
+        deployment: &str,
+        request_id: &str,
+        started: Instant,
+    ) -> Result<Response, ApiError> {
+        let (host, port) = parse_connect_target(req.target())?;
+        let hints = route_hints(req.headers())?;
+        let active = self.ctx.state.active();
+        let host_text = match &host {
+            sortie_core::request::Host::Domain(name) => name.to_string(),
+            other => other.to_string().trim_matches(['[', ']']).to_string(),
+        };
+        let assigned = assign(
+            &self.ctx,
+            &active,
+            deployment,
+            &hints,
+            Ingress::Connect,
+            &host_text,
+            None,
+            started,
+        )?;
+        let permit = self.tunnels.try_take(d).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::ExecutorCapacityExhausted,
+                format!(
+                    "the deployment holds its limit of {} concurrent tunnels",
+                    self.tunnels.max
+                ),
+            )
+        })?;
+        let (tracked, mut cancelled) = self.ctx.active.track(request_id, deployment);
+        let dial = self.ctx.egress.dial(
+            &host,
+            port,
+            assigned.slot.bind_address(),
+            &active.policy,
+            crate::egress::CONNECT_TIMEOUT,
+            self.deadline(started),
+        );
+        let dialled = monoio::select! {
+            r = Box::pin(dial) => Some(r),
+            _ = &mut cancelled => None,
+        };
+        let (upstream, _peer) = match dialled {
+            None => return Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
+            Some(r) => r?,
+        };
+        tracing::debug!(
+            target: "sortie::proxy",
+            request_id = %request_id,
+            deployment = %deployment,
+            worker = %assigned.decision.worker_id.as_str(),
+            "tunnel open"
+        );
+        let tunnel = TunnelJob {
+            upstream,
+            cancelled,
+            _tracked: tracked,
+            _assigned: assigned,
+            _permit: permit,
+            metrics: self.ctx.metrics.clone(),
+            core: self.ctx.core,
+        };
+        let mut r = Response::new(200);
+        r.body = ResponseBody::Tunnel(Box::new(tunnel));
+        Ok(r)
+    }
+}
+
+/// An open tunnel waiting for the client's socket.
+struct TunnelJob {
+    upstream: TcpStream,
+    cancelled: Cancelled,
+    _tracked: ActiveGuard,
+    _assigned: super::api::Assigned,
+    _permit: TunnelPermit,
+    metrics: Arc<crate::metrics::Metrics>,
+    core: usize,
+}
+
+impl Tunnel for TunnelJob {
+    fn run(
+        self: Box<Self>,
+        client: TcpStream,
+        early: Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = ()>>> {
+        Box::pin(async move {
+            let mut job = *self;
+            let activity = Rc::new(Cell::new(Instant::now()));
+            let (client_read, client_write) = client.into_split();
+            let (up_read, mut up_write) = job.upstream.into_split();
+            let up_bytes = Rc::new(Cell::new(0u64));
+            let down_bytes = Rc::new(Cell::new(0u64));
+            let upload = async {
+                if !early.is_empty() {
+                    up_bytes.set(early.len() as u64);
+                    let (res, _) = up_write.write_all(early).await;
+                    res?;
+                }
+                copy(client_read, up_write, &activity, &up_bytes).await
+            };
+            let download = copy(up_read, client_write, &activity, &down_bytes);
+            let both = async {
+                let (u, dl) = monoio::join!(upload, download);
+                u.and(dl)
+            };
+            let ended = monoio::select! {
+                r = both => Some(r),
+                _ = &mut job.cancelled => None,
+            };
+            let how = match &ended {
+                Some(Ok(())) => "closed",
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => "idle",
+                Some(Err(_)) => "broken",
+                None => "cancelled",
+            };
+            job.metrics
+                .record_tunnel(job.core, up_bytes.get(), down_bytes.get());
+            tracing::debug!(
+                target: "sortie::proxy",
+                bytes_up = up_bytes.get(),
+                bytes_down = down_bytes.get(),
+                end = how,
+                "tunnel ended"
+            );
+        })
+    }
+}
+
+/// Copies one direction of a tunnel until EOF, then half-closes the writer. Fails when the
+/// whole tunnel (both directions, through `activity`) stayed idle for [`TUNNEL_IDLE_TIMEOUT`].
+async fn copy<R: AsyncReadRent, W: AsyncWriteRent>(
+    mut from: R,
+    mut to: W,
+    activity: &Cell<Instant>,
+    counter: &Cell<u64>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
+    loop {
+        let read = monoio::time::timeout(TUNNEL_IDLE_TIMEOUT, from.read(buf)).await;
+        let (res, back) = match read {
+            Ok(done) => done,
+            Err(_) => {
+                // Only idle if the other direction was idle too; its reads move `activity`.
+                if activity.get().elapsed() >= TUNNEL_IDLE_TIMEOUT {
+                    return Err(std::io::ErrorKind::TimedOut.into());
+                }
+                buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
+                continue;
+            }
+        };
+        buf = back;
+        let n = res?;
+        if n == 0 {
+            let _ = to.shutdown().await;
+            return Ok(());
+        }
+        activity.set(Instant::now());
+        counter.set(counter.get().saturating_add(n as u64));
+        let (res, back) = to.write_all(buf).await;
+        res?;
+        buf = back;
+        buf.clear();
+    }
+}
