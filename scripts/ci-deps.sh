@@ -12,3 +12,7 @@ fi
 if ! command -v st >/dev/null 2>&1 || ! command -v openapi-spec-validator >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check schemathesis==4.32.5 openapi-spec-validator
 fi
+# The forward-proxy tests drive the proxy with Python requests (proxies=).
+if ! python3 -c "import requests" >/dev/null 2>&1; then
+  python3 -m pip install -q --disable-pip-version-check requests
+fi

@@ -390,8 +390,13 @@ impl<H: Handler> Connection<'_, H> {
                 None => return Flow::Close,
             },
         }
-        should_close |= response.is_closing() || self.shutdown.is_shutdown();
         let is_tunnel = matches!(response.body, ResponseBody::Tunnel(_));
+        if is_tunnel && matches!(settled, Settled::Complete) {
+            // Persistence rules are about HTTP messages: a tunnel replaces them, whatever the
+            // version (clients commonly send `CONNECT ... HTTP/1.0`).
+            should_close = false;
+        }
+        should_close |= response.is_closing() || self.shutdown.is_shutdown();
         if is_tunnel && (should_close || !(200..300).contains(&response.status)) {
             // Only a 2xx answer to CONNECT starts a tunnel; anything else is a plain answer.
             response.body = ResponseBody::Empty;

@@ -1,5 +1,5 @@
-//! HTTP/1.1 server of the request, receipt and admin APIs (and later the forward proxy), on the
-//! sans-IO codec of `sortie_core::h1`.
+//! HTTP/1.1 server of the request, receipt and admin APIs and the forward proxy, on the sans-IO
+//! codec of `sortie_core::h1`.
 //!
 //! Each core runs [`serve`] on its own `SO_REUSEPORT` listener; every accepted connection is a
 //! task running [`serve_connection`], which reads heads into one growable buffer, parses them
@@ -75,9 +75,16 @@
 //!   request in progress (handler future, body, response) and the error path are boxed once per
 //!   request, so an idle connection's task stays under 2 KiB; measured, an idle keep-alive
 //!   connection costs about 7 KiB of RSS (buffer, task, runtime registration).
-//! - **Later extensions.** [`ResponseBody`] is non-exhaustive so a streamed body can be added;
-//!   the connection owns its `TcpStream` and read buffer in one place, so a CONNECT or upgrade
-//!   hand-over can later move both (with any bytes already read) out to a tunnel.
+//! - **Streamed bodies.** [`ResponseBody::Stream`] is written as its [`StreamBody`] produces
+//!   it: `Content-Length` when the length is known, chunked otherwise (HTTP/1.0: until close,
+//!   and the connection closes). The chunk-size line goes into room left in front of each
+//!   piece, so framing copies nothing. A stream that fails, or that yields more or fewer bytes
+//!   than it declared, closes the connection: the status is already sent.
+//! - **Tunnels.** A `2xx` response with [`ResponseBody::Tunnel`] is written without framing
+//!   fields (RFC 9110 §9.3.6), whatever the request's HTTP version; then the connection's
+//!   `TcpStream` and the bytes read past the head are handed to the [`Tunnel`], and the
+//!   connection ends with it. Any other status turns the tunnel into an empty, closing
+//!   response.
 
 mod body;
 mod config;

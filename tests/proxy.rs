@@ -1,0 +1,540 @@
+//! Black-box tests of the forward-proxy ingress with real clients: `curl -x` (absolute-form,
+//! and HTTPS through CONNECT) and Python `requests` with `proxies=`, against loopback upstreams
+//! (plain and TLS with the test CA). Routing by `X-Service-Route-*` headers is made visible by
+//! local workers with distinct source addresses; stripping is checked on the upstream side.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use support::gateway::{
+    admin, admin_items, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+    LOOPBACK_SNAPSHOT,
+};
+use support::tls::TestCa;
+use support::upstream::{self, Options, Upstream};
+
+const REQUESTS_PATH: &str = "/api/v1/admin/requests";
+
+/// Two local workers sending from distinct loopback addresses, told apart by tag.
+const TWO_WORKERS: &str = r#"
+[[workers]]
+id = "w-two"
+capacity = 8
+tags = ["two"]
+bind_address = "127.0.0.2"
+
+[[workers]]
+id = "w-three"
+capacity = 8
+tags = ["three"]
+bind_address = "127.0.0.3"
+"#;
+
+fn proxy_user() -> String {
+    format!("dep_test:{DEPLOYMENT_TOKEN}")
+}
+
+fn proxy_url(gw: &Gateway) -> String {
+    format!("http://{}", gw.proxy.expect("proxy listener"))
+}
+
+/// Runs curl through the gateway's proxy with `args`; fails the test if curl is missing.
+fn curl(gw: &Gateway, args: &[&str]) -> Output {
+    let proxy = proxy_url(gw);
+    Command::new("curl")
+        .args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
+        .args(args)
+        .output()
+        .expect("curl must be installed (scripts/ci-deps.sh installs it)")
+}
+
+/// curl's output as a response: the final head and its body, past any head that another
+/// follows at once (a CONNECT's `200`, a `100 Continue`).
+fn curl_response(out: &Output) -> Resp {
+    let mut raw = &out.stdout[..];
+    while let Some(end) = find(raw, b"\r\n\r\n") {
+        if raw[end + 4..].starts_with(b"HTTP/1.") {
+            raw = &raw[end + 4..];
+        } else {
+            break;
+        }
+    }
+    parse_response(raw)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn header<'a>(raw: &'a str, name: &str) -> Vec<&'a str> {
+    raw.split("\r\n")
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+        .collect()
+}
+
+#[test]
+fn curl_absolute_form_routes_by_header_and_strips_proxy_fields() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::builder().workers(TWO_WORKERS).start();
+    for (tag, source) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
+        let route = format!("X-Service-Route-Tags: {tag}");
+        let out = curl(
+            &gw,
+            &[
+                "--proxy-user",
+                &proxy_user(),
+                "-H",
+                &route,
+                "-H",
+                "X-Dup: one",
+                "-H",
+                "X-Private: secret",
+                "-H",
+                "Connection: X-Private",
+                "-H",
+                "X-Dup: two",
+                "-H",
+                "Proxy-Connection: keep-alive",
+                "-H",
+                "X-Service-Other: x",
+                &up.url("/echo?q=1"),
+            ],
+        );
+        let r = curl_response(&out);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&out.stdout));
+        // The upstream saw the worker's source address.
+        assert!(
+            r.header("x-peer").is_some_and(|p| p.starts_with(source)),
+            "{tag}: {:?}",
+            r.header("x-peer")
+        );
+        let seen = r.text();
+        assert!(seen.starts_with("GET /echo?q=1 HTTP/1.1\r\n"), "{seen}");
+        assert_eq!(header(&seen, "host"), [format!("127.0.0.1:{}", up.port())]);
+        assert_eq!(header(&seen, "x-dup"), ["one", "two"], "{seen}");
+        for gone in [
+            "proxy-authorization",
+            "proxy-connection",
+            "x-service-route-tags",
+            "x-service-other",
+            "x-private",
+        ] {
+            assert!(
+                header(&seen, gone).is_empty(),
+                "{gone} reached the upstream: {seen}"
+            );
+        }
+        assert_eq!(header(&seen, "connection"), ["keep-alive"]);
+    }
+    // Both routed requests are counted.
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains("sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn curl_streams_large_bodies_both_ways() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::builder().start();
+    let dir = support::gateway::temp_dir("proxy-body");
+    let file = dir.join("body.bin");
+    let body = upstream::pattern(6 * 1024 * 1024 + 11);
+    std::fs::write(&file, &body).unwrap();
+    let data = format!("@{}", file.display());
+    let user = proxy_user();
+    let url = up.url("/upload");
+    for framing in [None, Some("Transfer-Encoding: chunked")] {
+        let mut args = vec!["--proxy-user", &user, "--data-binary", &data];
+        if let Some(h) = framing {
+            args.extend(["-H", h]);
+        }
+        args.push(&url);
+        let r = curl_response(&curl(&gw, &args));
+        assert_eq!(r.status, 200);
+        // The echo carries the request as the upstream read it: the head, then the body in
+        // the client's framing (re-chunked by the gateway for a chunked upload).
+        let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
+        let sent = match framing {
+            None => r.body[end..].to_vec(),
+            Some(_) => dechunk(&r.body[end..]),
+        };
+        assert_eq!(sent.len(), body.len(), "{framing:?}");
+        assert!(sent == body, "{framing:?}: body differs");
+    }
+}
+
+/// The data of a chunked body (no extensions or trailers expected).
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = find(raw, b"\r\n").expect("chunk-size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16)
+            .expect("hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        let data = &raw[line_end + 2..];
+        out.extend_from_slice(&data[..size]);
+        raw = &data[size + 2..];
+    }
+}
+
+#[test]
+fn curl_https_through_connect_with_the_test_ca() {
+    let ca = TestCa::new();
+    let up = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    );
+    let gw = Gateway::builder().workers(TWO_WORKERS).start();
+    let cacert = ca.ca_file().display().to_string();
+    let out = curl(
+        &gw,
+        &[
+            "--proxy-user",
+            &proxy_user(),
+            "--proxy-header",
+            "X-Service-Route-Tags: three",
+            "--cacert",
+            &cacert,
+            &up.https_url("localhost", "/secure"),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("GET /secure HTTP/1.1"), "{text}");
+    // The tunnel left from the worker chosen by the CONNECT's routing header.
+    assert!(text.contains("X-Peer: 127.0.0.3:"), "{text}");
+    assert!(!text.contains("X-Service-Route-Tags"), "{text}");
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    wait_until(Duration::from_secs(10), "tunnel counted", || {
+        admin(&gw, "GET", "/metrics", &[], b"")
+            .text()
+            .contains("sortie_tunnels_total 1")
+    });
+    assert!(metrics.contains("sortie_tunnel_bytes_total"), "{metrics}");
+}
+
+#[test]
+fn curl_without_credentials_gets_407() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::builder().start();
+    let wrong = "dep_test:not-the-token";
+    let other_user = format!("dep_other:{DEPLOYMENT_TOKEN}");
+    for creds in [None, Some(wrong), Some(other_user.as_str())] {
+        let mut args = Vec::new();
+        if let Some(c) = creds {
+            args.extend(["--proxy-user", c]);
+        }
+        let url = up.url("/");
+        args.push(url.as_str());
+        let r = curl_response(&curl(&gw, &args));
+        assert_eq!(r.status, 407, "{creds:?}");
+        assert_eq!(
+            r.header("proxy-authenticate"),
+            Some("Basic realm=\"sortie\"")
+        );
+        assert_eq!(
+            r.header("proxy-status"),
+            Some("sortie; error=http_request_denied; details=\"auth_failure\"")
+        );
+        assert_eq!(r.json()["code"], "auth_failure");
+    }
+    assert_eq!(up.requests(), 0);
+}
+
+#[test]
+fn denied_destinations_and_bad_hints_answer_with_proxy_status() {
+    let up = Upstream::start(upstream::echo());
+    // The built-in snapshot opens no loopback range.
+    let gw = Gateway::builder().snapshot(None).start();
+    let r = curl_response(&curl(&gw, &["--proxy-user", &proxy_user(), &up.url("/")]));
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.header("proxy-status"),
+        Some("sortie; error=destination_ip_prohibited; details=\"destination_denied\"")
+    );
+    assert_eq!(r.json()["code"], "destination_denied");
+    // Through CONNECT too.
+    let out = curl(&gw, &["--proxy-user", &proxy_user(), "-p", &up.url("/")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    assert!(text.contains("details=\"destination_denied\""), "{text}");
+    assert_eq!(up.requests(), 0);
+
+    let r = curl_response(&curl(
+        &gw,
+        &[
+            "--proxy-user",
+            &proxy_user(),
+            "-H",
+            "X-Service-Route-Country: ZZ",
+            &up.url("/"),
+        ],
+    ));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["code"], "invalid_request");
+    assert_eq!(
+        r.json()["message"],
+        "routing.country: must be a two-letter ISO 3166-1 country code"
+    );
+    // A tag no worker advertises.
+    let r = curl_response(&curl(
+        &gw,
+        &[
+            "--proxy-user",
+            &proxy_user(),
+            "-H",
+            "X-Service-Route-Tags: nowhere",
+            &up.url("/"),
+        ],
+    ));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r
+        .header("proxy-status")
+        .is_some_and(|v| v.contains("details=\"route_unavailable\"")));
+}
+
+#[test]
+fn origin_form_and_oddities_are_unsupported_ingress_modes() {
+    let gw = Gateway::builder().start();
+    let addr = gw.proxy.unwrap();
+    for head in [
+        "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+        "OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+    ] {
+        let r = raw_exchange(addr, head.as_bytes());
+        assert_eq!(r.status, 400, "{head:?}: {}", r.text());
+        assert_eq!(r.json()["code"], "unsupported_ingress_mode", "{head:?}");
+        assert_eq!(
+            r.header("proxy-status"),
+            Some("sortie; error=http_request_error; details=\"unsupported_ingress_mode\"")
+        );
+    }
+}
+
+/// Writes `bytes` on a new connection and reads until the gateway closes it.
+fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Resp {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                raw.extend_from_slice(&buf[..n]);
+                if let Some(end) = find(&raw, b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+                    let len = head
+                        .split("\r\n")
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|v| v.trim().parse::<usize>().ok());
+                    if len.is_some_and(|l| raw.len() >= end + 4 + l) {
+                        break;
+                    }
+                }
+            }
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    parse_response(&raw)
+}
+
+#[test]
+fn a_slow_destination_times_out_with_504() {
+    let up = Upstream::start(upstream::slow_head(Duration::from_secs(4)));
+    let snapshot = LOOPBACK_SNAPSHOT.replace(
+        "\"default_timeout_ms\":60000",
+        "\"default_timeout_ms\":1000",
+    );
+    let gw = Gateway::builder().snapshot(Some(&snapshot)).start();
+    let r = curl_response(&curl(&gw, &["--proxy-user", &proxy_user(), &up.url("/")]));
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["code"], "timeout_exceeded");
+    assert_eq!(
+        r.header("proxy-status"),
+        Some("sortie; error=http_response_timeout; details=\"timeout_exceeded\"")
+    );
+}
+
+#[test]
+fn an_operator_cancels_a_relayed_download_and_a_tunnel() {
+    // The body stalls after its first bytes: the request stays active while it is relayed.
+    let up = Upstream::start(upstream::slow_body(
+        4 << 20,
+        256 << 10,
+        Duration::from_secs(25),
+    ));
+    let gw = Gateway::builder().start();
+    let proxy = proxy_url(&gw);
+    let dir = support::gateway::temp_dir("proxy-cancel");
+    let file = dir.join("partial");
+    let file_arg = file.display().to_string();
+    let mut child = Command::new("curl")
+        .args(["-s", "-o", &file_arg, "--max-time", "30", "-x", &proxy])
+        .args(["--proxy-user", &proxy_user(), &up.url("/stall")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("curl must be installed");
+    // The first body bytes reached curl's file (past its write buffering): the body is being
+    // relayed.
+    wait_until(Duration::from_secs(10), "the first body bytes", || {
+        std::fs::metadata(&file).is_ok_and(|m| m.len() >= 64 << 10)
+    });
+    let mut id = String::new();
+    wait_until(Duration::from_secs(10), "the download to be listed", || {
+        let items = admin_items(&gw, REQUESTS_PATH);
+        match items.first() {
+            Some(item) => {
+                assert_eq!(item["deployment_id"], "dep_test");
+                id = item["request_id"].as_str().unwrap().to_string();
+                true
+            }
+            None => false,
+        }
+    });
+    let r = admin(&gw, "DELETE", &format!("{REQUESTS_PATH}/{id}"), &[], b"");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let mut status = None;
+    wait_until(Duration::from_secs(10), "curl to see the cut", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    // curl reports the truncated transfer (exit 18, partial file).
+    assert_eq!(status.unwrap().code(), Some(18));
+    wait_until(Duration::from_secs(5), "the list to empty", || {
+        admin_items(&gw, REQUESTS_PATH).is_empty()
+    });
+
+    // A tunnel is listed while open and closed by a cancel.
+    let echo = Upstream::start(upstream::echo());
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = base64_basic(&proxy_user());
+    write!(
+        s,
+        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
+        port = echo.port()
+    )
+    .unwrap();
+    let mut head = [0u8; 19];
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200 OK\r\nDa");
+    let items = admin_items(&gw, REQUESTS_PATH);
+    assert_eq!(items.len(), 1, "{items:?}");
+    let id = items[0]["request_id"].as_str().unwrap();
+    assert_eq!(
+        admin(&gw, "DELETE", &format!("{REQUESTS_PATH}/{id}"), &[], b"").status,
+        204
+    );
+    let mut rest = Vec::new();
+    // The gateway closes the tunnel: the read ends (EOF or reset) well before its timeout.
+    let _ = s.read_to_end(&mut rest);
+    wait_until(
+        Duration::from_secs(5),
+        "the tunnel to leave the list",
+        || admin_items(&gw, REQUESTS_PATH).is_empty(),
+    );
+}
+
+fn base64_basic(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// Runs a Python `requests` script; fails naming what to install when `requests` is missing.
+fn python(script: &str, args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 must be installed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("No module named 'requests'"),
+        "Python requests is missing: run scripts/ci-deps.sh (pip install requests)"
+    );
+    assert!(out.status.success(), "python failed: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const PY_REQUESTS: &str = r#"
+import sys, requests
+proxy, url, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+proxies = {"http": proxy, "https": proxy}
+with requests.Session() as s:
+    for i in range(3):
+        r = s.get(url, proxies=proxies, verify=ca, headers={"X-Service-Route-Tags": "two"}, timeout=20)
+        print(r.status_code, r.headers.get("X-Peer", "-"), len(r.content))
+    bad = proxy.replace("dep_test:", "dep_test:x")
+    try:
+        r = s.get(url, proxies={"http": bad, "https": bad}, verify=ca, timeout=20)
+        print(r.status_code)
+    except requests.exceptions.ProxyError as e:
+        # For https, requests raises on the CONNECT's answer instead of returning it.
+        print("407" if "407 Proxy Authentication Required" in str(e) else e)
+"#;
+
+#[test]
+fn python_requests_through_the_proxy_plain_and_tls() {
+    let ca = TestCa::new();
+    let plain = Upstream::start(upstream::echo());
+    let tls = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    );
+    let gw = Gateway::builder()
+        .workers(&format!(
+            "{TWO_WORKERS}\n[egress]\nca_file = {:?}\n",
+            ca.ca_file().display().to_string()
+        ))
+        .start();
+    let proxy = format!("http://{}@{}", proxy_user(), gw.proxy.unwrap());
+    let ca_file = ca.ca_file().display().to_string();
+    let out = python(PY_REQUESTS, &[&proxy, &plain.url("/py"), &ca_file]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for l in &lines[..3] {
+        assert!(l.starts_with("200 127.0.0.2:"), "{out}");
+    }
+    assert_eq!(lines[3], "407", "{out}");
+    // Keep-alive on both sides: three requests, one upstream connection.
+    assert_eq!(plain.connections(), 1);
+
+    // HTTPS: requests opens a CONNECT tunnel and speaks TLS to the upstream through it. The
+    // routing header goes only to the destination there (requests does not send it on the
+    // CONNECT), so the tunnel is routed without hints.
+    let out = python(
+        PY_REQUESTS,
+        &[&proxy, &tls.https_url("localhost", "/tls"), &ca_file],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for l in &lines[..3] {
+        assert!(l.starts_with("200 127.0.0."), "{out}");
+    }
+    assert_eq!(lines[3], "407", "{out}");
+}
