@@ -1,8 +1,10 @@
-//! The control plane of one process: shared state, per-core context, and the API handlers.
+//! The control plane of one process: shared state, per-core context, the API handlers and the
+//! embedded operator dashboard.
 
 pub mod admin;
 pub mod api;
 pub mod core;
+pub mod dashboard;
 pub mod openapi;
 pub mod proxy;
 pub mod state;

@@ -12,6 +12,7 @@ use sortie_core::request::envelope_too_large;
 use super::admin::{self, AdminContext, AdminRequest};
 use super::api::{self, ApiContext};
 use super::core::ActiveRequests;
+use super::dashboard;
 use super::openapi;
 use super::state::ControlState;
 use crate::egress::Egress;
@@ -174,7 +175,15 @@ impl AdminHandler {
 impl Handler for AdminHandler {
     type Admission = ();
 
-    fn admit(&self, _req: &RequestParts) -> Result<Admitted<()>, Response> {
+    fn admit(&self, req: &RequestParts) -> Result<Admitted<()>, Response> {
+        // Decision 050: the dashboard's static files need no token (the page asks for it) and
+        // no body.
+        if dashboard::is_dashboard_path(req.path()) {
+            return Ok(Admitted {
+                body_limit: 0,
+                admission: (),
+            });
+        }
         Ok(Admitted {
             body_limit: MAX_ADMIN_BODY_BYTES as u64 + 1,
             admission: (),
@@ -184,6 +193,9 @@ impl Handler for AdminHandler {
     async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
         if req.path() == openapi::OPENAPI_PATH {
             return openapi_document(req.method(), openapi::ADMIN_DOCUMENT);
+        }
+        if dashboard::is_dashboard_path(req.path()) {
+            return dashboard::serve(req.method(), req.path(), req.header("if-none-match"));
         }
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
