@@ -16,3 +16,11 @@ fi
 if ! python3 -c "import requests" >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check requests
 fi
+# The dashboard's browser tests drive Debian's Chromium through Playwright for Python (using that
+# executable: Playwright's own browser download is never needed).
+if ! command -v chromium >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq chromium
+fi
+if ! python3 -c 'import playwright.sync_api' >/dev/null 2>&1; then
+  python3 -m pip install -q --disable-pip-version-check 'playwright==1.65.2'
+fi

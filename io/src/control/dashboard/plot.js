@@ -50,7 +50,8 @@ export function plot(figure, { title, unit, series, now, windowMs, empty }) {
     svg.append(s('text', { x: PAD.l - 6, y: gy + 4, 'text-anchor': 'end' }, fmt(max * f)));
   }
   svg.append(s('line', { class: 'axis', x1: PAD.l, x2: PAD.l, y1: PAD.t, y2: H - PAD.b }));
-  svg.append(s('text', { x: PAD.l, y: H - 6 }, `−${Math.round(windowMs / 60000)} min`));
+  const span = windowMs < 120_000 ? `${Math.round(windowMs / 1000)} s` : `${Math.round(windowMs / 60_000)} min`;
+  svg.append(s('text', { x: PAD.l, y: H - 6 }, `−${span}`));
   svg.append(s('text', { x: W - PAD.r, y: H - 6, 'text-anchor': 'end' }, 'now'));
   series.forEach((sr, i) => {
     // A null breaks the line (no requests in that interval for a latency series).
@@ -67,6 +68,9 @@ export function plot(figure, { title, unit, series, now, windowMs, empty }) {
       if (v === null) flush(); else run.push([x(t), y(v)]);
     }
     flush();
+    // A dot on the newest value, so that a fresh series is visible before it has a line.
+    const last = [...sr.points].reverse().find((p) => p[1] !== null && p[0] >= t0);
+    if (last) svg.append(s('circle', { class: `dot s${i % 6}`, cx: x(last[0]).toFixed(1), cy: y(last[1]).toFixed(1), r: 3 }));
   });
   const legend = series.length
     ? h('ul', { class: 'legend' }, series.map((sr, i) => h('li', { 'data-series': sr.name },

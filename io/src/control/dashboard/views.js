@@ -26,7 +26,7 @@ function failed(el, what, res) {
 }
 
 function recordLine(r) {
-  return `Revision ${r.revision} · ${r.action} by ${r.actor} · ${when(r.created_at)}`;
+  return `revision ${r.revision} · ${r.action} by ${r.actor} · ${when(r.created_at)}`;
 }
 
 // ---------------------------------------------------------------- Overview
@@ -35,7 +35,9 @@ export function overview(sampler) {
   const cards = byId('overview-cards');
   const drawPlots = () => {
     const now = Date.now();
-    const windowMs = sampler.windowMs;
+    // The x axis covers the samples taken so far (at least 30 s), up to the sampler's window.
+    const first = sampler.samples.length ? sampler.samples[0].t : now;
+    const windowMs = Math.min(sampler.windowMs, Math.max(30_000, now - first));
     plot(byId('plot-rate'), {
       title: 'Request rate', unit: 'req/s', now, windowMs,
       series: [{ name: 'all', points: sampler.rate() }],
@@ -52,7 +54,7 @@ export function overview(sampler) {
     });
     const n = sampler.samples.length;
     byId('metrics-note').textContent = n
-      ? `Sampled from /metrics every ${sampler.intervalMs / 1000} s in this page; ${n} sample${n === 1 ? '' : 's'} kept (last ${Math.round(windowMs / 60000)} min). Latency quantiles are over the last ${sampler.latencyWindow * sampler.intervalMs / 1000} s.`
+      ? `Sampled from /metrics every ${sampler.intervalMs / 1000} s in this page; ${n} sample${n === 1 ? '' : 's'} kept (at most ${Math.round(sampler.windowMs / 60000)} min). Latency quantiles are over the last ${sampler.latencyWindow * sampler.intervalMs / 1000} s.`
       : 'Waiting for the first /metrics sample…';
   };
   const refresh = async () => {
@@ -108,9 +110,11 @@ export function config() {
 
   const select = (line) => {
     const lines = editor.value.split('\n');
-    const start = lines.slice(0, line).reduce((a, l) => a + l.length + 1, 0);
+    const text = lines[line] || '';
+    const indent = text.length - text.trimStart().length;
+    const start = lines.slice(0, line).reduce((a, l) => a + l.length + 1, 0) + indent;
     editor.focus();
-    editor.setSelectionRange(start, start + (lines[line] || '').length);
+    editor.setSelectionRange(start, start + text.length - indent);
     const lh = parseFloat(getComputedStyle(editor).lineHeight) || 18;
     editor.scrollTop = Math.max(0, line * lh - editor.clientHeight / 3);
   };
@@ -220,7 +224,9 @@ export function config() {
       if (pr.text !== editor.value) editor.value = pr.text;
       line = lineOf(pr.at, path);
     }
-    const message = String(body.message || body.error || 'invalid snapshot');
+    let message = String(body.message || body.error || 'invalid snapshot');
+    // The API's message starts with the path; it is shown once, as the path.
+    if (path && message.startsWith(`${path}: `)) message = message.slice(path.length + 2);
     fill(panel, h('div', { class: 'alert', role: 'alert', id: 'config-invalid' },
       h('h3', {}, 'Not saved: the snapshot is invalid (422)'),
       path ? h('p', {}, 'At ', h('code', { class: 'json-path' }, path), ': ', message) : h('p', {}, message),
