@@ -238,6 +238,34 @@ mod tests {
     }
 
     #[test]
+    fn scripts_import_only_embedded_modules_and_never_write_markup() {
+        for a in ASSETS.iter().filter(|a| a.name.ends_with(".js")) {
+            let js = std::str::from_utf8(a.bytes).unwrap();
+            for banned in [
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+            ] {
+                assert!(!js.contains(banned), "{} uses {banned}", a.name);
+            }
+            for line in js.lines().filter(|l| l.starts_with("import ")) {
+                let target = line
+                    .rsplit(['\'', '"'])
+                    .nth(1)
+                    .and_then(|t| t.strip_prefix("./"))
+                    .unwrap_or_else(|| panic!("{}: {line}", a.name));
+                assert!(
+                    ASSETS.iter().any(|x| x.name == target),
+                    "{}: {target}",
+                    a.name
+                );
+            }
+        }
+    }
+
+    #[test]
     fn html_loads_nothing_inline() {
         let html = std::str::from_utf8(ASSETS[0].bytes).unwrap();
         assert!(!html.contains("<script>"), "inline script");

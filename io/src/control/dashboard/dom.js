@@ -1,5 +1,5 @@
 // DOM helpers. Every value that comes from the API becomes a text node or an attribute value,
-// never markup: nothing here assigns innerHTML.
+// never markup: nothing here parses HTML.
 
 function append(el, children) {
   for (const c of children.flat(Infinity)) {
