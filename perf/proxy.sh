@@ -1,0 +1,367 @@
+#!/usr/bin/env bash
+# Forward-proxy benchmark: nginx as the upstream, measured in one interleaved run directly and
+# through each peer (squid and tinyproxy as forward proxies, nginx and haproxy as reverse hops)
+# and through Sortie's proxy listener. Absolute-form at 1 KiB and 64 KiB (wrk with
+# perf/proxy.lua), CONNECT with a new tunnel per request and requests inside long-lived tunnels
+# (perf/tunnelbench). Prints req/s, p50/p99, the ratio to direct and requests per CPU-second of
+# the proxy process (utime + stime from /proc/PID/stat over the measured window). See
+# perf/README.md.
+set -euo pipefail
+# Ports of this benchmark, away from load.sh's so both can run on one machine.
+UPSTREAM_PORT=${UPSTREAM_PORT:-19190}
+API_PORT=${API_PORT:-19180}
+ADMIN_PORT=${ADMIN_PORT:-19181}
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PROXY_PORT=${PROXY_PORT:-19128}
+SQUID_PORT=${SQUID_PORT:-19131}
+TINYPROXY_PORT=${TINYPROXY_PORT:-19132}
+NGINX_HOP_PORT=${NGINX_HOP_PORT:-19133}
+HAPROXY_PORT=${HAPROXY_PORT:-19134}
+DURATION=${DURATION:-5s}
+ROUNDS=${ROUNDS:-3}
+CONNECTIONS=${CONNECTIONS:-64}
+# Tunnel modes use one blocking thread per connection in the generator; fewer keep its own CPU
+# use reasonable on a small machine.
+TUNNEL_CONNECTIONS=${TUNNEL_CONNECTIONS:-32}
+THREADS=${THREADS:-1}
+GATEWAY_CORES=${GATEWAY_CORES:-$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))}
+# Which sizes and modes to run (space-separated); all by default.
+SIZES=${SIZES:-"1k 64k"}
+MODES=${MODES:-"absolute connect-new in-tunnel"}
+
+RESULTS_FILE=""
+TUNNELBENCH=""
+declare -A PID_OF=()
+# Rows "mode size label" -> list of result lines over rounds.
+declare -A RESULTS=()
+
+say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
+
+# Value of key $1 in a "KEY=value ..." line $2.
+field() {
+  local pair
+  for pair in $2; do
+    [ "${pair%%=*}" != "$1" ] || { echo "${pair#*=}"; return 0; }
+  done
+  echo 0
+}
+
+# CPU clock ticks (utime + stime) used so far by the processes $@.
+cpu_ticks() {
+  local total=0 pid stat rest
+  for pid in "$@"; do
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
+    # Fields after the command (which may hold spaces) start at field 3.
+    rest=${stat##*) }
+    read -r -a f <<<"$rest"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+
+start_bg() {
+  # $1 label, rest: command. Output goes to the run dir.
+  local label=$1
+  shift
+  "$@" >"$WORK_DIR/$label.log" 2>&1 &
+  PID_OF[$label]=$!
+  EXTRA_PIDS+=("$!")
+}
+
+write_upstream() {
+  local dir="$WORK_DIR/upstream"
+  mkdir -p "$dir/logs" "$dir/tmp" "$dir/www"
+  # nginx's worker runs as an unprivileged user: it must be able to read the files.
+  chmod 755 "$WORK_DIR" "$dir" "$dir/www"
+  head -c 1024 /dev/zero | tr '\0' x >"$dir/www/1k"
+  head -c 65536 /dev/zero | tr '\0' y >"$dir/www/64k"
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    sendfile on;
+    keepalive_timeout 120s;
+    keepalive_requests 10000000;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    server {
+        listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
+        root $dir/www;
+        default_type application/octet-stream;
+    }
+}
+CONF
+  echo "$dir"
+}
+
+write_nginx_hop() {
+  local dir="$WORK_DIR/nginx-hop"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    keepalive_timeout 120s;
+    keepalive_requests 10000000;
+    client_body_temp_path $dir/tmp/body;
+    proxy_temp_path $dir/tmp/proxy;
+    fastcgi_temp_path $dir/tmp/fastcgi;
+    uwsgi_temp_path $dir/tmp/uwsgi;
+    scgi_temp_path $dir/tmp/scgi;
+    upstream up {
+        server 127.0.0.1:$UPSTREAM_PORT;
+        keepalive 256;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_HOP_PORT backlog=4096;
+        location / {
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # Enough memory buffers for a 64 KiB body: no temp files.
+            proxy_buffer_size 16k;
+            proxy_buffers 8 16k;
+        }
+    }
+}
+CONF
+  echo "$dir"
+}
+
+start_peers() {
+  local up hop sq tp ha
+  up=$(write_upstream)
+  require_free_port "$UPSTREAM_PORT" UPSTREAM_PORT
+  start_bg upstream nginx -e "$up/logs/error.log" -p "$up" -c "$up/nginx.conf" -g 'daemon off;'
+  wait_port "$UPSTREAM_PORT" 10 "${PID_OF[upstream]}" || die "upstream nginx did not start"
+  NGINX_PID=${PID_OF[upstream]}
+
+  hop=$(write_nginx_hop)
+  require_free_port "$NGINX_HOP_PORT" NGINX_HOP_PORT
+  start_bg nginx-hop-master nginx -e "$hop/logs/error.log" -p "$hop" -c "$hop/nginx.conf" -g 'daemon off;'
+  wait_port "$NGINX_HOP_PORT" 10 "${PID_OF[nginx-hop-master]}" || die "nginx hop did not start"
+  PID_OF[nginx-hop]=$(pgrep -P "${PID_OF[nginx-hop-master]}" | head -n 1)
+
+  sq="$WORK_DIR/squid"
+  mkdir -p "$sq"
+  chmod 777 "$sq"
+  cat >"$sq/squid.conf" <<CONF
+http_port 127.0.0.1:$SQUID_PORT
+http_access allow all
+cache deny all
+cache_mem 8 MB
+access_log none
+cache_log $sq/cache.log
+pid_filename $sq/squid.pid
+coredump_dir $sq
+max_filedescriptors 20000
+via off
+forwarded_for delete
+CONF
+  require_free_port "$SQUID_PORT" SQUID_PORT
+  start_bg squid squid -N -f "$sq/squid.conf"
+  wait_port "$SQUID_PORT" 20 "${PID_OF[squid]}" || { cat "$WORK_DIR/squid.log" >&2; die "squid did not start"; }
+
+  tp="$WORK_DIR/tinyproxy"
+  mkdir -p "$tp"
+  chmod 777 "$tp"
+  cat >"$tp/tinyproxy.conf" <<CONF
+User nobody
+Group nogroup
+Port $TINYPROXY_PORT
+Listen 127.0.0.1
+Timeout 600
+MaxClients 2048
+LogLevel Critical
+PidFile "$tp/tinyproxy.pid"
+DisableViaHeader Yes
+ConnectPort $UPSTREAM_PORT
+CONF
+  require_free_port "$TINYPROXY_PORT" TINYPROXY_PORT
+  start_bg tinyproxy tinyproxy -d -c "$tp/tinyproxy.conf"
+  wait_port "$TINYPROXY_PORT" 10 "${PID_OF[tinyproxy]}" || { cat "$WORK_DIR/tinyproxy.log" >&2; die "tinyproxy did not start"; }
+
+  ha="$WORK_DIR/haproxy"
+  mkdir -p "$ha"
+  cat >"$ha/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option http-keep-alive
+frontend hop
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend up
+backend up
+    http-reuse always
+    server s1 127.0.0.1:$UPSTREAM_PORT
+CONF
+  require_free_port "$HAPROXY_PORT" HAPROXY_PORT
+  start_bg haproxy haproxy -db -f "$ha/haproxy.cfg"
+  wait_port "$HAPROXY_PORT" 10 "${PID_OF[haproxy]}" || { cat "$WORK_DIR/haproxy.log" >&2; die "haproxy did not start"; }
+}
+
+start_sortie() {
+  local bin=$1 dir="$WORK_DIR/gateway"
+  mkdir -p "$dir/data"
+  cat >"$dir/snapshot.json" <<'JSON'
+{"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}
+JSON
+  cat >"$dir/sortie.toml" <<TOML
+[control]
+api_listen = "127.0.0.1:$API_PORT"
+admin_listen = "127.0.0.1:$ADMIN_PORT"
+proxy_listen = "127.0.0.1:$PROXY_PORT"
+data_dir = "$dir/data"
+cores = $GATEWAY_CORES
+bootstrap_snapshot = "$dir/snapshot.json"
+
+[[deployments]]
+id = "perf"
+token = "$DEPLOYMENT_TOKEN"
+
+[admin]
+token = "$ADMIN_TOKEN"
+
+[[workers]]
+id = "local"
+capacity = 100000
+TOML
+  require_free_port "$PROXY_PORT" PROXY_PORT
+  require_free_port "$API_PORT" API_PORT
+  require_free_port "$ADMIN_PORT" ADMIN_PORT
+  start_bg sortie "$bin" serve --config "$dir/sortie.toml"
+  GATEWAY_PID=${PID_OF[sortie]}
+  wait_port "$PROXY_PORT" 30 "$GATEWAY_PID" || { cat "$WORK_DIR/sortie.log" >&2; die "sortie did not start"; }
+}
+
+# Runs one measurement: $1 mode, $2 size, $3 label. Appends its result line (with cpu_s) to
+# RESULTS["mode size label"].
+measure() {
+  local mode=$1 size=$2 label=$3 pid="" port="" line before after tick
+  tick=$(getconf CLK_TCK)
+  case $label in
+    direct) ;;
+    squid) pid=${PID_OF[squid]} port=$SQUID_PORT ;;
+    tinyproxy) pid=${PID_OF[tinyproxy]} port=$TINYPROXY_PORT ;;
+    nginx-hop) pid=${PID_OF[nginx-hop]} port=$NGINX_HOP_PORT ;;
+    haproxy) pid=${PID_OF[haproxy]} port=$HAPROXY_PORT ;;
+    sortie) pid=$GATEWAY_PID port=$PROXY_PORT ;;
+  esac
+  local target="127.0.0.1:$UPSTREAM_PORT" auth=""
+  [ "$label" != sortie ] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
+  before=$( [ -z "$pid" ] || cpu_ticks "$pid")
+  case $mode in
+    absolute)
+      local out="$WORK_DIR/wrk.txt" url
+      case $label in
+        direct) url="http://$target/$size" script="$PERF_DIR/report.lua" ;;
+        nginx-hop | haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
+        *) url="http://127.0.0.1:$port" script="$PERF_DIR/proxy.lua" ;;
+      esac
+      SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
+        SORTIE_PERF_PROXY_AUTH="$auth" SORTIE_PERF_DIR="$PERF_DIR" \
+        timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$script" "$url" \
+        >"$out" 2>&1 || { cat "$out" >&2; die "wrk $mode $size $label failed"; }
+      line=$(grep '^WRK_RESULT ' "$out") || { cat "$out" >&2; die "wrk printed no result"; }
+      ;;
+    connect-new | in-tunnel)
+      local secs=${DURATION%s} tmode
+      if [ "$label" = direct ]; then
+        [ "$mode" = connect-new ] && tmode=direct-new || tmode=direct-keepalive
+        line=$(CONNECTIONS=$TUNNEL_CONNECTIONS SECONDS=$secs "$TUNNELBENCH" "$tmode" "$target" "/$size")
+      else
+        [ "$mode" = connect-new ] && tmode=new-tunnel || tmode=in-tunnel
+        line=$(CONNECTIONS=$TUNNEL_CONNECTIONS SECONDS=$secs PROXY_AUTH="${auth:+perf:$DEPLOYMENT_TOKEN}" \
+          "$TUNNELBENCH" "$tmode" "127.0.0.1:$port" "$target" "/$size")
+      fi
+      ;;
+  esac
+  after=$( [ -z "$pid" ] || cpu_ticks "$pid")
+  local cpu_s=0
+  [ -z "$pid" ] || cpu_s=$(awk -v a="$after" -v b="$before" -v t="$tick" 'BEGIN { printf "%.3f", (a - b) / t }')
+  RESULTS["$mode $size $label"]+="$line cpu_s=$cpu_s"$'\n'
+  log "$mode $size $label: $(field rps "$line") req/s, cpu ${cpu_s}s, errors $(field read_errors "$line")/$(field non_2xx "$line")"
+}
+
+# The labels measured in mode $1.
+labels_for() {
+  case $1 in
+    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie" ;;
+    # Reverse hops cannot open tunnels.
+    *) echo "direct squid tinyproxy sortie" ;;
+  esac
+}
+
+# Median (by req/s) of the result lines in $1.
+median_line() {
+  printf '%s' "$1" | awk 'NF' | sort -t= -k4 -g | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'
+}
+
+main() {
+  init_run
+  apt_install nginx wrk squid tinyproxy haproxy
+  RESULTS_FILE="$RESULTS_DIR/proxy-$(date -u +%Y%m%dT%H%M%SZ).txt"
+  log "building perf/tunnelbench"
+  cargo build --release --quiet --manifest-path "$PERF_DIR/tunnelbench/Cargo.toml" ||
+    die "building perf/tunnelbench failed"
+  TUNNELBENCH="${CARGO_TARGET_DIR:-$PERF_DIR/tunnelbench/target}/release/sortie-tunnelbench"
+  local bin
+  bin=$(gateway_binary)
+  start_peers
+  start_sortie "$bin"
+  say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES, wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
+  local round mode size label
+  for ((round = 1; round <= ROUNDS; round++)); do
+    for mode in $MODES; do
+      for size in $SIZES; do
+        for label in $(labels_for "$mode"); do
+          measure "$mode" "$size" "$label"
+        done
+      done
+    done
+  done
+  say ""
+  say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | errors |"
+  say "|---|---|---|---:|---:|---:|---:|---:|---:|"
+  for mode in $MODES; do
+    for size in $SIZES; do
+      local direct_rps
+      direct_rps=$(field rps "$(median_line "${RESULTS["$mode $size direct"]}")")
+      for label in $(labels_for "$mode"); do
+        local line rps cpu per_cpu ratio errs
+        line=$(median_line "${RESULTS["$mode $size $label"]}")
+        rps=$(field rps "$line")
+        cpu=$(field cpu_s "$line")
+        ratio=$(awk -v r="$rps" -v d="$direct_rps" 'BEGIN { printf "%.2f", (d > 0 ? r / d : 0) }')
+        per_cpu=$(awk -v n="$(field requests "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f", n / c; else printf "-" }')
+        errs=$(($(field read_errors "$line") + $(field non_2xx "$line") + $(field timeouts "$line")))
+        say "| $mode | $size | $label | $(printf '%.0f' "$rps") | $(us_to_ms "$(field p50_us "$line")") | $(us_to_ms "$(field p99_us "$line")") | $ratio | $per_cpu | $errs |"
+      done
+    done
+  done
+  say ""
+  say "results: $RESULTS_FILE"
+}
+
+us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
+
+main "$@"
