@@ -444,8 +444,73 @@ def case_narrow(ctx):
     c.finish()
 
 
+# Every visible text's contrast against its effective background (WCAG 2 relative luminance):
+# at least 4.5:1, or 3:1 for large text (24px, or 18.66px bold).
+CONTRAST_JS = """
+() => {
+  const rgba = (c) => (c.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgba(getComputedStyle(e).backgroundColor);
+      if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c;
+    }
+    return [255, 255, 255];
+  };
+  const bad = [];
+  for (const el of document.querySelectorAll('body *')) {
+    if (el.closest('svg') || !el.checkVisibility || !el.checkVisibility()) continue;
+    const text = [...el.childNodes].filter((n) => n.nodeType === 3).map((n) => n.textContent).join('').trim();
+    if (!text) continue;
+    const st = getComputedStyle(el);
+    const a = lum(rgba(st.color));
+    const b = lum(background(el));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    const size = parseFloat(st.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(st.fontWeight) >= 700);
+    if (ratio < (large ? 3 : 4.5)) bad.push(`${el.tagName}.${el.className} "${text.slice(0, 30)}" ${ratio.toFixed(2)}`);
+  }
+  return bad;
+}
+"""
+
+
+def case_contrast_and_keyboard(ctx):
+    c = Case(ctx, "contrast", allowed_statuses=(401,))
+    p = c.page
+    p.goto(Env.admin + "/admin/")
+    p.fill("#token", "wrong")
+    p.keyboard.press("Enter")
+    expect(p.locator("#sign-in-error")).to_be_visible()
+    assert p.evaluate(CONTRAST_JS) == [], p.evaluate(CONTRAST_JS)
+    c.sign_in()
+    for view, ready in (("overview", "#overview-cards .card"), ("config", "#config-editor"),
+                        ("history", "#history-diff .diff"), ("workers", "[data-worker] .badge"),
+                        ("rollouts", "#rollouts-body .badge"), ("requests", "#requests-auto")):
+        c.view(view)
+        expect(p.locator(ready).first).to_be_visible()
+        bad = p.evaluate(CONTRAST_JS)
+        assert not bad, f"{view}: low contrast: {bad}"
+    # A worker action by keyboard alone: focus the button, press Enter.
+    c.view("workers")
+    row = p.locator(f"tr[data-worker='{Env.worker}']")
+    row.get_by_role("button", name="Drain", exact=True).focus()
+    p.keyboard.press("Enter")
+    expect(row.locator(".badge", has_text="draining")).to_be_visible()
+    undrain = row.get_by_role("button", name="Undrain", exact=True)
+    undrain.focus()
+    p.keyboard.press("Enter")
+    expect(row.locator(".badge", has_text="draining")).to_have_count(0)
+    assert worker_item(Env.worker)["draining"] is False
+    c.finish()
+
+
 CASES = [case_sign_in, case_overview_plots, case_config_save, case_stale_save, case_invalid_422,
-         case_rollback, case_workers, case_rollouts, case_cancel, case_narrow]
+         case_rollback, case_workers, case_rollouts, case_cancel, case_narrow,
+         case_contrast_and_keyboard]
 
 
 def main():
