@@ -157,7 +157,12 @@ fn sweep_closes_connections_the_upstream_closed() {
     };
     let up = Upstream::start_with(upstream::echo(), options);
     run(async {
-        let egress = egress(None);
+        // Swept by hand only, to see each connection go.
+        let limits = PoolLimits {
+            sweep_interval: Duration::ZERO,
+            ..PoolLimits::default()
+        };
+        let egress = egress_with_pool(None, limits);
         egress
             .execute(&request(Method::Get, &up.url("/")))
             .await
@@ -167,6 +172,35 @@ fn sweep_closes_connections_the_upstream_closed() {
         wait_until(Duration::from_secs(5), || up.idle_closes() == 1).await;
         assert_eq!(egress.sweep_idle(), 1);
         assert_eq!(egress.idle_connections(), 0);
+    });
+}
+
+/// Nothing but the core's timer closes these: no request comes for their key, and nobody calls
+/// the sweep. One expires, the other is closed by its upstream.
+#[test]
+fn the_core_timer_sweeps_idle_connections() {
+    let closing = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            idle_close_after: Some(Duration::from_millis(50)),
+            ..Options::default()
+        },
+    );
+    let quiet = Upstream::start(upstream::echo());
+    run(async {
+        let limits = PoolLimits {
+            idle_timeout: Duration::from_millis(200),
+            ..PoolLimits::default()
+        };
+        let egress = egress_with_pool(None, limits);
+        for up in [&closing, &quiet] {
+            egress
+                .execute(&request(Method::Get, &up.url("/")))
+                .await
+                .expect("response");
+        }
+        assert_eq!(egress.idle_connections(), 2);
+        wait_until(Duration::from_secs(10), || egress.idle_connections() == 0).await;
     });
 }
 

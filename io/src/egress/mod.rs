@@ -45,7 +45,7 @@ mod streaming;
 mod tls;
 
 use std::net::{IpAddr, SocketAddr};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,7 @@ use sortie_core::snapshot::ConfigId;
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
 pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
+    POOL_SWEEP_INTERVAL,
 };
 pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
 pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
@@ -193,19 +194,24 @@ impl Egress {
         Egress::with_pool_limits(resolver, tls, PoolLimits::default())
     }
 
-    /// The client of one core with the given pool limits.
+    /// The client of one core with the given pool limits. Unless
+    /// [`PoolLimits::sweep_interval`] is zero, it starts the core's sweep timer, a task that
+    /// closes expired and peer-closed idle connections and ends with the last clone of the
+    /// client; it must then be called on a monoio runtime with timers enabled.
     pub fn with_pool_limits(
         resolver: Resolver,
         tls: &Arc<ClientConfig>,
         limits: PoolLimits,
     ) -> Egress {
-        Egress {
-            inner: Rc::new(Inner {
-                resolver,
-                tls: tls::per_core_connector(tls),
-                pool: Pool::new(limits),
-            }),
+        let inner = Rc::new(Inner {
+            resolver,
+            tls: tls::per_core_connector(tls),
+            pool: Pool::new(limits),
+        });
+        if !limits.sweep_interval.is_zero() {
+            monoio::spawn(sweep_every(limits.sweep_interval, Rc::downgrade(&inner)));
         }
+        Egress { inner }
     }
 
     /// Performs the request: one upstream exchange, plus at most one retry on a fresh
@@ -298,8 +304,8 @@ impl Egress {
         .await
     }
 
-    /// Closes idle connections that expired or that their peer closed; the core calls this
-    /// periodically. Returns how many were closed.
+    /// Closes idle connections that expired or that their peer closed; the sweep timer calls
+    /// this every [`PoolLimits::sweep_interval`]. Returns how many were closed.
     pub fn sweep_idle(&self) -> usize {
         self.inner.pool.sweep(Instant::now())
     }
@@ -348,6 +354,21 @@ impl<'a> Dial<'a> {
             policy: &req.policy,
             timeouts: &req.timeouts,
             deadline: req.deadline,
+        }
+    }
+}
+
+/// The sweep timer of one core: idle connections are closed here, off the request path, so
+/// that an idle pool gives its descriptors back without waiting for a request to its key.
+async fn sweep_every(interval: Duration, inner: Weak<Inner>) {
+    loop {
+        monoio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let closed = inner.pool.sweep(Instant::now());
+        if closed > 0 {
+            tracing::debug!(closed, "idle upstream connections swept");
         }
     }
 }

@@ -6,9 +6,15 @@
 //! which the client calls after a response was read completely with keep-alive allowed on both
 //! sides; a connection held by a cancelled or failed exchange is dropped (closed) instead, so
 //! the pool never holds one in an unknown state.
+//!
+//! Work on the request path is bounded by the per-key cap, never by the pool's size: checkout
+//! looks at one key's list, and a return to a full core is refused rather than making room.
+//! Expired connections and those their peer closed are closed by [`Pool::sweep`], which each
+//! core runs on a timer every [`PoolLimits::sweep_interval`] (see `Egress`).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -34,6 +40,10 @@ pub const POOL_PEEK_AFTER: Duration = Duration::from_millis(20);
 pub const POOL_MAX_IDLE_PER_KEY: usize = 64;
 /// Idle connections kept per core, over all keys.
 pub const POOL_MAX_IDLE_TOTAL: usize = 4096;
+/// How often each core closes expired idle connections and those their peer closed. The sweep
+/// costs one non-waiting socket check per idle connection (at most [`POOL_MAX_IDLE_TOTAL`]),
+/// off the request path; a connection outlives its idle timeout by at most this long.
+pub const POOL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The pool's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +56,9 @@ pub struct PoolLimits {
     pub max_idle_total: usize,
     /// A connection idle for at least this long is peeked before reuse.
     pub peek_after: Duration,
+    /// Period of the core's sweep timer; zero starts no timer (the owner calls
+    /// `Egress::sweep_idle` itself).
+    pub sweep_interval: Duration,
 }
 
 impl Default for PoolLimits {
@@ -55,6 +68,7 @@ impl Default for PoolLimits {
             max_idle_per_key: POOL_MAX_IDLE_PER_KEY,
             max_idle_total: POOL_MAX_IDLE_TOTAL,
             peek_after: POOL_PEEK_AFTER,
+            sweep_interval: POOL_SWEEP_INTERVAL,
         }
     }
 }
@@ -78,7 +92,7 @@ struct Idle {
 #[derive(Default)]
 struct Inner {
     /// Per key, oldest first: reuse pops the newest from the back.
-    by_key: HashMap<PoolKey, Vec<Idle>>,
+    by_key: HashMap<PoolKey, VecDeque<Idle>>,
     /// Sum of the list lengths.
     total: usize,
 }
@@ -111,7 +125,7 @@ impl Pool {
         let list = by_key.get_mut(key)?;
         let before = list.len();
         let mut found = None;
-        while let Some(entry) = list.pop() {
+        while let Some(entry) = list.pop_back() {
             if is_expired(&self.limits, &entry, now) {
                 // Everything older is expired too: the list is ordered oldest first.
                 list.clear();
@@ -135,29 +149,38 @@ impl Pool {
         found
     }
 
-    /// Returns a connection whose exchange ended cleanly. When the key or the core is at its
-    /// cap the connection is closed instead; returns whether it was kept.
+    /// Returns a connection whose exchange ended cleanly. A key at its cap closes its oldest
+    /// connection to keep this one; a core at its cap closes this one (making room would mean
+    /// looking through the whole pool on the request path; the sweep timer makes room instead).
+    /// Returns whether it was kept.
     pub(crate) fn put(&self, key: PoolKey, mut conn: Conn, now: Instant) -> bool {
         if self.limits.max_idle_per_key == 0 || self.limits.max_idle_total == 0 {
             return false;
         }
-        if self.len() >= self.limits.max_idle_total {
-            self.sweep(now);
-            if self.len() >= self.limits.max_idle_total {
-                return false;
-            }
-        }
         let mut inner = self.inner.borrow_mut();
         let Inner { by_key, total } = &mut *inner;
-        let list = by_key.entry(key).or_default();
-        if list.len() >= self.limits.max_idle_per_key {
-            // Keep the newest: close the oldest of this key.
-            list.remove(0);
-            *total = total.saturating_sub(1);
-        }
+        let is_core_full = *total >= self.limits.max_idle_total;
+        let list = match by_key.entry(key) {
+            Entry::Occupied(e) => {
+                let list = e.into_mut();
+                if list.len() >= self.limits.max_idle_per_key {
+                    // Keep the newest: close the oldest of this key; the total stays.
+                    list.pop_front();
+                } else if is_core_full {
+                    return false;
+                } else {
+                    *total += 1;
+                }
+                list
+            }
+            Entry::Vacant(_) if is_core_full => return false,
+            Entry::Vacant(e) => {
+                *total += 1;
+                e.insert(VecDeque::new())
+            }
+        };
         conn.release_read_buffer();
-        list.push(Idle { conn, since: now });
-        *total += 1;
+        list.push_back(Idle { conn, since: now });
         true
     }
 
@@ -255,7 +278,7 @@ mod tests {
             // been idle long enough to be peeked at.
             sc.write_all(b"HTTP/1.1 200 OK\r\n\r\n").unwrap();
             let c = pool.inner.borrow();
-            let entry = c.by_key.get(&key("w2")).and_then(|l| l.last()).unwrap();
+            let entry = c.by_key.get(&key("w2")).and_then(|l| l.back()).unwrap();
             assert_eq!(monoio_local(&entry.conn), c_local);
             settle(&entry.conn);
             drop(c);
@@ -302,6 +325,7 @@ mod tests {
                 max_idle_per_key: 2,
                 max_idle_total: 3,
                 peek_after: POOL_PEEK_AFTER,
+                sweep_interval: Duration::ZERO,
             };
             let pool = Pool::new(limits);
             let policy = loopback_policy();
@@ -333,6 +357,36 @@ mod tests {
             drop(s);
             settle(&c);
             pool.put(key("a"), c, t0);
+            assert_eq!(pool.sweep(t0), 1);
+        });
+    }
+
+    /// Returning a connection to a full core costs the same whatever the pool holds: the
+    /// connection is closed, and dead ones in the pool wait for the sweep timer.
+    #[test]
+    fn a_full_core_refuses_without_sweeping() {
+        run_on(Driver::detect(), async {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let limits = PoolLimits {
+                max_idle_total: 2,
+                max_idle_per_key: 1,
+                ..PoolLimits::default()
+            };
+            let pool = Pool::new(limits);
+            let t0 = Instant::now();
+            for worker in ["a", "b"] {
+                let (c, s) = conn(&l);
+                drop(s);
+                settle(&c);
+                assert!(pool.put(key(worker), c, t0));
+            }
+            let (c, _s) = conn(&l);
+            assert!(!pool.put(key("c"), c, t0));
+            assert_eq!(pool.len(), 2);
+            // A key at its own cap still trades its oldest for the newest.
+            let (c, _t) = conn(&l);
+            assert!(pool.put(key("a"), c, t0 + Duration::from_millis(1)));
+            assert_eq!(pool.len(), 2);
             assert_eq!(pool.sweep(t0), 1);
         });
     }
