@@ -1,7 +1,9 @@
 //! Fuzz target: h1_response_head (seeded from fuzz/corpus/h1_response_head).
 //!
 //! The first byte picks the request method the response answers; the rest is parsed as a
-//! response head, and an accepted head must not depend on the bytes after it.
+//! response head, and an accepted head must not depend on the bytes after it. Every field's
+//! offsets (which the egress client slices its kept buffer by) must lie within the head and
+//! point at the field's own bytes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use sortie_core::h1::{parse_response_head, HeadLimits, Parsed, ResponseFraming};
@@ -23,6 +25,12 @@ fuzz_target!(|data: &[u8]| {
     assert!(raw.ends_with(b"\r\n\r\n"));
     assert!(!raw.windows(2).any(|w| w[1] == b'\n' && w[0] != b'\r'), "bare LF accepted");
     assert!((100..=599).contains(&head.status()));
+    for h in head.headers() {
+        let (name, value) = (h.name_range(), h.value_range());
+        assert!(name.end <= consumed_len && value.end <= consumed_len);
+        assert_eq!(raw.get(name), Some(h.name().as_bytes()));
+        assert_eq!(raw.get(value), Some(h.value()));
+    }
     if method == "HEAD" && head.status() != 101 {
         assert_eq!(head.framing(), ResponseFraming::None);
     }

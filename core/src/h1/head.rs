@@ -104,9 +104,26 @@ impl Version {
 pub struct Header<'a> {
     name: &'a str,
     value: &'a [u8],
+    /// Where `name` starts in the buffer the head was parsed from.
+    name_at: usize,
+    /// Where `value` starts in that buffer.
+    value_at: usize,
 }
 
 impl<'a> Header<'a> {
+    /// Where the name lies in the buffer passed to the parser: `&buf[h.name_range()]` is
+    /// [`Header::name`]. A caller that keeps the buffer (for example frozen into a shared
+    /// `Bytes`) slices the fields from it by these offsets.
+    pub fn name_range(&self) -> std::ops::Range<usize> {
+        self.name_at..self.name_at + self.name.len()
+    }
+
+    /// Where the value lies in the buffer passed to the parser: `&buf[h.value_range()]` is
+    /// [`Header::value`].
+    pub fn value_range(&self) -> std::ops::Range<usize> {
+        self.value_at..self.value_at + self.value.len()
+    }
+
     /// The field name as sent; it is a `token`, hence ASCII.
     pub fn name(&self) -> &'a str {
         self.name
@@ -197,13 +214,33 @@ pub(super) fn header_slots<'a>() -> HeaderSlots<'a> {
     [const { MaybeUninit::uninit() }; MAX_HEADERS_CEILING]
 }
 
-pub(super) fn collect_headers<'a>(parsed: &[httparse::Header<'a>]) -> Headers<'a> {
+/// Collects the fields httparse found in `base`, with their offsets in it.
+///
+/// httparse hands out sub-slices of the buffer it parsed, so every offset is found; one that
+/// is not (a parser that copied) fails the head instead of yielding a wrong range.
+pub(super) fn collect_headers<'a>(
+    base: &[u8],
+    parsed: &[httparse::Header<'a>],
+) -> Result<Headers<'a>, H1Error> {
     let mut fields = Vec::with_capacity(parsed.len());
-    fields.extend(parsed.iter().map(|h| Header {
-        name: h.name,
-        value: h.value,
-    }));
-    Headers { fields }
+    for h in parsed {
+        let name_at = offset_in(base, h.name.as_bytes()).ok_or(H1Error::InvalidHeaderName)?;
+        let value_at = offset_in(base, h.value).ok_or(H1Error::InvalidHeaderValue)?;
+        fields.push(Header {
+            name: h.name,
+            value: h.value,
+            name_at,
+            value_at,
+        });
+    }
+    Ok(Headers { fields })
+}
+
+/// Where `part` starts inside `base`, if it lies wholly within it.
+fn offset_in(base: &[u8], part: &[u8]) -> Option<usize> {
+    let start = (part.as_ptr() as usize).checked_sub(base.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= base.len()).then_some(start)
 }
 
 /// The members of one comma-separated field value, trimmed of OWS, empty ones skipped.

@@ -141,7 +141,7 @@ pub fn parse_request_head<'a>(
     }
     let target_form = classify_target(method, target.as_bytes())?;
 
-    let headers = collect_headers(req.headers);
+    let headers = collect_headers(view, req.headers)?;
     let fields = FramingFields::scan(&headers);
 
     // RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any

@@ -123,7 +123,7 @@ pub fn parse_response_head<'a>(
         return Err(H1Error::InvalidStatus);
     }
     let reason = res.reason.unwrap_or_default();
-    let headers = collect_headers(res.headers);
+    let headers = collect_headers(view, res.headers)?;
     let (framing, overrides_length) = response_framing(&headers, version, status, request_method)?;
 
     let is_close = headers.has_token("connection", "close");
@@ -640,5 +640,24 @@ mod tests {
             Err(H1Error::HeadTooLarge)
         );
         assert_eq!(LIMITS.max_head_bytes, 64 * 1024);
+    }
+
+    /// A client keeps the head's buffer and slices each field from it by the offsets the
+    /// codec gives: they point at the same bytes as the borrowed name and value, within the
+    /// head, after interim responses and obs-text too.
+    #[test]
+    fn field_ranges_point_into_the_parsed_buffer() {
+        let buf: &[u8] = b"HTTP/1.1 200 OK\r\nA: 1\r\nLong-Name:   padded value \t\r\n\
+            X-Empty:\r\nX-Obs: \xe9t\xe9\r\nContent-Length: 3\r\n\r\nabc";
+        let (head, consumed) = complete(buf, "GET");
+        assert_eq!(head.headers().len(), 5);
+        for h in head.headers() {
+            let (n, v) = (h.name_range(), h.value_range());
+            assert!(n.end <= consumed && v.end <= consumed);
+            assert_eq!(&buf[n], h.name().as_bytes());
+            assert_eq!(&buf[v], h.value());
+        }
+        let first = head.headers().iter().next().unwrap();
+        assert_eq!((first.name_range(), first.value_range()), (17..18, 20..21));
     }
 }

@@ -293,26 +293,32 @@ pub(crate) async fn read_head(
                         continue;
                     }
                     // The fields become slices of the head's buffer: one allocation shared by
-                    // every field instead of two per field.
-                    let base = buf.as_ptr() as usize;
-                    let offset = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
-                    let spans: Vec<((usize, usize), (usize, usize))> = head
+                    // every field instead of two per field. The codec gives each field's
+                    // offsets in the buffer it parsed, which is `buf`.
+                    let ranges: Vec<_> = head
                         .headers()
                         .iter()
-                        .map(|h| (offset(h.name().as_bytes()), offset(h.value())))
+                        .map(|h| (h.name_range(), h.value_range()))
                         .collect();
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());
                     let rest = buf.split_off(consumed);
                     let frozen = Bytes::from(std::mem::replace(buf, rest));
-                    let slice = |(at, len): (usize, usize)| frozen.slice(at..at + len);
+                    let mut headers = Vec::with_capacity(ranges.len());
+                    for (name, value) in ranges {
+                        match (slice(&frozen, name), slice(&frozen, value)) {
+                            (Some(n), Some(v)) => headers.push((n, v)),
+                            _ => {
+                                return Err(Failure::during_response(error::protocol_error(
+                                    H1Error::InvalidHeaderValue,
+                                )))
+                            }
+                        }
+                    }
                     return Ok(Head {
                         status,
-                        headers: spans
-                            .into_iter()
-                            .map(|(n, v)| (slice(n), slice(v)))
-                            .collect(),
+                        headers,
                         framing,
                         is_keep_alive,
                     });
@@ -342,6 +348,13 @@ pub(crate) async fn read_head(
             }
         }
     }
+}
+
+/// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
+/// offsets always are; this keeps a mistake from becoming a panic).
+fn slice(b: &Bytes, range: std::ops::Range<usize>) -> Option<Bytes> {
+    b.get(range.clone())?;
+    Some(b.slice(range))
 }
 
 pub(crate) fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
