@@ -450,6 +450,61 @@ def case_narrow(ctx):
     c.finish()
 
 
+MODULES_JS = """
+async () => {
+  const m = await import('./metrics.js');
+  const d = await import('./diff.js');
+  const h = (pairs) => ({ buckets: pairs.map(([le, v]) => [le === '+Inf' ? Infinity : le, v]) });
+  const before = h([[0.001, 0], [0.002, 0], [0.005, 0], ['+Inf', 0]]);
+  const after = h([[0.001, 0], [0.002, 50], [0.005, 100], ['+Inf', 100]]);
+  const text = 'sortie_requests_total{deployment="a\\\\\\"b",outcome="ok"} 7\\n'
+    + 'sortie_requests_total{deployment="c",outcome="upstream_reset"} 2\\n'
+    + 'sortie_request_stage_seconds_bucket{stage="total",le="0.001"} 3\\n'
+    + 'sortie_request_stage_seconds_bucket{stage="total",le="+Inf"} 9\\n# HELP x\\nsortie_active_requests 4\\n';
+  const s = m.sample(text, 1000);
+  const sampler = new m.Sampler();
+  sampler.push(m.sample('sortie_requests_total{deployment="a",outcome="ok"} 10\\n', 0));
+  sampler.push(m.sample('sortie_requests_total{deployment="a",outcome="ok"} 30\\n'
+    + 'sortie_requests_total{deployment="a",outcome="cancelled"} 4\\n', 2000));
+  const pr = d.pretty({ a: { b: [1, 2] } });
+  return {
+    p50: m.quantile(0.5, before, after),
+    p99: m.quantile(0.99, before, after),
+    empty: m.quantile(0.5, before, before),
+    label: m.parse(text)[0].labels.deployment,
+    outcomes: [...s.outcomes.entries()],
+    buckets: s.buckets.length,
+    active: s.active,
+    rate: sampler.rate(),
+    errors: sampler.errors(),
+    diff: d.diffLines(['a', 'b', 'c'], ['a', 'x', 'c']).map((x) => x.op + x.text),
+    line: pr.at.get('a.b[1]'),
+    fallback: d.lineOf(pr.at, 'a.c.d'),
+    same: pr.text === JSON.stringify({ a: { b: [1, 2] } }, null, 2),
+  };
+}
+"""
+
+
+def case_modules(ctx):
+    """The page's own modules, imported in the browser: quantiles, rates, parsing, diffs."""
+    c = Case(ctx, "modules")
+    p = c.page
+    p.goto(Env.admin + "/admin/")
+    r = p.evaluate(MODULES_JS)
+    assert abs(r["p50"] - 0.002) < 1e-9, r
+    assert abs(r["p99"] - 0.00494) < 1e-9, r
+    assert r["empty"] is None, r
+    assert r["label"] == 'a"b', r
+    assert r["outcomes"] == [["ok", 7], ["upstream_reset", 2]], r
+    assert r["buckets"] == 2 and r["active"] == 4, r
+    assert r["rate"] == [[2000, 12]], r
+    assert r["errors"] == {"cancelled": [[2000, 2]]}, r
+    assert r["diff"] == [" a", "-b", "+x", " c"], r
+    assert r["line"] == 4 and r["fallback"] == 1 and r["same"], r
+    c.finish()
+
+
 # Every visible text's contrast against its effective background (WCAG 2 relative luminance):
 # at least 4.5:1, or 3:1 for large text (24px, or 18.66px bold).
 CONTRAST_JS = """
@@ -514,7 +569,7 @@ def case_contrast_and_keyboard(ctx):
     c.finish()
 
 
-CASES = [case_sign_in, case_overview_plots, case_config_save, case_stale_save, case_invalid_422,
+CASES = [case_modules, case_sign_in, case_overview_plots, case_config_save, case_stale_save, case_invalid_422,
          case_rollback, case_workers, case_rollouts, case_cancel, case_narrow,
          case_contrast_and_keyboard]
 
