@@ -298,6 +298,50 @@ fn head_only(gw: &Gateway, method: &str, path: &str, content_length: usize) -> R
     support::gateway::parse_response(&raw)
 }
 
+/// Every admin route but the probes needs the token, and it is checked from the head: a
+/// request announcing a body without sending it is answered 401 at once (the body is never
+/// awaited) and its connection closed.
+#[test]
+fn a_request_without_the_admin_token_is_refused_from_its_head() {
+    let gw = Gateway::start();
+    let addr = gw.admin.expect("admin listener");
+    let routes = [
+        ("PUT", CONFIG),
+        ("POST", ROLLBACK),
+        ("POST", "/api/v1/admin/workers/local/drain"),
+        ("GET", CONFIG),
+        ("DELETE", "/api/v1/admin/requests/req_x"),
+        ("GET", "/metrics"),
+        ("PUT", "/no/such/route"),
+    ];
+    for (method, path) in routes {
+        for auth in ["", "Authorization: Bearer wrong-token\r\n"] {
+            let mut s = TcpStream::connect(addr).expect("connect");
+            // Far shorter than any server timeout: an answer this soon came from the head.
+            s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}\
+                 Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).expect("write head");
+            let mut raw = Vec::new();
+            let read = s.read_to_end(&mut raw);
+            assert!(
+                read.is_ok(),
+                "{method} {path}: no answer and no close: {read:?}"
+            );
+            let r = support::gateway::parse_response(&raw);
+            assert_eq!(r.status, 401, "{method} {path} [{auth}]: {}", r.text());
+            assert_eq!(error_of(&r), "admin_auth_required");
+        }
+    }
+    // The probes stay open.
+    for path in ["/healthz", "/readyz"] {
+        let r = http(addr, "GET", path, &[], b"");
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+}
+
 /// A snapshot document padded with trailing whitespace (valid JSON) to exactly `len` bytes.
 fn padded_snapshot(timeout_ms: u64, len: usize) -> Vec<u8> {
     let mut b = snapshot(timeout_ms).to_string().into_bytes();

@@ -207,6 +207,19 @@ fn snapshot_error(e: &SnapshotError) -> AdminAnswer {
     }
 }
 
+/// Paths served without the admin token: the probes. (The HTTP adapter adds its own: the
+/// OpenAPI document and the dashboard's files.)
+pub(crate) fn is_public_path(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz")
+}
+
+/// Whether `authorization` carries the admin bearer token (constant-time comparison).
+pub(crate) fn is_authorized(ctx: &AdminContext, authorization: Option<&[u8]>) -> bool {
+    authorization
+        .and_then(bearer)
+        .is_some_and(|t| token_matches(&ctx.state.admin_token, t))
+}
+
 /// Serves one admin request.
 pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
     match (req.method, req.path) {
@@ -219,23 +232,24 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
             }
         }
         ("GET" | "HEAD", "/readyz") => {
-            return match ctx.store.latest_config().await {
-                Ok(Some(_)) => AdminAnswer {
+            // From the cold thread's last probe: a readiness check queues nothing, so a flood
+            // of them cannot crowd out admin writes.
+            return if ctx.store.is_ready() {
+                AdminAnswer {
                     status: 200,
                     etag: None,
                     content_type: "text/plain",
                     body: b"ready\n".to_vec(),
-                },
-                _ => AdminAnswer::diagnostic(503, "store unavailable"),
+                }
+            } else {
+                AdminAnswer::diagnostic(503, "store unavailable")
             };
         }
         _ => {}
     }
-    let authorized = req
-        .authorization
-        .and_then(bearer)
-        .is_some_and(|t| token_matches(&ctx.state.admin_token, t));
-    if !authorized {
+    // The HTTP adapter already refused a missing or wrong token from the head; checked again
+    // so that this function stands on its own.
+    if !is_authorized(ctx, req.authorization) {
         return AdminAnswer::error(AdminErrorKind::AuthRequired);
     }
     if req.body.len() > MAX_ADMIN_BODY_BYTES {

@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use sortie_core::error::{admin_error_json, ApiError, ErrorCode};
+use sortie_core::error::{admin_error_json, AdminErrorKind, ApiError, ErrorCode};
 use sortie_core::limits::{MAX_ADMIN_BODY_BYTES, MAX_REQUEST_ENVELOPE_BYTES};
 use sortie_core::request::envelope_too_large;
 
@@ -175,14 +175,26 @@ impl AdminHandler {
 impl Handler for AdminHandler {
     type Admission = ();
 
+    /// Public routes (probes, the OpenAPI document, the dashboard's files; decision 050) take
+    /// no body. Everything else needs the admin token, checked here from the head: a request
+    /// without it is refused before a body byte is read, and its connection is closed rather
+    /// than drained (decision 040).
     fn admit(&self, req: &RequestParts) -> Result<Admitted<()>, Response> {
-        // Decision 050: the dashboard's static files need no token (the page asks for it) and
-        // no body.
-        if dashboard::is_dashboard_path(req.path()) {
+        let path = req.path();
+        if dashboard::is_dashboard_path(path)
+            || admin::is_public_path(path)
+            || path == openapi::OPENAPI_PATH
+        {
             return Ok(Admitted {
                 body_limit: 0,
                 admission: (),
             });
+        }
+        if !admin::is_authorized(&self.ctx, req.header("authorization")) {
+            let kind = AdminErrorKind::AuthRequired;
+            return Err(
+                Response::json(kind.http_status(), admin_error_json(kind.as_str())).closing(),
+            );
         }
         Ok(Admitted {
             body_limit: MAX_ADMIN_BODY_BYTES as u64 + 1,

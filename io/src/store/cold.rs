@@ -5,11 +5,20 @@
 //! channel (a full queue fails fast with [`StoreError::Busy`]) and await a
 //! `futures_channel::oneshot` reply, which the cold thread completes from its own thread; the
 //! waker crosses threads because monoio runs with its `sync` feature.
+//!
+//! Readiness: the cold thread probes the store every [`READINESS_PROBE_INTERVAL`] (between
+//! commands, or when idle) and publishes the outcome in atomics that [`ColdHandle::is_ready`]
+//! reads, so a readiness check never queues work: a flood of `/readyz` cannot fill the queue
+//! that admin writes need. A probe older than [`READINESS_STALE_AFTER`] (the thread is stuck
+//! on a stalled disk) or a stopped thread reads as not ready.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use futures_channel::oneshot;
 
 use super::{ConfigRecord, RecordStore, StoreError, WorkerSettings};
@@ -18,6 +27,20 @@ use super::{ConfigRecord, RecordStore, StoreError, WorkerSettings};
 /// [`StoreError::Busy`]. Admin operations are rare; a queue this deep only fills when the disk
 /// has stalled, and then failing fast is better than piling up work on the hot cores.
 pub const COMMAND_QUEUE_CAPACITY: usize = 1024;
+
+/// How often the cold thread checks that the store answers.
+pub const READINESS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// A readiness probe older than this reads as not ready: the cold thread has been inside one
+/// operation that long, so admin operations would wait as long.
+pub const READINESS_STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// The outcome of the last readiness probe, written by the cold thread only.
+#[derive(Debug, Default)]
+struct Readiness {
+    is_ready: AtomicBool,
+    /// `clock::monotonic_ms_at` of the probe.
+    probed_at_ms: AtomicU64,
+}
 
 /// Name of the cold thread, as shown by `ps -T`, `top -H` and debuggers.
 const THREAD_NAME: &str = "sortie-cold";
@@ -50,20 +73,35 @@ impl ColdThread {
         capacity: usize,
     ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
         let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        let readiness = Arc::new(Readiness::default());
+        let published = readiness.clone();
         let join = std::thread::Builder::new()
             .name(THREAD_NAME.into())
-            .spawn(move || serve(store, &rx))
+            .spawn(move || serve(store, &rx, &published))
             .map_err(|e| StoreError::Io(format!("cannot start the cold thread: {e}")))?;
-        Ok((ColdHandle { tx }, join))
+        Ok((ColdHandle { tx, readiness }, join))
     }
 }
 
 /// The cold thread's loop. Commands are served in arrival order; a shutdown serves what was
 /// queued before it, then stops.
-fn serve(mut store: Box<dyn RecordStore + Send>, rx: &Receiver<Command>) {
+fn serve(mut store: Box<dyn RecordStore + Send>, rx: &Receiver<Command>, readiness: &Readiness) {
     tracing::debug!("cold thread started");
-    // `recv` fails once every sender is gone and the queue is empty: the drop-to-stop path.
-    while let Ok(command) = rx.recv() {
+    let mut next_probe = probe(&mut *store, readiness);
+    loop {
+        let wait = next_probe.saturating_duration_since(Instant::now());
+        // `recv` fails once every sender is gone and the queue is empty: the drop-to-stop path.
+        let command = match rx.recv_timeout(wait) {
+            Ok(command) => command,
+            Err(RecvTimeoutError::Timeout) => {
+                next_probe = probe(&mut *store, readiness);
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        if Instant::now() >= next_probe {
+            next_probe = probe(&mut *store, readiness);
+        }
         match command {
             Command::Run(job) => run(&mut *store, job),
             Command::Shutdown => {
@@ -76,7 +114,22 @@ fn serve(mut store: Box<dyn RecordStore + Send>, rx: &Receiver<Command>) {
             }
         }
     }
+    readiness.is_ready.store(false, Ordering::Release);
     tracing::debug!("cold thread stopped");
+}
+
+/// Runs the readiness probe and publishes it; returns when the next one is due.
+fn probe(store: &mut dyn RecordStore, readiness: &Readiness) -> Instant {
+    let is_ready = matches!(
+        catch_unwind(AssertUnwindSafe(|| store.probe())),
+        Ok(Ok(true))
+    );
+    let now = Instant::now();
+    readiness
+        .probed_at_ms
+        .store(crate::clock::monotonic_ms_at(now), Ordering::Release);
+    readiness.is_ready.store(is_ready, Ordering::Release);
+    now + READINESS_PROBE_INTERVAL
 }
 
 /// Runs one job. A panic inside the store is a bug, but it must not take the persistence of
@@ -97,9 +150,19 @@ fn run(store: &mut dyn RecordStore, job: Job) {
 #[derive(Debug, Clone)]
 pub struct ColdHandle {
     tx: Sender<Command>,
+    readiness: Arc<Readiness>,
 }
 
 impl ColdHandle {
+    /// Whether the store answered the cold thread's last probe with a configuration, and that
+    /// probe is recent. Reads two atomics; queues nothing.
+    pub fn is_ready(&self) -> bool {
+        let now = crate::clock::monotonic_ms_at(Instant::now());
+        let at = self.readiness.probed_at_ms.load(Ordering::Acquire);
+        let stale_ms = u64::try_from(READINESS_STALE_AFTER.as_millis()).unwrap_or(u64::MAX);
+        self.readiness.is_ready.load(Ordering::Acquire) && now.saturating_sub(at) <= stale_ms
+    }
+
     /// Runs `op` on the cold thread and awaits its result. The building block of the typed
     /// methods, public so that callers can group several store calls into one round trip.
     pub async fn call<T, F>(&self, op: F) -> Result<T, StoreError>

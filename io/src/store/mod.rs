@@ -13,7 +13,9 @@ mod migrations;
 mod record;
 mod sqlite;
 
-pub use cold::{ColdHandle, ColdThread, COMMAND_QUEUE_CAPACITY};
+pub use cold::{
+    ColdHandle, ColdThread, COMMAND_QUEUE_CAPACITY, READINESS_PROBE_INTERVAL, READINESS_STALE_AFTER,
+};
 pub use error::StoreError;
 pub use migrations::SCHEMA_VERSION;
 pub use record::{ConfigRecord, WorkerSettings};
@@ -43,6 +45,13 @@ pub const BOOTSTRAP_ACTION: &str = "bootstrap";
 pub trait RecordStore {
     /// The newest config record, or `None` when the history is empty.
     fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError>;
+
+    /// Whether the store answers and holds a configuration: the readiness probe the cold
+    /// thread runs periodically. Backends override it with a query cheaper than reading the
+    /// newest snapshot.
+    fn probe(&mut self) -> Result<bool, StoreError> {
+        self.latest_config().map(|r| r.is_some())
+    }
 
     /// The config record with this revision, or `None` when it never existed or was pruned.
     fn config_at(&mut self, revision: u64) -> Result<Option<ConfigRecord>, StoreError>;

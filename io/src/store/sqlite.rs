@@ -279,6 +279,14 @@ impl RecordStore for SqliteStore {
         latest_config_in(&self.conn)
     }
 
+    fn probe(&mut self) -> Result<bool, StoreError> {
+        self.conn
+            .query_row("SELECT EXISTS(SELECT 1 FROM config_records)", [], |r| {
+                r.get::<_, bool>(0)
+            })
+            .map_err(map_error)
+    }
+
     fn config_at(&mut self, revision: u64) -> Result<Option<ConfigRecord>, StoreError> {
         let Some(revision) = revision_to_db(revision) else {
             return Ok(None);
