@@ -567,3 +567,34 @@ fn serve_raises_the_soft_open_file_limit() {
     p.sigterm();
     assert!(p.wait().success(), "{}", p.output());
 }
+
+/// Decision 041: a panic on a hot core stops the whole process with exit status 70 and a log
+/// line saying so, rather than leaving a live process with a dead core. The debug build's
+/// `SORTIE_DEBUG_PANIC_CORE` makes core 0 panic shortly after the start.
+#[test]
+fn a_panic_on_a_core_stops_the_process_with_status_70() {
+    let dir = temp_dir("core-panic");
+    let config = write_config(&dir, "");
+    let config = config.to_str().expect("utf-8 path");
+    let mut p = Proc::start(
+        &["serve", "--config", config],
+        &dir,
+        &[("SORTIE_DEBUG_PANIC_CORE", "0")],
+    );
+    assert!(
+        p.until(|l| l.trim_start().starts_with("api:")).is_some(),
+        "no banner:\n{}",
+        p.output()
+    );
+    let status = p.wait();
+    assert_eq!(status.code(), Some(70), "{status:?}:\n{}", p.output());
+    let out = p.output();
+    assert!(
+        out.contains("panicked") && out.contains("SORTIE_DEBUG_PANIC_CORE"),
+        "{out}"
+    );
+    assert!(
+        out.contains("a core thread panicked: stopping the process"),
+        "{out}"
+    );
+}

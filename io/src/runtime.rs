@@ -14,6 +14,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub const LISTEN_BACKLOG: i32 = 4096;
 /// io_uring submission queue entries per core.
 const URING_ENTRIES: u32 = 4096;
+/// Name prefix of the core threads; the panic policy recognises them by it.
+const CORE_THREAD_PREFIX: &str = "sortie-core-";
+/// Exit status of a process stopped by a panic on a core thread (`EX_SOFTWARE`, sysexits.h).
+pub const CORE_PANIC_EXIT_CODE: i32 = 70;
 
 /// Which monoio driver the cores run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +122,7 @@ where
     for index in 0..n {
         let entry = entry.clone();
         let h = std::thread::Builder::new()
-            .name(format!("sortie-core-{index}"))
+            .name(format!("{CORE_THREAD_PREFIX}{index}"))
             .spawn(move || {
                 if let Err(e) = monoio::utils::bind_to_cpu_set([index % cpus]) {
                     tracing::debug!(core = index, error = ?e, "could not pin core thread");
@@ -129,6 +133,30 @@ where
         handles.push(h);
     }
     Ok(handles)
+}
+
+/// Installs the process's panic policy (decision 041): a panic on a core thread stops the
+/// whole process at once with [`CORE_PANIC_EXIT_CODE`], after the standard panic message and
+/// an error log line. A core that died would leave its listeners' accept queues, its pooled
+/// connections and its share of the requests to nobody while the process looked alive; a
+/// supervisor (systemd, Kubernetes) restarts a process that exits. Panics on other threads
+/// are left to their owners (the cold thread catches a store operation's panic and fails
+/// that call). Call once, before the cores start.
+pub fn exit_on_core_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        let thread = std::thread::current();
+        let Some(name) = thread.name().filter(|n| n.starts_with(CORE_THREAD_PREFIX)) else {
+            return;
+        };
+        tracing::error!(
+            thread = name,
+            exit_code = CORE_PANIC_EXIT_CODE,
+            "a core thread panicked: stopping the process"
+        );
+        std::process::exit(CORE_PANIC_EXIT_CODE);
+    }));
 }
 
 /// Runs a future to completion on a new runtime of the given driver, on this thread.

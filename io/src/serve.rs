@@ -258,6 +258,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         }
     }
 
+    crate::runtime::exit_on_core_panic();
     let core_state = state.clone();
     let core_trigger = trigger.clone();
     let handles = spawn_cores(n, move |ctx| {
@@ -285,6 +286,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         let admin_ctx = admin_ctx.clone();
         let metrics = metrics.clone();
         async move {
+            #[cfg(debug_assertions)]
+            debug_panic_core(ctx.index);
             let active = Rc::new(ActiveRequests::default());
             if let Some(rx) = rx {
                 monoio::spawn(run_mailbox(rx, active.clone()));
@@ -372,6 +375,19 @@ struct ListenAddrs {
     api: SocketAddr,
     admin: Option<SocketAddr>,
     proxy: Option<SocketAddr>,
+}
+
+/// Debug builds only: `SORTIE_DEBUG_PANIC_CORE=<index>` makes that core panic shortly after it
+/// starts, so that tests can check the panic policy (decision 041) on a real process.
+#[cfg(debug_assertions)]
+fn debug_panic_core(index: usize) {
+    let wanted = std::env::var("SORTIE_DEBUG_PANIC_CORE").ok();
+    if wanted.and_then(|v| v.parse::<usize>().ok()) == Some(index) {
+        monoio::spawn(async {
+            monoio::time::sleep(Duration::from_millis(200)).await;
+            panic!("panic requested by SORTIE_DEBUG_PANIC_CORE");
+        });
+    }
 }
 
 fn print_banner(
