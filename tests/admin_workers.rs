@@ -385,3 +385,47 @@ fn a_drained_worker_finishes_its_running_request() {
     assert_eq!(answer.json()["status"], 200);
     assert_eq!(worker_item(&list(&gw), "solo")["capacity"]["active"], 0);
 }
+
+/// Decision 042: actions on ids no worker registered create settings records only up to
+/// 1024; past that they are refused with 400 and nothing is stored, while actions on known
+/// workers (registered or already recorded) go on.
+#[test]
+fn settings_records_for_unknown_workers_are_bounded() {
+    const BOUND: usize = 1024;
+    let gw = Gateway::start();
+    let drain = |id: &str, revision: u64| {
+        let tag = format!("\"{revision}\"");
+        admin(
+            &gw,
+            "POST",
+            &format!("{WORKERS}/{id}/drain"),
+            &[("If-Match", &tag)],
+            b"",
+        )
+    };
+    for i in 0..BOUND {
+        let r = drain(&format!("ghost-{i}"), 0);
+        assert_eq!(r.status, 200, "ghost-{i}: {}", r.text());
+    }
+    let r = drain("ghost-over", 0);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("1024"), "{}", r.text());
+    let items = admin_items(&gw, WORKERS);
+    assert!(items.iter().all(|w| w["worker_id"] != "ghost-over"));
+    let unregistered = items
+        .iter()
+        .filter(|w| w["state"] == "unregistered")
+        .count();
+    assert_eq!(unregistered, BOUND);
+    // Known ids are not affected by the bound.
+    let r = admin(
+        &gw,
+        "POST",
+        &format!("{WORKERS}/ghost-7/undrain"),
+        &[("If-Match", "\"1\"")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = drain("local", 0);
+    assert_eq!(r.status, 200, "{}", r.text());
+}

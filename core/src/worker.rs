@@ -24,6 +24,10 @@ pub const MAX_WORKER_PROFILES: usize = 64;
 pub const MAX_WORKER_CAPACITY: u32 = 1_000_000;
 /// Longest session identifier of a worker registration.
 pub const MAX_SESSION_BYTES: usize = 128;
+/// Most workers an admin action may give a settings record while no worker of that id has
+/// registered (listed as `unregistered`, decision 042). Each is a store row and a registry
+/// entry: without a bound, actions on made-up ids would grow both without end.
+pub const MAX_UNREGISTERED_WORKERS: usize = 1024;
 /// The pool of a worker that names none (decision 017).
 pub const DEFAULT_POOL: &str = "direct";
 
@@ -550,6 +554,13 @@ pub enum ActionError {
         /// The revision the next attempt must carry.
         current: u64,
     },
+    /// The id is unknown and [`MAX_UNREGISTERED_WORKERS`] unregistered workers already have
+    /// settings records.
+    #[error("at most {limit} workers that never registered may have settings")]
+    TooManyUnregistered {
+        /// The bound.
+        limit: usize,
+    },
 }
 
 /// All workers known to one control instance, ordered by worker id.
@@ -588,10 +599,7 @@ impl WorkerRegistry {
     /// Loads persisted settings at startup. A worker that has not registered yet is listed as
     /// `unregistered` and is not routable.
     pub fn restore_settings(&mut self, id: ConfigId, settings: WorkerSettings) {
-        self.workers
-            .entry(id.clone())
-            .and_modify(|r| r.settings = settings)
-            .or_insert_with(|| WorkerRecord::unregistered(id, settings));
+        self.set_settings(id, settings);
     }
 
     /// Registers (or re-registers) a worker. Operator settings survive re-registration. A new
@@ -661,7 +669,8 @@ impl WorkerRegistry {
 
     /// Applies an admin action under optimistic concurrency: `if_match` must equal the worker's
     /// settings revision (0 for a worker without a settings record, decision 017). A worker id
-    /// that is unknown gets a settings record and is listed as `unregistered`.
+    /// that is unknown gets a settings record and is listed as `unregistered`, within
+    /// [`MAX_UNREGISTERED_WORKERS`].
     pub fn apply_action(
         &mut self,
         id: &str,
@@ -669,20 +678,52 @@ impl WorkerRegistry {
         if_match: u64,
     ) -> Result<&WorkerRecord, ActionError> {
         let id = ConfigId::parse(id).map_err(ActionError::InvalidId)?;
-        let current = self
-            .workers
-            .get(id.as_str())
-            .map_or(0, |r| r.settings.revision);
-        if current != if_match {
-            return Err(ActionError::RevisionConflict { current });
+        let next = self.plan_action(&id, action, if_match)?;
+        Ok(self.set_settings(id, next))
+    }
+
+    /// The settings an admin action would give the worker, with the revision moved on, without
+    /// changing anything: the caller commits them to the store, then applies them with
+    /// [`WorkerRegistry::set_settings`], which cannot fail. Checks the revision and the bound
+    /// on unregistered workers.
+    pub fn plan_action(
+        &self,
+        id: &ConfigId,
+        action: WorkerAction,
+        if_match: u64,
+    ) -> Result<WorkerSettings, ActionError> {
+        let record = self.workers.get(id.as_str());
+        let mut next = record.map(|r| r.settings).unwrap_or_default();
+        if next.revision != if_match {
+            return Err(ActionError::RevisionConflict {
+                current: next.revision,
+            });
         }
-        let record = self
-            .workers
+        if record.is_none() && self.unregistered_count() >= MAX_UNREGISTERED_WORKERS {
+            return Err(ActionError::TooManyUnregistered {
+                limit: MAX_UNREGISTERED_WORKERS,
+            });
+        }
+        action.apply(&mut next);
+        next.revision = if_match.saturating_add(1);
+        Ok(next)
+    }
+
+    /// Sets a worker's settings as committed to the store; an unknown id gets a record listed
+    /// as `unregistered`.
+    pub fn set_settings(&mut self, id: ConfigId, settings: WorkerSettings) -> &WorkerRecord {
+        self.workers
             .entry(id.clone())
-            .or_insert_with(|| WorkerRecord::unregistered(id, WorkerSettings::default()));
-        action.apply(&mut record.settings);
-        record.settings.revision = current.saturating_add(1);
-        Ok(record)
+            .and_modify(|r| r.settings = settings)
+            .or_insert_with(|| WorkerRecord::unregistered(id, settings))
+    }
+
+    /// Workers listed as `unregistered`: settings records without a registration.
+    pub fn unregistered_count(&self) -> usize {
+        self.workers
+            .values()
+            .filter(|r| r.state == WorkerState::Unregistered)
+            .count()
     }
 }
 
@@ -989,5 +1030,31 @@ mod tests {
             IngressSet::from_advertised(&[Ingress::Api]).iter().count(),
             1
         );
+    }
+
+    #[test]
+    fn planning_changes_nothing_and_unknown_ids_are_bounded() {
+        let mut reg = WorkerRegistry::new();
+        let ghost = ConfigId::parse("ghost-0").unwrap();
+        let next = reg.plan_action(&ghost, WorkerAction::Drain, 0).unwrap();
+        assert!(next.is_draining && next.revision == 1);
+        assert!(reg.is_empty());
+        assert_eq!(
+            reg.plan_action(&ghost, WorkerAction::Drain, 3),
+            Err(ActionError::RevisionConflict { current: 0 })
+        );
+        for i in 0..MAX_UNREGISTERED_WORKERS {
+            reg.apply_action(&format!("ghost-{i}"), WorkerAction::Drain, 0)
+                .unwrap();
+        }
+        let over = ConfigId::parse("ghost-over").unwrap();
+        assert_eq!(
+            reg.plan_action(&over, WorkerAction::Drain, 0),
+            Err(ActionError::TooManyUnregistered {
+                limit: MAX_UNREGISTERED_WORKERS
+            })
+        );
+        // A known id still moves on.
+        assert!(reg.plan_action(&ghost, WorkerAction::Undrain, 1).is_ok());
     }
 }

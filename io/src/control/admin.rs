@@ -14,7 +14,9 @@ use sortie_core::etag::{etag, require_if_match};
 use sortie_core::json::{from_slice_strict, write_str};
 use sortie_core::limits::MAX_ADMIN_BODY_BYTES;
 use sortie_core::snapshot::{decode_snapshot, SnapshotError, ValidatedSnapshot};
-use sortie_core::worker::{WorkerAction, WorkerRecord, WorkerSettings as CoreSettings};
+use sortie_core::worker::{
+    ActionError, WorkerAction, WorkerRecord, WorkerSettings as CoreSettings,
+};
 
 use super::core::{cancel_request, list_active};
 use super::state::ControlState;
@@ -552,9 +554,9 @@ async fn worker_action(
             "unknown action: use drain, undrain, disable or enable",
         );
     };
-    if sortie_core::snapshot::ConfigId::parse(id).is_err() {
+    let Ok(worker_id) = sortie_core::snapshot::ConfigId::parse(id) else {
         return AdminAnswer::diagnostic(400, "worker id is not a valid identifier");
-    }
+    };
     let expected = match if_match(&req) {
         Ok(r) => r,
         Err(a) => return a,
@@ -566,17 +568,21 @@ async fn worker_action(
         Ok(a) => a,
         Err(a) => return a,
     };
+    // One step (decision 042): every check that can refuse the action runs before the commit,
+    // and what follows the commit cannot fail. Worker settings change only here, under the
+    // mutation lock, so the plan still holds when it is applied.
     let _serial = ctx.mutation.lock().await;
-    let current: CoreSettings = ctx
+    let plan = ctx
         .state
-        .with_registry(|reg, _| reg.get(id).map(|w| w.settings()).unwrap_or_default());
-    if current.revision != expected {
-        return AdminAnswer::error(AdminErrorKind::RevisionConflict);
-    }
-    let mut next = current;
-    action.apply(&mut next);
-    // Commit first; the registry (and so routing) changes only after the store accepted it.
-    if let Err(e) = ctx
+        .with_registry(|reg, _| reg.plan_action(&worker_id, action, expected));
+    let next = match plan {
+        Ok(next) => next,
+        Err(ActionError::RevisionConflict { .. }) => {
+            return AdminAnswer::error(AdminErrorKind::RevisionConflict)
+        }
+        Err(e) => return AdminAnswer::diagnostic(400, &e.to_string()),
+    };
+    let stored = match ctx
         .store
         .update_worker_settings(
             id,
@@ -588,27 +594,25 @@ async fn worker_action(
         )
         .await
     {
-        return store_error(&e);
-    }
+        Ok(stored) => stored,
+        Err(e) => return store_error(&e),
+    };
+    // The store's record is the truth; it equals the plan unless the store was changed
+    // behind this process's back, and then memory follows the store.
+    let committed = CoreSettings {
+        is_enabled: stored.is_enabled,
+        is_draining: stored.is_draining,
+        revision: stored.revision,
+    };
     // The answer is the worker record as the list shows it, live capacity included.
     let active = ctx
         .state
         .with_registry(|_, slots| slots.get(id).map_or(0, |s| s.active()));
-    let answer = ctx
-        .state
-        .update_registry(|reg| match reg.apply_action(id, action, expected) {
-            Ok(w) => {
-                let mut out = Vec::new();
-                write_worker(&mut out, w, active);
-                Ok((out, w.settings().revision))
-            }
-            Err(e) => Err(e),
-        });
-    match answer {
-        Ok((body, revision)) => {
-            tracing::info!(worker = id, action = action.as_str(), actor = %actor, revision, "worker action");
-            AdminAnswer::json(200, body).with_etag(revision)
-        }
-        Err(_) => AdminAnswer::error(AdminErrorKind::RevisionConflict),
-    }
+    let body = ctx.state.update_registry(|reg| {
+        let mut out = Vec::new();
+        write_worker(&mut out, reg.set_settings(worker_id, committed), active);
+        out
+    });
+    tracing::info!(worker = id, action = action.as_str(), actor = %actor, revision = committed.revision, "worker action");
+    AdminAnswer::json(200, body).with_etag(committed.revision)
 }
