@@ -556,3 +556,32 @@ fn receipt_routes_are_404_without_object_storage() {
         assert_eq!(r.json()["code"], "receipt_error", "{method} {path}");
     }
 }
+
+/// The server limits are `[control.server]` keys (decision 002): with short values, an idle
+/// keep-alive connection is closed and a head that never completes is answered 408, both in
+/// well under the defaults (60 s and 10 s).
+#[test]
+fn server_timeouts_come_from_the_config() {
+    let gw = Gateway::builder()
+        .control("[control.server]\nidle_timeout_ms = 300\nheader_timeout_ms = 500\n")
+        .start();
+    let started = Instant::now();
+    let mut idle = TcpStream::connect(gw.api).expect("connect");
+    idle.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut raw = Vec::new();
+    assert!(
+        idle.read_to_end(&mut raw).is_ok(),
+        "the idle connection stayed open"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let started = Instant::now();
+    let mut slow = TcpStream::connect(gw.api).expect("connect");
+    slow.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .expect("partial head");
+    let mut raw = Vec::new();
+    let _ = slow.read_to_end(&mut raw);
+    assert_eq!(parse_response(&raw).status, 408, "{raw:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

@@ -10,8 +10,12 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Deserialize;
 
 use crate::limits::{
+    DEFAULT_BODY_TIMEOUT_MS, DEFAULT_EGRESS_CONNECT_TIMEOUT_MS, DEFAULT_EGRESS_IDLE_TIMEOUT_MS,
+    DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS_PER_CORE,
     DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES, DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
-    DEFAULT_MAX_TIMEOUT_MS, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES,
+    DEFAULT_MAX_TIMEOUT_MS, DEFAULT_POOL_IDLE_TIMEOUT_MS, DEFAULT_SERVER_IDLE_TIMEOUT_MS,
+    DEFAULT_WRITE_TIMEOUT_MS, MAX_CONNECTIONS_PER_CORE_LIMIT, MAX_LIMIT_TIMEOUT_MS,
+    MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES, MIN_LIMIT_TIMEOUT_MS,
     MIN_TIMEOUT_MS,
 };
 use crate::routing::{CountryCode, Ingress};
@@ -109,6 +113,9 @@ pub struct ControlConfig {
     /// `[control.request]`.
     #[serde(default)]
     pub request: RequestLimitsConfig,
+    /// `[control.server]`.
+    #[serde(default)]
+    pub server: ServerLimitsConfig,
 }
 
 fn default_api_listen() -> String {
@@ -132,6 +139,7 @@ impl Default for ControlConfig {
             data_dir: default_data_dir(),
             bootstrap_snapshot: None,
             request: RequestLimitsConfig::default(),
+            server: ServerLimitsConfig::default(),
         }
     }
 }
@@ -167,6 +175,56 @@ impl Default for RequestLimitsConfig {
             max_timeout_ms: DEFAULT_MAX_TIMEOUT_MS,
             max_inline_request_body_bytes: DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES,
             max_inline_response_body_bytes: DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+        }
+    }
+}
+
+/// `[control.server]`: limits of the HTTP servers behind every listener (API, admin, proxy),
+/// applied per core and per listener (decision 002).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerLimitsConfig {
+    /// A whole request head, from its first byte; then 408 and close.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_timeout_ms: u64,
+    /// A keep-alive connection waiting for its next request; then it is closed.
+    #[serde(default = "default_server_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Without a request body byte arriving while a body is read; then 408 and close.
+    #[serde(default = "default_body_timeout_ms")]
+    pub body_timeout_ms: u64,
+    /// One response write making no progress; then the connection is closed.
+    #[serde(default = "default_write_timeout_ms")]
+    pub write_timeout_ms: u64,
+    /// Connections one core serves at once on one listener; beyond it, 503 and close.
+    #[serde(default = "default_max_connections_per_core")]
+    pub max_connections_per_core: usize,
+}
+
+fn default_header_timeout_ms() -> u64 {
+    DEFAULT_HEADER_TIMEOUT_MS
+}
+fn default_server_idle_timeout_ms() -> u64 {
+    DEFAULT_SERVER_IDLE_TIMEOUT_MS
+}
+fn default_body_timeout_ms() -> u64 {
+    DEFAULT_BODY_TIMEOUT_MS
+}
+fn default_write_timeout_ms() -> u64 {
+    DEFAULT_WRITE_TIMEOUT_MS
+}
+fn default_max_connections_per_core() -> usize {
+    DEFAULT_MAX_CONNECTIONS_PER_CORE
+}
+
+impl Default for ServerLimitsConfig {
+    fn default() -> Self {
+        ServerLimitsConfig {
+            header_timeout_ms: DEFAULT_HEADER_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_SERVER_IDLE_TIMEOUT_MS,
+            body_timeout_ms: DEFAULT_BODY_TIMEOUT_MS,
+            write_timeout_ms: DEFAULT_WRITE_TIMEOUT_MS,
+            max_connections_per_core: DEFAULT_MAX_CONNECTIONS_PER_CORE,
         }
     }
 }
@@ -291,12 +349,42 @@ pub struct StoreConfig {
 }
 
 /// `[egress]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressConfig {
     /// PEM file of extra trusted roots, in addition to the bundled web PKI roots.
     #[serde(default)]
     pub ca_file: Option<String>,
+    /// One connect attempt (per resolved address), and again the TLS handshake.
+    #[serde(default = "default_egress_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Without a byte moving while the request is written or the response body read.
+    #[serde(default = "default_egress_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// How long an idle upstream connection is kept for reuse.
+    #[serde(default = "default_pool_idle_timeout_ms")]
+    pub pool_idle_timeout_ms: u64,
+}
+
+fn default_egress_connect_timeout_ms() -> u64 {
+    DEFAULT_EGRESS_CONNECT_TIMEOUT_MS
+}
+fn default_egress_idle_timeout_ms() -> u64 {
+    DEFAULT_EGRESS_IDLE_TIMEOUT_MS
+}
+fn default_pool_idle_timeout_ms() -> u64 {
+    DEFAULT_POOL_IDLE_TIMEOUT_MS
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            ca_file: None,
+            connect_timeout_ms: DEFAULT_EGRESS_CONNECT_TIMEOUT_MS,
+            idle_timeout_ms: DEFAULT_EGRESS_IDLE_TIMEOUT_MS,
+            pool_idle_timeout_ms: DEFAULT_POOL_IDLE_TIMEOUT_MS,
+        }
+    }
 }
 
 /// `[[workers]]`: a local executor.
@@ -398,6 +486,31 @@ impl Config {
             if v > MAX_INLINE_BODY_LIMIT {
                 return Err(err(k, format!("must be at most {MAX_INLINE_BODY_LIMIT}")));
             }
+        }
+
+        let sv = &c.server;
+        let e = &self.egress;
+        for (k, v) in [
+            ("control.server.header_timeout_ms", sv.header_timeout_ms),
+            ("control.server.idle_timeout_ms", sv.idle_timeout_ms),
+            ("control.server.body_timeout_ms", sv.body_timeout_ms),
+            ("control.server.write_timeout_ms", sv.write_timeout_ms),
+            ("egress.connect_timeout_ms", e.connect_timeout_ms),
+            ("egress.idle_timeout_ms", e.idle_timeout_ms),
+            ("egress.pool_idle_timeout_ms", e.pool_idle_timeout_ms),
+        ] {
+            if !(MIN_LIMIT_TIMEOUT_MS..=MAX_LIMIT_TIMEOUT_MS).contains(&v) {
+                return Err(err(
+                    k,
+                    format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
+                ));
+            }
+        }
+        if !(1..=MAX_CONNECTIONS_PER_CORE_LIMIT).contains(&sv.max_connections_per_core) {
+            return Err(err(
+                "control.server.max_connections_per_core",
+                format!("must be 1 to {MAX_CONNECTIONS_PER_CORE_LIMIT}"),
+            ));
         }
 
         let mut seen = Vec::new();
@@ -683,10 +796,49 @@ bind_address = "127.0.0.2"
             ("[object_storage]\nenabled = true\nbackend = \"s3\"", "object_storage.bucket"),
             ("[store]\nbackend = \"postgres\"", "store.url_env"),
             ("[store]\nbackend = \"mysql\"", "line 2"),
+            ("[control.server]\nheader_timeout_ms = 5", "control.server.header_timeout_ms"),
+            ("[control.server]\nmax_connections_per_core = 0", "control.server.max_connections_per_core"),
+            ("[egress]\nidle_timeout_ms = 99999999999", "egress.idle_timeout_ms"),
         ];
         for (text, path) in cases {
             let e = Config::from_toml(text).unwrap_err();
             assert!(e.to_string().starts_with(path), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn server_and_egress_limits_are_keys_with_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.control.server, ServerLimitsConfig::default());
+        assert_eq!(c.control.server.header_timeout_ms, 10_000);
+        assert_eq!(c.control.server.idle_timeout_ms, 60_000);
+        assert_eq!(c.egress.connect_timeout_ms, 10_000);
+        assert_eq!(c.egress.idle_timeout_ms, 30_000);
+        let c = Config::from_toml(
+            "[control.server]\nheader_timeout_ms = 500\nidle_timeout_ms = 700\n\
+             body_timeout_ms = 900\nwrite_timeout_ms = 1100\nmax_connections_per_core = 3\n\
+             [egress]\nconnect_timeout_ms = 200\nidle_timeout_ms = 300\npool_idle_timeout_ms = 400\n",
+        )
+        .unwrap();
+        let s = c.control.server;
+        assert_eq!(
+            (
+                s.header_timeout_ms,
+                s.idle_timeout_ms,
+                s.body_timeout_ms,
+                s.write_timeout_ms
+            ),
+            (500, 700, 900, 1100)
+        );
+        assert_eq!(s.max_connections_per_core, 3);
+        let e = &c.egress;
+        assert_eq!(
+            (
+                e.connect_timeout_ms,
+                e.idle_timeout_ms,
+                e.pool_idle_timeout_ms
+            ),
+            (200, 300, 400)
+        );
     }
 }

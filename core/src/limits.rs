@@ -34,3 +34,30 @@ pub const MAX_RECEIPT_METADATA_BYTES: usize = 64 * 1024;
 pub const MAX_URL_BYTES: usize = 8192;
 /// Bytes of a fingerprint profile name (decision 001).
 pub const MAX_PROFILE_NAME_BYTES: usize = 64;
+
+// Server and egress limits: defaults of config keys (decision 002). The io crate's servers and
+// egress client take their defaults from these, so each number is written once.
+
+/// Default of `control.server.header_timeout_ms`: a whole request head, from its first byte.
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+/// Default of `control.server.idle_timeout_ms`: a keep-alive connection between requests.
+pub const DEFAULT_SERVER_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default of `control.server.body_timeout_ms`: without a request body byte arriving.
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
+/// Default of `control.server.write_timeout_ms`: one response write making no progress.
+pub const DEFAULT_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// Default of `control.server.max_connections_per_core`, per listener.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16 * 1024;
+/// Default of `egress.connect_timeout_ms`: one connect attempt, and the TLS handshake.
+pub const DEFAULT_EGRESS_CONNECT_TIMEOUT_MS: u64 = 10_000;
+/// Default of `egress.idle_timeout_ms`: without a byte moving while the request is written or
+/// the response body read.
+pub const DEFAULT_EGRESS_IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Default of `egress.pool_idle_timeout_ms`: how long an idle upstream connection is kept.
+pub const DEFAULT_POOL_IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Smallest accepted value of the timeout keys above.
+pub const MIN_LIMIT_TIMEOUT_MS: u64 = 100;
+/// Largest accepted value of the timeout keys above (one hour).
+pub const MAX_LIMIT_TIMEOUT_MS: u64 = 3_600_000;
+/// Largest accepted `control.server.max_connections_per_core`.
+pub const MAX_CONNECTIONS_PER_CORE_LIMIT: usize = 1_000_000;

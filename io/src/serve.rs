@@ -24,8 +24,8 @@ use crate::control::proxy::{ProxyHandler, TunnelCounts, MAX_TUNNELS_PER_DEPLOYME
 use crate::control::state::ControlState;
 use crate::control::web::{AdminHandler, ApiHandler};
 use crate::dns::{Resolver, ResolverPool};
-use crate::egress::{client_config, Egress};
-use crate::http::{self, ServerConfig, ShutdownTrigger, DEFAULT_MAX_CONNECTIONS};
+use crate::egress::{client_config, Egress, PoolLimits};
+use crate::http::{self, ServerConfig, ShutdownTrigger};
 use crate::metrics::Metrics;
 use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
 use crate::store::{ColdThread, RecordStore as _, SqliteStore};
@@ -247,7 +247,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     );
     if let Some(limit) = open_files {
         // A request in flight holds a client and an upstream descriptor.
-        let wanted = (n as u64).saturating_mul(DEFAULT_MAX_CONNECTIONS as u64 * 2);
+        let per_core = config.control.server.max_connections_per_core as u64;
+        let wanted = (n as u64).saturating_mul(per_core.saturating_mul(2));
         if limit < wanted {
             tracing::warn!(
                 limit,
@@ -259,6 +260,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     }
 
     crate::runtime::exit_on_core_panic();
+    let server_config = ServerConfig::from_limits(&config.control.server);
+    let pool_limits = PoolLimits {
+        idle_timeout: Duration::from_millis(config.egress.pool_idle_timeout_ms),
+        ..PoolLimits::default()
+    };
     let core_state = state.clone();
     let core_trigger = trigger.clone();
     let handles = spawn_cores(n, move |ctx| {
@@ -285,6 +291,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         let resolver = resolver.clone();
         let admin_ctx = admin_ctx.clone();
         let metrics = metrics.clone();
+        let server_config = server_config.clone();
         async move {
             #[cfg(debug_assertions)]
             debug_panic_core(ctx.index);
@@ -292,8 +299,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             if let Some(rx) = rx {
                 monoio::spawn(run_mailbox(rx, active.clone()));
             }
-            let egress = Rc::new(Egress::new(Resolver::new(resolver), &tls));
-            let cfg = Rc::new(ServerConfig::default());
+            let egress = Rc::new(Egress::with_pool_limits(
+                Resolver::new(resolver),
+                &tls,
+                pool_limits,
+            ));
+            let cfg = Rc::new(server_config);
             let mut tasks = Vec::new();
             if let Some(sock) = proxy_sock {
                 match monoio::net::TcpListener::from_std(sock) {

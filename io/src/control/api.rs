@@ -259,7 +259,7 @@ async fn handle_inner(
         worker_id: decision.worker_id.clone(),
         bind_address: slot.bind_address(),
         is_replayable: req.is_replayable,
-        timeouts: Default::default(),
+        timeouts: limits.egress_timeouts,
     };
     let assigned = Instant::now();
     let outcome = monoio::select! {

@@ -373,7 +373,7 @@ impl ProxyHandler {
             deadline: self.deadline(started),
             timeouts: Timeouts {
                 idle: PROXY_IDLE_TIMEOUT,
-                ..Timeouts::default()
+                ..self.ctx.state.limits.egress_timeouts
             },
             policy: &active.policy,
             worker_id: &assigned.decision.worker_id,
@@ -518,7 +518,7 @@ impl ProxyHandler {
             port,
             assigned.slot.bind_address(),
             &active.policy,
-            crate::egress::CONNECT_TIMEOUT,
+            self.ctx.state.limits.egress_timeouts.connect,
             self.deadline(started),
         );
         let dialled = monoio::select! {

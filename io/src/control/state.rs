@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use sortie_core::config::Config;
@@ -30,6 +31,8 @@ pub struct Limits {
     pub max_inline_request_body_bytes: usize,
     /// `control.request.max_inline_response_body_bytes`.
     pub max_inline_response_body_bytes: usize,
+    /// `egress.connect_timeout_ms` and `egress.idle_timeout_ms` as the egress stage limits.
+    pub egress_timeouts: crate::egress::Timeouts,
 }
 
 /// One worker's live counters. Stable for the life of the process: tables rebuilt after a
@@ -171,6 +174,11 @@ impl ControlState {
                 max_timeout_ms: r.max_timeout_ms,
                 max_inline_request_body_bytes: r.max_inline_request_body_bytes,
                 max_inline_response_body_bytes: r.max_inline_response_body_bytes,
+                egress_timeouts: crate::egress::Timeouts {
+                    connect: Duration::from_millis(config.egress.connect_timeout_ms),
+                    response_header: None,
+                    idle: Duration::from_millis(config.egress.idle_timeout_ms),
+                },
             },
             auth,
             admin_token,

@@ -75,9 +75,13 @@ use crate::dns::Resolver;
 
 /// Limit of one connect attempt (TCP, and again for the TLS handshake), never past the total
 /// deadline.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// `egress.connect_timeout_ms` sets it per process.
+pub const CONNECT_TIMEOUT: Duration =
+    Duration::from_millis(sortie_core::limits::DEFAULT_EGRESS_CONNECT_TIMEOUT_MS);
 /// Longest time without a byte moving while the request is written or the body is read.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// `egress.idle_timeout_ms` sets it per process.
+pub const IDLE_TIMEOUT: Duration =
+    Duration::from_millis(sortie_core::limits::DEFAULT_EGRESS_IDLE_TIMEOUT_MS);
 
 /// The stage limits of one request. Each is cut short by the request's total deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,9 @@ use crate::fd::PeerState;
 
 /// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
 /// seconds; a connection they closed is caught by the peek on checkout.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// `egress.pool_idle_timeout_ms` sets it per process.
+pub const POOL_IDLE_TIMEOUT: Duration =
+    Duration::from_millis(sortie_core::limits::DEFAULT_POOL_IDLE_TIMEOUT_MS);
 /// A connection idle for less than this is reused without the peek, a system call per request
 /// under load (with 64 busy connections at 50,000 requests/s a connection idles about a
 /// millisecond between requests). A server that closes idle connections after this long or

@@ -2,25 +2,33 @@
 
 use std::time::Duration;
 
+use sortie_core::config::ServerLimitsConfig;
 use sortie_core::h1::HeadLimits;
+use sortie_core::limits;
 
-/// Default time allowed for a whole request head, counted from its first byte (slowloris).
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default time a keep-alive connection may sit idle between requests.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default time allowed without any request body byte arriving while a body is read.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default time allowed for a whole request head, counted from its first byte (slowloris);
+/// `control.server.header_timeout_ms`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration =
+    Duration::from_millis(limits::DEFAULT_HEADER_TIMEOUT_MS);
+/// Default time a keep-alive connection may sit idle between requests;
+/// `control.server.idle_timeout_ms`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration =
+    Duration::from_millis(limits::DEFAULT_SERVER_IDLE_TIMEOUT_MS);
+/// Default time allowed without any request body byte arriving while a body is read;
+/// `control.server.body_timeout_ms`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration =
+    Duration::from_millis(limits::DEFAULT_BODY_TIMEOUT_MS);
 /// Default time one write of a response (or `100 Continue`) may make no progress before the
-/// client is considered gone.
-pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// client is considered gone; `control.server.write_timeout_ms`.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_millis(limits::DEFAULT_WRITE_TIMEOUT_MS);
 /// Default time in-flight connections get to finish after shutdown begins.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Default time spent discarding input after a response that closes the connection, so that
 /// unread request bytes do not turn the close into a reset that destroys the response.
 pub const DEFAULT_LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Default number of connections one core serves at once; beyond it, new connections are
-/// answered 503 and closed.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 16 * 1024;
+/// answered 503 and closed; `control.server.max_connections_per_core`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = limits::DEFAULT_MAX_CONNECTIONS_PER_CORE;
 /// Default number of unread request body bytes the server discards to keep a connection alive
 /// after a handler answered without reading the whole body. Past it, the connection is closed.
 pub const DEFAULT_MAX_DRAIN_BYTES: u64 = 64 * 1024;
@@ -74,6 +82,20 @@ impl Default for ServerConfig {
     }
 }
 
+impl ServerConfig {
+    /// The defaults with the `[control.server]` keys applied.
+    pub fn from_limits(l: &ServerLimitsConfig) -> ServerConfig {
+        ServerConfig {
+            header_read_timeout: Duration::from_millis(l.header_timeout_ms),
+            idle_timeout: Duration::from_millis(l.idle_timeout_ms),
+            body_read_timeout: Duration::from_millis(l.body_timeout_ms),
+            write_timeout: Duration::from_millis(l.write_timeout_ms),
+            max_connections: l.max_connections_per_core,
+            ..ServerConfig::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +115,6 @@ mod tests {
         assert_eq!(c.departure_watch_after, DEFAULT_DEPARTURE_WATCH_AFTER);
         // The slowloris bound must be shorter than the keep-alive idle bound.
         assert!(c.header_read_timeout < c.idle_timeout);
+        assert_eq!(ServerConfig::from_limits(&ServerLimitsConfig::default()), c);
     }
 }
