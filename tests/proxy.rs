@@ -538,3 +538,41 @@ fn python_requests_through_the_proxy_plain_and_tls() {
     }
     assert_eq!(lines[3], "407", "{out}");
 }
+
+#[test]
+fn chunked_and_close_delimited_responses_are_relayed_whole() {
+    let len = 3 * 1024 * 1024 + 5;
+    let want = upstream::pattern(len);
+    let gw = Gateway::builder().start();
+    for (script, http10) in [
+        (upstream::large_chunked(len), false),
+        (upstream::large_chunked(len), true),
+        (upstream::close_delimited(want.clone()), false),
+    ] {
+        let up = Upstream::start(script);
+        let user = proxy_user();
+        let url = up.url("/");
+        let mut args = vec!["--proxy-user", user.as_str()];
+        if http10 {
+            args.push("-0");
+        }
+        args.push(&url);
+        let out = curl(&gw, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r = curl_response(&out);
+        assert_eq!(r.status, 200);
+        let te = r.header("transfer-encoding");
+        // Unknown length: chunked to an HTTP/1.1 client, until close to an HTTP/1.0 one.
+        assert_eq!(
+            te,
+            if http10 { None } else { Some("chunked") },
+            "http10={http10}"
+        );
+        assert_eq!(r.body.len(), want.len(), "http10={http10}");
+        assert!(r.body == want, "http10={http10}: body differs");
+    }
+}

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
 use bytes::Bytes;
+use monoio::buf::IoBufMut as _;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _};
 use monoio::net::TcpStream;
 use monoio_rustls::ClientTlsStream;
@@ -100,6 +101,37 @@ impl Conn {
                 self.is_plaintext_drained = true;
                 self.buf.clear();
                 Ok(&[])
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads what is available (waiting for at least one byte, at most `max`) straight into
+    /// the spare capacity of `out`, appending; returns how many bytes came, 0 at EOF (as
+    /// [`Conn::read_some`]). Saves the copy out of the connection's own buffer when the caller
+    /// relays the bytes as they are. If the future is dropped, `out` is left empty.
+    pub(crate) async fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let mut buf = std::mem::take(out);
+        let len = buf.len();
+        let max = max.max(1);
+        buf.reserve(max);
+        let end = len.saturating_add(max).min(buf.capacity());
+        let (res, slice) = match &mut self.transport {
+            Transport::Plain(s) => s.read(buf.slice_mut(len..end)).await,
+            Transport::Tls(s) => s.read(buf.slice_mut(len..end)).await,
+        };
+        *out = slice.into_inner();
+        match res {
+            Ok(n) => {
+                self.is_plaintext_drained = n < end - len;
+                Ok(n)
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::UnexpectedEof
+                    && matches!(self.transport, Transport::Tls(_)) =>
+            {
+                self.is_plaintext_drained = true;
+                Ok(0)
             }
             Err(e) => Err(e),
         }

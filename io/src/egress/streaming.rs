@@ -31,7 +31,7 @@ use super::client::{self, limit, read_error, Failure};
 use super::connect::within;
 use super::error::{self, Stage};
 use super::pool::PoolKey;
-use super::stream::Conn;
+use super::stream::{Conn, READ_BUF_BYTES};
 use super::{millis, Dial, Egress, Inner, Timeouts};
 
 /// How a streamed request body is delimited on the wire.
@@ -188,6 +188,44 @@ impl ResponseBodyReader {
                 return Ok(false);
             };
             let idle_end = Instant::now().checked_add(self.idle);
+            if !matches!(self.framing, ResponseFraming::Chunked) {
+                // A body without chunk framing is relayed byte for byte: read it straight into
+                // the caller's buffer instead of copying it out of the connection's.
+                let (at, expired) = limit(idle_end, TimeoutType::Idle, self.deadline);
+                let n = match within(at, conn.read_append(out, READ_BUF_BYTES)).await {
+                    Some(Ok(n)) => n,
+                    Some(Err(e)) => {
+                        self.conn = None;
+                        return Err(read_error(&e, Stage::ResponseBody));
+                    }
+                    None => {
+                        self.conn = None;
+                        return Err(error::timeout(expired, Stage::ResponseBody));
+                    }
+                };
+                if n == 0 {
+                    if self.decoder.is_complete_at_eof() {
+                        self.finish(true);
+                        return Ok(out.len() > before);
+                    }
+                    self.conn = None;
+                    return Err(error::reset(
+                        Stage::ResponseBody,
+                        "the connection closed before the response body was complete",
+                    ));
+                }
+                let fresh = out.len() - n;
+                let progress = self
+                    .decoder
+                    .decode(out.get(fresh..).unwrap_or_default(), &mut |_| {})
+                    .map_err(error::protocol_error)?;
+                if progress.consumed < n {
+                    // Bytes past the declared length are not the body's.
+                    out.truncate(fresh + progress.consumed);
+                    self.has_leftover = true;
+                }
+                continue;
+            }
             let (at, expired) = limit(idle_end, TimeoutType::Idle, self.deadline);
             let chunk = match within(at, conn.read_some()).await {
                 Some(Ok(chunk)) => chunk,

@@ -14,7 +14,10 @@ use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
-use sortie_core::h1::{parse_request_head, BodyDecoder, BodyLimits, Parsed, Version};
+use sortie_core::h1::{
+    parse_request_head, write_chunk_header, BodyDecoder, BodyLimits, Parsed, Version,
+    CHUNK_DATA_END, LAST_CHUNK,
+};
 
 use super::body::{Body, Settled};
 use super::config::ServerConfig;
@@ -484,8 +487,7 @@ impl<H: Handler> Connection<'_, H> {
             }
             ResponseBody::Stream(stream) => {
                 let is_chunked = stream.length().is_none() && !is_http10;
-                self.io.write_all_timed(out).await?;
-                write_stream(&mut self.io, stream.as_mut(), is_chunked).await
+                write_stream(&mut self.io, stream.as_mut(), is_chunked, out).await
             }
             _ => self.io.write_all_timed(out).await,
         }
@@ -526,23 +528,28 @@ const CHUNK_PREFIX_BYTES: usize = 18;
 /// The buffer a streamed body is read into and written from, reused for every piece.
 const STREAM_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Writes a streamed body: each piece as it comes, chunk-framed when `is_chunked`. An error of
-/// the stream or of the client fails the write; the caller then closes the connection.
+/// Writes the head `head` of a streamed response and its body: each piece as it comes,
+/// chunk-framed when `is_chunked`. The head goes out with the first piece, one write instead of
+/// two. An error of the stream or of the client fails the write; the caller then closes the
+/// connection.
 async fn write_stream(
     io: &mut ConnIo,
     stream: &mut dyn StreamBody,
     is_chunked: bool,
+    head: Vec<u8>,
 ) -> io::Result<()> {
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
-    let mut buf: Vec<u8> = Vec::with_capacity(STREAM_BUFFER_BYTES + prefix + 2);
+    let mut head_len = head.len();
+    let mut buf = head;
+    buf.reserve(STREAM_BUFFER_BYTES + prefix + CHUNK_DATA_END.len());
     let mut declared_left = stream.length();
     loop {
-        buf.clear();
-        buf.resize(prefix, 0);
+        buf.truncate(head_len);
+        buf.resize(head_len + prefix, 0);
         if !stream.read_into(&mut buf).await? {
             break;
         }
-        let data_len = buf.len() - prefix;
+        let data_len = buf.len() - head_len - prefix;
         if let Some(left) = &mut declared_left {
             // A stream must not send more than it declared: the client would read the excess
             // as the next response.
@@ -552,23 +559,37 @@ async fn write_stream(
         }
         let start = if is_chunked {
             let mut line = Vec::with_capacity(CHUNK_PREFIX_BYTES);
-            sortie_core::h1::write_chunk_header(&mut line, data_len as u64);
-            let start = prefix.saturating_sub(line.len());
-            if let Some(slot) = buf.get_mut(start..prefix) {
-                slot.copy_from_slice(&line);
-            }
-            buf.extend_from_slice(sortie_core::h1::CHUNK_DATA_END);
+            write_chunk_header(&mut line, data_len as u64);
+            let start = if head_len > 0 {
+                // Behind the head the line must follow it directly: one move of the first
+                // piece.
+                buf.splice(head_len..head_len + prefix, line);
+                0
+            } else {
+                // Right-aligned in the room left for it: no move at all.
+                let start = prefix.saturating_sub(line.len());
+                if let Some(slot) = buf.get_mut(start..prefix) {
+                    slot.copy_from_slice(&line);
+                }
+                start
+            };
+            buf.extend_from_slice(CHUNK_DATA_END);
             start
         } else {
             0
         };
         buf = io.write_all_timed_from(buf, start).await?;
+        head_len = 0;
     }
     if declared_left.is_some_and(|left| left > 0) {
         return Err(io::Error::other("stream body shorter than its length"));
     }
+    buf.truncate(head_len);
     if is_chunked {
-        io.write_all_timed(sortie_core::h1::LAST_CHUNK).await?;
+        buf.extend_from_slice(LAST_CHUNK);
+    }
+    if !buf.is_empty() {
+        io.write_all_timed(buf).await?;
     }
     Ok(())
 }
