@@ -250,3 +250,22 @@ fn dial_applies_the_destination_policy() {
         assert_eq!(e.code, ErrorCode::DestinationDenied);
     });
 }
+
+#[test]
+fn bodies_that_fill_the_read_exactly_keep_the_connection() {
+    for len in [1, 1024, 64 * 1024, 64 * 1024 + 1] {
+        let up = Upstream::start(upstream::large(len));
+        run(async {
+            let egress = egress(None);
+            let url = parse_target_url(&up.url("/")).unwrap();
+            for _ in 0..3 {
+                let mut resp = open(&egress, Method::Get, &url, &[], &mut Bytes::new())
+                    .await
+                    .expect("response");
+                let (body, _) = read_all(&mut resp).await;
+                assert_eq!(body.len(), len);
+            }
+            assert_eq!(up.connections(), 1, "{len} bytes");
+        });
+    }
+}

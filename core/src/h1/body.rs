@@ -134,6 +134,16 @@ impl BodyDecoder {
         }
     }
 
+    /// Body bytes still expected, when the framing says (a `Content-Length` body); `None` for
+    /// chunked and close-delimited bodies.
+    pub fn remaining(&self) -> Option<u64> {
+        match &self.reader {
+            Reader::Empty => Some(0),
+            Reader::Length(body) => Some(body.remaining()),
+            Reader::Chunked(_) | Reader::UntilClose { .. } => None,
+        }
+    }
+
     /// Whether the body has ended. A close-delimited body never ends by its bytes; see
     /// [`BodyDecoder::is_complete_at_eof`].
     pub fn is_done(&self) -> bool {

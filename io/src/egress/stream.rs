@@ -123,7 +123,10 @@ impl Conn {
         *out = slice.into_inner();
         match res {
             Ok(n) => {
-                self.is_plaintext_drained = n < end - len;
+                // Plain TCP buffers nothing in user space; rustls may hold more when the read
+                // filled what was asked.
+                self.is_plaintext_drained =
+                    matches!(self.transport, Transport::Plain(_)) || n < end - len;
                 Ok(n)
             }
             Err(e)

@@ -192,7 +192,16 @@ impl ResponseBodyReader {
                 // A body without chunk framing is relayed byte for byte: read it straight into
                 // the caller's buffer instead of copying it out of the connection's.
                 let (at, expired) = limit(idle_end, TimeoutType::Idle, self.deadline);
-                let n = match within(at, conn.read_append(out, READ_BUF_BYTES)).await {
+                // Never much more room than the rest of a declared body: a small body costs a
+                // small buffer. One byte more than the rest, so that a TLS read that filled the
+                // room does not leave the pool unsure whether rustls holds more.
+                let want = self.decoder.remaining().map_or(READ_BUF_BYTES, |r| {
+                    usize::try_from(r)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(1)
+                        .min(READ_BUF_BYTES)
+                });
+                let n = match within(at, conn.read_append(out, want)).await {
                     Some(Ok(n)) => n,
                     Some(Err(e)) => {
                         self.conn = None;
@@ -285,7 +294,7 @@ impl Egress {
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
-        let head = stream_head(req, length)?;
+        let head = Bytes::from(stream_head(req, length)?);
         let key = PoolKey {
             worker_id: req.worker_id.clone(),
             scheme: req.url.scheme,
@@ -447,7 +456,7 @@ fn stream_head(req: &StreamRequest<'_>, length: BodyLength) -> Result<Vec<u8>, A
 async fn exchange_head<B: BodySource>(
     conn: &mut Conn,
     req: &StreamRequest<'_>,
-    head: &[u8],
+    head: &Bytes,
     length: BodyLength,
     body: &mut B,
 ) -> Result<(client::Head, Vec<u8>), Failure> {
@@ -459,9 +468,7 @@ async fn exchange_head<B: BodySource>(
         error,
         is_before_response: false,
     };
-    write(conn, req, Bytes::copy_from_slice(head))
-        .await
-        .map_err(before)?;
+    write(conn, req, head.clone()).await.map_err(before)?;
     let mut sent = 0u64;
     // Once body bytes are out, a failure is no longer a harmless stale-connection race.
     while let Some(piece) = body.next_chunk().await.map_err(during)? {

@@ -541,7 +541,13 @@ async fn write_stream(
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
     let mut head_len = head.len();
     let mut buf = head;
-    buf.reserve(STREAM_BUFFER_BYTES + prefix + CHUNK_DATA_END.len());
+    // A known small body gets a small buffer.
+    let room = stream.length().map_or(STREAM_BUFFER_BYTES, |n| {
+        usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(STREAM_BUFFER_BYTES)
+    });
+    buf.reserve(room + prefix + CHUNK_DATA_END.len());
     let mut declared_left = stream.length();
     loop {
         buf.truncate(head_len);
