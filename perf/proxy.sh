@@ -171,6 +171,7 @@ coredump_dir $sq
 max_filedescriptors 20000
 via off
 forwarded_for delete
+shutdown_lifetime 0 seconds
 CONF
   require_free_port "$SQUID_PORT" SQUID_PORT
   start_bg squid squid -N -f "$sq/squid.conf"
