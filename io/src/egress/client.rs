@@ -17,7 +17,7 @@ use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 
 use super::connect::within;
 use super::error::{self, Expired, Stage};
-use super::stream::Conn;
+use super::stream::{Conn, READ_BUF_BYTES};
 use super::Timeouts;
 
 /// Interim (1xx) responses skipped before the final one; an upstream that sends more is
@@ -171,6 +171,8 @@ pub(crate) struct Head {
     pub(crate) headers: Vec<(Bytes, Bytes)>,
     pub(crate) framing: ResponseFraming,
     pub(crate) is_keep_alive: bool,
+    /// The bytes read past the head: the start of the body (a slice of the head's buffer).
+    pub(crate) rest: Bytes,
 }
 
 async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
@@ -181,7 +183,7 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     };
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
     let mut buf = Vec::new();
-    let head = match within(at, read_head(conn, x.method, &mut buf)).await {
+    let mut head = match within(at, read_head(conn, x.method, &mut buf)).await {
         Some(head) => head?,
         None => {
             return Err(Failure::during_response(error::timeout(
@@ -203,11 +205,12 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     let mut sink = |d: &[u8]| body.extend_from_slice(d);
 
     // Bytes after the head in the head buffer are the start of the body.
+    let early = std::mem::take(&mut head.rest);
     let progress = decoder
-        .decode(&buf, &mut sink)
+        .decode(&early, &mut sink)
         .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
-    let mut has_leftover = progress.consumed < buf.len();
-    drop(buf);
+    let mut has_leftover = progress.consumed < early.len();
+    drop(early);
     let mut is_eof = false;
     while !decoder.is_done() {
         let idle_end = Instant::now().checked_add(x.timeouts.idle);
@@ -257,8 +260,8 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     })
 }
 
-/// Reads until a final response head is complete, skipping interim responses. On return,
-/// `buf` holds only the bytes after the head.
+/// Reads until a final response head is complete, skipping interim responses, into `buf`
+/// (left empty on success). The bytes read past the head come back as [`Head::rest`].
 pub(crate) async fn read_head(
     conn: &mut Conn,
     method: Method,
@@ -303,8 +306,9 @@ pub(crate) async fn read_head(
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());
-                    let rest = buf.split_off(consumed);
-                    let frozen = Bytes::from(std::mem::replace(buf, rest));
+                    // The bytes past the head stay in the same buffer, handed on as a slice.
+                    let frozen = Bytes::from(std::mem::take(buf));
+                    let rest = frozen.slice(consumed..);
                     let mut headers = Vec::with_capacity(ranges.len());
                     for (name, value) in ranges {
                         match (slice(&frozen, name), slice(&frozen, value)) {
@@ -321,13 +325,15 @@ pub(crate) async fn read_head(
                         headers,
                         framing,
                         is_keep_alive,
+                        rest,
                     });
                 }
                 Err(e) => return Err(Failure::during_response(error::protocol_error(e))),
             }
         }
-        match conn.read_some().await {
-            Ok([]) => {
+        // Straight into the head buffer: no copy out of the connection's.
+        match conn.read_append(buf, READ_BUF_BYTES).await {
+            Ok(0) => {
                 return Err(Failure {
                     error: error::reset(
                         Stage::ResponseHeader,
@@ -336,10 +342,7 @@ pub(crate) async fn read_head(
                     is_before_response: !received_any,
                 })
             }
-            Ok(chunk) => {
-                received_any = true;
-                buf.extend_from_slice(chunk);
-            }
+            Ok(_) => received_any = true,
             Err(e) => {
                 return Err(Failure {
                     error: read_error(&e, Stage::ResponseHeader),

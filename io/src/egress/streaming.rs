@@ -130,7 +130,7 @@ pub struct ResponseBodyReader {
     decoder: BodyDecoder,
     framing: ResponseFraming,
     /// Body bytes that arrived with the head.
-    early: Vec<u8>,
+    early: Bytes,
     is_keep_alive: bool,
     has_leftover: bool,
     is_finished: bool,
@@ -459,7 +459,7 @@ async fn exchange_head<B: BodySource>(
     head: &Bytes,
     length: BodyLength,
     body: &mut B,
-) -> Result<(client::Head, Vec<u8>), Failure> {
+) -> Result<(client::Head, Bytes), Failure> {
     let before = |error| Failure {
         error,
         is_before_response: true,
@@ -505,7 +505,11 @@ async fn exchange_head<B: BodySource>(
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
     let mut buf = Vec::new();
     match within(at, client::read_head(conn, req.method, &mut buf)).await {
-        Some(head) => Ok((head?, buf)),
+        Some(head) => {
+            let mut head = head?;
+            let early = std::mem::take(&mut head.rest);
+            Ok((head, early))
+        }
         None => Err(during(error::timeout(expired, Stage::ResponseHeader))),
     }
 }
