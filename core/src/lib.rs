@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bus;
 pub mod config;
 pub mod destination;
 pub mod error;

@@ -1,0 +1,587 @@
+//! The bus's wire encoding: length-prefixed frames with big-endian integers and length-prefixed
+//! strings, decoded strictly (every field bounded, no trailing bytes, no unknown type or tag).
+//!
+//! ```text
+//! frame  = length:u32 type:u8 payload     ; length counts type + payload, 1..=MAX_FRAME_BYTES
+//! str    = len:u16 UTF-8                   ; bounded per field
+//! bytes  = len:u32 octets                  ; bounded per field
+//! opt<T> = 0:u8 | 1:u8 T
+//! list<T>= count:u16 T*                    ; bounded per field
+//! bool   = 0:u8 | 1:u8
+//! ```
+//!
+//! The layout of each frame is in `docs/bus-protocol.md`. Decoding never panics on any input;
+//! incomplete input is [`Decoded::Partial`], not an error.
+
+use super::frame::*;
+use super::{MAX_DATA_BYTES, MAX_FRAME_BYTES};
+use crate::limits;
+use crate::worker::{
+    AdvertisedCapabilities, MAX_SESSION_BYTES, MAX_WORKER_POOLS, MAX_WORKER_PROFILES,
+    MAX_WORKER_TAGS,
+};
+
+/// Bytes of the frame header: length and type.
+pub const HEADER_BYTES: usize = 5;
+/// Longest token a worker may present.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+/// Longest URL of an assignment (the request URL limit, or a signed receipt URL).
+const MAX_URL_BYTES: usize = 16 * 1024;
+/// Longest free-text field (messages, reasons).
+const MAX_TEXT_BYTES: usize = 4096;
+/// Longest short identifier field (ids, codes, names).
+const MAX_NAME_BYTES: usize = 256;
+/// Most detail entries of a stream error.
+const MAX_DETAILS: usize = 32;
+/// Most header fields of an assignment or a response head (a proxied request or a response is
+/// not bound by the request API's 64).
+const MAX_FIELDS: usize = 512;
+/// Longest header value.
+const MAX_FIELD_VALUE_BYTES: usize = 64 * 1024;
+/// Largest configuration payload: the admin API's body limit.
+const MAX_CONFIG_BYTES: usize = limits::MAX_ADMIN_BODY_BYTES;
+
+/// Why bytes are not a frame. Every variant is a protocol error: the lane is closed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The length prefix is zero.
+    #[error("empty frame")]
+    Empty,
+    /// The length prefix exceeds [`MAX_FRAME_BYTES`].
+    #[error("frame of {0} bytes exceeds the limit")]
+    TooLarge(u32),
+    /// The type byte names no frame.
+    #[error("unknown frame type 0x{0:02x}")]
+    UnknownType(u8),
+    /// A field runs past the frame's end.
+    #[error("{0}: truncated")]
+    Truncated(&'static str),
+    /// Bytes are left after the last field.
+    #[error("{0}: trailing bytes")]
+    Trailing(&'static str),
+    /// A string field is not UTF-8.
+    #[error("{0}: not UTF-8")]
+    InvalidUtf8(&'static str),
+    /// A field is longer than its limit.
+    #[error("{0}: too long")]
+    FieldTooLong(&'static str),
+    /// A list has more entries than its limit.
+    #[error("{0}: too many entries")]
+    TooMany(&'static str),
+    /// A boolean, option or enum tag has a value outside its range.
+    #[error("{0}: invalid tag")]
+    InvalidTag(&'static str),
+}
+
+/// What [`decode`] found at the start of a buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decoded {
+    /// More bytes are needed: at least this many in total.
+    Partial(usize),
+    /// A frame and the bytes it took.
+    Frame(Frame, usize),
+}
+
+/// Decodes the frame at the start of `buf`.
+pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
+    let Some(head) = buf.get(..4) else {
+        return Ok(Decoded::Partial(4));
+    };
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if len == 0 {
+        return Err(FrameError::Empty);
+    }
+    if len as usize > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    let total = 4 + len as usize;
+    let Some(body) = buf.get(4..total) else {
+        return Ok(Decoded::Partial(total));
+    };
+    let (ty, payload) = (body[0], &body[1..]);
+    let mut r = Reader {
+        buf: payload,
+        at: 0,
+    };
+    let frame = match ty {
+        0x01 => Frame::Hello(Box::new(r.hello()?)),
+        0x02 => Frame::Welcome(Welcome {
+            version: r.u16("welcome.version")?,
+            control_id: r.str("welcome.control_id", MAX_NAME_BYTES)?,
+            core: r.u16("welcome.core")?,
+            heartbeat_ms: r.u32("welcome.heartbeat_ms")?,
+        }),
+        0x03 => Frame::Reject(Reject {
+            reason: r.str("reject.reason", MAX_NAME_BYTES)?,
+            message: r.str("reject.message", MAX_TEXT_BYTES)?,
+        }),
+        0x04 => Frame::Heartbeat(Heartbeat {
+            active: r.u32("heartbeat.active")?,
+            capacity: r.u32("heartbeat.capacity")?,
+        }),
+        0x05 => Frame::ConfigPush(ConfigPush {
+            version: r.u64("config_push.version")?,
+            payload: r.bytes("config_push.payload", MAX_CONFIG_BYTES)?,
+        }),
+        0x06 => Frame::ConfigApplied {
+            version: r.u64("config_applied.version")?,
+        },
+        0x10 => Frame::Assign(Box::new(r.assign()?)),
+        0x11 => Frame::Accept {
+            stream: r.u32("accept.stream")?,
+        },
+        0x12 => Frame::Refuse {
+            stream: r.u32("refuse.stream")?,
+            reason: r.str("refuse.reason", MAX_NAME_BYTES)?,
+        },
+        0x13 => Frame::ResponseHead(ResponseHead {
+            stream: r.u32("response_head.stream")?,
+            status: r.u16("response_head.status")?,
+            headers: r.fields("response_head.headers", MAX_FIELDS)?,
+        }),
+        0x14 => Frame::Data {
+            stream: r.u32("data.stream")?,
+            end: r.bool("data.end")?,
+            bytes: r.bytes("data.bytes", MAX_DATA_BYTES)?,
+        },
+        0x15 => Frame::Credit {
+            stream: r.u32("credit.stream")?,
+            bytes: r.u32("credit.bytes")?,
+        },
+        0x16 => Frame::StreamError(StreamError {
+            stream: r.u32("stream_error.stream")?,
+            code: r.str("stream_error.code", MAX_NAME_BYTES)?,
+            message: r.str("stream_error.message", MAX_TEXT_BYTES)?,
+            timeout_type: r.opt_str("stream_error.timeout_type", MAX_NAME_BYTES)?,
+            upstream_status: match r.u8("stream_error.upstream_status")? {
+                0 => None,
+                1 => Some(r.u16("stream_error.upstream_status")?),
+                _ => return Err(FrameError::InvalidTag("stream_error.upstream_status")),
+            },
+            details: {
+                let n = r.count("stream_error.details", MAX_DETAILS)?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push((
+                        r.str("stream_error.details", MAX_NAME_BYTES)?,
+                        r.str("stream_error.details", MAX_TEXT_BYTES)?,
+                    ));
+                }
+                v
+            },
+        }),
+        0x17 => Frame::Cancel {
+            stream: r.u32("cancel.stream")?,
+        },
+        0x20 => Frame::GoAway {
+            reason: r.str("goaway.reason", MAX_TEXT_BYTES)?,
+        },
+        other => return Err(FrameError::UnknownType(other)),
+    };
+    if r.at != r.buf.len() {
+        return Err(FrameError::Trailing(frame.name()));
+    }
+    Ok(Decoded::Frame(frame, total))
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], FrameError> {
+        let end = self.at.checked_add(n).ok_or(FrameError::Truncated(field))?;
+        let s = self
+            .buf
+            .get(self.at..end)
+            .ok_or(FrameError::Truncated(field))?;
+        self.at = end;
+        Ok(s)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
+        Ok(self.take(1, field)?[0])
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
+        let b = self.take(2, field)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
+        let b = self.take(4, field)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
+        let b = self.take(8, field)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
+    }
+
+    fn bool(&mut self, field: &'static str) -> Result<bool, FrameError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(FrameError::InvalidTag(field)),
+        }
+    }
+
+    fn count(&mut self, field: &'static str, max: usize) -> Result<usize, FrameError> {
+        let n = self.u16(field)? as usize;
+        if n > max {
+            return Err(FrameError::TooMany(field));
+        }
+        Ok(n)
+    }
+
+    fn str(&mut self, field: &'static str, max: usize) -> Result<String, FrameError> {
+        let n = self.u16(field)? as usize;
+        if n > max {
+            return Err(FrameError::FieldTooLong(field));
+        }
+        let b = self.take(n, field)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| FrameError::InvalidUtf8(field))
+    }
+
+    fn opt_str(&mut self, field: &'static str, max: usize) -> Result<Option<String>, FrameError> {
+        match self.u8(field)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.str(field, max)?)),
+            _ => Err(FrameError::InvalidTag(field)),
+        }
+    }
+
+    fn bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
+        let n = self.u32(field)? as usize;
+        if n > max {
+            return Err(FrameError::FieldTooLong(field));
+        }
+        Ok(self.take(n, field)?.to_vec())
+    }
+
+    fn strs(
+        &mut self,
+        field: &'static str,
+        max_items: usize,
+        max_len: usize,
+    ) -> Result<Vec<String>, FrameError> {
+        let n = self.count(field, max_items)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.str(field, max_len)?);
+        }
+        Ok(v)
+    }
+
+    fn fields(&mut self, field: &'static str, max: usize) -> Result<Vec<Field>, FrameError> {
+        let n = self.count(field, max)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = self.short_bytes(field, limits::MAX_HEADER_NAME_BYTES.max(256))?;
+            let value = self.bytes(field, MAX_FIELD_VALUE_BYTES)?;
+            v.push((name, value));
+        }
+        Ok(v)
+    }
+
+    fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
+        let n = self.u16(field)? as usize;
+        if n > max {
+            return Err(FrameError::FieldTooLong(field));
+        }
+        Ok(self.take(n, field)?.to_vec())
+    }
+
+    fn hello(&mut self) -> Result<Hello, FrameError> {
+        Ok(Hello {
+            version_min: self.u16("hello.version_min")?,
+            version_max: self.u16("hello.version_max")?,
+            worker_id: self.str("hello.worker_id", MAX_NAME_BYTES)?,
+            session: self.str("hello.session", MAX_SESSION_BYTES)?,
+            token: {
+                let n = self.u16("hello.token")? as usize;
+                if n > MAX_TOKEN_BYTES {
+                    return Err(FrameError::FieldTooLong("hello.token"));
+                }
+                self.take(n, "hello.token")?.to_vec()
+            },
+            lane: self.u16("hello.lane")?,
+            lanes: self.u16("hello.lanes")?,
+            capabilities: AdvertisedCapabilities {
+                tags: self.strs("hello.tags", MAX_WORKER_TAGS, MAX_NAME_BYTES)?,
+                country: self.opt_str("hello.country", MAX_NAME_BYTES)?,
+                region: self.opt_str("hello.region", MAX_NAME_BYTES)?,
+                ip_type: self.opt_str("hello.ip_type", MAX_NAME_BYTES)?,
+                ingress: self.strs("hello.ingress", 3, MAX_NAME_BYTES)?,
+                pools: self.strs("hello.pools", MAX_WORKER_POOLS, MAX_NAME_BYTES)?,
+                fingerprint_profiles: self.strs(
+                    "hello.fingerprint_profiles",
+                    MAX_WORKER_PROFILES,
+                    MAX_NAME_BYTES,
+                )?,
+                capacity: self.u32("hello.capacity")?,
+            },
+        })
+    }
+
+    fn assign(&mut self) -> Result<Assign, FrameError> {
+        Ok(Assign {
+            stream: self.u32("assign.stream")?,
+            request_id: self.str("assign.request_id", MAX_NAME_BYTES)?,
+            deployment_id: self.str("assign.deployment_id", MAX_NAME_BYTES)?,
+            deadline_ms: self.u32("assign.deadline_ms")?,
+            is_replayable: self.bool("assign.replayable")?,
+            ingress: match self.u8("assign.ingress")? {
+                i @ 0..=2 => i,
+                _ => return Err(FrameError::InvalidTag("assign.ingress")),
+            },
+            method: self.str("assign.method", MAX_NAME_BYTES)?,
+            url: self.str("assign.url", MAX_URL_BYTES)?,
+            headers: self.fields("assign.headers", MAX_FIELDS)?,
+            body: match self.u8("assign.body")? {
+                0 => BodySource::Empty,
+                1 => BodySource::Inline {
+                    len: self.u64("assign.body.len")?,
+                },
+                2 => BodySource::Receipt {
+                    url: self.str("assign.body.url", MAX_URL_BYTES)?,
+                    len: self.u64("assign.body.len")?,
+                },
+                3 => BodySource::Tunnel,
+                _ => return Err(FrameError::InvalidTag("assign.body")),
+            },
+            pool: self.str("assign.pool", MAX_NAME_BYTES)?,
+            provider_session: self.opt_str("assign.provider_session", MAX_NAME_BYTES)?,
+            fingerprint_profile: self.opt_str("assign.fingerprint_profile", MAX_NAME_BYTES)?,
+            max_response_bytes: self.u64("assign.max_response_bytes")?,
+            window: self.u32("assign.window")?,
+        })
+    }
+}
+
+/// Why a frame cannot be encoded: a field exceeds what its length prefix or limit allows. The
+/// sender checks its own frames so that it never writes one the peer must reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{0}: too long to encode")]
+pub struct EncodeError(pub &'static str);
+
+/// Appends the encoding of `frame` to `out`. On error `out` is left as it was.
+pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    let start = out.len();
+    let result = encode_inner(frame, out, start);
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
+    out.extend_from_slice(&[0, 0, 0, 0, frame.type_byte()]);
+    let mut w = Writer { out };
+    match frame {
+        Frame::Hello(h) => {
+            w.u16(h.version_min);
+            w.u16(h.version_max);
+            w.str(&h.worker_id, MAX_NAME_BYTES, "hello.worker_id")?;
+            w.str(&h.session, MAX_SESSION_BYTES, "hello.session")?;
+            w.short_bytes(&h.token, MAX_TOKEN_BYTES, "hello.token")?;
+            w.u16(h.lane);
+            w.u16(h.lanes);
+            let c = &h.capabilities;
+            w.strs(&c.tags, MAX_WORKER_TAGS, "hello.tags")?;
+            w.opt_str(c.country.as_deref(), "hello.country")?;
+            w.opt_str(c.region.as_deref(), "hello.region")?;
+            w.opt_str(c.ip_type.as_deref(), "hello.ip_type")?;
+            w.strs(&c.ingress, 3, "hello.ingress")?;
+            w.strs(&c.pools, MAX_WORKER_POOLS, "hello.pools")?;
+            w.strs(
+                &c.fingerprint_profiles,
+                MAX_WORKER_PROFILES,
+                "hello.fingerprint_profiles",
+            )?;
+            w.u32(c.capacity);
+        }
+        Frame::Welcome(x) => {
+            w.u16(x.version);
+            w.str(&x.control_id, MAX_NAME_BYTES, "welcome.control_id")?;
+            w.u16(x.core);
+            w.u32(x.heartbeat_ms);
+        }
+        Frame::Reject(x) => {
+            w.str(&x.reason, MAX_NAME_BYTES, "reject.reason")?;
+            w.str(&x.message, MAX_TEXT_BYTES, "reject.message")?;
+        }
+        Frame::Heartbeat(x) => {
+            w.u32(x.active);
+            w.u32(x.capacity);
+        }
+        Frame::ConfigPush(x) => {
+            w.u64(x.version);
+            w.bytes(&x.payload, MAX_CONFIG_BYTES, "config_push.payload")?;
+        }
+        Frame::ConfigApplied { version } => w.u64(*version),
+        Frame::Assign(a) => {
+            w.u32(a.stream);
+            w.str(&a.request_id, MAX_NAME_BYTES, "assign.request_id")?;
+            w.str(&a.deployment_id, MAX_NAME_BYTES, "assign.deployment_id")?;
+            w.u32(a.deadline_ms);
+            w.u8(u8::from(a.is_replayable));
+            if a.ingress > 2 {
+                return Err(EncodeError("assign.ingress"));
+            }
+            w.u8(a.ingress);
+            w.str(&a.method, MAX_NAME_BYTES, "assign.method")?;
+            w.str(&a.url, MAX_URL_BYTES, "assign.url")?;
+            w.fields(&a.headers, MAX_FIELDS, "assign.headers")?;
+            match &a.body {
+                BodySource::Empty => w.u8(0),
+                BodySource::Inline { len } => {
+                    w.u8(1);
+                    w.u64(*len);
+                }
+                BodySource::Receipt { url, len } => {
+                    w.u8(2);
+                    w.str(url, MAX_URL_BYTES, "assign.body.url")?;
+                    w.u64(*len);
+                }
+                BodySource::Tunnel => w.u8(3),
+            }
+            w.str(&a.pool, MAX_NAME_BYTES, "assign.pool")?;
+            w.opt_str(a.provider_session.as_deref(), "assign.provider_session")?;
+            w.opt_str(
+                a.fingerprint_profile.as_deref(),
+                "assign.fingerprint_profile",
+            )?;
+            w.u64(a.max_response_bytes);
+            w.u32(a.window);
+        }
+        Frame::Accept { stream } | Frame::Cancel { stream } => w.u32(*stream),
+        Frame::Refuse { stream, reason } => {
+            w.u32(*stream);
+            w.str(reason, MAX_NAME_BYTES, "refuse.reason")?;
+        }
+        Frame::ResponseHead(h) => {
+            w.u32(h.stream);
+            w.u16(h.status);
+            w.fields(&h.headers, MAX_FIELDS, "response_head.headers")?;
+        }
+        Frame::Data { stream, bytes, end } => {
+            w.u32(*stream);
+            w.u8(u8::from(*end));
+            w.bytes(bytes, MAX_DATA_BYTES, "data.bytes")?;
+        }
+        Frame::Credit { stream, bytes } => {
+            w.u32(*stream);
+            w.u32(*bytes);
+        }
+        Frame::StreamError(e) => {
+            w.u32(e.stream);
+            w.str(&e.code, MAX_NAME_BYTES, "stream_error.code")?;
+            w.str(&e.message, MAX_TEXT_BYTES, "stream_error.message")?;
+            w.opt_str(e.timeout_type.as_deref(), "stream_error.timeout_type")?;
+            match e.upstream_status {
+                None => w.u8(0),
+                Some(s) => {
+                    w.u8(1);
+                    w.u16(s);
+                }
+            }
+            if e.details.len() > MAX_DETAILS {
+                return Err(EncodeError("stream_error.details"));
+            }
+            w.u16(e.details.len() as u16);
+            for (k, v) in &e.details {
+                w.str(k, MAX_NAME_BYTES, "stream_error.details")?;
+                w.str(v, MAX_TEXT_BYTES, "stream_error.details")?;
+            }
+        }
+        Frame::GoAway { reason } => w.str(reason, MAX_TEXT_BYTES, "goaway.reason")?,
+    }
+    let len = out.len() - start - 4;
+    if len > MAX_FRAME_BYTES {
+        return Err(EncodeError(frame.name()));
+    }
+    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
+struct Writer<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl Writer<'_> {
+    fn u8(&mut self, v: u8) {
+        self.out.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+    fn short_bytes(
+        &mut self,
+        b: &[u8],
+        max: usize,
+        field: &'static str,
+    ) -> Result<(), EncodeError> {
+        if b.len() > max || b.len() > u16::MAX as usize {
+            return Err(EncodeError(field));
+        }
+        self.u16(b.len() as u16);
+        self.out.extend_from_slice(b);
+        Ok(())
+    }
+    fn str(&mut self, s: &str, max: usize, field: &'static str) -> Result<(), EncodeError> {
+        self.short_bytes(s.as_bytes(), max, field)
+    }
+    fn opt_str(&mut self, s: Option<&str>, field: &'static str) -> Result<(), EncodeError> {
+        match s {
+            None => {
+                self.u8(0);
+                Ok(())
+            }
+            Some(s) => {
+                self.u8(1);
+                self.str(s, MAX_NAME_BYTES, field)
+            }
+        }
+    }
+    fn bytes(&mut self, b: &[u8], max: usize, field: &'static str) -> Result<(), EncodeError> {
+        if b.len() > max {
+            return Err(EncodeError(field));
+        }
+        self.u32(b.len() as u32);
+        self.out.extend_from_slice(b);
+        Ok(())
+    }
+    fn strs(&mut self, v: &[String], max: usize, field: &'static str) -> Result<(), EncodeError> {
+        if v.len() > max {
+            return Err(EncodeError(field));
+        }
+        self.u16(v.len() as u16);
+        for s in v {
+            self.str(s, MAX_NAME_BYTES, field)?;
+        }
+        Ok(())
+    }
+    fn fields(&mut self, v: &[Field], max: usize, field: &'static str) -> Result<(), EncodeError> {
+        if v.len() > max {
+            return Err(EncodeError(field));
+        }
+        self.u16(v.len() as u16);
+        for (n, val) in v {
+            self.short_bytes(n, limits::MAX_HEADER_NAME_BYTES.max(256), field)?;
+            self.bytes(val, MAX_FIELD_VALUE_BYTES, field)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,313 @@
+//! The frames of the worker bus as plain data: what each frame carries, and who may send it.
+//! Encoding and decoding live in `codec.rs`; which frame may follow which lives in `lane.rs`.
+
+use crate::worker::AdvertisedCapabilities;
+
+/// Identifies one request (or tunnel) on one lane. Chosen by the control, never reused on the
+/// lane while the stream is open.
+pub type StreamId = u32;
+
+/// A header field: raw name and value bytes, order and duplicates kept.
+pub type Field = (Vec<u8>, Vec<u8>);
+
+/// Worker → control, first frame of a lane: who the worker is and what it can do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Lowest protocol version the worker speaks.
+    pub version_min: u16,
+    /// Highest protocol version the worker speaks.
+    pub version_max: u16,
+    /// The worker's configured id (identifier grammar of decision 002).
+    pub worker_id: String,
+    /// Random per worker process: every lane of one process carries the same session.
+    pub session: String,
+    /// The worker token, checked in constant time.
+    pub token: Vec<u8>,
+    /// This lane's index, `0..lanes`.
+    pub lane: u16,
+    /// How many lanes the worker opens to this control (one per control core).
+    pub lanes: u16,
+    /// Capabilities, checked by admission like a local worker's.
+    pub capabilities: AdvertisedCapabilities,
+}
+
+/// Control → worker: the lane is admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// The protocol version both sides use from now on.
+    pub version: u16,
+    /// The control instance's id (stable across its restarts).
+    pub control_id: String,
+    /// The control core this lane belongs to.
+    pub core: u16,
+    /// How often the worker must send a heartbeat, in milliseconds.
+    pub heartbeat_ms: u32,
+}
+
+/// Control → worker: the lane is refused; the control closes it after this frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    /// A stable reason (`auth_failed`, `unsupported_version`, `invalid_worker`,
+    /// `duplicate_session`, `lane_out_of_range`).
+    pub reason: String,
+    /// For humans.
+    pub message: String,
+}
+
+/// Worker → control: the worker is alive; its own view of its load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Requests in flight on the whole worker process.
+    pub active: u32,
+    /// The worker's capacity (it may change at run time).
+    pub capacity: u32,
+}
+
+/// Control → worker: a configuration version and the parts of it workers need (pools and their
+/// upstream proxies), as the snapshot's JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigPush {
+    /// The revision.
+    pub version: u64,
+    /// JSON the worker applies.
+    pub payload: Vec<u8>,
+}
+
+/// Where the request body of an assignment comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodySource {
+    /// No body.
+    Empty,
+    /// `len` bytes follow in [`Frame::Data`] frames of the stream.
+    Inline {
+        /// Total length.
+        len: u64,
+    },
+    /// The worker fetches the body from a short-lived signed receipt URL (never logged).
+    Receipt {
+        /// The signed URL.
+        url: String,
+        /// Total length.
+        len: u64,
+    },
+    /// A CONNECT tunnel: bytes flow both ways in [`Frame::Data`] until either side ends.
+    Tunnel,
+}
+
+/// Control → worker: perform one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assign {
+    /// The stream.
+    pub stream: StreamId,
+    /// The request id the caller sees (`req_…`).
+    pub request_id: String,
+    /// The deployment, for logs and metrics.
+    pub deployment_id: String,
+    /// Milliseconds left of the total deadline when the frame was written.
+    pub deadline_ms: u32,
+    /// Permission for a transport-level retry.
+    pub is_replayable: bool,
+    /// Ingress mode the request came in by: 0 api, 1 proxy, 2 connect.
+    pub ingress: u8,
+    /// Method.
+    pub method: String,
+    /// Absolute destination URL (for a tunnel: `https://host:port`).
+    pub url: String,
+    /// Request header fields for the destination.
+    pub headers: Vec<Field>,
+    /// The body.
+    pub body: BodySource,
+    /// The pool the request was routed to.
+    pub pool: String,
+    /// The derived provider session, when there is one.
+    pub provider_session: Option<String>,
+    /// The fingerprint profile, when one was asked for.
+    pub fingerprint_profile: Option<String>,
+    /// Largest response body the control accepts.
+    pub max_response_bytes: u64,
+    /// Bytes of response body the worker may send before it waits for [`Frame::Credit`].
+    pub window: u32,
+}
+
+/// Worker → control: the response head of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// The stream.
+    pub stream: StreamId,
+    /// The destination's status.
+    pub status: u16,
+    /// Response header fields as received.
+    pub headers: Vec<Field>,
+}
+
+/// Worker → control: the stream failed; ends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamError {
+    /// The stream.
+    pub stream: StreamId,
+    /// A registry code (`upstream_reset`, `timeout_exceeded`, ...).
+    pub code: String,
+    /// For humans; never secrets.
+    pub message: String,
+    /// `timeout_type`, for timeouts.
+    pub timeout_type: Option<String>,
+    /// A CONNECT status of an upstream proxy.
+    pub upstream_status: Option<u16>,
+    /// Diagnostic details.
+    pub details: Vec<(String, String)>,
+}
+
+/// One frame of the bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// Worker → control: registration.
+    Hello(Box<Hello>),
+    /// Control → worker: admitted.
+    Welcome(Welcome),
+    /// Control → worker: refused.
+    Reject(Reject),
+    /// Worker → control: alive, with load.
+    Heartbeat(Heartbeat),
+    /// Control → worker: a configuration version to apply.
+    ConfigPush(ConfigPush),
+    /// Worker → control: that version is applied.
+    ConfigApplied {
+        /// The revision.
+        version: u64,
+    },
+    /// Control → worker: perform a request.
+    Assign(Box<Assign>),
+    /// Worker → control: the assignment is taken.
+    Accept {
+        /// The stream.
+        stream: StreamId,
+    },
+    /// Worker → control: not taken (at capacity, draining, unknown pool); the control tries
+    /// another eligible worker. Ends the stream.
+    Refuse {
+        /// The stream.
+        stream: StreamId,
+        /// A stable reason: `capacity`, `draining`, `pool`, `profile`.
+        reason: String,
+    },
+    /// Worker → control: response head.
+    ResponseHead(ResponseHead),
+    /// Body bytes of a stream: the request body or tunnel bytes (control → worker), the response
+    /// body or tunnel bytes (worker → control). `end` closes that direction.
+    Data {
+        /// The stream.
+        stream: StreamId,
+        /// The bytes; at most [`super::MAX_DATA_BYTES`].
+        bytes: Vec<u8>,
+        /// The last frame of this direction.
+        end: bool,
+    },
+    /// Flow control: the receiver of a stream's data grants this many more bytes.
+    Credit {
+        /// The stream.
+        stream: StreamId,
+        /// Bytes granted.
+        bytes: u32,
+    },
+    /// Worker → control: the stream failed.
+    StreamError(StreamError),
+    /// Control → worker: abort the stream (operator cancel, caller gone, deadline).
+    Cancel {
+        /// The stream.
+        stream: StreamId,
+    },
+    /// Either side: no new streams; the lane closes when the open ones end.
+    GoAway {
+        /// For humans.
+        reason: String,
+    },
+}
+
+/// Which side may send a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender {
+    /// The worker.
+    Worker,
+    /// The control.
+    Control,
+    /// Either side.
+    Both,
+}
+
+impl Frame {
+    /// The frame's type byte on the wire.
+    pub const fn type_byte(&self) -> u8 {
+        match self {
+            Frame::Hello(_) => 0x01,
+            Frame::Welcome(_) => 0x02,
+            Frame::Reject(_) => 0x03,
+            Frame::Heartbeat(_) => 0x04,
+            Frame::ConfigPush(_) => 0x05,
+            Frame::ConfigApplied { .. } => 0x06,
+            Frame::Assign(_) => 0x10,
+            Frame::Accept { .. } => 0x11,
+            Frame::Refuse { .. } => 0x12,
+            Frame::ResponseHead(_) => 0x13,
+            Frame::Data { .. } => 0x14,
+            Frame::Credit { .. } => 0x15,
+            Frame::StreamError(_) => 0x16,
+            Frame::Cancel { .. } => 0x17,
+            Frame::GoAway { .. } => 0x20,
+        }
+    }
+
+    /// Who may send it.
+    pub const fn sender(&self) -> Sender {
+        match self {
+            Frame::Hello(_)
+            | Frame::Heartbeat(_)
+            | Frame::ConfigApplied { .. }
+            | Frame::Accept { .. }
+            | Frame::Refuse { .. }
+            | Frame::ResponseHead(_)
+            | Frame::StreamError(_) => Sender::Worker,
+            Frame::Welcome(_)
+            | Frame::Reject(_)
+            | Frame::ConfigPush(_)
+            | Frame::Assign(_)
+            | Frame::Cancel { .. } => Sender::Control,
+            Frame::Data { .. } | Frame::Credit { .. } | Frame::GoAway { .. } => Sender::Both,
+        }
+    }
+
+    /// The stream a frame belongs to, if any.
+    pub fn stream(&self) -> Option<StreamId> {
+        match self {
+            Frame::Assign(a) => Some(a.stream),
+            Frame::Accept { stream }
+            | Frame::Refuse { stream, .. }
+            | Frame::Data { stream, .. }
+            | Frame::Credit { stream, .. }
+            | Frame::Cancel { stream } => Some(*stream),
+            Frame::ResponseHead(h) => Some(h.stream),
+            Frame::StreamError(e) => Some(e.stream),
+            _ => None,
+        }
+    }
+
+    /// A short name for logs and errors.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello(_) => "hello",
+            Frame::Welcome(_) => "welcome",
+            Frame::Reject(_) => "reject",
+            Frame::Heartbeat(_) => "heartbeat",
+            Frame::ConfigPush(_) => "config_push",
+            Frame::ConfigApplied { .. } => "config_applied",
+            Frame::Assign(_) => "assign",
+            Frame::Accept { .. } => "accept",
+            Frame::Refuse { .. } => "refuse",
+            Frame::ResponseHead(_) => "response_head",
+            Frame::Data { .. } => "data",
+            Frame::Credit { .. } => "credit",
+            Frame::StreamError(_) => "stream_error",
+            Frame::Cancel { .. } => "cancel",
+            Frame::GoAway { .. } => "goaway",
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The order of frames on one lane, as two state machines: [`ControlLane`] checks what a worker
+//! sends, [`WorkerLane`] what a control sends. Both are told about the frames their own side
+//! sends (`sent`), because those open streams and grant credit. A frame out of order is a
+//! [`Violation`]: the IO layer answers it with `protocol_error` and closes the lane.
+//!
+//! Races are not violations: after a `Cancel` the worker may still send frames of that stream
+//! until it has seen the cancel, and a worker may see `Cancel` or `Credit` for a stream it has
+//! just finished. Those frames are dropped ([`Verdict::Ignore`]).
+
+use std::collections::{HashMap, HashSet};
+
+use super::frame::{Assign, BodySource, Frame, Sender, StreamId};
+use super::{PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+
+/// Most streams open at once on one lane.
+pub const MAX_STREAMS_PER_LANE: usize = 65_536;
+/// Streams the control cancelled whose end it still waits for, per lane.
+const MAX_CANCELLED: usize = 65_536;
+
+/// A frame that breaks the protocol: which frame, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{frame}: {reason}")]
+pub struct Violation {
+    /// The frame's name.
+    pub frame: &'static str,
+    /// Why it is out of order.
+    pub reason: &'static str,
+}
+
+/// What to do with a frame that is in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Handle it.
+    Deliver,
+    /// Drop it: it belongs to a stream this side has already given up.
+    Ignore,
+}
+
+fn violation(frame: &Frame, reason: &'static str) -> Violation {
+    Violation {
+        frame: frame.name(),
+        reason,
+    }
+}
+
+/// Chooses the protocol version for a worker that speaks `min..=max`, or `None` when the ranges
+/// do not meet (the control rejects the lane with `unsupported_version`).
+pub fn negotiate(min: u16, max: u16) -> Option<u16> {
+    let v = max.min(PROTOCOL_VERSION);
+    (min <= max && v >= min && v >= PROTOCOL_VERSION_MIN).then_some(v)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ControlStream {
+    /// Assigned; waiting for accept or refuse.
+    Assigned { window: u64 },
+    /// Accepted; waiting for the response head.
+    Accepted { window: u64 },
+    /// Head received; body data until `end`.
+    Receiving { window: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    AwaitHello,
+    AwaitAdmission,
+    Open,
+    Closed,
+}
+
+/// The control's view of one lane.
+#[derive(Debug)]
+pub struct ControlLane {
+    phase: Phase,
+    streams: HashMap<StreamId, ControlStream>,
+    cancelled: HashSet<StreamId>,
+    next_stream: StreamId,
+}
+
+impl Default for ControlLane {
+    fn default() -> Self {
+        ControlLane::new()
+    }
+}
+
+impl ControlLane {
+    /// A lane that waits for `Hello`.
+    pub fn new() -> ControlLane {
+        ControlLane {
+            phase: Phase::AwaitHello,
+            streams: HashMap::new(),
+            cancelled: HashSet::new(),
+            next_stream: 1,
+        }
+    }
+
+    /// Whether the lane was admitted and is not closed.
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Open
+    }
+
+    /// Streams in flight.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// A fresh stream id for the next assignment, or `None` when the lane is full.
+    pub fn next_stream(&mut self) -> Option<StreamId> {
+        if self.streams.len() >= MAX_STREAMS_PER_LANE {
+            return None;
+        }
+        // Ids wrap after 2^32 streams; the ones in use are skipped.
+        for _ in 0..=MAX_STREAMS_PER_LANE {
+            let id = self.next_stream;
+            self.next_stream = self.next_stream.wrapping_add(1).max(1);
+            if !self.streams.contains_key(&id) && !self.cancelled.contains(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// The control admitted the lane (it sent `Welcome`).
+    pub fn admit(&mut self) {
+        if self.phase == Phase::AwaitAdmission {
+            self.phase = Phase::Open;
+        }
+    }
+
+    /// The lane is closed: every stream in flight is failed by the caller
+    /// (`worker_disconnected`). Returns their ids.
+    pub fn close(&mut self) -> Vec<StreamId> {
+        self.phase = Phase::Closed;
+        self.cancelled.clear();
+        self.streams.drain().map(|(id, _)| id).collect()
+    }
+
+    /// Records a frame the control sends.
+    pub fn sent(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Assign(a) => {
+                self.streams.insert(
+                    a.stream,
+                    ControlStream::Assigned {
+                        window: u64::from(a.window),
+                    },
+                );
+            }
+            Frame::Credit { stream, bytes } => {
+                if let Some(s) = self.streams.get_mut(stream) {
+                    let w = match s {
+                        ControlStream::Assigned { window }
+                        | ControlStream::Accepted { window }
+                        | ControlStream::Receiving { window } => window,
+                    };
+                    *w = w.saturating_add(u64::from(*bytes));
+                }
+            }
+            Frame::Cancel { stream } => {
+                let was_open = self.streams.remove(stream).is_some();
+                if was_open && self.cancelled.len() < MAX_CANCELLED {
+                    self.cancelled.insert(*stream);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks a frame the worker sent.
+    pub fn receive(&mut self, frame: &Frame) -> Result<Verdict, Violation> {
+        if frame.sender() == Sender::Control {
+            return Err(violation(frame, "only a control sends this frame"));
+        }
+        match (self.phase, frame) {
+            (Phase::AwaitHello, Frame::Hello(_)) => {
+                self.phase = Phase::AwaitAdmission;
+                return Ok(Verdict::Deliver);
+            }
+            (Phase::AwaitHello, _) => return Err(violation(frame, "expected hello first")),
+            (Phase::AwaitAdmission, _) => {
+                return Err(violation(frame, "sent before the lane was admitted"))
+            }
+            (Phase::Closed, _) => return Err(violation(frame, "lane is closed")),
+            (Phase::Open, Frame::Hello(_)) => return Err(violation(frame, "second hello")),
+            (
+                Phase::Open,
+                Frame::Heartbeat(_) | Frame::ConfigApplied { .. } | Frame::GoAway { .. },
+            ) => return Ok(Verdict::Deliver),
+            (Phase::Open, _) => {}
+        }
+        let Some(stream) = frame.stream() else {
+            return Err(violation(frame, "unexpected frame"));
+        };
+        let Some(state) = self.streams.get(&stream).copied() else {
+            if self.cancelled.contains(&stream) {
+                let ends = matches!(
+                    frame,
+                    Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
+                );
+                if ends {
+                    self.cancelled.remove(&stream);
+                }
+                return Ok(Verdict::Ignore);
+            }
+            return Err(violation(frame, "unknown stream"));
+        };
+        match (state, frame) {
+            (ControlStream::Assigned { window }, Frame::Accept { .. }) => {
+                self.streams
+                    .insert(stream, ControlStream::Accepted { window });
+            }
+            (ControlStream::Assigned { .. }, Frame::Refuse { .. }) => {
+                self.streams.remove(&stream);
+            }
+            (ControlStream::Accepted { window }, Frame::ResponseHead(_)) => {
+                self.streams
+                    .insert(stream, ControlStream::Receiving { window });
+            }
+            (ControlStream::Receiving { window }, Frame::Data { bytes, end, .. }) => {
+                let len = bytes.len() as u64;
+                if len > window {
+                    return Err(violation(frame, "flow-control window exceeded"));
+                }
+                if *end {
+                    self.streams.remove(&stream);
+                } else {
+                    self.streams.insert(
+                        stream,
+                        ControlStream::Receiving {
+                            window: window - len,
+                        },
+                    );
+                }
+            }
+            // Credit for the request body or tunnel bytes the control sends.
+            (
+                ControlStream::Accepted { .. } | ControlStream::Receiving { .. },
+                Frame::Credit { .. },
+            ) => {}
+            (_, Frame::StreamError(_)) => {
+                self.streams.remove(&stream);
+            }
+            (ControlStream::Assigned { .. }, _) => {
+                return Err(violation(frame, "stream not accepted yet"))
+            }
+            (ControlStream::Accepted { .. }, Frame::Data { .. }) => {
+                return Err(violation(frame, "data before the response head"))
+            }
+            _ => return Err(violation(frame, "out of order for its stream")),
+        }
+        Ok(Verdict::Deliver)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WorkerStream {
+    /// Request body bytes still to come from the control; `None` for a tunnel (unbounded) or
+    /// when the body has ended.
+    body_left: Option<u64>,
+    /// Whether the control may still send body bytes; after `end` the stream lives on until
+    /// the worker ends it.
+    body_open: bool,
+}
+
+/// The worker's view of one lane.
+#[derive(Debug)]
+pub struct WorkerLane {
+    phase: Phase,
+    streams: HashMap<StreamId, WorkerStream>,
+}
+
+impl Default for WorkerLane {
+    fn default() -> Self {
+        WorkerLane::new()
+    }
+}
+
+impl WorkerLane {
+    /// A lane that has sent `Hello` and waits for `Welcome`.
+    pub fn new() -> WorkerLane {
+        WorkerLane {
+            phase: Phase::AwaitAdmission,
+            streams: HashMap::new(),
+        }
+    }
+
+    /// Whether the control admitted the lane.
+    pub fn is_open(&self) -> bool {
+        self.phase == Phase::Open
+    }
+
+    /// Streams in flight.
+    pub fn open_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Records a frame the worker sends: ending frames finish its streams.
+    pub fn sent(&mut self, frame: &Frame) {
+        match frame {
+            Frame::Refuse { stream, .. }
+            | Frame::StreamError(crate::bus::StreamError { stream, .. }) => {
+                self.streams.remove(stream);
+            }
+            Frame::Data {
+                stream, end: true, ..
+            } => {
+                self.streams.remove(stream);
+            }
+            _ => {}
+        }
+    }
+
+    /// Checks a frame the control sent.
+    pub fn receive(&mut self, frame: &Frame) -> Result<Verdict, Violation> {
+        if frame.sender() == Sender::Worker {
+            return Err(violation(frame, "only a worker sends this frame"));
+        }
+        match (self.phase, frame) {
+            (Phase::AwaitAdmission, Frame::Welcome(_)) => {
+                self.phase = Phase::Open;
+                return Ok(Verdict::Deliver);
+            }
+            (Phase::AwaitAdmission, Frame::Reject(_)) => {
+                self.phase = Phase::Closed;
+                return Ok(Verdict::Deliver);
+            }
+            (Phase::AwaitAdmission, _) => return Err(violation(frame, "expected welcome first")),
+            (Phase::Closed | Phase::AwaitHello, _) => {
+                return Err(violation(frame, "lane is closed"))
+            }
+            (Phase::Open, Frame::Welcome(_) | Frame::Reject(_)) => {
+                return Err(violation(frame, "lane already admitted"))
+            }
+            (Phase::Open, Frame::ConfigPush(_) | Frame::GoAway { .. }) => {
+                return Ok(Verdict::Deliver)
+            }
+            (Phase::Open, Frame::Assign(a)) => return self.assign(frame, a),
+            (Phase::Open, _) => {}
+        }
+        let Some(stream) = frame.stream() else {
+            return Err(violation(frame, "unexpected frame"));
+        };
+        let Some(state) = self.streams.get(&stream).copied() else {
+            // Cancel and credit may cross the worker's own end of the stream.
+            return match frame {
+                Frame::Cancel { .. } | Frame::Credit { .. } => Ok(Verdict::Ignore),
+                _ => Err(violation(frame, "unknown stream")),
+            };
+        };
+        match frame {
+            Frame::Cancel { .. } | Frame::Credit { .. } => Ok(Verdict::Deliver),
+            Frame::Data { bytes, end, .. } => {
+                if !state.body_open {
+                    return Err(violation(frame, "data after the request body ended"));
+                }
+                let len = bytes.len() as u64;
+                let body_left = match state.body_left {
+                    Some(left) if len > left => {
+                        return Err(violation(frame, "more body bytes than announced"))
+                    }
+                    Some(left) if *end && len != left => {
+                        return Err(violation(frame, "body ended before its announced length"))
+                    }
+                    Some(left) => Some(left - len),
+                    None => None,
+                };
+                let s = WorkerStream {
+                    body_left,
+                    body_open: !*end,
+                };
+                self.streams.insert(stream, s);
+                Ok(Verdict::Deliver)
+            }
+            _ => Err(violation(frame, "out of order for its stream")),
+        }
+    }
+
+    fn assign(&mut self, frame: &Frame, a: &Assign) -> Result<Verdict, Violation> {
+        if a.stream == 0 {
+            return Err(violation(frame, "stream 0 is reserved"));
+        }
+        if self.streams.contains_key(&a.stream) {
+            return Err(violation(frame, "stream id in use"));
+        }
+        if self.streams.len() >= MAX_STREAMS_PER_LANE {
+            return Err(violation(frame, "too many streams"));
+        }
+        let (body_left, body_open) = match a.body {
+            BodySource::Empty | BodySource::Receipt { .. } => (Some(0), false),
+            BodySource::Inline { len } => (Some(len), len > 0),
+            BodySource::Tunnel => (None, true),
+        };
+        self.streams.insert(
+            a.stream,
+            WorkerStream {
+                body_left,
+                body_open,
+            },
+        );
+        Ok(Verdict::Deliver)
+    }
+}

@@ -1,0 +1,28 @@
+//! The worker bus: the binary frame protocol between a control and its remote workers, sans-IO.
+//! `frame.rs` is the data, `codec.rs` the wire encoding, `lane.rs` the order of frames on one
+//! lane. The transport (sockets, TLS, lanes per core) lives in the io crate. The protocol is
+//! described for implementers in `docs/bus-protocol.md`.
+
+mod codec;
+mod frame;
+mod lane;
+
+pub use codec::{decode, encode, Decoded, EncodeError, FrameError, HEADER_BYTES, MAX_TOKEN_BYTES};
+pub use frame::{
+    Assign, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, Reject, ResponseHead, Sender,
+    StreamError, StreamId, Welcome,
+};
+pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
+
+/// The protocol version this build speaks best.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The oldest protocol version this build still speaks.
+pub const PROTOCOL_VERSION_MIN: u16 = 1;
+/// Most payload bytes of one `Data` frame.
+pub const MAX_DATA_BYTES: usize = 256 * 1024;
+/// Largest frame (type byte and payload): a configuration push of the admin API's largest
+/// snapshot, plus room for its fields.
+pub const MAX_FRAME_BYTES: usize = crate::limits::MAX_ADMIN_BODY_BYTES + 64 * 1024;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,471 @@
+//! Tests of the bus codec and lane state machines: round trips of generated frames, decoding
+//! at every split point, strictness on malformed input, and whole exchanges of both lanes.
+
+use super::*;
+use crate::worker::AdvertisedCapabilities;
+
+/// xorshift64*: deterministic frames without a property-testing dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn string(&mut self, max: usize) -> String {
+        let n = self.below(max as u64 + 1) as usize;
+        (0..n)
+            .map(|_| match self.below(4) {
+                0 => 'é',
+                1 => '€',
+                _ => char::from(b'a' + self.below(26) as u8),
+            })
+            .collect()
+    }
+    fn bytes(&mut self, max: usize) -> Vec<u8> {
+        let n = self.below(max as u64 + 1) as usize;
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+    fn opt(&mut self, max: usize) -> Option<String> {
+        (self.below(2) == 1).then(|| self.string(max))
+    }
+    fn strings(&mut self, n: u64, max: usize) -> Vec<String> {
+        (0..self.below(n + 1)).map(|_| self.string(max)).collect()
+    }
+    fn fields(&mut self, n: u64) -> Vec<Field> {
+        (0..self.below(n + 1))
+            .map(|_| (self.bytes(20), self.bytes(100)))
+            .collect()
+    }
+}
+
+fn frame(r: &mut Rng, kind: u64) -> Frame {
+    match kind {
+        0 => Frame::Hello(Box::new(Hello {
+            version_min: r.below(3) as u16,
+            version_max: r.below(3) as u16,
+            worker_id: r.string(64),
+            session: r.string(32),
+            token: r.bytes(64),
+            lane: r.below(8) as u16,
+            lanes: r.below(8) as u16,
+            capabilities: AdvertisedCapabilities {
+                tags: r.strings(5, 20),
+                country: r.opt(2),
+                region: r.opt(20),
+                ip_type: r.opt(20),
+                ingress: r.strings(3, 7),
+                pools: r.strings(4, 10),
+                fingerprint_profiles: r.strings(3, 12),
+                capacity: r.next() as u32,
+            },
+        })),
+        1 => Frame::Welcome(Welcome {
+            version: r.next() as u16,
+            control_id: r.string(30),
+            core: r.next() as u16,
+            heartbeat_ms: r.next() as u32,
+        }),
+        2 => Frame::Reject(Reject {
+            reason: r.string(20),
+            message: r.string(200),
+        }),
+        3 => Frame::Heartbeat(Heartbeat {
+            active: r.next() as u32,
+            capacity: r.next() as u32,
+        }),
+        4 => Frame::ConfigPush(ConfigPush {
+            version: r.next(),
+            payload: r.bytes(500),
+        }),
+        5 => Frame::ConfigApplied { version: r.next() },
+        6 => Frame::Assign(Box::new(Assign {
+            stream: r.next() as u32,
+            request_id: r.string(36),
+            deployment_id: r.string(20),
+            deadline_ms: r.next() as u32,
+            is_replayable: r.below(2) == 1,
+            ingress: r.below(3) as u8,
+            method: r.string(7),
+            url: r.string(300),
+            headers: r.fields(10),
+            body: match r.below(4) {
+                0 => BodySource::Empty,
+                1 => BodySource::Inline { len: r.next() },
+                2 => BodySource::Receipt {
+                    url: r.string(200),
+                    len: r.next(),
+                },
+                _ => BodySource::Tunnel,
+            },
+            pool: r.string(20),
+            provider_session: r.opt(32),
+            fingerprint_profile: r.opt(12),
+            max_response_bytes: r.next(),
+            window: r.next() as u32,
+        })),
+        7 => Frame::Accept {
+            stream: r.next() as u32,
+        },
+        8 => Frame::Refuse {
+            stream: r.next() as u32,
+            reason: r.string(10),
+        },
+        9 => Frame::ResponseHead(ResponseHead {
+            stream: r.next() as u32,
+            status: r.next() as u16,
+            headers: r.fields(20),
+        }),
+        10 => Frame::Data {
+            stream: r.next() as u32,
+            bytes: r.bytes(2000),
+            end: r.below(2) == 1,
+        },
+        11 => Frame::Credit {
+            stream: r.next() as u32,
+            bytes: r.next() as u32,
+        },
+        12 => Frame::StreamError(StreamError {
+            stream: r.next() as u32,
+            code: r.string(30),
+            message: r.string(100),
+            timeout_type: r.opt(30),
+            upstream_status: (r.below(2) == 1).then(|| r.next() as u16),
+            details: (0..r.below(4))
+                .map(|_| (r.string(10), r.string(30)))
+                .collect(),
+        }),
+        13 => Frame::Cancel {
+            stream: r.next() as u32,
+        },
+        _ => Frame::GoAway {
+            reason: r.string(50),
+        },
+    }
+}
+
+fn encoded(f: &Frame) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode(f, &mut out).expect("encodes");
+    out
+}
+
+#[test]
+fn every_frame_round_trips_and_decodes_at_every_split_point() {
+    let mut r = Rng(0x5eed_1234_abcd_ef01);
+    for i in 0..3000 {
+        let f = frame(&mut r, i % 15);
+        let bytes = encoded(&f);
+        assert_eq!(
+            decode(&bytes),
+            Ok(Decoded::Frame(f.clone(), bytes.len())),
+            "{f:?}"
+        );
+        // Any prefix is partial and asks for no more than the frame's length.
+        let cut = r.below(bytes.len() as u64) as usize;
+        match decode(&bytes[..cut]) {
+            Ok(Decoded::Partial(need)) => assert!(need > cut && need <= bytes.len()),
+            other => panic!("prefix {cut} of {f:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn frames_back_to_back_decode_one_at_a_time() {
+    let mut r = Rng(7);
+    let frames: Vec<Frame> = (0..50).map(|i| frame(&mut r, i % 15)).collect();
+    let mut buf = Vec::new();
+    for f in &frames {
+        encode(f, &mut buf).unwrap();
+    }
+    let mut at = 0;
+    for f in &frames {
+        match decode(&buf[at..]) {
+            Ok(Decoded::Frame(got, n)) => {
+                assert_eq!(&got, f);
+                at += n;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(at, buf.len());
+}
+
+#[test]
+fn malformed_frames_are_errors_not_panics() {
+    let ok = encoded(&Frame::Cancel { stream: 9 });
+    let mut trailing = ok.clone();
+    trailing[3] += 1;
+    trailing.push(0);
+    let mut bad_bool = encoded(&Frame::Data {
+        stream: 1,
+        bytes: vec![],
+        end: false,
+    });
+    bad_bool[9] = 2;
+    let mut bad_utf8 = encoded(&Frame::GoAway {
+        reason: "ab".into(),
+    });
+    bad_utf8[7] = 0xff;
+    let too_large = (MAX_FRAME_BYTES as u32 + 1).to_be_bytes().to_vec();
+    let mut long_data = Vec::new();
+    // A complete frame whose data length field claims more than the limit.
+    long_data.extend_from_slice(&(1u32 + 4 + 1 + 4).to_be_bytes());
+    long_data.push(0x14);
+    long_data.extend_from_slice(&1u32.to_be_bytes());
+    long_data.push(0);
+    long_data.extend_from_slice(&(MAX_DATA_BYTES as u32 + 1).to_be_bytes());
+    let cases: Vec<(Vec<u8>, FrameError)> = vec![
+        (vec![0, 0, 0, 0], FrameError::Empty),
+        (vec![0, 0, 0, 1, 0x7f], FrameError::UnknownType(0x7f)),
+        (too_large, FrameError::TooLarge(MAX_FRAME_BYTES as u32 + 1)),
+        (trailing, FrameError::Trailing("cancel")),
+        (bad_bool, FrameError::InvalidTag("data.end")),
+        (bad_utf8, FrameError::InvalidUtf8("goaway.reason")),
+        (
+            vec![0, 0, 0, 3, 0x11, 0, 0],
+            FrameError::Truncated("accept.stream"),
+        ),
+        (long_data, FrameError::FieldTooLong("data.bytes")),
+    ];
+    for (bytes, want) in cases {
+        assert_eq!(decode(&bytes), Err(want.clone()), "{bytes:?}");
+    }
+    // Random garbage never panics.
+    let mut r = Rng(99);
+    for _ in 0..20_000 {
+        let mut b = r.bytes(64);
+        if b.len() >= 4 {
+            let len = (b.len() - 4) as u32;
+            b[..4].copy_from_slice(&len.to_be_bytes());
+        }
+        let _ = decode(&b);
+    }
+}
+
+#[test]
+fn encoding_refuses_fields_the_peer_would_reject() {
+    let f = Frame::Data {
+        stream: 1,
+        bytes: vec![0; MAX_DATA_BYTES + 1],
+        end: true,
+    };
+    let mut out = vec![1, 2, 3];
+    assert_eq!(encode(&f, &mut out), Err(EncodeError("data.bytes")));
+    assert_eq!(out, vec![1, 2, 3], "nothing is left half-written");
+}
+
+#[test]
+fn version_negotiation_picks_the_highest_common_version() {
+    assert_eq!(negotiate(1, 1), Some(1));
+    assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
+    assert_eq!(negotiate(2, 9), None);
+    assert_eq!(negotiate(0, 0), None);
+    assert_eq!(negotiate(3, 1), None);
+}
+
+fn hello() -> Frame {
+    Frame::Hello(Box::new(Hello {
+        version_min: 1,
+        version_max: 1,
+        worker_id: "w1".into(),
+        session: "s".into(),
+        token: b"t".to_vec(),
+        lane: 0,
+        lanes: 1,
+        capabilities: AdvertisedCapabilities::default(),
+    }))
+}
+
+fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
+    Frame::Assign(Box::new(Assign {
+        stream,
+        request_id: "req_1".into(),
+        deployment_id: "d".into(),
+        deadline_ms: 1000,
+        is_replayable: false,
+        ingress: 0,
+        method: "GET".into(),
+        url: "http://a/".into(),
+        headers: vec![],
+        body,
+        pool: "direct".into(),
+        provider_session: None,
+        fingerprint_profile: None,
+        max_response_bytes: 1 << 20,
+        window,
+    }))
+}
+
+fn data(stream: StreamId, n: usize, end: bool) -> Frame {
+    Frame::Data {
+        stream,
+        bytes: vec![b'x'; n],
+        end,
+    }
+}
+
+#[test]
+fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
+    let mut lane = ControlLane::new();
+    assert_eq!(
+        lane.receive(&Frame::Heartbeat(Heartbeat {
+            active: 0,
+            capacity: 1
+        })),
+        Err(Violation {
+            frame: "heartbeat",
+            reason: "expected hello first"
+        })
+    );
+    let mut lane = ControlLane::new();
+    assert_eq!(lane.receive(&hello()), Ok(Verdict::Deliver));
+    assert!(
+        lane.receive(&Frame::Accept { stream: 1 }).is_err(),
+        "before admission"
+    );
+    let mut lane = ControlLane::new();
+    lane.receive(&hello()).unwrap();
+    lane.admit();
+    assert!(lane.is_open());
+    assert!(lane.receive(&hello()).is_err(), "second hello");
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 10));
+    assert!(
+        lane.receive(&data(s, 1, false)).is_err(),
+        "data before accept"
+    );
+    assert_eq!(
+        lane.receive(&Frame::Accept { stream: s }),
+        Ok(Verdict::Deliver)
+    );
+    assert!(
+        lane.receive(&data(s, 1, false)).is_err(),
+        "data before head"
+    );
+    let head = Frame::ResponseHead(ResponseHead {
+        stream: s,
+        status: 200,
+        headers: vec![],
+    });
+    assert_eq!(lane.receive(&head), Ok(Verdict::Deliver));
+    assert!(lane.receive(&head).is_err(), "second head");
+    assert_eq!(lane.receive(&data(s, 10, false)), Ok(Verdict::Deliver));
+    assert!(
+        lane.receive(&data(s, 1, false)).is_err(),
+        "window exhausted"
+    );
+    let mut lane2 = ControlLane::new();
+    lane2.receive(&hello()).unwrap();
+    lane2.admit();
+    let s = lane2.next_stream().unwrap();
+    lane2.sent(&assign(s, BodySource::Empty, 10));
+    lane2.receive(&Frame::Accept { stream: s }).unwrap();
+    lane2
+        .receive(&Frame::ResponseHead(ResponseHead {
+            stream: s,
+            status: 200,
+            headers: vec![],
+        }))
+        .unwrap();
+    lane2.receive(&data(s, 10, false)).unwrap();
+    lane2.sent(&Frame::Credit {
+        stream: s,
+        bytes: 5,
+    });
+    assert_eq!(lane2.receive(&data(s, 5, true)), Ok(Verdict::Deliver));
+    assert_eq!(lane2.open_streams(), 0);
+    assert!(lane2.receive(&data(s, 0, true)).is_err(), "stream is over");
+    assert!(
+        lane2.receive(&Frame::Cancel { stream: 1 }).is_err(),
+        "a control-only frame from a worker"
+    );
+}
+
+#[test]
+fn control_lane_drops_frames_of_cancelled_streams_until_their_end() {
+    let mut lane = ControlLane::new();
+    lane.receive(&hello()).unwrap();
+    lane.admit();
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 100));
+    lane.receive(&Frame::Accept { stream: s }).unwrap();
+    lane.sent(&Frame::Cancel { stream: s });
+    let head = Frame::ResponseHead(ResponseHead {
+        stream: s,
+        status: 200,
+        headers: vec![],
+    });
+    assert_eq!(lane.receive(&head), Ok(Verdict::Ignore));
+    let end = Frame::StreamError(StreamError {
+        stream: s,
+        code: "cancelled".into(),
+        message: String::new(),
+        timeout_type: None,
+        upstream_status: None,
+        details: vec![],
+    });
+    assert_eq!(lane.receive(&end), Ok(Verdict::Ignore));
+    assert!(lane.receive(&head).is_err(), "forgotten after its end");
+    // Closing fails what is in flight.
+    let s2 = lane.next_stream().unwrap();
+    assert_ne!(s, s2);
+    lane.sent(&assign(s2, BodySource::Empty, 1));
+    assert_eq!(lane.close(), vec![s2]);
+}
+
+#[test]
+fn worker_lane_checks_bodies_against_their_announced_length() {
+    let mut lane = WorkerLane::new();
+    assert!(
+        lane.receive(&assign(1, BodySource::Empty, 1)).is_err(),
+        "before welcome"
+    );
+    let welcome = Frame::Welcome(Welcome {
+        version: 1,
+        control_id: "c".into(),
+        core: 0,
+        heartbeat_ms: 1000,
+    });
+    assert_eq!(lane.receive(&welcome), Ok(Verdict::Deliver));
+    assert!(lane.receive(&welcome).is_err());
+    assert!(
+        lane.receive(&assign(0, BodySource::Empty, 1)).is_err(),
+        "stream 0"
+    );
+    lane.receive(&assign(1, BodySource::Inline { len: 5 }, 1))
+        .unwrap();
+    assert!(
+        lane.receive(&assign(1, BodySource::Empty, 1)).is_err(),
+        "id in use"
+    );
+    assert_eq!(lane.receive(&data(1, 3, false)), Ok(Verdict::Deliver));
+    assert!(lane.receive(&data(1, 3, false)).is_err(), "past the length");
+    assert!(
+        lane.receive(&data(1, 1, true)).is_err(),
+        "short of the length"
+    );
+    assert_eq!(lane.receive(&data(1, 2, true)), Ok(Verdict::Deliver));
+    assert!(lane.receive(&data(1, 0, true)).is_err(), "after the end");
+    lane.sent(&data(1, 0, true));
+    assert_eq!(lane.open_streams(), 0);
+    assert_eq!(
+        lane.receive(&Frame::Cancel { stream: 1 }),
+        Ok(Verdict::Ignore)
+    );
+    assert!(lane.receive(&data(1, 1, false)).is_err());
+    lane.receive(&assign(2, BodySource::Tunnel, 1)).unwrap();
+    for _ in 0..5 {
+        lane.receive(&data(2, 1000, false)).unwrap();
+    }
+    lane.receive(&data(2, 0, true)).unwrap();
+    assert!(
+        lane.receive(&Frame::Accept { stream: 2 }).is_err(),
+        "worker-only frame"
+    );
+}
