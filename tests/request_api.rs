@@ -1029,6 +1029,78 @@ fn executor_capacity_exhausted_while_the_only_slot_is_busy() {
     assert_eq!(worker(&gw, "solo")["capacity"]["active"], 0);
 }
 
+/// Decision 043: a deployment has at most `control.request.max_concurrent_per_deployment`
+/// requests in flight; one more is refused from its head with a retryable
+/// `executor_capacity_exhausted` naming the limit, and the count comes back as requests end.
+#[test]
+fn concurrent_requests_per_deployment_are_limited() {
+    let gate = Gate::new();
+    let up = Upstream::start(gate.script(upstream::echo()));
+    let gw = Gateway::builder()
+        .control("[control.request]\nmax_concurrent_per_deployment = 2\n")
+        .start();
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let body = json!({"method": "GET", "url": up.url(&format!("/held{i}"))});
+            let api = gw.api;
+            in_background(move || post_envelope(api, &body))
+        })
+        .collect();
+    wait_until(SETTLE, "both requests to reach the upstream", || {
+        up.requests() == 2
+    });
+    let r = request_api(&gw, &json!({"method": "GET", "url": up.url("/third")}));
+    let v = err(&r, 503, "executor_capacity_exhausted", "routing", true);
+    assert_eq!(v["retry_after_ms"], 100, "{v}");
+    assert_eq!(v["details"]["reason"], "deployment_concurrency", "{v}");
+    assert_eq!(v["details"]["limit"], "2", "{v}");
+    gate.open();
+    for h in held {
+        ok(&h.join().expect("held request"));
+    }
+    ok(&request_api(
+        &gw,
+        &json!({"method": "GET", "url": up.url("/after")}),
+    ));
+}
+
+/// Decision 043: request bodies in flight share `control.request.max_in_flight_body_bytes`,
+/// reserved from the head. A client that announced a large envelope and sends it slowly holds
+/// its share; another request that does not fit is refused before its body is read, and fits
+/// again once the first is gone.
+#[test]
+fn request_bodies_in_flight_share_a_byte_budget() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::builder()
+        .control("[control.request]\nmax_in_flight_body_bytes = 4194305\n")
+        .start();
+    let mut slow = TcpStream::connect(gw.api).expect("connect");
+    let head = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{{",
+        auth()
+    );
+    slow.write_all(head.as_bytes()).expect("head");
+    let envelope = json!({
+        "method": "POST",
+        "url": up.url("/fits-not"),
+        "body": {"mode": "inline_base64", "data_base64": b64(&[7u8; 200_000])},
+    });
+    wait_until(SETTLE, "the budget to be taken by the slow body", || {
+        let r = request_api(&gw, &envelope);
+        r.status == 503
+    });
+    let r = request_api(&gw, &envelope);
+    let v = err(&r, 503, "executor_capacity_exhausted", "routing", true);
+    assert_eq!(v["retry_after_ms"], 100, "{v}");
+    assert_eq!(v["details"]["reason"], "in_flight_body_bytes", "{v}");
+    assert_eq!(v["details"]["limit"], "4194305", "{v}");
+    drop(slow);
+    wait_until(SETTLE, "the budget to come back", || {
+        request_api(&gw, &json!({"method": "GET", "url": up.url("/fits")})).status == 200
+    });
+}
+
 /// POSTs an envelope with the test token to the API at `addr` (for use on other threads).
 fn post_envelope(addr: SocketAddr, body: &Value) -> Resp {
     let a = auth();

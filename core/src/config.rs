@@ -11,12 +11,13 @@ use serde::Deserialize;
 
 use crate::limits::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_EGRESS_CONNECT_TIMEOUT_MS, DEFAULT_EGRESS_IDLE_TIMEOUT_MS,
-    DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS_PER_CORE,
-    DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES, DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+    DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT,
+    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES,
+    DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT_BODY_BYTES,
     DEFAULT_MAX_TIMEOUT_MS, DEFAULT_POOL_IDLE_TIMEOUT_MS, DEFAULT_SERVER_IDLE_TIMEOUT_MS,
-    DEFAULT_WRITE_TIMEOUT_MS, MAX_CONNECTIONS_PER_CORE_LIMIT, MAX_LIMIT_TIMEOUT_MS,
-    MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES, MIN_LIMIT_TIMEOUT_MS,
-    MIN_TIMEOUT_MS,
+    DEFAULT_WRITE_TIMEOUT_MS, MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT, MAX_CONNECTIONS_PER_CORE_LIMIT,
+    MAX_LIMIT_TIMEOUT_MS, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES,
+    MIN_IN_FLIGHT_BODY_BYTES, MIN_LIMIT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 use crate::routing::{CountryCode, Ingress};
 
@@ -157,6 +158,21 @@ pub struct RequestLimitsConfig {
     /// `control.request.max_inline_response_body_bytes`.
     #[serde(default = "default_inline_resp")]
     pub max_inline_response_body_bytes: usize,
+    /// `control.request.max_in_flight_body_bytes`: request envelope bytes all cores may hold
+    /// at once, reserved from the head (decision 043).
+    #[serde(default = "default_in_flight_body_bytes")]
+    pub max_in_flight_body_bytes: u64,
+    /// `control.request.max_concurrent_per_deployment`: requests one deployment may have in
+    /// flight on the request API, from admission to answer (decision 043).
+    #[serde(default = "default_concurrent_per_deployment")]
+    pub max_concurrent_per_deployment: u32,
+}
+
+fn default_in_flight_body_bytes() -> u64 {
+    DEFAULT_MAX_IN_FLIGHT_BODY_BYTES
+}
+fn default_concurrent_per_deployment() -> u32 {
+    DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT
 }
 
 fn default_max_timeout_ms() -> u64 {
@@ -175,6 +191,8 @@ impl Default for RequestLimitsConfig {
             max_timeout_ms: DEFAULT_MAX_TIMEOUT_MS,
             max_inline_request_body_bytes: DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES,
             max_inline_response_body_bytes: DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+            max_in_flight_body_bytes: DEFAULT_MAX_IN_FLIGHT_BODY_BYTES,
+            max_concurrent_per_deployment: DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT,
         }
     }
 }
@@ -488,6 +506,18 @@ impl Config {
             }
         }
 
+        if r.max_in_flight_body_bytes < MIN_IN_FLIGHT_BODY_BYTES {
+            return Err(err(
+                "control.request.max_in_flight_body_bytes",
+                format!("must be at least {MIN_IN_FLIGHT_BODY_BYTES} (one envelope at its limit)"),
+            ));
+        }
+        if !(1..=MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT).contains(&r.max_concurrent_per_deployment) {
+            return Err(err(
+                "control.request.max_concurrent_per_deployment",
+                format!("must be 1 to {MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT}"),
+            ));
+        }
         let sv = &c.server;
         let e = &self.egress;
         for (k, v) in [
@@ -797,6 +827,8 @@ bind_address = "127.0.0.2"
             ("[store]\nbackend = \"postgres\"", "store.url_env"),
             ("[store]\nbackend = \"mysql\"", "line 2"),
             ("[control.server]\nheader_timeout_ms = 5", "control.server.header_timeout_ms"),
+            ("[control.request]\nmax_in_flight_body_bytes = 1000", "control.request.max_in_flight_body_bytes"),
+            ("[control.request]\nmax_concurrent_per_deployment = 0", "control.request.max_concurrent_per_deployment"),
             ("[control.server]\nmax_connections_per_core = 0", "control.server.max_connections_per_core"),
             ("[egress]\nidle_timeout_ms = 99999999999", "egress.idle_timeout_ms"),
         ];

@@ -61,3 +61,12 @@ pub const MIN_LIMIT_TIMEOUT_MS: u64 = 100;
 pub const MAX_LIMIT_TIMEOUT_MS: u64 = 3_600_000;
 /// Largest accepted `control.server.max_connections_per_core`.
 pub const MAX_CONNECTIONS_PER_CORE_LIMIT: usize = 1_000_000;
+/// Default of `control.request.max_in_flight_body_bytes`: request body bytes (envelopes) all
+/// cores together may hold at once (decision 043).
+pub const DEFAULT_MAX_IN_FLIGHT_BODY_BYTES: u64 = 512 * 1024 * 1024;
+/// Smallest accepted `control.request.max_in_flight_body_bytes`: one envelope at its limit.
+pub const MIN_IN_FLIGHT_BODY_BYTES: u64 = MAX_REQUEST_ENVELOPE_BYTES as u64 + 1;
+/// Default of `control.request.max_concurrent_per_deployment` (decision 043).
+pub const DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT: u32 = 1024;
+/// Largest accepted `control.request.max_concurrent_per_deployment`.
+pub const MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT: u32 = 1_000_000;

@@ -131,6 +131,19 @@ pub fn authenticate(
     Err(answer)
 }
 
+/// Counts a request refused at admission (decision 043) in the metrics, as any answer is.
+pub fn record_refusal(ctx: &ApiContext, deployment: DeploymentRef, e: &ApiError) {
+    let deployment = ctx.state.auth.id(deployment);
+    ctx.metrics
+        .record(ctx.core, deployment, e.code.as_str(), None);
+    tracing::debug!(
+        target: "sortie::request",
+        deployment = %deployment,
+        code = e.code.as_str(),
+        "refused at admission"
+    );
+}
+
 /// Serves one `POST /api/v1/requests` of an authenticated deployment whose body has been read.
 pub async fn handle(
     ctx: &ApiContext,

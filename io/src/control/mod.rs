@@ -2,6 +2,7 @@
 //! embedded operator dashboard.
 
 pub mod admin;
+pub mod admission;
 pub mod api;
 pub mod core;
 pub mod dashboard;

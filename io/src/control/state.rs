@@ -16,6 +16,7 @@ use sortie_core::routing::{RoutingTable, StickyPins, WorkerIndex};
 use sortie_core::snapshot::ValidatedSnapshot;
 use sortie_core::worker::WorkerRegistry;
 
+use super::admission::AdmissionLimits;
 use super::core::CoreMailbox;
 use crate::tokens::Authenticator;
 
@@ -119,6 +120,8 @@ pub struct ControlState {
     pub limits: Limits,
     /// Deployment token check.
     pub auth: Authenticator,
+    /// Requests in flight per deployment and body bytes in flight (decision 043).
+    pub admission: &'static AdmissionLimits,
     /// The admin token.
     pub admin_token: String,
     /// The cores' mailboxes, set once the cores are running.
@@ -180,6 +183,11 @@ impl ControlState {
                     idle: Duration::from_millis(config.egress.idle_timeout_ms),
                 },
             },
+            admission: AdmissionLimits::leak(
+                auth.len(),
+                r.max_concurrent_per_deployment,
+                r.max_in_flight_body_bytes,
+            ),
             auth,
             admin_token,
             mailboxes: OnceLock::new(),

@@ -6,10 +6,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use sortie_core::error::{admin_error_json, AdminErrorKind, ApiError, ErrorCode};
+use sortie_core::h1::BodyFraming;
 use sortie_core::limits::{MAX_ADMIN_BODY_BYTES, MAX_REQUEST_ENVELOPE_BYTES};
 use sortie_core::request::envelope_too_large;
 
 use super::admin::{self, AdminContext, AdminRequest};
+use super::admission::InFlight;
 use super::api::{self, ApiContext};
 use super::core::ActiveRequests;
 use super::dashboard;
@@ -49,9 +51,10 @@ fn envelope_error(e: &ApiError) -> Response {
 }
 
 impl Handler for ApiHandler {
-    /// The authenticated deployment of a `POST` to the request API; `None` for any other
-    /// request, which is answered 404 or 405 without reading a body.
-    type Admission = Option<DeploymentRef>;
+    /// The authenticated deployment of a `POST` to the request API, with what its admission
+    /// holds (decision 043); `None` for any other request, which is answered 404 or 405
+    /// without reading a body.
+    type Admission = Option<(DeploymentRef, InFlight)>;
 
     fn admit(&self, req: &RequestParts) -> Result<Admitted<Self::Admission>, Response> {
         if is_receipt_path(req.path()) {
@@ -68,14 +71,29 @@ impl Handler for ApiHandler {
                 admission: None,
             });
         }
-        match api::authenticate(&self.ctx, req.header("authorization")) {
-            Ok(deployment) => Ok(Admitted {
-                // One byte over the limit is read so that an oversized chunked envelope is told
-                // apart from one exactly at the limit.
-                body_limit: MAX_REQUEST_ENVELOPE_BYTES as u64 + 1,
-                admission: Some(deployment),
+        // One byte over the limit is read so that an oversized chunked envelope is told apart
+        // from one exactly at the limit.
+        let body_limit = MAX_REQUEST_ENVELOPE_BYTES as u64 + 1;
+        let deployment = match api::authenticate(&self.ctx, req.header("authorization")) {
+            Ok(deployment) => deployment,
+            Err(answer) => return Err(Response::json(answer.status, answer.body)),
+        };
+        // The body's share of the budget is reserved before a byte of it is read: the declared
+        // length (a larger one is refused by the server as 413), or the limit when chunked.
+        let body_bytes = match req.framing() {
+            BodyFraming::None => 0,
+            BodyFraming::ContentLength(n) => n.min(body_limit),
+            BodyFraming::Chunked => body_limit,
+        };
+        match self.ctx.state.admission.try_admit(deployment, body_bytes) {
+            Ok(in_flight) => Ok(Admitted {
+                body_limit,
+                admission: Some((deployment, in_flight)),
             }),
-            Err(answer) => Err(Response::json(answer.status, answer.body)),
+            Err(e) => {
+                api::record_refusal(&self.ctx, deployment, &e);
+                Err(envelope_error(&e).closing())
+            }
         }
     }
 
@@ -91,7 +109,8 @@ impl Handler for ApiHandler {
         if req.path() != REQUESTS_PATH {
             return Response::json(404, admin_error_json("not_found"));
         }
-        let Some(deployment) = deployment.filter(|_| req.method() == "POST") else {
+        // Held until the answer is built, or until the future is dropped.
+        let Some((deployment, _in_flight)) = deployment.filter(|_| req.method() == "POST") else {
             return Response::json(405, admin_error_json("method_not_allowed"))
                 .with_header("allow", "POST");
         };
