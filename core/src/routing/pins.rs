@@ -2,9 +2,13 @@
 //! which rule and pool, and until when (spec, Routing rule 4). Time is a parameter in
 //! milliseconds on a monotonic clock the caller chooses.
 //!
-//! The store is bounded (decision 008): when it is full, expired pins are
-//! evicted first and then the pin closest to expiry. Each pin is evicted at most once, so
-//! eviction is amortised O(log n) per insertion.
+//! The store is bounded (decision 008) and shared fairly between deployments (decision 044):
+//! each deployment holds at most its quota, and a deployment at its quota evicts its own pin
+//! closest to expiry. When the store as a whole is full, expired pins go first, then the pin
+//! closest to expiry of the deployment holding the most pins: a deployment can only push out
+//! pins of deployments holding at least as many as it does. Each pin is evicted at most once,
+//! so eviction is amortised O(log n) per insertion, plus a scan of the deployments present
+//! when the store is full of live pins.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -20,6 +24,13 @@ pub const DEFAULT_MAX_STICKY_PINS: usize = 65_536;
 pub struct PinKey(Box<str>);
 
 impl PinKey {
+    /// The deployment part of the key.
+    pub fn deployment(&self) -> &str {
+        let (len, rest) = self.0.split_once(':').unwrap_or(("0", &self.0));
+        let len = len.parse::<usize>().unwrap_or(0);
+        rest.get(..len).unwrap_or_default()
+    }
+
     /// The key of `(deployment_id, sticky_session_id)`.
     pub fn new(deployment_id: &str, sticky_session_id: &str) -> PinKey {
         PinKey(
@@ -47,13 +58,16 @@ struct Entry {
     seq: u64,
 }
 
-/// A bounded map of sticky pins with sliding expiry.
+/// A bounded map of sticky pins with sliding expiry and a quota per deployment.
 #[derive(Debug)]
 pub struct StickyPins {
     max_entries: usize,
+    max_per_deployment: usize,
     entries: HashMap<PinKey, Entry>,
     /// `(expires_at_ms, seq)` of every entry, so the earliest expiry is found in O(log n).
     by_expiry: BTreeMap<(u64, u64), PinKey>,
+    /// The same, per deployment: its count and its own earliest expiry.
+    by_deployment: HashMap<Box<str>, BTreeMap<(u64, u64), PinKey>>,
     next_seq: u64,
 }
 
@@ -64,14 +78,33 @@ impl Default for StickyPins {
 }
 
 impl StickyPins {
-    /// An empty store holding at most `max_entries` pins (at least one).
+    /// An empty store holding at most `max_entries` pins (at least one), any deployment up to
+    /// all of them.
     pub fn new(max_entries: usize) -> StickyPins {
+        StickyPins::with_quota(max_entries, max_entries)
+    }
+
+    /// An empty store holding at most `max_entries` pins, at most `max_per_deployment` of one
+    /// deployment (both at least one).
+    pub fn with_quota(max_entries: usize, max_per_deployment: usize) -> StickyPins {
         StickyPins {
             max_entries: max_entries.max(1),
+            max_per_deployment: max_per_deployment.max(1),
             entries: HashMap::new(),
             by_expiry: BTreeMap::new(),
+            by_deployment: HashMap::new(),
             next_seq: 0,
         }
+    }
+
+    /// Pins held for `deployment`, expired ones not yet evicted included.
+    pub fn count_of(&self, deployment: &str) -> usize {
+        self.by_deployment.get(deployment).map_or(0, BTreeMap::len)
+    }
+
+    /// The quota of one deployment.
+    pub fn max_per_deployment(&self) -> usize {
+        self.max_per_deployment
     }
 
     /// Number of pins held, expired ones not yet evicted included.
@@ -114,6 +147,11 @@ impl StickyPins {
         if let Some(k) = self.by_expiry.remove(&old) {
             self.by_expiry.insert(new, k);
         }
+        if let Some(own) = self.by_deployment.get_mut(key.deployment()) {
+            if let Some(k) = own.remove(&old) {
+                own.insert(new, k);
+            }
+        }
         true
     }
 
@@ -128,20 +166,46 @@ impl StickyPins {
         ttl_ms: u64,
     ) {
         self.remove(&key);
-        if self.entries.len() >= self.max_entries {
+        let deployment = key.deployment();
+        if self.count_of(deployment) >= self.max_per_deployment
+            || self.entries.len() >= self.max_entries
+        {
             self.evict_expired(now_ms, usize::MAX);
         }
-        while self.entries.len() >= self.max_entries {
-            // Still full of live pins: drop the one closest to expiry.
-            let Some((_, victim)) = self.by_expiry.pop_first() else {
+        while self.count_of(deployment) >= self.max_per_deployment {
+            // At its quota with live pins: the deployment gives up its own pin closest to
+            // expiry, never another deployment's.
+            if !self.evict_earliest_of(deployment) {
                 break;
-            };
-            self.entries.remove(&victim);
+            }
+        }
+        while self.entries.len() >= self.max_entries {
+            // The store is full of live pins: the deployment holding the most gives one up
+            // (the inserting one when it ties for the most).
+            let largest = self
+                .by_deployment
+                .iter()
+                .map(|(d, own)| (own.len(), d.as_ref() == deployment, d.clone()))
+                .max_by_key(|(n, is_self, _)| (*n, *is_self))
+                .map(|(_, _, d)| d);
+            match largest {
+                Some(d) if self.evict_earliest_of(&d) => {}
+                _ => break,
+            }
         }
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
         let expires_at_ms = now_ms.saturating_add(ttl_ms);
         self.by_expiry.insert((expires_at_ms, seq), key.clone());
+        match self.by_deployment.get_mut(deployment) {
+            Some(own) => {
+                own.insert((expires_at_ms, seq), key.clone());
+            }
+            None => {
+                let own = BTreeMap::from([((expires_at_ms, seq), key.clone())]);
+                self.by_deployment.insert(deployment.into(), own);
+            }
+        }
         self.entries.insert(
             key,
             Entry {
@@ -159,8 +223,31 @@ impl StickyPins {
     /// Removes the pin of `key`.
     pub fn remove(&mut self, key: &PinKey) -> Option<Pin> {
         let entry = self.entries.remove(key)?;
-        self.by_expiry.remove(&(entry.pin.expires_at_ms, entry.seq));
+        let at = (entry.pin.expires_at_ms, entry.seq);
+        self.by_expiry.remove(&at);
+        self.forget_in_deployment(key.deployment(), &at);
         Some(entry.pin)
+    }
+
+    /// Evicts the pin of `deployment` closest to expiry; false when it has none.
+    fn evict_earliest_of(&mut self, deployment: &str) -> bool {
+        let first = self
+            .by_deployment
+            .get(deployment)
+            .and_then(|own| own.first_key_value().map(|(_, k)| k.clone()));
+        match first {
+            Some(key) => self.remove(&key).is_some(),
+            None => false,
+        }
+    }
+
+    fn forget_in_deployment(&mut self, deployment: &str, at: &(u64, u64)) {
+        if let Some(own) = self.by_deployment.get_mut(deployment) {
+            own.remove(at);
+            if own.is_empty() {
+                self.by_deployment.remove(deployment);
+            }
+        }
     }
 
     /// Evicts up to `budget` expired pins, earliest first; returns how many. The IO layer may
@@ -171,8 +258,9 @@ impl StickyPins {
         while evicted < budget {
             match self.by_expiry.first_key_value() {
                 Some((&(expires, _), _)) if expires <= now_ms => {
-                    if let Some((_, key)) = self.by_expiry.pop_first() {
+                    if let Some((at, key)) = self.by_expiry.pop_first() {
                         self.entries.remove(&key);
+                        self.forget_in_deployment(key.deployment(), &at);
                         evicted += 1;
                     }
                 }
@@ -202,8 +290,60 @@ mod tests {
         );
     }
 
+    /// Decision 044: a deployment that pins session after session pushes out its own pins,
+    /// never another deployment's.
+    #[test]
+    fn one_deployment_cannot_push_out_the_pins_of_another() {
+        let mut s = StickyPins::with_quota(8, 4);
+        for i in 0..3 {
+            s.pin(
+                PinKey::new("quiet", &format!("q{i}")),
+                id("r"),
+                id("p"),
+                id("w"),
+                0,
+                100,
+            );
+        }
+        for i in 0..1000 {
+            s.pin(
+                PinKey::new("noisy", &format!("n{i}")),
+                id("r"),
+                id("p"),
+                id("w"),
+                1,
+                1_000,
+            );
+        }
+        for i in 0..3 {
+            let k = PinKey::new("quiet", &format!("q{i}"));
+            assert!(s.lookup(&k, 50).is_some(), "quiet pin q{i} was pushed out");
+        }
+        assert_eq!(s.count_of("noisy"), 4);
+        assert!(s.lookup(&PinKey::new("noisy", "n999"), 50).is_some());
+        // Without quotas (every deployment may take the whole store), a full store gives up a
+        // pin of the deployment holding the most, not the one closest to expiry.
+        let mut s = StickyPins::new(4);
+        s.pin(PinKey::new("quiet", "q"), id("r"), id("p"), id("w"), 0, 10);
+        for i in 0..100 {
+            s.pin(
+                PinKey::new("noisy", &format!("n{i}")),
+                id("r"),
+                id("p"),
+                id("w"),
+                1,
+                1_000,
+            );
+        }
+        assert!(s.lookup(&PinKey::new("quiet", "q"), 5).is_some());
+        assert_eq!((s.len(), s.count_of("noisy")), (4, 3));
+        assert_eq!(s.entries.len(), s.by_expiry.len());
+    }
+
     #[test]
     fn keys_are_unambiguous() {
+        assert_eq!(PinKey::new("1:a", "b").deployment(), "1:a");
+        assert_eq!(PinKey::new("dep", ":x").deployment(), "dep");
         assert_ne!(PinKey::new("ab", "c"), PinKey::new("a", "bc"));
         assert_ne!(PinKey::new("1:a", "b"), PinKey::new("1", ":ab"));
         assert_eq!(PinKey::new("d", "s"), PinKey::new("d", "s"));

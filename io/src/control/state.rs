@@ -4,6 +4,7 @@
 //! one mutex; readers on the hot path only load an `Arc`.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher as _, RandomState};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -22,6 +23,15 @@ use crate::tokens::Authenticator;
 
 /// Shards of the sticky pin store; a pin lives in the shard its key hashes to.
 const PIN_SHARDS: usize = 64;
+/// Pins one shard holds.
+const PINS_PER_SHARD: usize = sortie_core::routing::DEFAULT_MAX_STICKY_PINS / PIN_SHARDS;
+
+/// The per-shard pin quota of each of `deployments` deployments (decision 044): the store split
+/// evenly, so that every deployment's quota fits at once and no deployment ever loses a pin to
+/// another's.
+fn pin_quota_per_shard(deployments: usize) -> usize {
+    (PINS_PER_SHARD / deployments.max(1)).max(1)
+}
 
 /// The static request limits of `[control.request]`.
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +126,9 @@ pub struct ControlState {
     active: ArcSwap<Active>,
     writer: Mutex<Writer>,
     pins: Box<[Mutex<StickyPins>]>,
+    /// Picks a key's pin shard. Keyed at random per process (SipHash): shard selection cannot
+    /// be predicted from outside, so no one can aim sessions at one shard.
+    pin_hasher: RandomState,
     /// Static limits.
     pub limits: Limits,
     /// Deployment token check.
@@ -168,11 +181,13 @@ impl ControlState {
             writer: Mutex::new(writer),
             pins: (0..PIN_SHARDS)
                 .map(|_| {
-                    Mutex::new(StickyPins::new(
-                        sortie_core::routing::DEFAULT_MAX_STICKY_PINS / PIN_SHARDS,
+                    Mutex::new(StickyPins::with_quota(
+                        PINS_PER_SHARD,
+                        pin_quota_per_shard(auth.len()),
                     ))
                 })
                 .collect(),
+            pin_hasher: RandomState::new(),
             limits: Limits {
                 max_timeout_ms: r.max_timeout_ms,
                 max_inline_request_body_bytes: r.max_inline_request_body_bytes,
@@ -252,6 +267,11 @@ impl ControlState {
         f(&w.registry, &w.slots)
     }
 
+    /// The pin shard of a (deployment, sticky session) pair.
+    pub fn pin_shard(&self, deployment: &str, session: &str) -> usize {
+        (self.pin_hasher.hash_one((deployment, session)) as usize) % self.pins.len()
+    }
+
     /// Runs `f` with the pin shard of a (deployment, sticky session) pair.
     pub fn with_pins<R>(
         &self,
@@ -259,12 +279,53 @@ impl ControlState {
         session: &str,
         f: impl FnOnce(&mut StickyPins) -> R,
     ) -> R {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        deployment.hash(&mut h);
-        session.hash(&mut h);
-        let shard = (h.finish() as usize) % self.pins.len();
+        let shard = self.pin_shard(deployment, session);
         let mut g = self.pins[shard].lock().unwrap_or_else(|p| p.into_inner());
         f(&mut g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> ControlState {
+        let mut json = sortie_core::snapshot::DEFAULT_SNAPSHOT_JSON
+            .as_bytes()
+            .to_vec();
+        let snapshot = sortie_core::snapshot::decode_snapshot(&mut json).unwrap();
+        ControlState::new(
+            &Config::default(),
+            Authenticator::new(&[]),
+            "admin-token-for-tests".into(),
+            WorkerRegistry::new(),
+            1,
+            Arc::new(snapshot),
+        )
+    }
+
+    /// Two processes (here: two states) place the same sessions in different shards: the
+    /// shard hash is keyed per process, so nobody outside can aim sessions at one shard.
+    #[test]
+    fn pin_shards_are_keyed_per_process() {
+        let (a, b) = (state(), state());
+        let shards = |s: &ControlState| -> Vec<usize> {
+            (0..64)
+                .map(|i| s.pin_shard("dep", &format!("session-{i}")))
+                .collect()
+        };
+        assert_eq!(shards(&a), shards(&a), "stable within a process");
+        assert_ne!(shards(&a), shards(&b));
+    }
+
+    #[test]
+    fn every_deployment_quota_fits_the_store_at_once() {
+        for deployments in [0, 1, 2, 3, 100, 5000] {
+            let q = pin_quota_per_shard(deployments);
+            assert!(q >= 1);
+            assert!(q * deployments.max(1) <= PINS_PER_SHARD.max(deployments));
+        }
+        assert_eq!(pin_quota_per_shard(1), PINS_PER_SHARD);
+        assert_eq!(pin_quota_per_shard(2), PINS_PER_SHARD / 2);
     }
 }
