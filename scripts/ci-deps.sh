@@ -24,3 +24,7 @@ fi
 if ! python3 -c 'import playwright.sync_api' >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check 'playwright==1.65.2'
 fi
+# The receipt tests and perf/receipts.sh run the S3 backend against a real S3-compatible server.
+if ! command -v s3s-fs >/dev/null 2>&1; then
+  cargo install s3s-fs@0.14.1 --features binary --locked
+fi

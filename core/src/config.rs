@@ -321,6 +321,20 @@ pub struct ObjectStorageConfig {
     /// Environment variable with the S3 secret key.
     #[serde(default)]
     pub secret_key_env: Option<String>,
+    /// `object_storage.receipt_ttl_seconds`: lifetime of a receipt from its creation
+    /// (decision 031).
+    #[serde(default = "default_receipt_ttl_seconds")]
+    pub receipt_ttl_seconds: u64,
+}
+
+/// Largest `object_storage.receipt_ttl_seconds`: 30 days.
+pub const MAX_RECEIPT_TTL_SECONDS: u64 = 30 * 24 * 3600;
+
+/// Default of `object_storage.receipt_ttl_seconds`: 24 hours (decision 031).
+pub const DEFAULT_RECEIPT_TTL_SECONDS: u64 = 24 * 3600;
+
+fn default_receipt_ttl_seconds() -> u64 {
+    DEFAULT_RECEIPT_TTL_SECONDS
 }
 
 fn default_max_object_bytes() -> u64 {
@@ -339,6 +353,7 @@ impl Default for ObjectStorageConfig {
             force_path_style: false,
             access_key_env: None,
             secret_key_env: None,
+            receipt_ttl_seconds: DEFAULT_RECEIPT_TTL_SECONDS,
         }
     }
 }
@@ -563,6 +578,12 @@ impl Config {
             return Err(err(
                 "object_storage.max_object_bytes",
                 "must be greater than 0",
+            ));
+        }
+        if o.enabled && !(1..=MAX_RECEIPT_TTL_SECONDS).contains(&o.receipt_ttl_seconds) {
+            return Err(err(
+                "object_storage.receipt_ttl_seconds",
+                "must be between 1 and 2592000 (30 days)",
             ));
         }
         if o.enabled && o.backend == ObjectBackend::S3 {

@@ -21,6 +21,7 @@ use crate::control::admin::AdminContext;
 use crate::control::api::ApiContext;
 use crate::control::core::{mailbox, run_mailbox, ActiveRequests, MailboxReceiver};
 use crate::control::proxy::{ProxyHandler, TunnelCounts, MAX_TUNNELS_PER_DEPLOYMENT};
+use crate::control::receipts::Receipts;
 use crate::control::state::ControlState;
 use crate::control::web::{AdminHandler, ApiHandler};
 use crate::dns::{Resolver, ResolverPool};
@@ -28,7 +29,8 @@ use crate::egress::{client_config, Egress, PoolLimits};
 use crate::http::{self, ServerConfig, ShutdownTrigger};
 use crate::metrics::Metrics;
 use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
-use crate::store::{ColdThread, RecordStore as _, SqliteStore};
+use crate::store::objects::Objects;
+use crate::store::{ColdThread, RecordStore as _, SqliteStore, COMMAND_QUEUE_CAPACITY};
 use crate::tokens;
 
 /// How long in-flight requests may run after SIGTERM/SIGINT before the process exits anyway.
@@ -121,11 +123,6 @@ fn bind(
 
 /// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
 pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
-    if config.object_storage.enabled {
-        return Err(ServeError::Config(
-            "object_storage.enabled: the receipt API is not available in this build; set enabled = false".into(),
-        ));
-    }
     if config.store.backend == StoreBackend::Postgres {
         return Err(ServeError::Config(
             "store.backend: postgres is not available in this build; use sqlite".into(),
@@ -160,8 +157,36 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         ))
     })?;
     let registry = local_registry(&config, &mut store)?;
+    // Crash recovery of receipts (decision 034) before anything can read them.
+    let recovered = store
+        .recover_receipts(&crate::clock::now_rfc3339())
+        .map_err(|e| ioe(format!("store: {e}")))?;
+    if recovered > 0 {
+        tracing::info!(
+            recovered,
+            "receipts interrupted by the last stop were recovered"
+        );
+    }
+    let objects = if config.object_storage.enabled {
+        Some(Objects::from_config(&config.object_storage, &data_dir).map_err(ServeError::Config)?)
+    } else {
+        None
+    };
+    let has_objects = objects.is_some();
     let (cold, cold_thread) =
-        ColdThread::start(Box::new(store)).map_err(|e| ioe(format!("store: {e}")))?;
+        ColdThread::start_with(Box::new(store), objects, COMMAND_QUEUE_CAPACITY)
+            .map_err(|e| ioe(format!("store: {e}")))?;
+    let receipts = if has_objects {
+        check_objects(&cold)?;
+        let r = Receipts::new(cold.clone(), &config.object_storage, &data_dir)
+            .map_err(|e| ioe(format!("object storage: {e}")))?
+            .shared();
+        r.start_sweep()
+            .map_err(|e| ioe(format!("object storage: {e}")))?;
+        Some(r)
+    } else {
+        None
+    };
 
     let n = core_count(config.control.cores);
     let listeners = Listeners {
@@ -292,6 +317,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         let admin_ctx = admin_ctx.clone();
         let metrics = metrics.clone();
         let server_config = server_config.clone();
+        let receipts = receipts.clone();
         async move {
             #[cfg(debug_assertions)]
             debug_panic_core(ctx.index);
@@ -329,13 +355,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                     Err(e) => tracing::error!(error = %e, "proxy listener"),
                 }
             }
-            let api = Rc::new(ApiHandler::new(
-                state.clone(),
-                active,
-                egress,
-                metrics.clone(),
-                ctx.index,
-            ));
+            let mut api =
+                ApiHandler::new(state.clone(), active, egress, metrics.clone(), ctx.index);
+            if let Some(r) = receipts {
+                api = api.with_receipts(r);
+            }
+            let api = Rc::new(api);
             if let Some(sock) = admin_sock {
                 match monoio::net::TcpListener::from_std(sock) {
                     Ok(l) => {
@@ -400,6 +425,31 @@ fn debug_panic_core(index: usize) {
         });
     }
 }
+
+/// Checks the object store once at startup (the S3 bucket answers; the filesystem directory
+/// exists and crash leftovers are cleared), so a wrong endpoint fails the start, not the first
+/// upload.
+fn check_objects(cold: &crate::store::ColdHandle) -> Result<(), ServeError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    cold.spawn(move |ctx| async move {
+        let r = match ctx.objects() {
+            Some(o) => o.startup().await,
+            None => Ok(()),
+        };
+        let _ = tx.send(r);
+    })
+    .map_err(|e| ioe(format!("object storage: {e}")))?;
+    match rx.recv_timeout(OBJECT_STORE_CHECK_TIMEOUT) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ioe(format!("object storage: {e}"))),
+        Err(_) => Err(ioe(
+            "object storage: no answer within 30 s at startup".to_string()
+        )),
+    }
+}
+
+/// How long the startup check of the object store may take.
+const OBJECT_STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn print_banner(
     config: &Config,

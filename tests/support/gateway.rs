@@ -26,6 +26,7 @@ pub struct Gateway {
 
 pub struct GatewayBuilder {
     extra: String,
+    sections: String,
     snapshot: Option<String>,
     workers: String,
     env: Vec<(String, String)>,
@@ -37,6 +38,7 @@ impl Default for GatewayBuilder {
     fn default() -> Self {
         GatewayBuilder {
             extra: String::new(),
+            sections: String::new(),
             snapshot: Some(LOOPBACK_SNAPSHOT.to_string()),
             workers: String::new(),
             env: Vec::new(),
@@ -97,6 +99,14 @@ impl GatewayBuilder {
         self
     }
 
+    /// Whole TOML sections or tables appended to the config (`[object_storage]`,
+    /// `[[deployments]]`).
+    pub fn section(mut self, toml: &str) -> Self {
+        self.sections.push_str(toml);
+        self.sections.push('\n');
+        self
+    }
+
     /// `[[workers]]` tables (TOML); without them the gateway runs its default local worker.
     pub fn workers(mut self, toml: &str) -> Self {
         self.workers.push_str(toml);
@@ -136,11 +146,12 @@ impl GatewayBuilder {
         }
         let config = format!(
             "[control]\napi_listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nproxy_listen = \"127.0.0.1:0\"\ncores = {}\ndata_dir = {:?}\n{snapshot_line}{}\n\
-             [[deployments]]\nid = \"dep_test\"\ntoken = \"{DEPLOYMENT_TOKEN}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n{}",
+             [[deployments]]\nid = \"dep_test\"\ntoken = \"{DEPLOYMENT_TOKEN}\"\n\n[admin]\ntoken = \"{ADMIN_TOKEN}\"\n\n{}\n{}",
             self.cores,
             dir.join("data").display().to_string(),
             self.extra,
             self.workers,
+            self.sections,
         );
         let cfg = dir.join("sortie.toml");
         std::fs::write(&cfg, config).expect("write config");

@@ -42,6 +42,8 @@ pub struct ApiContext {
     /// the full lookup. The authenticator never changes while the process runs, so the entry
     /// cannot go stale.
     last_token: std::cell::RefCell<Option<(Vec<u8>, DeploymentRef)>>,
+    /// The receipt service when object storage is enabled.
+    pub receipts: Option<Arc<super::receipts::Receipts>>,
 }
 
 impl ApiContext {
@@ -61,6 +63,7 @@ impl ApiContext {
             core,
             no_pins: std::cell::RefCell::new(StickyPins::new(1)),
             last_token: std::cell::RefCell::new(None),
+            receipts: None,
         }
     }
 }

@@ -8,5 +8,6 @@ pub mod core;
 pub mod dashboard;
 pub mod openapi;
 pub mod proxy;
+pub mod receipts;
 pub mod state;
 pub mod web;

@@ -16,6 +16,7 @@ use super::api::{self, ApiContext};
 use super::core::ActiveRequests;
 use super::dashboard;
 use super::openapi;
+use super::receipts::{self, Receipts, RECEIPT_OBJECTS_PATH};
 use super::state::ControlState;
 use crate::egress::Egress;
 use crate::http::{Admitted, Body, BodyError, Handler, RequestParts, Response};
@@ -43,6 +44,25 @@ impl ApiHandler {
             ctx: ApiContext::new(state, active, egress, metrics, core),
         }
     }
+
+    /// Enables the receipt API (object storage is on).
+    pub fn with_receipts(mut self, receipts: Arc<Receipts>) -> ApiHandler {
+        self.ctx.receipts = Some(receipts);
+        self
+    }
+}
+
+/// What [`ApiHandler::admit`] learned from the head.
+pub enum ApiAdmission {
+    /// Answered 404 or 405 without reading a body.
+    Other,
+    /// `POST /api/v1/requests` of this deployment, with what its admission holds (decision
+    /// 043).
+    Request(DeploymentRef, InFlight),
+    /// A receipt client route of this deployment.
+    Receipt(DeploymentRef),
+    /// The signed worker route; the signature is checked in the handler.
+    Worker,
 }
 
 fn envelope_error(e: &ApiError) -> Response {
@@ -51,24 +71,17 @@ fn envelope_error(e: &ApiError) -> Response {
 }
 
 impl Handler for ApiHandler {
-    /// The authenticated deployment of a `POST` to the request API, with what its admission
-    /// holds (decision 043); `None` for any other request, which is answered 404 or 405
-    /// without reading a body.
-    type Admission = Option<(DeploymentRef, InFlight)>;
+    /// What the head showed: the route and, where one is needed, the authenticated deployment.
+    type Admission = ApiAdmission;
 
     fn admit(&self, req: &RequestParts) -> Result<Admitted<Self::Admission>, Response> {
         if is_receipt_path(req.path()) {
-            // Spec, Receipt API: the routes exist only when object storage is enabled; answered
-            // from the head so that no part body is read for nothing.
-            return Err(Response::json(
-                404,
-                sortie_core::error::receipt_error_json("object storage is not enabled"),
-            ));
+            return self.admit_receipt(req);
         }
         if req.path() != REQUESTS_PATH || req.method() != "POST" {
             return Ok(Admitted {
                 body_limit: 0,
-                admission: None,
+                admission: ApiAdmission::Other,
             });
         }
         // One byte over the limit is read so that an oversized chunked envelope is told apart
@@ -88,7 +101,7 @@ impl Handler for ApiHandler {
         match self.ctx.state.admission.try_admit(deployment, body_bytes) {
             Ok(in_flight) => Ok(Admitted {
                 body_limit,
-                admission: Some((deployment, in_flight)),
+                admission: ApiAdmission::Request(deployment, in_flight),
             }),
             Err(e) => {
                 api::record_refusal(&self.ctx, deployment, &e);
@@ -106,13 +119,37 @@ impl Handler for ApiHandler {
         if req.path() == openapi::OPENAPI_PATH {
             return openapi_document(req.method(), openapi::API_DOCUMENT);
         }
-        if req.path() != REQUESTS_PATH {
-            return Response::json(404, admin_error_json("not_found"));
-        }
-        // Held until the answer is built, or until the future is dropped.
-        let Some((deployment, _in_flight)) = deployment.filter(|_| req.method() == "POST") else {
-            return Response::json(405, admin_error_json("method_not_allowed"))
-                .with_header("allow", "POST");
+        // The in-flight share is held until the answer is built, or until the future is dropped.
+        let (deployment, _in_flight) = match deployment {
+            ApiAdmission::Receipt(d) => {
+                let Some(receipts) = &self.ctx.receipts else {
+                    return receipts_disabled();
+                };
+                let id = self.ctx.state.auth.id(d);
+                return receipts
+                    .handle(
+                        id,
+                        req.method(),
+                        req.path(),
+                        req.header("x-service-part-sha256"),
+                        body,
+                    )
+                    .await;
+            }
+            ApiAdmission::Worker => {
+                let Some(receipts) = &self.ctx.receipts else {
+                    return receipts_disabled();
+                };
+                return receipts.worker_object(req.path(), req.query()).await;
+            }
+            ApiAdmission::Request(d, in_flight) => (d, in_flight),
+            ApiAdmission::Other if req.path() != REQUESTS_PATH => {
+                return Response::json(404, admin_error_json("not_found"));
+            }
+            ApiAdmission::Other => {
+                return Response::json(405, admin_error_json("method_not_allowed"))
+                    .with_header("allow", "POST");
+            }
         };
         let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
             Ok(b) => b,
@@ -136,6 +173,57 @@ impl Handler for ApiHandler {
         // The status stays the server's (400, 408, 413, 414, 431, 503...): it describes the HTTP
         // failure; the body is the registry envelope so API clients can parse it.
         Response::json(status, server_error(status, reason).to_json(&id))
+    }
+}
+
+/// The answer of every receipt path without object storage (spec, Receipt API: the routes
+/// exist only when it is enabled).
+fn receipts_disabled() -> Response {
+    Response::json(
+        404,
+        sortie_core::error::receipt_error_json("object storage is not enabled"),
+    )
+}
+
+impl ApiHandler {
+    /// Admits a receipt route from its head: 404 without object storage (before any body is
+    /// read), no token for the signed worker route, the deployment token otherwise, and the
+    /// route's body limit.
+    fn admit_receipt(&self, req: &RequestParts) -> Result<Admitted<ApiAdmission>, Response> {
+        if self.ctx.receipts.is_none() {
+            return Err(receipts_disabled());
+        }
+        if req.path().starts_with(RECEIPT_OBJECTS_PATH) {
+            if !matches!(req.method(), "GET" | "HEAD") {
+                return Err(Response::json(
+                    404,
+                    sortie_core::error::receipt_error_json("unknown receipt route"),
+                ));
+            }
+            return Ok(Admitted {
+                body_limit: 0,
+                admission: ApiAdmission::Worker,
+            });
+        }
+        let deployment = match api::authenticate(&self.ctx, req.header("authorization")) {
+            Ok(d) => d,
+            Err(_) => {
+                return Err(Response::json(
+                    401,
+                    sortie_core::error::receipt_error_json("deployment authentication failed"),
+                ))
+            }
+        };
+        let (content_length, is_chunked) = match req.framing() {
+            sortie_core::h1::BodyFraming::ContentLength(n) => (Some(n), false),
+            sortie_core::h1::BodyFraming::Chunked => (None, true),
+            sortie_core::h1::BodyFraming::None => (None, false),
+        };
+        let limit = receipts::admit(req.method(), req.path(), content_length, is_chunked)?;
+        Ok(Admitted {
+            body_limit: limit,
+            admission: ApiAdmission::Receipt(deployment),
+        })
     }
 }
 

@@ -1,10 +1,16 @@
-//! The cold thread: one OS thread that owns the `RecordStore` and runs every operation on it,
-//! so that hot cores only ever send a command and await a one-shot reply.
+//! The cold thread: one OS thread that owns the `RecordStore` and the object store, and runs
+//! every operation on them, so that hot cores only ever send a command and await a one-shot
+//! reply.
 //!
 //! Hot-core side: [`ColdHandle`]'s async methods never block. They `try_send` on a bounded
 //! channel (a full queue fails fast with [`StoreError::Busy`]) and await a
 //! `futures_channel::oneshot` reply, which the cold thread completes from its own thread; the
 //! waker crosses threads because monoio runs with its `sync` feature.
+//!
+//! Cold side: a tokio current-thread runtime with a `LocalSet`. Record-store jobs are short and
+//! run one at a time, in arrival order. Object-store work (a part upload, a composition, a
+//! download) runs as a local task, so that many bodies stream at once, each in bounded chunks
+//! over its own small channel, while record-store jobs are served in between.
 //!
 //! Readiness: the cold thread probes the store every [`READINESS_PROBE_INTERVAL`] (between
 //! commands, or when idle) and publishes the outcome in atomics that [`ColdHandle::is_ready`]
@@ -12,15 +18,20 @@
 //! that admin writes need. A probe older than [`READINESS_STALE_AFTER`] (the thread is stuck
 //! on a stalled disk) or a stopped thread reads as not ready.
 
+use std::cell::RefCell;
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use futures_channel::oneshot;
+use tokio::sync::mpsc::{self, error::TrySendError};
 
+use super::objects::Objects;
 use super::{ConfigRecord, RecordStore, StoreError, WorkerSettings};
 
 /// Number of commands that may wait for the cold thread before [`ColdHandle`] answers
@@ -48,9 +59,33 @@ const THREAD_NAME: &str = "sortie-cold";
 /// One unit of work for the cold thread: it runs against the store and sends its own reply.
 type Job = Box<dyn FnOnce(&mut dyn RecordStore) + Send>;
 
+/// A task for the cold thread's local executor, built there from the shared context.
+type Task = Box<dyn FnOnce(Rc<ColdContext>) -> Pin<Box<dyn Future<Output = ()>>> + Send>;
+
 enum Command {
     Run(Job),
+    Spawn(Task),
     Shutdown,
+}
+
+/// What cold-thread tasks work on: the record store and, when object storage is enabled, the
+/// object store. Lives on the cold thread only.
+pub struct ColdContext {
+    store: RefCell<Box<dyn RecordStore + Send>>,
+    objects: Option<Objects>,
+}
+
+impl ColdContext {
+    /// Runs `f` on the record store. Never hold it across an await: the store is shared by
+    /// every task of the thread.
+    pub fn store<T>(&self, f: impl FnOnce(&mut dyn RecordStore) -> T) -> T {
+        f(&mut **self.store.borrow_mut())
+    }
+
+    /// The object store, or `None` when object storage is disabled.
+    pub fn objects(&self) -> Option<&Objects> {
+        self.objects.as_ref()
+    }
 }
 
 /// Starts the cold thread.
@@ -64,7 +99,7 @@ impl ColdThread {
     pub fn start(
         store: Box<dyn RecordStore + Send>,
     ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
-        Self::start_with_capacity(store, COMMAND_QUEUE_CAPACITY)
+        Self::start_with(store, None, COMMAND_QUEUE_CAPACITY)
     }
 
     /// [`ColdThread::start`] with a command queue of `capacity` entries (at least 1).
@@ -72,58 +107,99 @@ impl ColdThread {
         store: Box<dyn RecordStore + Send>,
         capacity: usize,
     ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
-        let (tx, rx) = crossbeam_channel::bounded(capacity.max(1));
+        Self::start_with(store, None, capacity)
+    }
+
+    /// [`ColdThread::start`] with an object store and a queue of `capacity` entries.
+    pub fn start_with(
+        store: Box<dyn RecordStore + Send>,
+        objects: Option<Objects>,
+        capacity: usize,
+    ) -> Result<(ColdHandle, JoinHandle<()>), StoreError> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
         let readiness = Arc::new(Readiness::default());
         let published = readiness.clone();
         let join = std::thread::Builder::new()
             .name(THREAD_NAME.into())
-            .spawn(move || serve(store, &rx, &published))
+            .spawn(move || serve(store, objects, rx, &published))
             .map_err(|e| StoreError::Io(format!("cannot start the cold thread: {e}")))?;
         Ok((ColdHandle { tx, readiness }, join))
     }
 }
 
 /// The cold thread's loop. Commands are served in arrival order; a shutdown serves what was
-/// queued before it, then stops.
-fn serve(mut store: Box<dyn RecordStore + Send>, rx: &Receiver<Command>, readiness: &Readiness) {
+/// queued before it, then stops (object tasks still running are dropped, which fails their
+/// callers and leaves no partial object: see `objects`).
+fn serve(
+    store: Box<dyn RecordStore + Send>,
+    objects: Option<Objects>,
+    mut rx: mpsc::Receiver<Command>,
+    readiness: &Readiness,
+) {
     tracing::debug!("cold thread started");
-    let mut next_probe = probe(&mut *store, readiness);
-    loop {
-        let wait = next_probe.saturating_duration_since(Instant::now());
-        // `recv` fails once every sender is gone and the queue is empty: the drop-to-stop path.
-        let command = match rx.recv_timeout(wait) {
-            Ok(command) => command,
-            Err(RecvTimeoutError::Timeout) => {
-                next_probe = probe(&mut *store, readiness);
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        if Instant::now() >= next_probe {
-            next_probe = probe(&mut *store, readiness);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the cold thread's runtime");
+            return;
         }
-        match command {
-            Command::Run(job) => run(&mut *store, job),
-            Command::Shutdown => {
-                while let Ok(command) = rx.try_recv() {
-                    if let Command::Run(job) = command {
-                        run(&mut *store, job);
-                    }
+    };
+    let ctx = Rc::new(ColdContext {
+        store: RefCell::new(store),
+        objects,
+    });
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let mut next_probe = probe(&ctx, readiness);
+        loop {
+            let wait = tokio::time::Instant::from_std(next_probe);
+            // `recv` ends once every sender is gone and the queue is empty: the drop-to-stop
+            // path.
+            let command = match tokio::time::timeout_at(wait, rx.recv()).await {
+                Ok(Some(command)) => command,
+                Ok(None) => break,
+                Err(_) => {
+                    next_probe = probe(&ctx, readiness);
+                    continue;
                 }
-                break;
+            };
+            if Instant::now() >= next_probe {
+                next_probe = probe(&ctx, readiness);
+            }
+            match command {
+                Command::Run(job) => run(&ctx, job),
+                Command::Spawn(task) => {
+                    // A panic inside a task is caught by the runtime; its reply sender is
+                    // dropped on the way, so the caller sees `Unavailable`.
+                    tokio::task::spawn_local(task(ctx.clone()));
+                }
+                Command::Shutdown => {
+                    while let Ok(command) = rx.try_recv() {
+                        if let Command::Run(job) = command {
+                            run(&ctx, job);
+                        }
+                    }
+                    break;
+                }
             }
         }
-    }
+    });
     readiness.is_ready.store(false, Ordering::Release);
     tracing::debug!("cold thread stopped");
 }
 
 /// Runs the readiness probe and publishes it; returns when the next one is due.
-fn probe(store: &mut dyn RecordStore, readiness: &Readiness) -> Instant {
-    let is_ready = matches!(
-        catch_unwind(AssertUnwindSafe(|| store.probe())),
-        Ok(Ok(true))
-    );
+fn probe(ctx: &ColdContext, readiness: &Readiness) -> Instant {
+    let is_ready = match ctx.store.try_borrow_mut() {
+        Ok(mut store) => matches!(
+            catch_unwind(AssertUnwindSafe(|| store.probe())),
+            Ok(Ok(true))
+        ),
+        Err(_) => false,
+    };
     let now = Instant::now();
     readiness
         .probed_at_ms
@@ -136,8 +212,12 @@ fn probe(store: &mut dyn RecordStore, readiness: &Readiness) -> Instant {
 /// the whole gateway down with it: the job's reply sender is dropped while unwinding, so its
 /// caller sees [`StoreError::Unavailable`], and the next command is served normally (an
 /// interrupted SQLite transaction rolls back when its guard drops).
-fn run(store: &mut dyn RecordStore, job: Job) {
-    if catch_unwind(AssertUnwindSafe(|| job(store))).is_err() {
+fn run(ctx: &ColdContext, job: Job) {
+    let Ok(mut store) = ctx.store.try_borrow_mut() else {
+        tracing::error!("the record store is in use by a job that did not finish");
+        return;
+    };
+    if catch_unwind(AssertUnwindSafe(|| job(&mut **store))).is_err() {
         tracing::error!("a store operation panicked on the cold thread; its caller got an error");
     }
 }
@@ -149,7 +229,7 @@ fn run(store: &mut dyn RecordStore, job: Job) {
 /// the thread has stopped.
 #[derive(Debug, Clone)]
 pub struct ColdHandle {
-    tx: Sender<Command>,
+    tx: mpsc::Sender<Command>,
     readiness: Arc<Readiness>,
 }
 
@@ -185,7 +265,7 @@ impl ColdHandle {
         T: Send + 'static,
         F: FnOnce(&mut dyn RecordStore) -> Result<T, StoreError> + Send + 'static,
     {
-        let (reply, answer) = crossbeam_channel::bounded(1);
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
         self.enqueue(Box::new(move |store| {
             let _ = reply.send(op(store));
         }))?;
@@ -193,10 +273,42 @@ impl ColdHandle {
     }
 
     fn enqueue(&self, job: Job) -> Result<(), StoreError> {
-        self.tx.try_send(Command::Run(job)).map_err(|e| match e {
+        self.send(Command::Run(job))
+    }
+
+    fn send(&self, command: Command) -> Result<(), StoreError> {
+        self.tx.try_send(command).map_err(|e| match e {
             TrySendError::Full(_) => StoreError::Busy,
-            TrySendError::Disconnected(_) => StoreError::Unavailable,
+            TrySendError::Closed(_) => StoreError::Unavailable,
         })
+    }
+
+    /// Starts the future `op` builds as a task on the cold thread without waiting for it (a
+    /// download that feeds a channel, the expiry sweep).
+    pub fn spawn<F, Fut>(&self, op: F) -> Result<(), StoreError>
+    where
+        F: FnOnce(Rc<ColdContext>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        self.send(Command::Spawn(Box::new(move |ctx| Box::pin(op(ctx)))))
+    }
+
+    /// Runs the future `op` builds as a task on the cold thread and awaits its result. For
+    /// object-store work that streams: the task may await (channels, the S3 client) while the
+    /// thread serves other commands.
+    pub async fn run_task<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Rc<ColdContext>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Spawn(Box::new(move |ctx| {
+            Box::pin(async move {
+                let _ = reply.send(op(ctx).await);
+            })
+        })))?;
+        answer.await.unwrap_or(Err(StoreError::Unavailable))
     }
 
     /// Asks the cold thread to stop after serving every command queued before this one. Later
@@ -205,7 +317,7 @@ impl ColdHandle {
     /// thread's `JoinHandle` to wait until the store is closed.
     pub fn shutdown(&self) {
         // An error means the thread is already gone, which is the goal.
-        let _ = self.tx.send(Command::Shutdown);
+        let _ = self.tx.blocking_send(Command::Shutdown);
     }
 
     /// See [`RecordStore::latest_config`].
@@ -348,6 +460,45 @@ mod tests {
             _: &str,
         ) -> Result<WorkerSettings, StoreError> {
             Err(StoreError::ReadOnly)
+        }
+        fn create_receipt(
+            &mut self,
+            _: &crate::store::ReceiptRecord,
+        ) -> Result<crate::store::ReceiptRecord, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn receipt(
+            &mut self,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<crate::store::ReceiptRecord>, StoreError> {
+            Ok(None)
+        }
+        fn put_receipt_part(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: &crate::store::PartRecord,
+            _: &str,
+        ) -> Result<bool, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn set_receipt_state(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: sortie_core::receipt::ReceiptState,
+            _: sortie_core::receipt::ReceiptState,
+            _: &str,
+            _: Option<&str>,
+        ) -> Result<bool, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn due_receipts(&mut self, _: u64, _: usize) -> Result<Vec<(String, String)>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn recover_receipts(&mut self, _: &str) -> Result<usize, StoreError> {
+            Ok(0)
         }
     }
 

@@ -22,6 +22,33 @@ pub(crate) const MIGRATIONS: &[&str] = &[
          updated_at TEXT NOT NULL,
          actor      TEXT NOT NULL
      );",
+    // Version 2: receipts and their parts (decision 030). A part row is written only after its
+    // payload is durable; `state` follows `sortie_core::receipt`.
+    "CREATE TABLE receipts (
+         receipt_id      TEXT PRIMARY KEY NOT NULL,
+         deployment_id   TEXT NOT NULL,
+         direction       TEXT NOT NULL CHECK (direction IN ('request', 'response')),
+         state           TEXT NOT NULL,
+         size_bytes      INTEGER NOT NULL CHECK (size_bytes >= 0),
+         sha256_hex      TEXT NOT NULL,
+         idempotency_key TEXT,
+         created_at      TEXT NOT NULL,
+         updated_at      TEXT NOT NULL,
+         expires_at      TEXT NOT NULL,
+         expires_unix_ms INTEGER NOT NULL,
+         failure         TEXT
+     );
+     CREATE UNIQUE INDEX receipts_idempotency ON receipts (deployment_id, idempotency_key)
+         WHERE idempotency_key IS NOT NULL;
+     CREATE INDEX receipts_expiry ON receipts (expires_unix_ms);
+     CREATE TABLE receipt_parts (
+         receipt_id TEXT NOT NULL REFERENCES receipts (receipt_id) ON DELETE CASCADE,
+         number     INTEGER NOT NULL CHECK (number > 0),
+         size_bytes INTEGER NOT NULL CHECK (size_bytes >= 0),
+         sha256_hex TEXT NOT NULL,
+         object_key TEXT NOT NULL,
+         PRIMARY KEY (receipt_id, number)
+     );",
 ];
 
 /// The schema version this build writes and understands: the number of migrations.
@@ -44,6 +71,14 @@ mod tests {
             .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
             .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
             .expect("table list");
-        assert_eq!(tables, ["config_records", "worker_settings"]);
+        assert_eq!(
+            tables,
+            [
+                "config_records",
+                "receipt_parts",
+                "receipts",
+                "worker_settings"
+            ]
+        );
     }
 }

@@ -10,15 +10,17 @@
 mod cold;
 mod error;
 mod migrations;
+pub mod objects;
 mod record;
 mod sqlite;
 
 pub use cold::{
-    ColdHandle, ColdThread, COMMAND_QUEUE_CAPACITY, READINESS_PROBE_INTERVAL, READINESS_STALE_AFTER,
+    ColdContext, ColdHandle, ColdThread, COMMAND_QUEUE_CAPACITY, READINESS_PROBE_INTERVAL,
+    READINESS_STALE_AFTER,
 };
 pub use error::StoreError;
 pub use migrations::SCHEMA_VERSION;
-pub use record::{ConfigRecord, WorkerSettings};
+pub use record::{ConfigRecord, PartRecord, ReceiptRecord, WorkerSettings};
 pub use sqlite::{AccessMode, SqliteOptions, SqliteStore, DATABASE_FILE_NAME};
 
 /// Number of config records kept in the history, newest first. The spec bounds the history
@@ -99,4 +101,52 @@ pub trait RecordStore {
         actor: &str,
         updated_at: &str,
     ) -> Result<WorkerSettings, StoreError>;
+
+    /// Inserts a new receipt, unless the deployment already has one with the same idempotency
+    /// key: then that stored receipt is returned instead and nothing is written. The caller
+    /// compares identities to tell a safe retry from a conflict.
+    fn create_receipt(&mut self, receipt: &ReceiptRecord) -> Result<ReceiptRecord, StoreError>;
+
+    /// The receipt `receipt_id` of `deployment_id` with its parts, or `None`.
+    fn receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+    ) -> Result<Option<ReceiptRecord>, StoreError>;
+
+    /// Records (or replaces) a part whose payload is durable, provided the receipt is still
+    /// `uploading`; returns `false` and writes nothing otherwise.
+    fn put_receipt_part(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        part: &PartRecord,
+        updated_at: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves a receipt from `from` to `to` (compare-and-set on the state); returns `false` and
+    /// writes nothing when its state is not `from`.
+    fn set_receipt_state(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        from: sortie_core::receipt::ReceiptState,
+        to: sortie_core::receipt::ReceiptState,
+        updated_at: &str,
+        failure: Option<&str>,
+    ) -> Result<bool, StoreError>;
+
+    /// Up to `limit` receipts (deployment id, receipt id) whose expiry is at or before
+    /// `now_unix_ms` and that may expire now (decision 004: not assigned, not already
+    /// cancelled or expired).
+    fn due_receipts(
+        &mut self,
+        now_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Crash recovery at startup (decision 034): `verifying` goes back to `uploading` (its
+    /// parts are still stored; the client repeats complete) and `assigned` back to `verified`
+    /// (the attempt died with the process). Returns how many receipts moved.
+    fn recover_receipts(&mut self, updated_at: &str) -> Result<usize, StoreError>;
 }

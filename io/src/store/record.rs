@@ -34,3 +34,49 @@ pub struct WorkerSettings {
     /// Audit attribution of the last change.
     pub actor: String,
 }
+
+/// One uploaded part of a receipt, recorded once its payload is durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartRecord {
+    /// Part number, 1..=10,000.
+    pub number: u32,
+    /// Bytes stored.
+    pub size_bytes: u64,
+    /// SHA-256 of the stored bytes, lowercase hex.
+    pub sha256_hex: String,
+    /// Where the bytes are in the object store: each upload gets a fresh key, so a replaced
+    /// or refused upload never overwrites the bytes a recorded part points to.
+    pub object_key: String,
+}
+
+/// A receipt as the store keeps it (decision 030). Scoped to `deployment_id`: every lookup
+/// names the deployment, so another deployment's receipt is simply not found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptRecord {
+    /// `rcpt_` id.
+    pub receipt_id: String,
+    /// Owning deployment.
+    pub deployment_id: String,
+    /// `request` or `response`.
+    pub direction: String,
+    /// Lifecycle state.
+    pub state: sortie_core::receipt::ReceiptState,
+    /// Declared size.
+    pub size_bytes: u64,
+    /// Declared SHA-256, lowercase hex.
+    pub sha256_hex: String,
+    /// The client's idempotency key, if it sent one.
+    pub idempotency_key: Option<String>,
+    /// Parts by ascending number.
+    pub parts: Vec<PartRecord>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 time of the last change.
+    pub updated_at: String,
+    /// RFC 3339 expiry time.
+    pub expires_at: String,
+    /// The expiry as Unix milliseconds, for the sweep.
+    pub expires_unix_ms: u64,
+    /// Why verification failed, on a rejected receipt.
+    pub failure: Option<String>,
+}

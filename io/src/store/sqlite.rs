@@ -9,9 +9,11 @@ use std::time::Duration;
 use rusqlite::{ffi, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
 
 use super::migrations::{MIGRATIONS, SCHEMA_VERSION};
+use sortie_core::receipt::ReceiptState;
+
 use super::{
-    ConfigRecord, RecordStore, StoreError, WorkerSettings, BOOTSTRAP_ACTION, BOOTSTRAP_ACTOR,
-    HISTORY_LIMIT,
+    ConfigRecord, PartRecord, ReceiptRecord, RecordStore, StoreError, WorkerSettings,
+    BOOTSTRAP_ACTION, BOOTSTRAP_ACTOR, HISTORY_LIMIT,
 };
 
 /// Name of the database file inside the data directory.
@@ -274,7 +276,293 @@ fn latest_config_in(conn: &Connection) -> Result<Option<ConfigRecord>, StoreErro
     .transpose()
 }
 
+const RECEIPT_COLUMNS: &str = "receipt_id, deployment_id, direction, state, size_bytes, \
+     sha256_hex, idempotency_key, created_at, updated_at, expires_at, expires_unix_ms, failure";
+
+/// Converts a count or size read from the database; a negative one breaks a CHECK.
+fn u64_from_db(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError::Corrupt(format!("negative {what} {value}")))
+}
+
+fn i64_to_db(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+type ReceiptRow = (
+    String,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    Option<String>,
+    String,
+    String,
+    String,
+    i64,
+    Option<String>,
+);
+
+fn receipt_row(row: &Row<'_>) -> rusqlite::Result<ReceiptRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+        row.get(10)?,
+        row.get(11)?,
+    ))
+}
+
+/// Reads a receipt and its parts from `conn`.
+fn receipt_in(
+    conn: &Connection,
+    deployment_id: &str,
+    receipt_id: &str,
+) -> Result<Option<ReceiptRecord>, StoreError> {
+    let row = conn
+        .prepare_cached(&format!(
+            "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE receipt_id = ?1 AND deployment_id = ?2"
+        ))
+        .and_then(|mut s| {
+            s.query_row([receipt_id, deployment_id], receipt_row)
+                .optional()
+        })
+        .map_err(map_error)?;
+    let Some((
+        id,
+        dep,
+        direction,
+        state,
+        size,
+        sha,
+        key,
+        created,
+        updated,
+        expires,
+        exp_ms,
+        failure,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let state = ReceiptState::from_wire(&state)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown receipt state {state:?}")))?;
+    let parts = conn
+        .prepare_cached(
+            "SELECT number, size_bytes, sha256_hex, object_key FROM receipt_parts \
+             WHERE receipt_id = ?1 ORDER BY number",
+        )
+        .and_then(|mut s| {
+            s.query_map([&id], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(map_error)?
+        .into_iter()
+        .map(|(n, size, sha, object_key)| {
+            Ok(PartRecord {
+                number: u32::try_from(n)
+                    .map_err(|_| StoreError::Corrupt(format!("part number {n}")))?,
+                size_bytes: u64_from_db(size, "part size")?,
+                sha256_hex: sha,
+                object_key,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(Some(ReceiptRecord {
+        receipt_id: id,
+        deployment_id: dep,
+        direction,
+        state,
+        size_bytes: u64_from_db(size, "receipt size")?,
+        sha256_hex: sha,
+        idempotency_key: key,
+        parts,
+        created_at: created,
+        updated_at: updated,
+        expires_at: expires,
+        expires_unix_ms: u64_from_db(exp_ms, "expiry")?,
+        failure,
+    }))
+}
+
 impl RecordStore for SqliteStore {
+    fn create_receipt(&mut self, r: &ReceiptRecord) -> Result<ReceiptRecord, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map_error)?;
+        if let Some(key) = &r.idempotency_key {
+            let existing: Option<String> = tx
+                .query_row(
+                    "SELECT receipt_id FROM receipts WHERE deployment_id = ?1 \
+                     AND idempotency_key = ?2",
+                    [&r.deployment_id, key],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(map_error)?;
+            if let Some(id) = existing {
+                return receipt_in(&tx, &r.deployment_id, &id)?
+                    .ok_or_else(|| StoreError::Corrupt("receipt vanished".into()));
+            }
+        }
+        tx.execute(
+            &format!(
+                "INSERT INTO receipts ({RECEIPT_COLUMNS}) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+            ),
+            rusqlite::params![
+                r.receipt_id,
+                r.deployment_id,
+                r.direction,
+                r.state.as_str(),
+                i64_to_db(r.size_bytes),
+                r.sha256_hex,
+                r.idempotency_key,
+                r.created_at,
+                r.updated_at,
+                r.expires_at,
+                i64_to_db(r.expires_unix_ms),
+                r.failure,
+            ],
+        )
+        .map_err(map_error)?;
+        tx.commit().map_err(map_error)?;
+        Ok(r.clone())
+    }
+
+    fn receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+    ) -> Result<Option<ReceiptRecord>, StoreError> {
+        receipt_in(&self.conn, deployment_id, receipt_id)
+    }
+
+    fn put_receipt_part(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        part: &PartRecord,
+        updated_at: &str,
+    ) -> Result<bool, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map_error)?;
+        let touched = tx
+            .execute(
+                "UPDATE receipts SET updated_at = ?1 WHERE receipt_id = ?2 \
+                 AND deployment_id = ?3 AND state = ?4",
+                rusqlite::params![
+                    updated_at,
+                    receipt_id,
+                    deployment_id,
+                    ReceiptState::Uploading.as_str()
+                ],
+            )
+            .map_err(map_error)?;
+        if touched == 0 {
+            return Ok(false);
+        }
+        tx.execute(
+            "INSERT OR REPLACE INTO receipt_parts \
+             (receipt_id, number, size_bytes, sha256_hex, object_key) VALUES (?1, ?2, ?3, ?4, ?5)",
+            rusqlite::params![
+                receipt_id,
+                part.number,
+                i64_to_db(part.size_bytes),
+                part.sha256_hex,
+                part.object_key
+            ],
+        )
+        .map_err(map_error)?;
+        tx.commit().map_err(map_error)?;
+        Ok(true)
+    }
+
+    fn set_receipt_state(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        from: ReceiptState,
+        to: ReceiptState,
+        updated_at: &str,
+        failure: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE receipts SET state = ?1, updated_at = ?2, failure = COALESCE(?3, failure) \
+                 WHERE receipt_id = ?4 AND deployment_id = ?5 AND state = ?6",
+                rusqlite::params![
+                    to.as_str(),
+                    updated_at,
+                    failure,
+                    receipt_id,
+                    deployment_id,
+                    from.as_str()
+                ],
+            )
+            .map_err(map_error)?;
+        Ok(n > 0)
+    }
+
+    fn due_receipts(
+        &mut self,
+        now_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.conn
+            .prepare_cached(
+                "SELECT deployment_id, receipt_id FROM receipts WHERE expires_unix_ms <= ?1 \
+                 AND state NOT IN ('assigned', 'cancelled', 'expired') LIMIT ?2",
+            )
+            .and_then(|mut s| {
+                s.query_map(rusqlite::params![i64_to_db(now_unix_ms), limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect()
+            })
+            .map_err(map_error)
+    }
+
+    fn recover_receipts(&mut self, updated_at: &str) -> Result<usize, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(map_error)?;
+        let mut moved = 0;
+        for (from, to) in [
+            (ReceiptState::Verifying, ReceiptState::Uploading),
+            (ReceiptState::Assigned, ReceiptState::Verified),
+        ] {
+            moved += tx
+                .execute(
+                    "UPDATE receipts SET state = ?1, updated_at = ?2 WHERE state = ?3",
+                    [to.as_str(), updated_at, from.as_str()],
+                )
+                .map_err(map_error)?;
+        }
+        tx.commit().map_err(map_error)?;
+        Ok(moved)
+    }
+
     fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError> {
         latest_config_in(&self.conn)
     }
