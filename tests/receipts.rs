@@ -15,6 +15,7 @@ use serde_json::json;
 use support::gateway::{
     http, parse_response, temp_dir, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
 };
+use support::upstream::{self, Upstream};
 
 const OTHER_TOKEN: &str = "other-deployment-token-0123456789";
 const S3_INSTALL: &str = "cargo install s3s-fs@0.14.1 --features binary --locked";
@@ -781,6 +782,239 @@ fn crash_during_complete(backend: &Backend) {
         }
     }
     panic!("never caught complete in the verifying state in 6 attempts");
+}
+
+/// The upstream of the request API tests, by path: `/hash` answers with the size and SHA-256 of
+/// the body it received, `/slow` does the same after a pause, `/big` sends 5 MiB and `/small`
+/// 1 MiB with a `Content-Length`, `/chunked` 3 MiB chunked, `/reset` part of a body then a reset, `/refuse`
+/// a reset before any answer.
+fn upstream() -> Upstream {
+    let big = upstream::response(200, &[], &upstream::pattern(5 * MIB));
+    let small = upstream::response(200, &[], &upstream::pattern(MIB));
+    let chunked = upstream::large_chunked(3 * MIB);
+    let mid = upstream::reset_mid_body();
+    Upstream::start(std::sync::Arc::new(move |r: &upstream::Request| {
+        let hashed = || {
+            let text = format!("{} {}", r.body.len(), sha256_hex(&r.body));
+            upstream::Step::Write(upstream::response(200, &[], text.as_bytes()))
+        };
+        match r.target.as_str() {
+            "/hash" => vec![hashed()],
+            "/slow" => vec![upstream::Step::Pause(Duration::from_millis(1500)), hashed()],
+            "/big" => vec![upstream::Step::Write(big.clone())],
+            "/small" => vec![upstream::Step::Write(small.clone())],
+            "/chunked" => chunked(r),
+            "/reset" => mid(r),
+            _ => vec![upstream::Step::Reset],
+        }
+    }))
+}
+
+fn send(gw: &Gateway, envelope: serde_json::Value) -> Resp {
+    support::gateway::request_api(gw, &envelope)
+}
+
+fn assert_api_error(r: &Resp, status: u16, code: &str) {
+    assert_eq!(r.status, status, "{code}: {}", r.text());
+    assert_eq!(r.json()["code"], code, "{}", r.text());
+}
+
+fn inline_body(r: &Resp) -> String {
+    use base64::Engine as _;
+    let b64 = r.json()["body"]["data_base64"]
+        .as_str()
+        .expect("inline body")
+        .to_string();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64");
+    String::from_utf8(bytes).expect("utf-8")
+}
+
+/// The request API's receipt modes on this backend.
+fn request_api(backend: &Backend) {
+    let up = upstream();
+    let gw = backend.gateway("max_object_bytes = 4194304\n", None);
+    let c = Client::new(&gw, DEPLOYMENT_TOKEN);
+    let other = Client::new(&gw, OTHER_TOKEN);
+    let body = data(3 * MIB + 5, 9);
+    let id = c.verified("request", &body, MIB);
+
+    // A request body from a receipt: streamed to the upstream, then consumed.
+    let r = send(
+        &gw,
+        json!({"method":"POST","url":up.url("/hash"),"body":{"mode":"receipt","receipt_id":id}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        inline_body(&r),
+        format!("{} {}", body.len(), sha256_hex(&body))
+    );
+    assert_eq!(c.state(&id), "consumed");
+    assert_receipt_error(
+        &c.req("DELETE", &format!("/api/v1/receipts/{id}"), &[], b""),
+        409,
+        "cancel consumed",
+    );
+    let again = send(
+        &gw,
+        json!({"method":"POST","url":up.url("/hash"),"body":{"mode":"receipt","receipt_id":id}}),
+    );
+    assert_api_error(&again, 409, "body_ref_unavailable");
+
+    // Unknown, another deployment's, not verified, or a response receipt: unavailable.
+    let theirs = other.verified("request", b"theirs", 6);
+    let uploading = c.create("request", b"abc", None).json()["receipt_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let response_kind = c.verified("response", b"resp", 4);
+    for rid in [
+        "rcpt_0123456789abcdef0123456789abcdef",
+        &theirs,
+        &uploading,
+        &response_kind,
+    ] {
+        let r = send(
+            &gw,
+            json!({"method":"POST","url":up.url("/hash"),"body":{"mode":"receipt","receipt_id":rid}}),
+        );
+        assert_api_error(&r, 409, "body_ref_unavailable");
+    }
+
+    // A failed attempt gives the receipt back (verified); while assigned it cannot be cancelled.
+    let id2 = c.verified("request", &body[..1000], 1000);
+    let r = send(
+        &gw,
+        json!({"method":"POST","url":up.url("/refuse"),"body":{"mode":"receipt","receipt_id":id2}}),
+    );
+    assert!(r.status >= 500, "{}", r.text());
+    wait_until(
+        Duration::from_secs(10),
+        "the failed assignment is released",
+        || c.state(&id2) == "verified",
+    );
+    let gw_api = gw.api;
+    let slow_url = up.url("/slow");
+    let id2c = id2.clone();
+    let slow = std::thread::spawn(move || {
+        let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+        let env =
+            json!({"method":"POST","url":slow_url,"body":{"mode":"receipt","receipt_id":id2c}});
+        http(
+            gw_api,
+            "POST",
+            "/api/v1/requests",
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            env.to_string().as_bytes(),
+        )
+    });
+    wait_until(Duration::from_secs(10), "the receipt is assigned", || {
+        c.state(&id2) == "assigned"
+    });
+    assert_receipt_error(
+        &c.req("DELETE", &format!("/api/v1/receipts/{id2}"), &[], b""),
+        409,
+        "cancel assigned",
+    );
+    let r = slow.join().expect("slow request");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(c.state(&id2), "consumed");
+
+    // A stored body that cannot be read: stream_upload_aborted, and the receipt is released.
+    let id3 = c.verified("request", &body[..2000], 2000);
+    for f in std::fs::read_dir(backend.receipt_dir(&gw.dir, &id3))
+        .expect("payload dir")
+        .flatten()
+    {
+        std::fs::remove_file(f.path()).expect("remove payload");
+    }
+    let r = send(
+        &gw,
+        json!({"method":"POST","url":up.url("/hash"),"body":{"mode":"receipt","receipt_id":id3}}),
+    );
+    assert_api_error(&r, 502, "stream_upload_aborted");
+
+    // Response bodies into receipts: Content-Length and chunked, hashed on the way.
+    for (path, want) in [
+        ("/small", upstream::pattern(MIB)),
+        ("/chunked", upstream::pattern(3 * MIB)),
+    ] {
+        let r = send(
+            &gw,
+            json!({"method":"GET","url":up.url(path),"response_body_mode":"receipt"}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let b = &r.json()["body"];
+        assert_eq!(b["mode"], "receipt");
+        assert_eq!(b["size_bytes"], want.len());
+        assert_eq!(b["sha256_hex"], sha256_hex(&want));
+        let rid = b["receipt_id"].as_str().expect("id").to_string();
+        assert_eq!(c.state(&rid), "verified");
+        let got = c.req("GET", &format!("/api/v1/receipts/{rid}/content"), &[], b"");
+        assert!(
+            got.status == 200 && got.body == want,
+            "{path}: downloaded body differs"
+        );
+        assert_receipt_error(
+            &other.get(&rid),
+            404,
+            "response receipt of another deployment",
+        );
+    }
+
+    // Over object_storage.max_object_bytes (4 MiB): body_too_large, no object left behind.
+    let before = object_files(backend, &gw.dir);
+    let r = send(
+        &gw,
+        json!({"method":"GET","url":up.url("/big"),"response_body_mode":"receipt"}),
+    );
+    assert_api_error(&r, 413, "body_too_large");
+    // A broken upstream body: stream_download_aborted, nothing stored.
+    let r = send(
+        &gw,
+        json!({"method":"GET","url":up.url("/reset"),"response_body_mode":"receipt"}),
+    );
+    assert_api_error(&r, 502, "stream_download_aborted");
+    assert_eq!(
+        object_files(backend, &gw.dir),
+        before,
+        "no partial object is stored"
+    );
+}
+
+/// Every stored object file of the backend.
+fn object_files(backend: &Backend, gw_dir: &Path) -> Vec<PathBuf> {
+    fn walk(p: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(&e.path(), out);
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    let root = match backend {
+        Backend::Fs => gw_dir.join("data/objects/receipts"),
+        Backend::S3(s) => s.dir.join(BUCKET).join("receipts"),
+    };
+    let mut out = Vec::new();
+    walk(&root, &mut out);
+    out.sort();
+    out
+}
+
+#[test]
+fn request_api_with_receipts_on_fs() {
+    request_api(&Backend::Fs);
+}
+
+#[test]
+fn request_api_with_receipts_on_s3() {
+    request_api(&Backend::S3(S3Server::start()));
 }
 
 #[test]

@@ -389,9 +389,14 @@ fn bad_configs_exit_non_zero_naming_the_key() {
             "egress.ca_file",
         ),
         (
-            "object storage",
-            format!("[control]\n{listen}\n[object_storage]\nenabled = true\n"),
-            "object_storage.enabled",
+            "object storage credentials",
+            format!(
+                "[control]\n{listen}\n[object_storage]\nenabled = true\nbackend = \"s3\"\n\
+                 bucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\n\
+                 access_key_env = \"SORTIE_TEST_UNSET_ACCESS_KEY\"\n\
+                 secret_key_env = \"SORTIE_TEST_UNSET_SECRET_KEY\"\n"
+            ),
+            "object_storage.access_key_env",
         ),
     ];
     for (i, (name, toml, key)) in cases.iter().enumerate() {

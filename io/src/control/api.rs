@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
 use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
-use sortie_core::request::{decode_request, RequestBody, ValidationContext};
+use sortie_core::request::{decode_request, RequestBody, ResponseBodyMode, ValidationContext};
 use sortie_core::result::{RequestResult, ResultBody, Timing};
 use sortie_core::routing::{Ingress, RouteRequest, StickyPins};
 
 use super::core::ActiveRequests;
 use super::state::ControlState;
+use super::streamed::{self, Exchange, ExchangeBody, Target};
 use crate::egress::{Egress, EgressRequest};
 use crate::metrics::Metrics;
 use crate::tokens::{bearer, DeploymentRef};
@@ -222,7 +223,7 @@ async fn handle_inner(
         max_inline_request_body_bytes: limits.max_inline_request_body_bytes,
         max_timeout_ms: limits.max_timeout_ms,
         default_timeout_ms: active.snapshot.default_timeout_ms(),
-        is_object_storage_enabled: false,
+        is_object_storage_enabled: ctx.receipts.is_some(),
         fingerprint_profiles: BUILTIN_PROFILES,
     };
     let req = match decode_request(&mut body, &vctx) {
@@ -253,34 +254,59 @@ async fn handle_inner(
     let slot = &assigned.slot;
     let (_tracked, cancelled) = ctx.active.track(request_id, deployment);
 
-    let body_bytes = match req.body {
-        RequestBody::None => bytes::Bytes::new(),
-        RequestBody::Inline(b) => bytes::Bytes::from(b),
-        RequestBody::Receipt(_) => {
-            let e = ApiError::new(
-                ErrorCode::BodyRefUnavailable,
-                "object storage is not enabled",
-            );
-            return error_answer(&e, request_id);
-        }
-    };
-    let job = EgressRequest {
-        method: req.method,
-        url: req.url,
-        headers: req.headers,
-        body: body_bytes,
-        deadline,
-        max_response_body_bytes: limits.max_inline_response_body_bytes,
-        policy: active.policy.clone(),
-        worker_id: decision.worker_id.clone(),
-        bind_address: slot.bind_address(),
-        is_replayable: req.is_replayable,
-        timeouts: limits.egress_timeouts,
-    };
+    let is_streamed = matches!(req.body, RequestBody::Receipt(_))
+        || req.response_body_mode == ResponseBodyMode::Receipt;
     let assigned = Instant::now();
-    let outcome = monoio::select! {
-        r = Box::pin(ctx.egress.execute(&job)) => Some(r),
-        _ = cancelled => None,
+    let outcome = match (&ctx.receipts, is_streamed) {
+        (Some(receipts), true) => {
+            let target = Target {
+                egress: &ctx.egress,
+                policy: &active.policy,
+                worker_id: &decision.worker_id,
+                bind_address: slot.bind_address(),
+                deadline,
+                max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
+                timeouts: limits.egress_timeouts,
+            };
+            monoio::select! {
+                r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
+                _ = cancelled => None,
+            }
+        }
+        _ => {
+            let body_bytes = match req.body {
+                RequestBody::None => bytes::Bytes::new(),
+                RequestBody::Inline(b) => bytes::Bytes::from(b),
+                RequestBody::Receipt(_) => {
+                    let e = ApiError::new(
+                        ErrorCode::BodyRefUnavailable,
+                        "object storage is not enabled",
+                    );
+                    return error_answer(&e, request_id);
+                }
+            };
+            let job = EgressRequest {
+                method: req.method,
+                url: req.url,
+                headers: req.headers,
+                body: body_bytes,
+                deadline,
+                max_response_body_bytes: limits.max_inline_response_body_bytes,
+                policy: active.policy.clone(),
+                worker_id: decision.worker_id.clone(),
+                bind_address: slot.bind_address(),
+                is_replayable: req.is_replayable,
+                timeouts: limits.egress_timeouts,
+            };
+            monoio::select! {
+                r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {
+                    status: resp.status,
+                    headers: resp.headers,
+                    body: ExchangeBody::Inline(resp.body),
+                })),
+                _ = cancelled => None,
+            }
+        }
     };
     let done = Instant::now();
     let result = match outcome {
@@ -308,7 +334,18 @@ async fn handle_inner(
                 request_id,
                 status: resp.status,
                 headers: &headers,
-                body: ResultBody::Inline(&resp.body),
+                body: match &resp.body {
+                    ExchangeBody::Inline(b) => ResultBody::Inline(b),
+                    ExchangeBody::Receipt {
+                        receipt_id,
+                        size_bytes,
+                        sha256_hex,
+                    } => ResultBody::Receipt {
+                        receipt_id,
+                        size_bytes: *size_bytes,
+                        sha256_hex,
+                    },
+                },
                 timing,
             };
             tracing::debug!(

@@ -10,4 +10,5 @@ pub mod openapi;
 pub mod proxy;
 pub mod receipts;
 pub mod state;
+mod streamed;
 pub mod web;

@@ -137,6 +137,33 @@ impl FsObjects {
         Ok(hasher.finish())
     }
 
+    pub(super) async fn put_unsized(
+        &self,
+        key: &str,
+        max: u64,
+        rx: &mut mpsc::Receiver<Bytes>,
+    ) -> Result<Digested, ObjectError> {
+        let dest = self.path(key);
+        let (mut file, temp) = self.temp_for(&dest)?;
+        let mut hasher = Hasher::new();
+        loop {
+            let Some(chunk) = rx.recv().await else {
+                return Err(ObjectError::Aborted);
+            };
+            if chunk.is_empty() {
+                break;
+            }
+            if hasher.size().saturating_add(chunk.len() as u64) > max {
+                return Err(ObjectError::Long(max));
+            }
+            file.write_all(&chunk)
+                .map_err(|e| backend("write", &temp.path, e))?;
+            hasher.update(&chunk);
+        }
+        Self::commit(file, temp, &dest)?;
+        Ok(hasher.finish())
+    }
+
     pub(super) async fn compose(
         &self,
         parts: &[(String, u64)],

@@ -18,7 +18,7 @@ use sortie_core::config::{ObjectBackend, ObjectStorageConfig};
 use tokio::sync::mpsc;
 
 pub use fs::FsObjects;
-pub use s3::{S3Objects, S3_MIN_PART_BYTES};
+pub use s3::{S3Objects, S3_MIN_PART_BYTES, S3_UNSIZED_PART_BYTES};
 
 /// Largest chunk that crosses a channel between a hot core and the cold thread.
 pub const CHUNK_BYTES: usize = 256 * 1024;
@@ -104,6 +104,9 @@ pub enum ObjectError {
     /// The body went past the declared length.
     #[error("the body is longer than {0} bytes")]
     Long(u64),
+    /// The sender went away without the end marker of [`Objects::put_unsized`].
+    #[error("the body was abandoned before its end")]
+    Aborted,
     /// No object under the key, or one of a different size than recorded.
     #[error("object {0} is missing or has the wrong size")]
     Missing(String),
@@ -168,6 +171,21 @@ impl Objects {
         match self {
             Objects::Fs(o) => o.put(key, len, rx).await,
             Objects::S3(o) => o.put(key, len, rx).await,
+        }
+    }
+
+    /// Stores a body of unknown length from `rx` under `key`: chunks until an empty chunk, the
+    /// end marker. Without the marker (the sender dropped: the source broke) nothing is stored
+    /// ([`ObjectError::Aborted`]); past `max` bytes nothing is stored ([`ObjectError::Long`]).
+    pub async fn put_unsized(
+        &self,
+        key: &str,
+        max: u64,
+        rx: &mut mpsc::Receiver<Bytes>,
+    ) -> Result<Digested, ObjectError> {
+        match self {
+            Objects::Fs(o) => o.put_unsized(key, max, rx).await,
+            Objects::S3(o) => o.put_unsized(key, max, rx).await,
         }
     }
 

@@ -30,6 +30,10 @@ use super::{Digested, Hasher, ObjectError, CHUNK_QUEUE};
 /// multipart upload and are concatenated by streaming instead.
 pub const S3_MIN_PART_BYTES: u64 = 5 * 1024 * 1024;
 
+/// Size of the pieces a body of unknown length is uploaded in (a multipart upload); the only
+/// buffer of such an upload, held on the cold thread.
+pub const S3_UNSIZED_PART_BYTES: usize = 8 * 1024 * 1024;
+
 /// Region used when the config names none; S3-compatible services mostly ignore it.
 const DEFAULT_REGION: &str = "us-east-1";
 
@@ -183,6 +187,110 @@ impl S3Objects {
         let digest = relayed?;
         stored?;
         Ok(digest)
+    }
+
+    pub(super) async fn put_unsized(
+        &self,
+        key: &str,
+        max: u64,
+        rx: &mut mpsc::Receiver<Bytes>,
+    ) -> Result<Digested, ObjectError> {
+        let mut hasher = Hasher::new();
+        let mut buf = bytes::BytesMut::new();
+        let mut upload: Option<(String, Vec<CompletedPart>)> = None;
+        let result = async {
+            loop {
+                let Some(chunk) = rx.recv().await else {
+                    return Err(ObjectError::Aborted);
+                };
+                let is_end = chunk.is_empty();
+                if hasher.size().saturating_add(chunk.len() as u64) > max {
+                    return Err(ObjectError::Long(max));
+                }
+                hasher.update(&chunk);
+                buf.extend_from_slice(&chunk);
+                if is_end && upload.is_none() {
+                    // Small enough for one PUT.
+                    let len = buf.len() as u64;
+                    self.client
+                        .put_object()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .content_length(i64::try_from(len).unwrap_or(i64::MAX))
+                        .body(ByteStream::from(buf.split().freeze()))
+                        .send()
+                        .await
+                        .map_err(|e| backend(&format!("put {key}"), e))?;
+                    return Ok(());
+                }
+                if buf.len() >= S3_UNSIZED_PART_BYTES || (is_end && !buf.is_empty()) {
+                    if upload.is_none() {
+                        let created = self
+                            .client
+                            .create_multipart_upload()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .send()
+                            .await
+                            .map_err(|e| backend(&format!("create multipart {key}"), e))?;
+                        let id = created.upload_id().ok_or_else(|| {
+                            ObjectError::Backend("multipart upload without an id".into())
+                        })?;
+                        upload = Some((id.to_owned(), Vec::new()));
+                    }
+                    if let Some((id, parts)) = upload.as_mut() {
+                        let number = i32::try_from(parts.len() + 1).unwrap_or(i32::MAX);
+                        let out = self
+                            .client
+                            .upload_part()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .upload_id(id.as_str())
+                            .part_number(number)
+                            .body(ByteStream::from(buf.split().freeze()))
+                            .send()
+                            .await
+                            .map_err(|e| backend(&format!("upload part of {key}"), e))?;
+                        parts.push(
+                            CompletedPart::builder()
+                                .set_e_tag(out.e_tag().map(str::to_owned))
+                                .part_number(number)
+                                .build(),
+                        );
+                    }
+                }
+                if is_end {
+                    if let Some((id, parts)) = upload.as_ref() {
+                        self.client
+                            .complete_multipart_upload()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .upload_id(id.as_str())
+                            .multipart_upload(
+                                CompletedMultipartUpload::builder()
+                                    .set_parts(Some(parts.clone()))
+                                    .build(),
+                            )
+                            .send()
+                            .await
+                            .map_err(|e| backend(&format!("complete multipart {key}"), e))?;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        .await;
+        if let (Err(_), Some((id, _))) = (&result, &upload) {
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.bucket)
+                .key(key)
+                .upload_id(id.as_str())
+                .send()
+                .await;
+        }
+        result.map(|()| hasher.finish())
     }
 
     /// Sends the body of `key` to `tx`, hashing it when `hasher` is given; returns the bytes

@@ -1,0 +1,378 @@
+//! The request API's streamed exchanges: a request body read from a verified request receipt,
+//! and/or a response body stored as a new response receipt (spec, Request API; decision 035).
+//! Bodies pass through in bounded chunks between the cold thread and the upstream connection.
+//!
+//! On the per-request path: no blocking, debug-level logs only.
+
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::receipt::ReceiptState;
+use sortie_core::request::{RequestBody, ResponseBodyMode, ValidatedRequest};
+use tokio::sync::mpsc;
+
+use super::receipts::Receipts;
+use crate::egress::{BodyLength, BodySource, Egress, StreamRequest, Timeouts};
+use crate::store::objects::{self, ObjectError, CHUNK_BYTES, CHUNK_QUEUE};
+use crate::store::ReceiptRecord;
+
+/// The body of a finished streamed exchange.
+pub(crate) enum ExchangeBody {
+    /// Read into memory (inline mode).
+    Inline(Vec<u8>),
+    /// Stored as a verified response receipt.
+    Receipt {
+        receipt_id: String,
+        size_bytes: u64,
+        sha256_hex: String,
+    },
+}
+
+/// A finished exchange: what the envelope reports.
+pub(crate) struct Exchange {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) body: ExchangeBody,
+}
+
+/// Where the exchange runs.
+pub(crate) struct Target<'a> {
+    pub(crate) egress: &'a Egress,
+    pub(crate) policy: &'a sortie_core::destination::DestinationPolicy,
+    pub(crate) worker_id: &'a sortie_core::snapshot::ConfigId,
+    pub(crate) bind_address: Option<std::net::IpAddr>,
+    pub(crate) deadline: Instant,
+    pub(crate) max_inline_response_body_bytes: usize,
+    pub(crate) timeouts: Timeouts,
+}
+
+fn unavailable(why: &str) -> ApiError {
+    ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
+}
+
+/// Holds a request receipt in `assigned` for the attempt. Dropped without [`Hold::consume`]
+/// (failure, cancellation, the caller left) it goes back to `verified`; the write is queued to
+/// the cold thread without waiting, so it also happens when the future is dropped.
+struct Hold<'a> {
+    receipts: &'a Receipts,
+    deployment: String,
+    id: String,
+    to: ReceiptState,
+}
+
+impl Hold<'_> {
+    fn consume(mut self) {
+        self.to = ReceiptState::Consumed;
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        let (d, i, to) = (self.deployment.clone(), self.id.clone(), self.to);
+        let now = crate::clock::now_rfc3339();
+        let queued = self.receipts.cold().spawn(move |ctx| async move {
+            let _ =
+                ctx.store(|s| s.set_receipt_state(&d, &i, ReceiptState::Assigned, to, &now, None));
+        });
+        if queued.is_err() {
+            // Startup recovery turns a receipt left assigned back into verified.
+            tracing::warn!("cannot release a receipt assignment now; startup recovery will");
+        }
+    }
+}
+
+/// A request body read from a stored object.
+struct ObjectSource {
+    rx: mpsc::Receiver<Bytes>,
+    left: u64,
+    len: u64,
+}
+
+impl BodySource for ObjectSource {
+    fn length(&self) -> BodyLength {
+        if self.len == 0 {
+            BodyLength::None
+        } else {
+            BodyLength::Known(self.len)
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        match self.rx.recv().await {
+            Some(chunk) => {
+                self.left = self.left.saturating_sub(chunk.len() as u64);
+                Ok(Some(chunk))
+            }
+            None => Err(ApiError::new(
+                ErrorCode::StreamUploadAborted,
+                "the stored request body could not be read to its end",
+            )),
+        }
+    }
+}
+
+/// Either body source of a streamed exchange.
+enum Source {
+    Memory(Bytes),
+    Object(ObjectSource),
+}
+
+impl BodySource for Source {
+    fn length(&self) -> BodyLength {
+        match self {
+            Source::Memory(b) => b.length(),
+            Source::Object(o) => o.length(),
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        match self {
+            Source::Memory(b) => b.next_chunk().await,
+            Source::Object(o) => o.next_chunk().await,
+        }
+    }
+}
+
+/// Takes a verified request receipt of `deployment` for this attempt.
+async fn take_receipt<'a>(
+    receipts: &'a Receipts,
+    deployment: &str,
+    id: &str,
+) -> Result<(ReceiptRecord, Hold<'a>), ApiError> {
+    let r = match receipts.load(deployment, id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(unavailable("receipt not found")),
+        Err(e) => {
+            return Err(ApiError::new(
+                ErrorCode::ControlInternalError,
+                format!("receipt store: {e}"),
+            ))
+        }
+    };
+    if r.direction != "request" {
+        return Err(unavailable("the receipt is not a request receipt"));
+    }
+    if r.expires_unix_ms <= crate::clock::unix_ms() {
+        return Err(unavailable("the receipt has expired"));
+    }
+    if r.state != ReceiptState::Verified {
+        return Err(unavailable(&format!(
+            "the receipt is {}, not verified",
+            r.state
+        )));
+    }
+    match receipts
+        .set_state(
+            deployment,
+            id,
+            ReceiptState::Verified,
+            ReceiptState::Assigned,
+            None,
+        )
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => return Err(unavailable("the receipt is in use or no longer verified")),
+        Err(e) => {
+            return Err(ApiError::new(
+                ErrorCode::ControlInternalError,
+                format!("receipt store: {e}"),
+            ))
+        }
+    }
+    let hold = Hold {
+        receipts,
+        deployment: deployment.to_owned(),
+        id: id.to_owned(),
+        to: ReceiptState::Verified,
+    };
+    Ok((r, hold))
+}
+
+/// Runs one exchange whose request body comes from a receipt or whose response body goes to
+/// one.
+pub(crate) async fn execute(
+    receipts: &Receipts,
+    deployment: &str,
+    req: ValidatedRequest,
+    target: &Target<'_>,
+) -> Result<Exchange, ApiError> {
+    let mut hold = None;
+    let mut source = match req.body {
+        RequestBody::None => Source::Memory(Bytes::new()),
+        RequestBody::Inline(b) => Source::Memory(Bytes::from(b)),
+        RequestBody::Receipt(ref id) => {
+            let (r, h) = take_receipt(receipts, deployment, id).await?;
+            hold = Some(h);
+            let rx = receipts
+                .open_object(&r.receipt_id, r.size_bytes)
+                .map_err(|e| {
+                    ApiError::new(
+                        ErrorCode::ControlInternalError,
+                        format!("receipt store: {e}"),
+                    )
+                })?;
+            Source::Object(ObjectSource {
+                rx,
+                left: r.size_bytes,
+                len: r.size_bytes,
+            })
+        }
+    };
+    let headers: Vec<(&str, &[u8])> = req
+        .headers
+        .iter()
+        .map(|h| (h.name.as_str(), h.value.as_slice()))
+        .collect();
+    let stream_req = StreamRequest {
+        method: req.method,
+        url: &req.url,
+        headers: &headers,
+        deadline: target.deadline,
+        timeouts: target.timeouts,
+        policy: target.policy,
+        worker_id: target.worker_id,
+        bind_address: target.bind_address,
+        is_replayable: req.is_replayable,
+    };
+    let mut resp = target.egress.open(&stream_req, &mut source).await?;
+    resp.body.set_deadline(target.deadline);
+    let body = match req.response_body_mode {
+        ResponseBodyMode::InlineBase64 => {
+            let limit = target.max_inline_response_body_bytes;
+            let mut out = Vec::new();
+            while resp.body.read_into(&mut out).await? {
+                if out.len() > limit {
+                    return Err(ApiError::new(
+                        ErrorCode::BodyTooLarge,
+                        format!("the response body exceeds {limit} bytes"),
+                    ));
+                }
+            }
+            ExchangeBody::Inline(out)
+        }
+        ResponseBodyMode::Receipt => store_response(receipts, deployment, &mut resp.body).await?,
+    };
+    if let Some(h) = hold {
+        h.consume();
+    }
+    Ok(Exchange {
+        status: resp.status,
+        headers: resp.headers,
+        body,
+    })
+}
+
+/// Streams the upstream body into a new object and records it as a verified response receipt.
+/// The record is written only after the whole object is stored, so no partial object is ever
+/// visible; an object left by a failure in between has no record and is removed.
+async fn store_response(
+    receipts: &Receipts,
+    deployment: &str,
+    body: &mut crate::egress::ResponseBodyReader,
+) -> Result<ExchangeBody, ApiError> {
+    let max = receipts.max_object_bytes();
+    if let sortie_core::h1::ResponseFraming::ContentLength(n) = body.framing() {
+        if n > max {
+            return Err(too_large(max));
+        }
+    }
+    let mut record = receipts.new_record(deployment, "response", 0, String::new(), None);
+    let key = objects::object_key(&record.receipt_id);
+    let (tx, mut rx) = mpsc::channel::<Bytes>(CHUNK_QUEUE);
+    let store_key = key.clone();
+    let stored = receipts.cold().run_task(move |ctx| async move {
+        match ctx.objects() {
+            Some(o) => Ok(o.put_unsized(&store_key, max, &mut rx).await),
+            None => Ok(Err(ObjectError::Backend(
+                "object storage is disabled".into(),
+            ))),
+        }
+    });
+    let feed = async move {
+        let mut buf = Vec::with_capacity(CHUNK_BYTES);
+        let mut pending = BytesMut::new();
+        loop {
+            buf.clear();
+            let more = body.read_into(&mut buf).await.map_err(download_error)?;
+            if !buf.is_empty() {
+                pending.extend_from_slice(&buf);
+            }
+            let is_due = pending.len() >= CHUNK_BYTES || (!more && !pending.is_empty());
+            if is_due && tx.send(pending.split().freeze()).await.is_err() {
+                // The store stopped taking bytes (too large, or failed): it says why.
+                return Ok::<(), ApiError>(());
+            }
+            if !more {
+                // The end marker: only now may the store commit the object.
+                let _ = tx.send(Bytes::new()).await;
+                return Ok(());
+            }
+        }
+    };
+    let (stored, fed) = futures_util::future::join(stored, feed).await;
+    fed?;
+    let digest = match stored {
+        Ok(Ok(d)) => d,
+        Ok(Err(ObjectError::Long(_))) => return Err(too_large(max)),
+        Ok(Err(e)) => {
+            return Err(ApiError::new(
+                ErrorCode::ControlInternalError,
+                format!("object storage: {e}"),
+            ))
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                ErrorCode::ControlInternalError,
+                format!("receipt store: {e}"),
+            ))
+        }
+    };
+    record.state = ReceiptState::Verified;
+    record.size_bytes = digest.size;
+    record.sha256_hex = digest.sha256_hex();
+    let stored_record = record.clone();
+    match receipts
+        .cold()
+        .call(move |s| s.create_receipt(&stored_record))
+        .await
+    {
+        Ok(_) => Ok(ExchangeBody::Receipt {
+            receipt_id: record.receipt_id,
+            size_bytes: record.size_bytes,
+            sha256_hex: record.sha256_hex,
+        }),
+        Err(e) => {
+            let _ = receipts.remove_payload(&record.receipt_id).await;
+            Err(ApiError::new(
+                ErrorCode::ControlInternalError,
+                format!("receipt store: {e}"),
+            ))
+        }
+    }
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::BodyTooLarge,
+        format!("the response body exceeds object_storage.max_object_bytes ({max})"),
+    )
+    .with_detail("direction", "response")
+    .with_detail("limit_bytes", max.to_string())
+}
+
+/// A broken upstream body while it is being stored is `stream_download_aborted`; timeouts keep
+/// their own code.
+fn download_error(e: ApiError) -> ApiError {
+    match e.code {
+        ErrorCode::UpstreamReset | ErrorCode::ProtocolError => ApiError::new(
+            ErrorCode::StreamDownloadAborted,
+            format!("the response body broke off: {}", e.message),
+        ),
+        _ => e,
+    }
+}
