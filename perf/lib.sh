@@ -239,11 +239,13 @@ TOML
 }
 
 # Starts `sortie serve` with `cores = $2` and waits until its API port accepts connections.
+# $3, when given, is TOML appended to the config (for example an `[object_storage]` table).
 start_gateway() {
   local bin=$1 cores=$2 config
   require_free_port "$API_PORT" API_PORT
   require_free_port "$ADMIN_PORT" ADMIN_PORT
   config=$(write_gateway_config "$cores")
+  [ -z "${3:-}" ] || printf '\n%s\n' "$3" >>"$config"
   "$bin" check-config "$config" >&2 || die "the gateway rejected the perf config"
   "$bin" serve --config "$config" >"$WORK_DIR/gateway.log" 2>&1 &
   GATEWAY_PID=$!
@@ -259,6 +261,16 @@ start_gateway() {
 # The request envelope that asks the gateway for nginx's /small.
 envelope_json() {
   printf '{"method":"GET","url":"http://127.0.0.1:%s/small","timeout_ms":5000}' "$UPSTREAM_PORT"
+}
+
+# Peak resident set size of process $1 in KiB (VmHWM), from /proc/PID/status.
+peak_rss_kib() {
+  awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"
+}
+
+# CPU time (user + system) of process $1 in clock ticks, from /proc/PID/stat.
+cpu_ticks() {
+  awk '{ print $14 + $15 }' "/proc/$1/stat"
 }
 
 # Resident set size of process $1 in KiB, from /proc/PID/status.
