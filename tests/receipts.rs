@@ -323,11 +323,20 @@ fn suite(backend: &Backend) {
         ("short sha", json!({"direction":"request","size_bytes":1,"sha256_hex":"abc"}).to_string()),
         ("too big", json!({"direction":"request","size_bytes":67108865u64,"sha256_hex":good_sha}).to_string()),
         ("empty key", json!({"direction":"request","size_bytes":1,"sha256_hex":good_sha,"idempotency_key":""}).to_string()),
-        ("metadata over 64 KiB", json!({"direction":"request","size_bytes":1,"sha256_hex":good_sha,"idempotency_key":"k".repeat(70_000)}).to_string()),
     ] {
         let r = c.req("POST", "/api/v1/receipts", &[("Content-Type", "application/json")], body.as_bytes());
         assert_receipt_error(&r, 400, what);
     }
+
+    // 413: metadata over 64 KiB, refused from its declared length.
+    let big_meta = json!({"direction":"request","size_bytes":1,"sha256_hex":good_sha,"idempotency_key":"k".repeat(70_000)}).to_string();
+    let r = c.req(
+        "POST",
+        "/api/v1/receipts",
+        &[("Content-Type", "application/json")],
+        big_meta.as_bytes(),
+    );
+    assert_receipt_error(&r, 413, "metadata over 64 KiB");
 
     // 201 and the record's fields.
     let body = data(3 * MIB + 12_345, 1);
@@ -428,7 +437,7 @@ fn suite(backend: &Backend) {
     let head = format!("PUT /api/v1/receipts/{id}/parts/4 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\nConnection: close\r\n");
     assert_receipt_error(
         &raw(gw.api, format!("{head}\r\n").as_bytes()),
-        400,
+        411,
         "no Content-Length",
     );
     assert_receipt_error(
@@ -436,11 +445,11 @@ fn suite(backend: &Backend) {
             gw.api,
             format!("{head}Transfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n").as_bytes(),
         ),
-        400,
+        411,
         "chunked part",
     );
     let too_big = format!("{head}Content-Length: {}\r\n\r\n", 129 * MIB);
-    assert_receipt_error(&raw(gw.api, too_big.as_bytes()), 400, "part over the limit");
+    assert_receipt_error(&raw(gw.api, too_big.as_bytes()), 413, "part over the limit");
 
     // Complete: composes and verifies; a repeat is the same answer.
     let r = c.complete(&id);
@@ -574,7 +583,10 @@ fn suite(backend: &Backend) {
         .expect("id")
         .to_string();
     assert_eq!(c.put(&bad_id, 1, &data(2000, 4)).status, 200);
-    assert_receipt_error(&c.complete(&bad_id), 400, "checksum mismatch");
+    // A mismatch is an outcome: 200 with the record, which says rejected and why.
+    let r = c.complete(&bad_id);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "rejected");
     let rec = c.get(&bad_id).json();
     assert_eq!(rec["state"], "rejected");
     assert!(
@@ -589,8 +601,14 @@ fn suite(backend: &Backend) {
         .expect("id")
         .to_string();
     assert_eq!(c.put(&short_id, 1, &declared[..1999]).status, 200);
-    assert_receipt_error(&c.complete(&short_id), 400, "size mismatch");
-    assert_eq!(c.state(&short_id), "rejected");
+    let r = c.complete(&short_id);
+    assert_eq!(
+        (r.status, r.json()["state"].clone()),
+        (200, json!("rejected"))
+    );
+    assert!(r.json()["failure"]
+        .as_str()
+        .is_some_and(|f| f.contains("size")));
 
     // Cancel: payload removed, repeat safe, then nothing works on it.
     let cancel_id = c.verified("response", &data(5000, 5), 2000);

@@ -173,18 +173,18 @@ pub fn admit(
     match route(method, path) {
         Some(Route::Create) => {
             if content_length.is_some_and(|n| n > MAX_METADATA_BYTES as u64) {
-                return Err(error(400, "receipt metadata is larger than 64 KiB"));
+                return Err(error(413, "receipt metadata is larger than 64 KiB"));
             }
             Ok(MAX_METADATA_BYTES as u64 + 1)
         }
         Some(Route::Part(..)) => match content_length {
             _ if is_chunked => Err(error(
-                400,
+                411,
                 "a part needs an exact Content-Length, not chunked",
             )),
-            None => Err(error(400, "a part needs an exact Content-Length header")),
+            None => Err(error(411, "a part needs an exact Content-Length header")),
             Some(n) if n > MAX_PART_BYTES => Err(error(
-                400,
+                413,
                 &format!("a part is at most {MAX_PART_BYTES} bytes"),
             )),
             Some(n) => Ok(n),
@@ -280,7 +280,7 @@ impl Receipts {
         let mut bytes = match body.read_to_end(MAX_METADATA_BYTES as u64).await {
             Ok(b) => b,
             Err(crate::http::BodyError::TooLarge) => {
-                return error(400, "receipt metadata is larger than 64 KiB").closing()
+                return error(413, "receipt metadata is larger than 64 KiB").closing()
             }
             Err(e) => return error(400, &format!("request body: {}", e.reason())).closing(),
         };
@@ -507,8 +507,8 @@ impl Receipts {
             .sum();
         if others.saturating_add(len) > self.max_object_bytes.max(r.size_bytes) {
             return error(
-                400,
-                "the parts would exceed the receipt's declared size and object_storage.max_object_bytes",
+                413,
+                "the parts would exceed object_storage.max_object_bytes",
             )
             .closing();
         }
@@ -678,13 +678,9 @@ impl Receipts {
             Ok(None) => return not_found(),
             Err(e) => return storage_error(&e),
         };
-        match failure {
-            None => record_response(200, &r),
-            Some(f) => error(
-                400,
-                &format!("verification failed, the receipt is rejected: {f}"),
-            ),
-        }
+        // A mismatch is an outcome, not a failed request: the record says `rejected` and
+        // carries `failure` (the published OpenAPI document answers 200 either way).
+        record_response(200, &r)
     }
 
     /// Starts streaming a verified receipt's object; the receiver yields its bytes in order.
@@ -1034,23 +1030,23 @@ mod tests {
         assert_eq!(admit("PUT", p, Some(0), false).ok(), Some(0));
         assert_eq!(
             admit("PUT", p, None, false).map_err(|r| r.status).err(),
-            Some(400)
+            Some(411)
         );
         assert_eq!(
             admit("PUT", p, None, true).map_err(|r| r.status).err(),
-            Some(400)
+            Some(411)
         );
         assert_eq!(
             admit("PUT", p, Some(MAX_PART_BYTES + 1), false)
                 .map_err(|r| r.status)
                 .err(),
-            Some(400)
+            Some(413)
         );
         assert_eq!(
             admit("POST", "/api/v1/receipts", Some(64 * 1024 + 1), false)
                 .map_err(|r| r.status)
                 .err(),
-            Some(400)
+            Some(413)
         );
     }
 
