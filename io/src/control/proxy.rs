@@ -45,8 +45,10 @@ use crate::tokens::DeploymentRef;
 pub const MAX_TUNNELS_PER_DEPLOYMENT: u32 = 1024;
 /// A tunnel with no byte moving in either direction for this long is closed (decision 022).
 pub const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Bytes one read of a tunnel direction asks for.
-const TUNNEL_BUFFER_BYTES: usize = 32 * 1024;
+/// Bytes the first read of a tunnel direction asks for.
+const TUNNEL_BUFFER_BYTES: usize = 16 * 1024;
+/// The most one read of a tunnel direction asks for, once reads keep filling the buffer.
+const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 /// The idle limit of a relayed request: without a byte moving, while the request is sent or
 /// the response body relayed.
 pub const PROXY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -570,7 +572,6 @@ impl Tunnel for TunnelJob {
     ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
             let mut job = *self;
-            let activity = Rc::new(Cell::new(Instant::now()));
             let (client_read, client_write) = client.into_split();
             let (up_read, mut up_write) = job.upstream.into_split();
             let up_bytes = Rc::new(Cell::new(0u64));
@@ -581,22 +582,17 @@ impl Tunnel for TunnelJob {
                     let (res, _) = up_write.write_all(early).await;
                     res?;
                 }
-                copy(client_read, up_write, &activity, &up_bytes).await
+                copy(client_read, up_write, &up_bytes).await
             };
-            let download = copy(up_read, client_write, &activity, &down_bytes);
+            let download = copy(up_read, client_write, &down_bytes);
             let both = async {
                 let (u, dl) = monoio::join!(upload, download);
                 u.and(dl)
             };
             let ended = monoio::select! {
-                r = both => Some(r),
-                _ = &mut job.cancelled => None,
-            };
-            let how = match &ended {
-                Some(Ok(())) => "closed",
-                Some(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => "idle",
-                Some(Err(_)) => "broken",
-                None => "cancelled",
+                r = both => if r.is_ok() { "closed" } else { "broken" },
+                _ = idle_watch(&up_bytes, &down_bytes) => "idle",
+                _ = &mut job.cancelled => "cancelled",
             };
             job.metrics
                 .record_tunnel(job.core, up_bytes.get(), down_bytes.get());
@@ -604,46 +600,64 @@ impl Tunnel for TunnelJob {
                 target: "sortie::proxy",
                 bytes_up = up_bytes.get(),
                 bytes_down = down_bytes.get(),
-                end = how,
+                end = ended,
                 "tunnel ended"
             );
         })
     }
 }
 
-/// Copies one direction of a tunnel until EOF, then half-closes the writer. Fails when the
-/// whole tunnel (both directions, through `activity`) stayed idle for [`TUNNEL_IDLE_TIMEOUT`].
+/// Copies one direction of a tunnel until EOF, then half-closes the writer, counting the bytes
+/// in `counter`. The buffer starts at [`TUNNEL_BUFFER_BYTES`] and doubles, up to
+/// [`MAX_TUNNEL_BUFFER_BYTES`], whenever a read fills it: an interactive tunnel stays small, a
+/// bulk one moves large pieces. No timer per read: [`idle_watch`] watches the counters.
 async fn copy<R: AsyncReadRent, W: AsyncWriteRent>(
     mut from: R,
     mut to: W,
-    activity: &Cell<Instant>,
     counter: &Cell<u64>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
     loop {
-        let read = monoio::time::timeout(TUNNEL_IDLE_TIMEOUT, from.read(buf)).await;
-        let (res, back) = match read {
-            Ok(done) => done,
-            Err(_) => {
-                // Only idle if the other direction was idle too; its reads move `activity`.
-                if activity.get().elapsed() >= TUNNEL_IDLE_TIMEOUT {
-                    return Err(std::io::ErrorKind::TimedOut.into());
-                }
-                buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
-                continue;
-            }
-        };
+        let (res, back) = from.read(buf).await;
         buf = back;
         let n = res?;
         if n == 0 {
             let _ = to.shutdown().await;
             return Ok(());
         }
-        activity.set(Instant::now());
         counter.set(counter.get().saturating_add(n as u64));
+        let is_full = n == buf.capacity();
         let (res, back) = to.write_all(buf).await;
         res?;
         buf = back;
         buf.clear();
+        if is_full && buf.capacity() < MAX_TUNNEL_BUFFER_BYTES {
+            buf.reserve_exact(
+                buf.capacity()
+                    .saturating_mul(2)
+                    .min(MAX_TUNNEL_BUFFER_BYTES),
+            );
+        }
+    }
+}
+
+/// Completes when no byte moved in either direction for [`TUNNEL_IDLE_TIMEOUT`], checked every
+/// quarter of it: one timer per tunnel instead of one per read.
+async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>) {
+    let step = TUNNEL_IDLE_TIMEOUT / 4;
+    let mut seen = (up.get(), down.get());
+    let mut quiet = Duration::ZERO;
+    loop {
+        monoio::time::sleep(step).await;
+        let now = (up.get(), down.get());
+        if now == seen {
+            quiet += step;
+            if quiet >= TUNNEL_IDLE_TIMEOUT {
+                return;
+            }
+        } else {
+            seen = now;
+            quiet = Duration::ZERO;
+        }
     }
 }
