@@ -479,6 +479,20 @@ fn print_banner(
         Some(p) => println!("  proxy:     http://{p}  (listening)"),
         None => println!("  proxy:     disabled"),
     }
+    let o = &config.object_storage;
+    match (o.enabled, o.backend) {
+        (false, _) => println!("  receipts:  disabled (object_storage.enabled = false)"),
+        (true, sortie_core::config::ObjectBackend::Fs) => println!(
+            "  receipts:  fs, {}/{}",
+            config.control.data_dir,
+            crate::store::objects::FS_DIRECTORY
+        ),
+        (true, sortie_core::config::ObjectBackend::S3) => println!(
+            "  receipts:  s3, bucket {} at {}",
+            o.bucket.as_deref().unwrap_or_default(),
+            o.endpoint.as_deref().unwrap_or_default()
+        ),
+    }
     if let Some(file) = &t.file {
         if t.is_new_file {
             println!(
