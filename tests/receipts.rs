@@ -659,6 +659,26 @@ fn suite(backend: &Backend) {
         "{name}: large receipt round trip"
     );
 
+    // A response body of unknown length larger than one 8 MiB upload piece (S3: a multipart
+    // upload of its own) goes into a receipt whole.
+    let chunked_up = Upstream::start(upstream::large_chunked(12 * MIB + 3));
+    let r = support::gateway::request_api(
+        &gw,
+        &json!({"method":"GET","url":chunked_up.url("/"),"response_body_mode":"receipt"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let want = upstream::pattern(12 * MIB + 3);
+    assert_eq!(r.json()["body"]["sha256_hex"], sha256_hex(&want));
+    let rid = r.json()["body"]["receipt_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let got = c.req("GET", &format!("/api/v1/receipts/{rid}/content"), &[], b"");
+    assert!(
+        got.status == 200 && got.body == want,
+        "{name}: chunked response receipt"
+    );
+
     // 500: the object store fails under the gateway.
     let broken = c.create("request", b"abc", None).json()["receipt_id"]
         .as_str()
