@@ -661,3 +661,64 @@ async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::Authenticator;
+
+    fn deployments() -> (Authenticator, DeploymentRef, DeploymentRef) {
+        let auth = Authenticator::new(&[
+            ("dep_a".to_string(), "token-a".to_string()),
+            ("dep_b".to_string(), "token-b".to_string()),
+        ]);
+        let a = auth.authenticate(b"token-a").unwrap();
+        let b = auth.authenticate(b"token-b").unwrap();
+        (auth, a, b)
+    }
+
+    #[test]
+    fn tunnel_limit_is_per_deployment_and_permits_give_back() {
+        let (_auth, a, b) = deployments();
+        let counts = Arc::new(TunnelCounts::new(2, 2));
+        let first = counts.try_take(a).expect("first");
+        let second = counts.try_take(a).expect("second");
+        assert!(counts.try_take(a).is_none(), "a third tunnel of dep_a");
+        assert_eq!(counts.current(a), 2);
+        // Another deployment has its own count.
+        let other = counts.try_take(b).expect("dep_b");
+        assert_eq!(counts.current(b), 1);
+        drop(first);
+        assert_eq!(counts.current(a), 1);
+        let again = counts.try_take(a).expect("a slot came back");
+        drop((second, other, again));
+        assert_eq!((counts.current(a), counts.current(b)), (0, 0));
+    }
+
+    #[test]
+    fn errors_carry_proxy_status_and_the_envelope() {
+        let e = ApiError::new(ErrorCode::AuthFailure, "no");
+        let r = proxy_error(&e, "req_1");
+        assert_eq!(r.status, 407);
+        assert_eq!(
+            r.header("proxy-authenticate"),
+            Some(&b"Basic realm=\"sortie\""[..])
+        );
+        assert_eq!(
+            r.header("proxy-status"),
+            Some(&b"sortie; error=http_request_denied; details=\"auth_failure\""[..])
+        );
+        let e = ApiError::new(ErrorCode::UpstreamConnectionRefused, "refused");
+        let r = proxy_error(&e, "req_2");
+        assert_eq!(r.status, 502);
+        assert!(r.header("proxy-authenticate").is_none());
+        match &r.body {
+            ResponseBody::Full(b) => {
+                let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+                assert_eq!(v["code"], "upstream_connection_refused");
+                assert_eq!(v["request_id"], "req_2");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
