@@ -576,3 +576,37 @@ fn chunked_and_close_delimited_responses_are_relayed_whole() {
         assert!(r.body == want, "http10={http10}: body differs");
     }
 }
+
+#[test]
+fn absolute_form_https_targets_use_tls_from_the_gateway() {
+    let ca = TestCa::new();
+    let up = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    );
+    let gw = Gateway::builder()
+        .workers(&format!(
+            "[egress]\nca_file = {:?}\n",
+            ca.ca_file().display().to_string()
+        ))
+        .start();
+    let auth = base64_basic(&proxy_user());
+    let url = up.https_url("localhost", "/tls-abs");
+    let r = raw_exchange(
+        gw.proxy.unwrap(),
+        format!(
+            "GET {url} HTTP/1.1\r\nHost: localhost:{}\r\nProxy-Authorization: Basic {auth}\r\n\
+             Connection: close\r\n\r\n",
+            up.port()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = r.text();
+    assert!(seen.starts_with("GET /tls-abs HTTP/1.1\r\n"), "{seen}");
+    assert_eq!(header(&seen, "host"), [format!("localhost:{}", up.port())]);
+    assert!(header(&seen, "proxy-authorization").is_empty(), "{seen}");
+}
