@@ -78,8 +78,10 @@
 //! - **Streamed bodies.** [`ResponseBody::Stream`] is written as its [`StreamBody`] produces
 //!   it: `Content-Length` when the length is known, chunked otherwise (HTTP/1.0: until close,
 //!   and the connection closes). The chunk-size line goes into room left in front of each
-//!   piece, so framing copies nothing. A stream that fails, or that yields more or fewer bytes
-//!   than it declared, closes the connection: the status is already sent.
+//!   piece, so framing copies nothing. The head goes out together with the first piece (one
+//!   write instead of two); a stream whose first piece is slow therefore delays its head too.
+//!   A stream that fails, or that yields more or fewer bytes than it declared, closes the
+//!   connection: the status is already sent.
 //! - **Tunnels.** A `2xx` response with [`ResponseBody::Tunnel`] is written without framing
 //!   fields (RFC 9110 §9.3.6), whatever the request's HTTP version; then the connection's
 //!   `TcpStream` and the bytes read past the head are handed to the [`Tunnel`], and the
