@@ -117,9 +117,12 @@ fn schemathesis_finds_nothing_on_the_admin_api() {
     );
 }
 
+/// The request API with object storage on, so that the receipt operations are live too.
 #[test]
 fn schemathesis_finds_nothing_on_the_request_api() {
-    let gw = Gateway::start();
+    let gw = Gateway::builder()
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"\n")
+        .start();
     schemathesis(
         &document("api.json"),
         &format!("http://{}", gw.api),
