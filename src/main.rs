@@ -29,6 +29,19 @@ enum Command {
         #[arg(long, short)]
         config: Option<PathBuf>,
     },
+    /// Run the control plane only: remote workers attach over the worker bus
+    /// (`control.bus_listen`); no local worker is implied.
+    Control {
+        /// The configuration file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run a remote egress worker that dials its controls over the worker bus.
+    Worker {
+        /// The worker's configuration file (TOML, `[worker]` and `[egress]`).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Validate a static configuration file (TOML) and exit non-zero with the key and reason.
     CheckConfig {
         /// The configuration file.
@@ -45,6 +58,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve { config } => serve(config),
+        Command::Control { config } => control(&config),
+        Command::Worker { config } => worker(&config),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckSnapshot { file } => check_snapshot(&file),
     }
@@ -134,6 +149,50 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         }
     };
     match sortie_io::serve::run(config, path) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sortie: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn control(path: &PathBuf) -> ExitCode {
+    init_logging();
+    let text = match read(path) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let config = match Config::from_toml_control(&text) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    match sortie_io::serve::run(config, Some(path.clone())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sortie: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn worker(path: &PathBuf) -> ExitCode {
+    init_logging();
+    let text = match read(path) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let file = match sortie_core::config::WorkerFile::from_toml(&text) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    match sortie_io::bus::worker::run(file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");

@@ -117,6 +117,122 @@ pub struct ControlConfig {
     /// `[control.server]`.
     #[serde(default)]
     pub server: ServerLimitsConfig,
+    /// `[control.bus]`: the worker bus listener's security and timing (decision 060).
+    #[serde(default)]
+    pub bus: BusConfig,
+}
+
+/// Default of `control.bus.heartbeat_ms`.
+pub const DEFAULT_BUS_HEARTBEAT_MS: u32 = 1000;
+/// Default of `control.bus.assignment_timeout_ms`.
+pub const DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS: u64 = 5000;
+
+/// `[control.bus]`: who may attach to the bus listener and how.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusConfig {
+    /// The worker token, required with `control.bus_listen` (or `token_env`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// The environment variable holding the worker token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// PEM certificate chain of the TLS listener.
+    #[serde(default)]
+    pub tls_cert_file: Option<String>,
+    /// PEM private key of the TLS listener.
+    #[serde(default)]
+    pub tls_key_file: Option<String>,
+    /// Plain TCP instead of TLS; must be said explicitly.
+    #[serde(default)]
+    pub plaintext: bool,
+    /// How often workers send heartbeats; a lane silent for three intervals is closed.
+    #[serde(default = "default_bus_heartbeat_ms")]
+    pub heartbeat_ms: u32,
+    /// How long a worker may take to accept or refuse an assignment.
+    #[serde(default = "default_bus_assignment_timeout_ms")]
+    pub assignment_timeout_ms: u64,
+}
+
+fn default_bus_heartbeat_ms() -> u32 {
+    DEFAULT_BUS_HEARTBEAT_MS
+}
+fn default_bus_assignment_timeout_ms() -> u64 {
+    DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        BusConfig {
+            token: None,
+            token_env: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            plaintext: false,
+            heartbeat_ms: DEFAULT_BUS_HEARTBEAT_MS,
+            assignment_timeout_ms: DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS,
+        }
+    }
+}
+
+impl BusConfig {
+    /// The worker token as a secret reference.
+    pub fn secret(&self) -> SecretRef {
+        SecretRef {
+            token: self.token.clone(),
+            token_env: self.token_env.clone(),
+        }
+    }
+
+    fn validate(&self, is_listening: bool) -> Result<(), ConfigError> {
+        if !(100..=60_000).contains(&self.heartbeat_ms) {
+            return Err(err("control.bus.heartbeat_ms", "must be 100 to 60000"));
+        }
+        if !(MIN_LIMIT_TIMEOUT_MS..=MAX_LIMIT_TIMEOUT_MS).contains(&self.assignment_timeout_ms) {
+            return Err(err(
+                "control.bus.assignment_timeout_ms",
+                format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
+            ));
+        }
+        check_secret("control.bus", &self.secret(), is_listening)?;
+        check_transport(
+            "control.bus",
+            self.plaintext,
+            &[
+                ("tls_cert_file", &self.tls_cert_file),
+                ("tls_key_file", &self.tls_key_file),
+            ],
+            is_listening,
+        )
+    }
+}
+
+/// TLS unless `plaintext = true` is said; with TLS every named file is required.
+fn check_transport(
+    path: &str,
+    is_plaintext: bool,
+    files: &[(&str, &Option<String>)],
+    is_required: bool,
+) -> Result<(), ConfigError> {
+    for (k, v) in files {
+        match v {
+            Some(f) if f.is_empty() => return Err(err(format!("{path}.{k}"), "must not be empty")),
+            Some(_) if is_plaintext => {
+                return Err(err(
+                    format!("{path}.{k}"),
+                    "is not used with plaintext = true",
+                ))
+            }
+            None if is_required && !is_plaintext => {
+                return Err(err(
+                    format!("{path}.{k}"),
+                    "is required (TLS), or set plaintext = true for plain TCP",
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn default_api_listen() -> String {
@@ -141,6 +257,7 @@ impl Default for ControlConfig {
             bootstrap_snapshot: None,
             request: RequestLimitsConfig::default(),
             server: ServerLimitsConfig::default(),
+            bus: BusConfig::default(),
         }
     }
 }
@@ -459,14 +576,7 @@ fn default_capacity() -> u32 {
 impl Config {
     /// Parses and validates a TOML document.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let mut c: Config = toml::from_str(text).map_err(|e| {
-            let span = e.span().map(|s| line_of(text, s.start));
-            let msg = e.message().trim().to_string();
-            match span {
-                Some(line) => err(format!("line {line}"), msg),
-                None => err("config", msg),
-            }
-        })?;
+        let mut c = Config::parse(text)?;
         c.validate()?;
         Ok(c)
     }
@@ -479,9 +589,42 @@ impl Config {
         c
     }
 
+    /// Parses and validates the file of `sortie control`: like [`Config::from_toml`], but no
+    /// local worker is implied (remote workers attach over the bus), and `control.bus_listen`
+    /// is required.
+    pub fn from_toml_control(text: &str) -> Result<Config, ConfigError> {
+        let mut c = Config::parse(text)?;
+        c.validate_with(false)?;
+        if c.control.bus_listen.is_none() {
+            return Err(err(
+                "control.bus_listen",
+                "is required by sortie control (workers attach there)",
+            ));
+        }
+        Ok(c)
+    }
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let span = e.span().map(|s| line_of(text, s.start));
+            let msg = e.message().trim().to_string();
+            match span {
+                Some(line) => err(format!("line {line}"), msg),
+                None => err("config", msg),
+            }
+        })
+    }
+
     /// Validates every key and fills in derived defaults (the default worker, worker pools,
     /// uppercase countries).
     pub fn validate(&mut self) -> Result<(), ConfigError> {
+        self.validate_with(true)
+    }
+
+    fn validate_with(&mut self, is_local_implied: bool) -> Result<(), ConfigError> {
+        self.control
+            .bus
+            .validate(self.control.bus_listen.is_some())?;
         let c = &mut self.control;
         parse_listen("control.api_listen", &c.api_listen)?;
         for (k, v) in [
@@ -618,7 +761,7 @@ impl Config {
                 format!("at most {MAX_CONFIG_WORKERS} workers"),
             ));
         }
-        if self.workers.is_empty() {
+        if self.workers.is_empty() && is_local_implied {
             self.workers.push(WorkerConfig {
                 id: DEFAULT_WORKER_ID.into(),
                 capacity: DEFAULT_WORKER_CAPACITY,
@@ -708,6 +851,143 @@ impl Config {
     }
 }
 
+/// Most controls one worker dials.
+pub const MAX_WORKER_CONTROLS: usize = 16;
+
+/// The file of `sortie worker` (decision 060): `[worker]` and the shared `[egress]` limits.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerFile {
+    /// `[worker]`.
+    pub worker: WorkerProcessConfig,
+    /// `[egress]`.
+    #[serde(default)]
+    pub egress: EgressConfig,
+}
+
+/// `[worker]`: a remote worker's identity, its controls and what it advertises.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerProcessConfig {
+    /// The worker id.
+    pub id: String,
+    /// Bus addresses (`host:port`) of every control this worker serves.
+    pub controls: Vec<String>,
+    /// The worker token the controls expect (or `token_env`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// The environment variable holding the worker token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Plain TCP to the controls instead of TLS; must be said explicitly.
+    #[serde(default)]
+    pub plaintext: bool,
+    /// PEM file of the CA that signed the controls' certificates (TLS).
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// The name the controls' certificates carry; default: the host of each address.
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// The worker's own threads; 0 means all available.
+    #[serde(default)]
+    pub cores: u32,
+    /// Concurrent requests it runs.
+    #[serde(default = "default_capacity")]
+    pub capacity: u32,
+    /// Advertised tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Advertised country.
+    #[serde(default)]
+    pub country: Option<String>,
+    /// Advertised region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Advertised IP type.
+    #[serde(default)]
+    pub ip_type: Option<String>,
+    /// Pools it serves; none means `direct`.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// Ingress modes it serves; none means all three.
+    #[serde(default)]
+    pub ingress: Vec<String>,
+    /// Egress source address.
+    #[serde(default)]
+    pub bind_address: Option<String>,
+}
+
+impl WorkerFile {
+    /// Parses and validates the file of `sortie worker`.
+    pub fn from_toml(text: &str) -> Result<WorkerFile, ConfigError> {
+        let f: WorkerFile = toml::from_str(text).map_err(|e| {
+            let span = e.span().map(|s| line_of(text, s.start));
+            let msg = e.message().trim().to_string();
+            match span {
+                Some(line) => err(format!("line {line}"), msg),
+                None => err("config", msg),
+            }
+        })?;
+        let w = &f.worker;
+        check_id("worker.id", &w.id)?;
+        if w.controls.is_empty() || w.controls.len() > MAX_WORKER_CONTROLS {
+            return Err(err(
+                "worker.controls",
+                format!("must name 1 to {MAX_WORKER_CONTROLS} control bus addresses"),
+            ));
+        }
+        for (i, c) in w.controls.iter().enumerate() {
+            let ok = c
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                return Err(err(
+                    format!("worker.controls[{i}]"),
+                    format!("{c:?} is not host:port"),
+                ));
+            }
+        }
+        check_secret(
+            "worker",
+            &SecretRef {
+                token: w.token.clone(),
+                token_env: w.token_env.clone(),
+            },
+            true,
+        )?;
+        check_transport("worker", w.plaintext, &[("ca_file", &w.ca_file)], true)?;
+        if w.cores > 1024 {
+            return Err(err("worker.cores", "must be 0 (all) to 1024"));
+        }
+        // The advertised fields follow the rules of a local worker's.
+        let mut local = Config {
+            workers: vec![WorkerConfig {
+                id: w.id.clone(),
+                capacity: w.capacity,
+                tags: w.tags.clone(),
+                country: w.country.clone(),
+                region: w.region.clone(),
+                ip_type: w.ip_type.clone(),
+                pools: w.pools.clone(),
+                ingress: w.ingress.clone(),
+                bind_address: w.bind_address.clone(),
+            }],
+            egress: f.egress.clone(),
+            ..Config::default()
+        };
+        local.validate().map_err(|e| ConfigError {
+            path: e.path.replacen("workers[0]", "worker", 1),
+            message: e.message,
+        })?;
+        let mut f = f;
+        if let Some(v) = local.workers.pop() {
+            f.worker.country = v.country;
+            f.worker.pools = v.pools;
+        }
+        Ok(f)
+    }
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()
         .iter()
@@ -780,6 +1060,59 @@ mod tests {
     }
 
     #[test]
+    fn bus_listener_needs_a_token_and_tls_or_explicit_plaintext() {
+        let base = "[control]\nbus_listen = \"127.0.0.1:7070\"\n";
+        let cases = [
+            ("", "control.bus"),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\n",
+                "control.bus.tls_cert_file",
+            ),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\ntls_key_file = \"k\"\n",
+                "control.bus.tls_key_file",
+            ),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\nheartbeat_ms = 5\n",
+                "control.bus.heartbeat_ms",
+            ),
+        ];
+        for (extra, path) in cases {
+            let e = Config::from_toml(&format!("{base}{extra}")).unwrap_err();
+            assert_eq!(e.path, path, "{extra}");
+        }
+        let ok = format!("{base}[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\n");
+        let c = Config::from_toml_control(&ok).unwrap();
+        assert!(c.workers.is_empty(), "control mode implies no local worker");
+        assert_eq!(Config::from_toml(&ok).unwrap().workers.len(), 1);
+        let e = Config::from_toml_control("").unwrap_err();
+        assert_eq!(e.path, "control.bus_listen");
+    }
+
+    #[test]
+    fn worker_file() {
+        let ok = "[worker]\nid = \"w1\"\ncontrols = [\"127.0.0.1:7070\"]\ntoken = \"0123456789abcdef\"\nca_file = \"ca.pem\"\ncountry = \"de\"\n";
+        let f = WorkerFile::from_toml(ok).unwrap();
+        assert_eq!(f.worker.country.as_deref(), Some("DE"));
+        assert_eq!(f.worker.pools, vec!["direct"]);
+        let cases = [
+            ("[worker]\nid = \"w 1\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"\nplaintext = true", "worker.id"),
+            ("[worker]\nid = \"w\"\ncontrols = []\ntoken = \"0123456789abcdef\"\nplaintext = true", "worker.controls"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"nohost\"]\ntoken = \"0123456789abcdef\"\nplaintext = true", "worker.controls[0]"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\nplaintext = true", "worker"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"", "worker.ca_file"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"\nplaintext = true\ncapacity = 0", "worker.capacity"),
+        ];
+        for (text, path) in cases {
+            assert_eq!(
+                WorkerFile::from_toml(text).unwrap_err().path,
+                path,
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
     fn design_example_parses() {
         let c = Config::from_toml(
             r#"
@@ -808,6 +1141,11 @@ max_object_bytes = 5368709120
 
 [store]
 backend = "sqlite"
+
+[control.bus]
+token_env = "SORTIE_WORKER_TOKEN"
+tls_cert_file = "/path/bus-cert.pem"
+tls_key_file = "/path/bus-key.pem"
 
 [egress]
 ca_file = "/path/extra-roots.pem"

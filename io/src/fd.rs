@@ -86,6 +86,18 @@ pub(crate) fn duplicate_stream(fd: RawFd) -> io::Result<monoio::net::TcpStream> 
     monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
 }
 
+/// A standard stream on a duplicate of the descriptor `fd` (`F_DUPFD_CLOEXEC`), to hand a
+/// connection to another thread's runtime: the caller then drops its own stream, and the copy
+/// keeps the socket open.
+///
+/// The caller must keep `fd` open for the length of this call.
+pub(crate) fn duplicate_std(fd: RawFd) -> io::Result<std::net::TcpStream> {
+    // SAFETY: as in `duplicate_stream`: the borrow ends before the function returns, and the
+    // duplicate is a descriptor of its own.
+    let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
+    Ok(std::net::TcpStream::from(owned))
+}
+
 /// The highest soft open-file limit asked for: the kernel's default `fs.nr_open`.
 const MAX_OPEN_FILES: libc::rlim_t = 1 << 20;
 

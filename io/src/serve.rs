@@ -107,6 +107,7 @@ fn bootstrap_json(config: &Config) -> Result<String, ServeError> {
 }
 
 struct Listeners {
+    bus: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
     api: (Vec<std::net::TcpListener>, SocketAddr),
     admin: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
     proxy: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
@@ -190,6 +191,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
 
     let n = core_count(config.control.cores);
     let listeners = Listeners {
+        bus: match &config.control.bus_listen {
+            Some(a) => Some(bind("control.bus_listen", a, n)?),
+            None => None,
+        },
         api: bind("control.api_listen", &config.control.api_listen, n)?,
         admin: match &config.control.admin_listen {
             Some(a) => Some(bind("control.admin_listen", a, n)?),
@@ -216,6 +221,17 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         registry,
         latest.revision,
         Arc::new(snapshot),
+    ));
+    let bus_shared = match &listeners.bus {
+        Some((_, addr)) => Some(bus_shared(&config, n, *addr)?),
+        None => None,
+    };
+    let bus_socks = Arc::new(std::sync::Mutex::new(
+        listeners
+            .bus
+            .as_ref()
+            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
+            .unwrap_or_default(),
     ));
     let metrics = Arc::new(Metrics::new(n));
     let metrics_state = state.clone();
@@ -266,6 +282,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             api: listeners.api.1,
             admin: listeners.admin.as_ref().map(|a| a.1),
             proxy: listeners.proxy.as_ref().map(|a| a.1),
+            bus: listeners.bus.as_ref().map(|a| a.1),
         },
         n,
         open_files,
@@ -311,6 +328,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .lock()
             .ok()
             .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let bus_sock = bus_socks
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let bus_shared = bus_shared.clone();
         let tunnels = tunnels.clone();
         let tls = tls.clone();
         let resolver = resolver.clone();
@@ -322,8 +344,18 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             #[cfg(debug_assertions)]
             debug_panic_core(ctx.index);
             let active = Rc::new(ActiveRequests::default());
+            let bus = bus_shared
+                .map(|shared| crate::bus::control::BusCore::new(ctx.index, shared, state.clone()));
+            if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
+                match monoio::net::TcpListener::from_std(sock) {
+                    Ok(l) => {
+                        monoio::spawn(bus.clone().serve(l));
+                    }
+                    Err(e) => tracing::error!(error = %e, "bus listener"),
+                }
+            }
             if let Some(rx) = rx {
-                monoio::spawn(run_mailbox(rx, active.clone()));
+                monoio::spawn(run_mailbox(rx, active.clone(), bus.clone()));
             }
             let egress = Rc::new(Egress::with_pool_limits(
                 Resolver::new(resolver),
@@ -359,6 +391,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                 ApiHandler::new(state.clone(), active, egress, metrics.clone(), ctx.index);
             if let Some(r) = receipts {
                 api = api.with_receipts(r);
+            }
+            if let Some(b) = bus {
+                api = api.with_bus(b);
             }
             let api = Rc::new(api);
             if let Some(sock) = admin_sock {
@@ -411,6 +446,40 @@ struct ListenAddrs {
     api: SocketAddr,
     admin: Option<SocketAddr>,
     proxy: Option<SocketAddr>,
+    bus: Option<SocketAddr>,
+}
+
+/// The bus settings of this control: worker token, TLS unless plain TCP was asked for.
+fn bus_shared(
+    config: &Config,
+    cores: usize,
+    addr: SocketAddr,
+) -> Result<Arc<crate::bus::control::BusShared>, ServeError> {
+    let b = &config.control.bus;
+    let token = tokens::from_secret("control.bus", &b.secret())
+        .map_err(|e| ServeError::Config(e.to_string()))?
+        .ok_or_else(|| ServeError::Config("control.bus: needs token or token_env".into()))?;
+    let tls = if b.plaintext {
+        None
+    } else {
+        let (Some(cert), Some(key)) = (&b.tls_cert_file, &b.tls_key_file) else {
+            return Err(ServeError::Config(
+                "control.bus: tls_cert_file and tls_key_file are required, or plaintext = true"
+                    .into(),
+            ));
+        };
+        Some(crate::bus::conn::server_config(cert, key).map_err(ServeError::Config)?)
+    };
+    Ok(crate::bus::control::BusShared::new(
+        crate::bus::control::BusSettings {
+            token: token.into_bytes(),
+            tls,
+            heartbeat_ms: b.heartbeat_ms,
+            assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
+            cores,
+            control_id: format!("control-{addr}"),
+        },
+    ))
 }
 
 /// Debug builds only: `SORTIE_DEBUG_PANIC_CORE=<index>` makes that core panic shortly after it
@@ -469,7 +538,12 @@ fn print_banner(
     if let Some(n) = open_files {
         println!("  fd limit:  {n} open files");
     }
-    let ListenAddrs { api, admin, proxy } = addrs;
+    let ListenAddrs {
+        api,
+        admin,
+        proxy,
+        bus,
+    } = addrs;
     println!("  api:       http://{api}  (listening)");
     match admin {
         Some(a) => println!("  admin:     http://{a}  (listening)"),
@@ -478,6 +552,14 @@ fn print_banner(
     match proxy {
         Some(p) => println!("  proxy:     http://{p}  (listening)"),
         None => println!("  proxy:     disabled"),
+    }
+    if let Some(b) = bus {
+        let scheme = if config.control.bus.plaintext {
+            "tcp"
+        } else {
+            "tls"
+        };
+        println!("  bus:       {scheme}://{b}  (listening)");
     }
     let o = &config.object_storage;
     match (o.enabled, o.backend) {

@@ -129,7 +129,7 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     out
 }
 
-fn from_secret(path: &str, s: &SecretRef) -> Result<Option<String>, TokenError> {
+pub(crate) fn from_secret(path: &str, s: &SecretRef) -> Result<Option<String>, TokenError> {
     if let Some(t) = &s.token {
         return Ok(Some(t.clone()));
     }

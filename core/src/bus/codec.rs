@@ -109,6 +109,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
             version: r.u16("welcome.version")?,
             control_id: r.str("welcome.control_id", MAX_NAME_BYTES)?,
             core: r.u16("welcome.core")?,
+            cores: r.u16("welcome.cores")?,
             heartbeat_ms: r.u32("welcome.heartbeat_ms")?,
         }),
         0x03 => Frame::Reject(Reject {
@@ -410,6 +411,7 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
             w.u16(x.version);
             w.str(&x.control_id, MAX_NAME_BYTES, "welcome.control_id")?;
             w.u16(x.core);
+            w.u16(x.cores);
             w.u32(x.heartbeat_ms);
         }
         Frame::Reject(x) => {

@@ -40,6 +40,9 @@ pub struct Welcome {
     pub control_id: String,
     /// The control core this lane belongs to.
     pub core: u16,
+    /// How many cores (so lanes) the control runs: a worker learns it from its first lane's
+    /// welcome and opens the other lanes.
+    pub cores: u16,
     /// How often the worker must send a heartbeat, in milliseconds.
     pub heartbeat_ms: u32,
 }

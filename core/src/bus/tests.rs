@@ -69,6 +69,7 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
             version: r.next() as u16,
             control_id: r.string(30),
             core: r.next() as u16,
+            cores: r.next() as u16,
             heartbeat_ms: r.next() as u32,
         }),
         2 => Frame::Reject(Reject {
@@ -430,6 +431,7 @@ fn worker_lane_checks_bodies_against_their_announced_length() {
         version: 1,
         control_id: "c".into(),
         core: 0,
+        cores: 1,
         heartbeat_ms: 1000,
     });
     assert_eq!(lane.receive(&welcome), Ok(Verdict::Deliver));

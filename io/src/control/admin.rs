@@ -354,7 +354,9 @@ async fn commit_and_activate(
         .await
     {
         Ok(record) => {
+            let payload = snapshot.to_json();
             ctx.state.activate(record.revision, Arc::new(snapshot));
+            crate::bus::control::push_config(&ctx.state, record.revision, payload);
             tracing::info!(revision = record.revision, actor = %record.actor, action = %record.action, "configuration activated");
             AdminAnswer::json(200, record_json(&record)).with_etag(record.revision)
         }
@@ -427,18 +429,37 @@ fn rollouts(ctx: &AdminContext) -> AdminAnswer {
     )
     .into_bytes();
     // Local workers run in this process: they apply a snapshot the moment it is activated.
+    // A connected remote worker is pending until it acknowledges this revision on the bus.
     let mut first = true;
     for (i, w) in active.table.workers().iter().enumerate() {
-        if w.capabilities().is_none() || active.slots.get(i).is_none_or(Option::is_none) {
+        let Some(slot) = active.slots.get(i).and_then(Option::as_ref) else {
+            continue;
+        };
+        if w.capabilities().is_none() {
             continue;
         }
+        let status = match w.executor() {
+            sortie_core::worker::Executor::Local => "applied",
+            sortie_core::worker::Executor::Remote => {
+                if w.state() != sortie_core::worker::WorkerState::Connected {
+                    continue;
+                }
+                if slot.applied() >= active.revision {
+                    "applied"
+                } else {
+                    "pending"
+                }
+            }
+        };
         if !first {
             out.push(b',');
         }
         first = false;
         out.extend_from_slice(b"{\"worker_id\":");
         write_str(&mut out, w.id().as_str());
-        out.extend_from_slice(b",\"status\":\"applied\"}");
+        out.extend_from_slice(b",\"status\":");
+        write_str(&mut out, status);
+        out.push(b'}');
     }
     out.extend_from_slice(b"]}");
     AdminAnswer::json(200, out)

@@ -45,6 +45,8 @@ pub struct ApiContext {
     last_token: std::cell::RefCell<Option<(Vec<u8>, DeploymentRef)>>,
     /// The receipt service when object storage is enabled.
     pub receipts: Option<Arc<super::receipts::Receipts>>,
+    /// This core's bus lanes, when remote workers may attach.
+    pub bus: Option<Rc<crate::bus::control::BusCore>>,
 }
 
 impl ApiContext {
@@ -65,6 +67,7 @@ impl ApiContext {
             no_pins: std::cell::RefCell::new(StickyPins::new(1)),
             last_token: std::cell::RefCell::new(None),
             receipts: None,
+            bus: None,
         }
     }
 }
@@ -233,81 +236,179 @@ async fn handle_inner(
     drop(body);
     let deadline = started + Duration::from_millis(req.timeout_ms);
 
-    let assigned = match assign(
-        ctx,
-        &active,
-        deployment,
-        &req.routing,
-        Ingress::Api,
-        &req.url.host_str(),
-        req.fingerprint_profile.as_deref(),
-        started,
-    ) {
-        Ok(a) => a,
-        Err(e) => {
-            log_failure(request_id, deployment, None, &e, started);
-            return error_answer(&e, request_id);
-        }
-    };
-    let routed = assigned.routed;
-    let decision = &assigned.decision;
-    let slot = &assigned.slot;
-    let (_tracked, cancelled) = ctx.active.track(request_id, deployment);
-
-    let is_streamed = matches!(req.body, RequestBody::Receipt(_))
-        || req.response_body_mode == ResponseBodyMode::Receipt;
-    let assigned = Instant::now();
-    let outcome = match (&ctx.receipts, is_streamed) {
-        (Some(receipts), true) => {
-            let target = Target {
-                egress: &ctx.egress,
-                policy: &active.policy,
-                worker_id: &decision.worker_id,
-                bind_address: slot.bind_address(),
-                deadline,
-                max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
-                timeouts: limits.egress_timeouts,
-            };
-            monoio::select! {
-                r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
-                _ = cancelled => None,
+    // Routing, then execution; a remote worker's refusal (or a lost lane under the replay
+    // rule of decision 062) routes again without that worker.
+    let mut excluded: Vec<sortie_core::routing::WorkerIndex> = Vec::new();
+    let (assigned_at, routed, decision, outcome, _tracked) = loop {
+        let assigned = match assign_excluding(
+            ctx,
+            &active,
+            deployment,
+            &req.routing,
+            Ingress::Api,
+            &req.url.host_str(),
+            req.fingerprint_profile.as_deref(),
+            started,
+            &excluded,
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                log_failure(request_id, deployment, None, &e, started);
+                return error_answer(&e, request_id);
             }
-        }
-        _ => {
-            let body_bytes = match req.body {
+        };
+        let routed = assigned.routed;
+        let (tracked, cancelled) = ctx.active.track(request_id, deployment);
+        let is_remote = active
+            .table
+            .worker(assigned.decision.worker)
+            .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
+        let assigned_at = Instant::now();
+        if is_remote {
+            let Some(bus) = &ctx.bus else {
+                let e = ApiError::new(
+                    ErrorCode::TransportUnavailable,
+                    "no worker bus on this control",
+                );
+                return error_answer(&e, request_id);
+            };
+            let body = match &req.body {
                 RequestBody::None => bytes::Bytes::new(),
-                RequestBody::Inline(b) => bytes::Bytes::from(b),
+                RequestBody::Inline(b) => bytes::Bytes::from(b.clone()),
                 RequestBody::Receipt(_) => {
                     let e = ApiError::new(
                         ErrorCode::BodyRefUnavailable,
-                        "object storage is not enabled",
+                        "receipt bodies are not available on remote workers yet",
                     );
                     return error_answer(&e, request_id);
                 }
             };
-            let job = EgressRequest {
-                method: req.method,
-                url: req.url,
-                headers: req.headers,
-                body: body_bytes,
+            if req.response_body_mode == ResponseBodyMode::Receipt {
+                let e = ApiError::new(
+                    ErrorCode::BodyRefUnavailable,
+                    "receipt responses are not available on remote workers yet",
+                );
+                return error_answer(&e, request_id);
+            }
+            let url = req.url.to_string();
+            let job = crate::bus::control::RemoteJob {
+                request_id,
+                deployment_id: deployment,
+                method: req.method.as_str(),
+                url,
+                headers: req
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.as_bytes().to_vec(), h.value.clone()))
+                    .collect(),
+                body,
                 deadline,
-                max_response_body_bytes: limits.max_inline_response_body_bytes,
-                policy: active.policy.clone(),
-                worker_id: decision.worker_id.clone(),
-                bind_address: slot.bind_address(),
                 is_replayable: req.is_replayable,
-                timeouts: limits.egress_timeouts,
+                pool: assigned.decision.pool_id.as_str(),
+                fingerprint_profile: req.fingerprint_profile.as_deref(),
+                max_response_bytes: limits.max_inline_response_body_bytes,
             };
-            monoio::select! {
-                r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {
+            let r = monoio::select! {
+                r = Box::pin(bus.execute(assigned.decision.worker_id.as_str(), &job)) => Some(r),
+                _ = cancelled => None,
+            };
+            use crate::bus::control::RemoteFailure;
+            let outcome = match r {
+                None => None,
+                Some(Ok(resp)) => Some(Ok(Exchange {
                     status: resp.status,
                     headers: resp.headers,
                     body: ExchangeBody::Inline(resp.body),
                 })),
-                _ = cancelled => None,
-            }
+                Some(Err(RemoteFailure::Refused(reason))) => {
+                    tracing::debug!(target: "sortie::request", request_id, worker = %assigned.decision.worker_id.as_str(), %reason, "assignment refused");
+                    if excluded.len() < MAX_REMOTE_ATTEMPTS {
+                        excluded.push(assigned.decision.worker);
+                        continue;
+                    }
+                    Some(Err(ApiError::new(
+                        ErrorCode::ExecutorCapacityExhausted,
+                        "every eligible worker refused the assignment",
+                    )))
+                }
+                Some(Err(RemoteFailure::Lost { has_head })) => {
+                    // Decision 062: re-sent once, elsewhere, only when the caller allowed it
+                    // and no response byte came back; the inline body is still whole here.
+                    if req.is_replayable && !has_head && excluded.is_empty() {
+                        excluded.push(assigned.decision.worker);
+                        continue;
+                    }
+                    Some(Err(ApiError::new(
+                        ErrorCode::WorkerDisconnected,
+                        format!(
+                            "worker {} disconnected mid-request",
+                            assigned.decision.worker_id.as_str()
+                        ),
+                    )))
+                }
+                Some(Err(RemoteFailure::Error(e))) => Some(Err(e)),
+            };
+            break (assigned_at, routed, assigned.decision, outcome, tracked);
         }
+        let decision = &assigned.decision;
+        let slot = &assigned.slot;
+        let is_streamed = matches!(req.body, RequestBody::Receipt(_))
+            || req.response_body_mode == ResponseBodyMode::Receipt;
+        let outcome = match (&ctx.receipts, is_streamed) {
+            (Some(receipts), true) => {
+                let target = Target {
+                    egress: &ctx.egress,
+                    policy: &active.policy,
+                    worker_id: &decision.worker_id,
+                    bind_address: slot.bind_address(),
+                    deadline,
+                    max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
+                    timeouts: limits.egress_timeouts,
+                };
+                monoio::select! {
+                    r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
+                    _ = cancelled => None,
+                }
+            }
+            _ => {
+                let body_bytes = match req.body {
+                    RequestBody::None => bytes::Bytes::new(),
+                    RequestBody::Inline(b) => bytes::Bytes::from(b),
+                    RequestBody::Receipt(_) => {
+                        let e = ApiError::new(
+                            ErrorCode::BodyRefUnavailable,
+                            "object storage is not enabled",
+                        );
+                        return error_answer(&e, request_id);
+                    }
+                };
+                let job = EgressRequest {
+                    method: req.method,
+                    url: req.url,
+                    headers: req.headers,
+                    body: body_bytes,
+                    deadline,
+                    max_response_body_bytes: limits.max_inline_response_body_bytes,
+                    policy: active.policy.clone(),
+                    worker_id: decision.worker_id.clone(),
+                    bind_address: slot.bind_address(),
+                    is_replayable: req.is_replayable,
+                    timeouts: limits.egress_timeouts,
+                };
+                monoio::select! {
+                    r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {
+                        status: resp.status,
+                        headers: resp.headers,
+                        body: ExchangeBody::Inline(resp.body),
+                    })),
+                    _ = cancelled => None,
+                }
+            }
+        };
+        break (assigned_at, routed, assigned.decision, outcome, tracked);
     };
+    let assigned = assigned_at;
+    let decision = &decision;
     let done = Instant::now();
     let result = match outcome {
         None => Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
@@ -385,6 +486,9 @@ async fn handle_inner(
     }
 }
 
+/// Most workers one request may be offered to after refusals.
+const MAX_REMOTE_ATTEMPTS: usize = 3;
+
 /// A request that routing placed on a local worker, holding one unit of its capacity until
 /// dropped.
 pub(crate) struct Assigned {
@@ -398,7 +502,7 @@ pub(crate) struct Assigned {
 }
 
 /// Routes a request (spec, Routing rules 1-6) and takes capacity on the chosen local worker:
-/// the steps the request API and the forward proxy share. `fingerprint` is the request API's
+/// the forward proxy's step, which cannot use remote workers. `fingerprint` is the request API's
 /// named profile, checked against the worker's advertisement (Request API rule 6).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn assign(
@@ -411,6 +515,44 @@ pub(crate) fn assign(
     fingerprint: Option<&str>,
     started: Instant,
 ) -> Result<Assigned, ApiError> {
+    let a = assign_excluding(
+        ctx,
+        active,
+        deployment,
+        hints,
+        ingress,
+        host,
+        fingerprint,
+        started,
+        &[],
+    )?;
+    let is_remote = active
+        .table
+        .worker(a.decision.worker)
+        .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
+    if is_remote {
+        // The forward proxy relays over the local egress client only (decision 060).
+        return Err(ApiError::new(
+            ErrorCode::TransportUnavailable,
+            "the forward proxy cannot relay through a remote worker",
+        ));
+    }
+    Ok(a)
+}
+
+/// [`assign`] with workers that already refused this request counted as full.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn assign_excluding(
+    ctx: &ApiContext,
+    active: &super::state::Active,
+    deployment: &str,
+    hints: &sortie_core::routing::RouteHints,
+    ingress: Ingress,
+    host: &str,
+    fingerprint: Option<&str>,
+    started: Instant,
+    excluded: &[sortie_core::routing::WorkerIndex],
+) -> Result<Assigned, ApiError> {
     let state = &ctx.state;
     let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
     let route_req = RouteRequest {
@@ -420,7 +562,13 @@ pub(crate) fn assign(
         host,
         tie_break,
     };
-    let capacity = |w| active.active_on(w);
+    let capacity = |w| {
+        if excluded.contains(&w) {
+            u32::MAX
+        } else {
+            active.active_on(w)
+        }
+    };
     let now_ms = crate::clock::monotonic_ms_at(started);
     let decision = match hints.sticky_session_id.as_deref().filter(|s| !s.is_empty()) {
         Some(sid) => state.with_pins(deployment, sid, |pins| {

@@ -28,12 +28,23 @@ pub enum CoreCommand {
     ListActive(oneshot::Sender<Vec<ActiveItem>>),
     /// Cancel a request if it runs on the core; answers whether it did.
     Cancel(String, oneshot::Sender<bool>),
+    /// Take over a bus lane another core accepted (its hello names this core).
+    AdoptLane(Box<crate::bus::control::Handoff>),
+    /// Push a configuration revision to the remote workers whose lane 0 is on this core.
+    PushConfig(u64, Arc<Vec<u8>>),
 }
 
 /// The sending side of a core's mailbox (`Send + Sync`).
 #[derive(Clone)]
 pub struct CoreMailbox {
     tx: mpsc::UnboundedSender<CoreCommand>,
+}
+
+impl CoreMailbox {
+    /// Sends a command; false when the core is gone.
+    pub fn send(&self, cmd: CoreCommand) -> bool {
+        self.tx.unbounded_send(cmd).is_ok()
+    }
 }
 
 /// The receiving side, owned by the core.
@@ -200,7 +211,11 @@ impl ActiveRequests {
 }
 
 /// Serves the core's mailbox until every sender is gone.
-pub async fn run_mailbox(mut rx: MailboxReceiver, active: Rc<ActiveRequests>) {
+pub async fn run_mailbox(
+    mut rx: MailboxReceiver,
+    active: Rc<ActiveRequests>,
+    bus: Option<Rc<crate::bus::control::BusCore>>,
+) {
     while let Some(cmd) = rx.rx.next().await {
         match cmd {
             CoreCommand::ListActive(reply) => {
@@ -208,6 +223,16 @@ pub async fn run_mailbox(mut rx: MailboxReceiver, active: Rc<ActiveRequests>) {
             }
             CoreCommand::Cancel(id, reply) => {
                 let _ = reply.send(active.cancel(&id));
+            }
+            CoreCommand::AdoptLane(h) => {
+                if let Some(bus) = &bus {
+                    monoio::spawn(bus.clone().adopt_handoff(h));
+                }
+            }
+            CoreCommand::PushConfig(version, payload) => {
+                if let Some(bus) = &bus {
+                    bus.push_config(version, &payload);
+                }
             }
         }
     }

@@ -53,6 +53,8 @@ pub struct WorkerSlot {
     id: String,
     active: AtomicU32,
     bind_address: Option<IpAddr>,
+    /// The config revision a remote worker acknowledged last (0: none yet).
+    applied: AtomicU64,
 }
 
 impl WorkerSlot {
@@ -79,6 +81,16 @@ impl WorkerSlot {
                 (n < max).then_some(n + 1)
             })
             .is_ok()
+    }
+
+    /// The config revision the worker acknowledged last.
+    pub fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Relaxed)
+    }
+
+    /// Records a revision the worker acknowledged.
+    pub fn set_applied(&self, revision: u64) {
+        self.applied.fetch_max(revision, Ordering::Relaxed);
     }
 
     /// Returns one unit of capacity.
@@ -170,6 +182,7 @@ impl ControlState {
                     id: w.id.clone(),
                     active: AtomicU32::new(0),
                     bind_address,
+                    applied: AtomicU64::new(0),
                 }),
             );
         }
@@ -256,6 +269,66 @@ impl ControlState {
             cur.snapshot.clone(),
         )));
         out
+    }
+
+    /// Registers a remote worker's session (all its lanes are up) and makes it routable at once;
+    /// settings recorded earlier for the id apply. Gives the worker its capacity slot, kept for
+    /// the life of the process.
+    pub fn register_remote(
+        &self,
+        id: &str,
+        session: &str,
+        caps: sortie_core::worker::WorkerCapabilities,
+        now_unix_ms: u64,
+    ) -> Result<Arc<WorkerSlot>, sortie_core::worker::RegisterError> {
+        let mut w = self.writer();
+        w.registry.register(
+            id,
+            session,
+            sortie_core::worker::Executor::Remote,
+            caps,
+            now_unix_ms,
+        )?;
+        let slot = w
+            .slots
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                Arc::new(WorkerSlot {
+                    id: id.to_string(),
+                    active: AtomicU32::new(0),
+                    bind_address: None,
+                    applied: AtomicU64::new(0),
+                })
+            })
+            .clone();
+        // A new session has applied nothing yet.
+        slot.applied.store(0, Ordering::Relaxed);
+        let cur = self.active.load_full();
+        self.active.store(Arc::new(Self::build(
+            &w,
+            cur.revision,
+            cur.snapshot.clone(),
+        )));
+        Ok(slot)
+    }
+
+    /// Marks a remote worker's session disconnected (ignored for a superseded session) and
+    /// republishes routing.
+    pub fn disconnect_remote(&self, id: &str, session: &str, now_unix_ms: u64) {
+        let mut w = self.writer();
+        if w.registry.disconnect(id, session, now_unix_ms) {
+            let cur = self.active.load_full();
+            self.active.store(Arc::new(Self::build(
+                &w,
+                cur.revision,
+                cur.snapshot.clone(),
+            )));
+        }
+    }
+
+    /// Records a heartbeat: `last_seen` only, routing is unchanged.
+    pub fn touch(&self, id: &str, session: &str, now_unix_ms: u64) {
+        self.writer().registry.heartbeat(id, session, now_unix_ms);
     }
 
     /// Reads the worker registry.

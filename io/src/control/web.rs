@@ -45,6 +45,12 @@ impl ApiHandler {
         }
     }
 
+    /// Lets the request API assign to remote workers through this core's bus lanes.
+    pub fn with_bus(mut self, bus: Rc<crate::bus::control::BusCore>) -> ApiHandler {
+        self.ctx.bus = Some(bus);
+        self
+    }
+
     /// Enables the receipt API (object storage is on).
     pub fn with_receipts(mut self, receipts: Arc<Receipts>) -> ApiHandler {
         self.ctx.receipts = Some(receipts);

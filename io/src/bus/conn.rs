@@ -1,0 +1,310 @@
+//! One bus connection: plain TCP or TLS (rustls driven by hand over the runtime's socket), with
+//! a reader and a writer half that run as two tasks of one core.
+//!
+//! rustls is driven directly (`read_tls`, `process_new_packets`, `write_tls`) rather than
+//! through a stream adapter because a lane is handed from the core that accepted it to the core
+//! its hello names: the TCP descriptor and the `rustls::Connection` (which is `Send`) cross
+//! threads, and the receiving core builds its halves around them.
+
+use std::cell::RefCell;
+use std::io::{self, Read as _, Write as _};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, OwnedReadHalf};
+use monoio::io::{OwnedWriteHalf, Splitable as _};
+use monoio::net::TcpStream;
+
+/// Bytes read from the socket at a time.
+const READ_BYTES: usize = 64 * 1024;
+
+/// A TLS session shared by the two halves of one connection.
+type Tls = Rc<RefCell<rustls::Connection>>;
+
+/// One side of a bus connection: the whole stream before it is split, or one half.
+pub(crate) struct Conn<S> {
+    io: S,
+    tls: Option<Tls>,
+    raw: Vec<u8>,
+}
+
+/// The reading half of a split connection.
+pub(crate) type ReadConn = Conn<OwnedReadHalf<TcpStream>>;
+/// The writing half of a split connection.
+pub(crate) type WriteConn = Conn<OwnedWriteHalf<TcpStream>>;
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl Conn<TcpStream> {
+    /// A plain TCP connection.
+    pub(crate) fn plain(io: TcpStream) -> Conn<TcpStream> {
+        let _ = io.set_nodelay(true);
+        Conn {
+            io,
+            tls: None,
+            raw: Vec::with_capacity(READ_BYTES),
+        }
+    }
+
+    /// A connection whose TLS session is already established (handed over from another core).
+    pub(crate) fn with_session(io: TcpStream, tls: rustls::Connection) -> Conn<TcpStream> {
+        let _ = io.set_nodelay(true);
+        Conn {
+            io,
+            tls: Some(Rc::new(RefCell::new(tls))),
+            raw: Vec::with_capacity(READ_BYTES),
+        }
+    }
+
+    /// Runs the TLS handshake as the server.
+    pub(crate) async fn accept_tls(
+        io: TcpStream,
+        config: Arc<rustls::ServerConfig>,
+    ) -> io::Result<Conn<TcpStream>> {
+        let tls = rustls::ServerConnection::new(config).map_err(tls_error)?;
+        Conn::handshake(io, tls.into()).await
+    }
+
+    /// Runs the TLS handshake as the client, verifying the server's certificate for `name`.
+    pub(crate) async fn connect_tls(
+        io: TcpStream,
+        config: Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+    ) -> io::Result<Conn<TcpStream>> {
+        let tls = rustls::ClientConnection::new(config, name).map_err(tls_error)?;
+        Conn::handshake(io, tls.into()).await
+    }
+
+    async fn handshake(io: TcpStream, tls: rustls::Connection) -> io::Result<Conn<TcpStream>> {
+        let mut c = Conn::with_session(io, tls);
+        loop {
+            c.flush_tls().await?;
+            let is_handshaking = c.tls.as_ref().is_some_and(|t| t.borrow().is_handshaking());
+            if !is_handshaking {
+                return Ok(c);
+            }
+            if c.fill_tls().await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+    }
+
+    /// The descriptor and TLS session, to hand the connection to another core. Fails while the
+    /// TLS session is shared (never, before [`Conn::split`]).
+    pub(crate) fn into_parts(
+        self,
+    ) -> io::Result<(std::net::TcpStream, Option<rustls::Connection>)> {
+        use std::os::fd::AsRawFd as _;
+        let std = crate::fd::duplicate_std(self.io.as_raw_fd())?;
+        let tls = match self.tls {
+            None => None,
+            Some(t) => Some(
+                Rc::try_unwrap(t)
+                    .map_err(|_| io::Error::other("TLS session still shared"))?
+                    .into_inner(),
+            ),
+        };
+        Ok((std, tls))
+    }
+
+    /// The reading and writing halves.
+    pub(crate) fn split(self) -> (ReadConn, WriteConn) {
+        let (r, w) = self.io.into_split();
+        (
+            Conn {
+                io: r,
+                tls: self.tls.clone(),
+                raw: self.raw,
+            },
+            Conn {
+                io: w,
+                tls: self.tls,
+                raw: Vec::new(),
+            },
+        )
+    }
+}
+
+impl<S: AsyncReadRent + AsyncWriteRent> Conn<S> {
+    /// Reads ciphertext once and feeds it to the TLS session; the byte count read (0 at EOF).
+    async fn fill_tls(&mut self) -> io::Result<usize> {
+        let n = self.read_raw().await?;
+        self.feed_tls()?;
+        Ok(n)
+    }
+
+    /// Writes whatever the TLS session wants to send.
+    async fn flush_tls(&mut self) -> io::Result<()> {
+        let Some(tls) = &self.tls else { return Ok(()) };
+        let mut out = Vec::new();
+        {
+            let mut t = tls.borrow_mut();
+            while t.wants_write() {
+                t.write_tls(&mut out)?;
+            }
+        }
+        if !out.is_empty() {
+            let (r, _) = self.io.write_all(out).await;
+            r?;
+        }
+        Ok(())
+    }
+}
+
+impl<S: AsyncReadRent> Conn<S> {
+    async fn read_raw(&mut self) -> io::Result<usize> {
+        let mut buf = std::mem::take(&mut self.raw);
+        buf.clear();
+        if buf.capacity() < READ_BYTES {
+            buf.reserve(READ_BYTES);
+        }
+        let (r, buf) = self.io.read(buf).await;
+        self.raw = buf;
+        r
+    }
+
+    fn feed_tls(&mut self) -> io::Result<()> {
+        let Some(tls) = &self.tls else { return Ok(()) };
+        let mut t = tls.borrow_mut();
+        let mut rest = &self.raw[..];
+        while !rest.is_empty() {
+            if t.read_tls(&mut rest)? == 0 {
+                break;
+            }
+            t.process_new_packets().map_err(tls_error)?;
+        }
+        Ok(())
+    }
+
+    /// Plaintext the TLS session holds, appended to `out`; `Ok(None)` once the peer closed the
+    /// session cleanly.
+    fn drain_plain(&self, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
+        let Some(tls) = &self.tls else {
+            return Ok(Some(0));
+        };
+        let mut t = tls.borrow_mut();
+        let before = out.len();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match t.reader().read(&mut chunk) {
+                Ok(0) => {
+                    let n = out.len() - before;
+                    return Ok(if n == 0 { None } else { Some(n) });
+                }
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(Some(out.len() - before))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Appends the next plaintext bytes to `out`; 0 at the end of the stream.
+    pub(crate) async fn read(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
+        if self.tls.is_none() {
+            let n = self.read_raw().await?;
+            out.extend_from_slice(&self.raw[..n]);
+            return Ok(n);
+        }
+        loop {
+            match self.drain_plain(out)? {
+                None => return Ok(0),
+                Some(0) => {}
+                Some(n) => return Ok(n),
+            }
+            if self.read_raw().await? == 0 {
+                return Ok(0);
+            }
+            self.feed_tls()?;
+        }
+    }
+}
+
+impl<S: AsyncWriteRent> Conn<S> {
+    /// Writes `plain` whole (encrypted when TLS); gives the buffer back for reuse.
+    pub(crate) async fn write_all(&mut self, plain: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+        let Some(tls) = &self.tls else {
+            let (r, buf) = self.io.write_all(plain).await;
+            return (r.map(|_| ()), buf);
+        };
+        let mut out = std::mem::take(&mut self.raw);
+        out.clear();
+        {
+            let mut t = tls.borrow_mut();
+            let mut at = 0;
+            while at < plain.len() {
+                match t.writer().write(&plain[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) => return (Err(e), plain),
+                }
+                while t.wants_write() {
+                    if let Err(e) = t.write_tls(&mut out) {
+                        return (Err(e), plain);
+                    }
+                }
+            }
+        }
+        let (r, buf) = self.io.write_all(out).await;
+        self.raw = buf;
+        (r.map(|_| ()), plain)
+    }
+}
+
+/// The bus listener's TLS configuration from PEM files (`control.bus.tls_cert_file`,
+/// `tls_key_file`), ring provider set explicitly.
+pub(crate) fn server_config(
+    cert_file: &str,
+    key_file: &str,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut io::BufReader::new(
+        std::fs::File::open(cert_file)
+            .map_err(|e| format!("control.bus.tls_cert_file {cert_file}: {e}"))?,
+    ))
+    .collect::<Result<_, _>>()
+    .map_err(|e| format!("control.bus.tls_cert_file {cert_file}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "control.bus.tls_cert_file {cert_file}: no certificate"
+        ));
+    }
+    let key = rustls_pemfile::private_key(&mut io::BufReader::new(
+        std::fs::File::open(key_file)
+            .map_err(|e| format!("control.bus.tls_key_file {key_file}: {e}"))?,
+    ))
+    .map_err(|e| format!("control.bus.tls_key_file {key_file}: {e}"))?
+    .ok_or_else(|| format!("control.bus.tls_key_file {key_file}: no private key"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("control.bus: {e}"))?;
+    Ok(Arc::new(config))
+}
+
+/// A worker's TLS configuration: only the certificates of `worker.ca_file` are trusted.
+pub(crate) fn client_config(ca_file: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let file =
+        std::fs::File::open(ca_file).map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
+    for cert in rustls_pemfile::certs(&mut io::BufReader::new(file)) {
+        let cert = cert.map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("worker.ca_file {ca_file}: no certificate"));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}

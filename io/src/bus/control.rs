@@ -1,0 +1,898 @@
+//! The control side of the bus: the listener on every core, admission of a lane, its hand-over
+//! to the core its hello names, the per-core lane table, heartbeat supervision, configuration
+//! pushes, and [`BusCore::execute`], which runs one routed request on a remote worker from the
+//! core that received it (decisions 060–062).
+//!
+//! A worker session becomes routable once it has a lane to every core (so any core can assign
+//! to it without a cross-core hop), and stops being routable when its first lane is lost.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sortie_core::bus::{
+    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, Hello, Reject,
+    ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES, PROTOCOL_VERSION,
+};
+use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
+use subtle::ConstantTimeEq as _;
+
+use super::conn::Conn;
+use super::{read_frame, Outbox, Queue};
+use crate::control::core::CoreMailbox;
+use crate::control::state::ControlState;
+
+/// How long a new connection may take to finish TLS and send its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A lane silent for this many heartbeat intervals is closed and its worker disconnected.
+pub const MISSED_HEARTBEATS: u32 = 3;
+/// Response body bytes a worker may send before the control grants more.
+pub const INITIAL_WINDOW: u32 = MAX_DATA_BYTES as u32;
+/// Time past the request's deadline the control waits for the worker's own timeout error
+/// before it answers `timeout_exceeded` itself.
+const DEADLINE_GRACE: Duration = Duration::from_millis(500);
+
+/// The bus settings of a control, shared by its cores.
+pub struct BusSettings {
+    /// The worker token.
+    pub token: Vec<u8>,
+    /// The TLS server configuration; `None` for plain TCP (`control.bus.plaintext`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `control.bus.heartbeat_ms`.
+    pub heartbeat_ms: u32,
+    /// `control.bus.assignment_timeout_ms`.
+    pub assignment_timeout: Duration,
+    /// The control's cores: lanes per worker.
+    pub cores: usize,
+    /// The control's id, sent in `Welcome`.
+    pub control_id: String,
+}
+
+struct SessionEntry {
+    session: Box<str>,
+    lanes: u16,
+    up: u16,
+    is_registered: bool,
+    caps: Option<sortie_core::worker::WorkerCapabilities>,
+    /// The newest configuration revision the session acknowledged.
+    applied: u64,
+}
+
+/// Bus state shared by every core: settings, the sessions being assembled lane by lane, and
+/// the cores' mailboxes for hand-overs and pushes.
+pub struct BusShared {
+    /// Settings.
+    pub settings: BusSettings,
+    sessions: Mutex<HashMap<String, SessionEntry>>,
+}
+
+impl BusShared {
+    /// Shared bus state.
+    pub fn new(settings: BusSettings) -> Arc<BusShared> {
+        Arc::new(BusShared {
+            settings,
+            sessions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionEntry>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admission of a session (decision 061): a second live session of the same worker id is
+    /// refused; the same session may (re)open lanes.
+    fn admit_session(&self, state: &ControlState, hello: &Hello) -> Result<(), Reject> {
+        let reject = |reason: &str, message: String| Reject {
+            reason: reason.into(),
+            message,
+        };
+        let registered = state.with_registry(|reg, _| {
+            reg.get(&hello.worker_id)
+                .map(|r| (r.state(), r.session().map(str::to_owned), r.executor()))
+        });
+        if let Some((st, session, executor)) = registered {
+            use sortie_core::worker::{Executor, WorkerState};
+            if executor == Executor::Local && st != WorkerState::Unregistered {
+                return Err(reject(
+                    "invalid_worker",
+                    "the worker id belongs to a local executor".into(),
+                ));
+            }
+            if st == WorkerState::Connected && session.as_deref() != Some(&hello.session) {
+                return Err(reject(
+                    "duplicate_session",
+                    "another session of this worker id is connected".into(),
+                ));
+            }
+        }
+        let mut s = self.sessions();
+        if let Some(e) = s.get(&hello.worker_id) {
+            if *e.session != *hello.session && e.up > 0 {
+                return Err(reject(
+                    "duplicate_session",
+                    "another session of this worker id is connecting".into(),
+                ));
+            }
+        }
+        let e = s
+            .entry(hello.worker_id.clone())
+            .or_insert_with(|| SessionEntry {
+                session: hello.session.as_str().into(),
+                lanes: self.settings.cores as u16,
+                up: 0,
+                is_registered: false,
+                caps: None,
+                applied: 0,
+            });
+        if *e.session != *hello.session {
+            *e = SessionEntry {
+                session: hello.session.as_str().into(),
+                lanes: self.settings.cores as u16,
+                up: 0,
+                is_registered: false,
+                caps: None,
+                applied: 0,
+            };
+        }
+        Ok(())
+    }
+
+    /// A lane of the session is up; the last one registers the worker.
+    fn lane_up(
+        &self,
+        state: &ControlState,
+        worker_id: &str,
+        session: &str,
+        caps: sortie_core::worker::WorkerCapabilities,
+    ) {
+        let mut s = self.sessions();
+        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+            return;
+        };
+        e.up = e.up.saturating_add(1);
+        e.caps = Some(caps);
+        if e.up >= e.lanes && !e.is_registered {
+            if let Some(caps) = e.caps.clone() {
+                match state.register_remote(worker_id, session, caps, crate::clock::unix_ms()) {
+                    Ok(slot) => {
+                        slot.set_applied(e.applied);
+                        e.is_registered = true;
+                        tracing::info!(
+                            worker = worker_id,
+                            session,
+                            lanes = e.lanes,
+                            "remote worker registered"
+                        );
+                    }
+                    Err(err) => {
+                        tracing::warn!(worker = worker_id, error = %err, "registration refused")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The session acknowledged a configuration revision (it may do so before its last lane
+    /// is up, so the session keeps it until registration).
+    fn applied(&self, state: &ControlState, worker_id: &str, session: &str, version: u64) {
+        let mut s = self.sessions();
+        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+            return;
+        };
+        e.applied = e.applied.max(version);
+        if e.is_registered {
+            if let Some(slot) = state.with_registry(|_, slots| slots.get(worker_id).cloned()) {
+                slot.set_applied(version);
+            }
+        }
+    }
+
+    /// A lane of the session is gone: the worker stops being routable.
+    fn lane_down(&self, state: &ControlState, worker_id: &str, session: &str) {
+        let mut s = self.sessions();
+        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+            return;
+        };
+        e.up = e.up.saturating_sub(1);
+        if e.is_registered {
+            e.is_registered = false;
+            state.disconnect_remote(worker_id, session, crate::clock::unix_ms());
+            tracing::info!(worker = worker_id, session, "remote worker disconnected");
+        }
+        if e.up == 0 {
+            s.remove(worker_id);
+        }
+    }
+}
+
+/// What a running stream hears from its lane.
+enum Event {
+    Accepted,
+    Refused(String),
+    Head(ResponseHead),
+    Data(Vec<u8>, bool),
+    Failed(StreamError),
+    Lost(Loss),
+}
+
+/// Why a lane ended under a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// The connection closed, or heartbeats stopped.
+    Disconnected,
+    /// The worker broke the protocol; the control closed the lane.
+    Protocol,
+}
+
+/// One lane on this core.
+pub(crate) struct Lane {
+    worker_id: Box<str>,
+    session: Box<str>,
+    proto: RefCell<ControlLane>,
+    streams: RefCell<HashMap<StreamId, Rc<Queue<Event>>>>,
+    out: Outbox,
+    is_closed: Cell<bool>,
+    stop: super::Notify,
+    last_rx: Cell<Instant>,
+    index: u16,
+}
+
+impl Lane {
+    fn send(&self, frame: &Frame) -> bool {
+        if self.is_closed.get() {
+            return false;
+        }
+        if self.out.push(frame).is_err() {
+            return false;
+        }
+        self.proto.borrow_mut().sent(frame);
+        true
+    }
+}
+
+/// The bus on one core: its lanes by worker id.
+pub struct BusCore {
+    core: usize,
+    shared: Arc<BusShared>,
+    state: Arc<ControlState>,
+    lanes: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+}
+
+/// A connection handed from the core that accepted it to the core its hello names.
+pub struct Handoff {
+    stream: std::net::TcpStream,
+    tls: Option<rustls::Connection>,
+    hello: Box<Hello>,
+    rest: Vec<u8>,
+}
+
+impl BusCore {
+    /// The bus of one core.
+    pub fn new(core: usize, shared: Arc<BusShared>, state: Arc<ControlState>) -> Rc<BusCore> {
+        Rc::new(BusCore {
+            core,
+            shared,
+            state,
+            lanes: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// Lanes on this core.
+    pub fn lanes(&self) -> usize {
+        self.lanes.borrow().len()
+    }
+
+    /// Accepts bus connections on this core's listener until it fails.
+    pub async fn serve(self: Rc<Self>, listener: monoio::net::TcpListener) {
+        monoio::spawn(self.clone().supervise());
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let me = self.clone();
+                    monoio::spawn(async move {
+                        match monoio::time::timeout(HELLO_TIMEOUT, me.clone().greet(stream)).await {
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "bus connection refused")
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "bus connection sent no hello in time")
+                            }
+                            Ok(Ok(())) => {}
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "bus accept");
+                    monoio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// TLS, hello, the checks that need no registry, then the hand-over.
+    async fn greet(self: Rc<Self>, stream: monoio::net::TcpStream) -> Result<(), String> {
+        let s = &self.shared.settings;
+        let mut conn = match &s.tls {
+            Some(cfg) => Conn::accept_tls(stream, cfg.clone())
+                .await
+                .map_err(|e| format!("TLS: {e}"))?,
+            None => Conn::plain(stream),
+        };
+        let mut buf = Vec::new();
+        let hello = match read_frame(&mut conn, &mut buf).await? {
+            Some(Frame::Hello(h)) => h,
+            Some(f) => return Err(format!("{} before hello", f.name())),
+            None => return Err("closed before hello".into()),
+        };
+        let reject = |reason: &str, message: &str| {
+            Frame::Reject(Reject {
+                reason: reason.into(),
+                message: message.into(),
+            })
+        };
+        let refusal = if !bool::from(hello.token.as_slice().ct_eq(&s.token)) {
+            Some(reject("auth_failed", "invalid worker token"))
+        } else if negotiate(hello.version_min, hello.version_max).is_none() {
+            Some(reject(
+                "unsupported_version",
+                "no protocol version in common",
+            ))
+        } else if usize::from(hello.lane) >= s.cores
+            || !(usize::from(hello.lanes) == s.cores || (hello.lane == 0 && hello.lanes == 0))
+        {
+            Some(reject(
+                "lane_out_of_range",
+                &format!("this control has {} cores: lanes 0..{}", s.cores, s.cores),
+            ))
+        } else {
+            None
+        };
+        if let Some(f) = refusal {
+            let mut out = Vec::new();
+            let _ = sortie_core::bus::encode(&f, &mut out);
+            let (_r, _) = conn.write_all(out).await;
+            return Err(format!("rejected {}", hello.worker_id));
+        }
+        let target = usize::from(hello.lane);
+        if target == self.core {
+            self.adopt(conn, hello, buf).await;
+            return Ok(());
+        }
+        let (stream, tls) = conn.into_parts().map_err(|e| e.to_string())?;
+        let handoff = Handoff {
+            stream,
+            tls,
+            hello,
+            rest: buf,
+        };
+        let sent = self
+            .state
+            .mailboxes
+            .get()
+            .and_then(|m| m.get(target))
+            .is_some_and(|m| m.adopt_lane(Box::new(handoff)));
+        if sent {
+            Ok(())
+        } else {
+            Err("no core for the lane".into())
+        }
+    }
+
+    /// Takes over a lane another core accepted.
+    pub async fn adopt_handoff(self: Rc<Self>, h: Box<Handoff>) {
+        let Handoff {
+            stream,
+            tls,
+            hello,
+            rest,
+        } = *h;
+        let stream = match monoio::net::TcpStream::from_std(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "bus hand-over");
+                return;
+            }
+        };
+        let conn = match tls {
+            Some(t) => Conn::with_session(stream, t),
+            None => Conn::plain(stream),
+        };
+        self.adopt(conn, hello, rest).await;
+    }
+
+    /// Registry admission, `Welcome`, then the lane runs on this core until it closes.
+    async fn adopt(
+        self: Rc<Self>,
+        mut conn: Conn<monoio::net::TcpStream>,
+        hello: Box<Hello>,
+        rest: Vec<u8>,
+    ) {
+        let s = &self.shared.settings;
+        let caps = match hello.capabilities.clone().validate() {
+            Ok(c) => Ok(c),
+            Err(e) => Err(Reject {
+                reason: "invalid_worker".into(),
+                message: e.to_string(),
+            }),
+        };
+        let admitted = caps.and_then(|caps| {
+            if !sortie_core::config::is_valid_id(&hello.worker_id)
+                || hello.session.is_empty()
+                || !hello.session.bytes().all(|b| b.is_ascii_graphic())
+            {
+                return Err(Reject {
+                    reason: "invalid_worker".into(),
+                    message: "worker id or session is not valid".into(),
+                });
+            }
+            self.shared.admit_session(&self.state, &hello)?;
+            Ok(caps)
+        });
+        let caps = match admitted {
+            Ok(c) => c,
+            Err(r) => {
+                tracing::info!(worker = %hello.worker_id, reason = %r.reason, "bus lane refused");
+                let mut out = Vec::new();
+                let _ = sortie_core::bus::encode(&Frame::Reject(r), &mut out);
+                let (_r, _) = conn.write_all(out).await;
+                return;
+            }
+        };
+        let mut proto = ControlLane::new();
+        let _ = proto.receive(&Frame::Hello(hello.clone()));
+        proto.admit();
+        let lane = Rc::new(Lane {
+            worker_id: hello.worker_id.as_str().into(),
+            session: hello.session.as_str().into(),
+            proto: RefCell::new(proto),
+            streams: RefCell::new(HashMap::new()),
+            out: Outbox::default(),
+            is_closed: Cell::new(false),
+            stop: super::Notify::default(),
+            last_rx: Cell::new(Instant::now()),
+            index: hello.lane,
+        });
+        let version = negotiate(hello.version_min, hello.version_max).unwrap_or(PROTOCOL_VERSION);
+        lane.send(&Frame::Welcome(Welcome {
+            version,
+            control_id: s.control_id.clone(),
+            core: self.core as u16,
+            cores: s.cores as u16,
+            heartbeat_ms: s.heartbeat_ms,
+        }));
+        if hello.lane == 0 {
+            // The worker applies the configuration before it opens its other lanes.
+            let active = self.state.active();
+            lane.send(&Frame::ConfigPush(ConfigPush {
+                version: active.revision,
+                payload: active.snapshot.to_json(),
+            }));
+        }
+        let previous = self
+            .lanes
+            .borrow_mut()
+            .insert(lane.worker_id.clone(), lane.clone());
+        if let Some(old) = previous {
+            self.close(&old, Loss::Disconnected);
+        }
+        self.shared
+            .lane_up(&self.state, &lane.worker_id, &lane.session, caps);
+        let (mut reader, writer) = conn.split();
+        let writer_lane = lane.clone();
+        monoio::spawn(async move { writer_lane.out.run(writer).await });
+        let mut buf = rest;
+        loop {
+            let next = monoio::select! {
+                r = read_frame(&mut reader, &mut buf) => r,
+                _ = lane.stop.wait() => break,
+            };
+            match next {
+                Ok(Some(frame)) => {
+                    lane.last_rx.set(Instant::now());
+                    if let Err(reason) = self.dispatch(&lane, frame) {
+                        tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus protocol error; closing the lane");
+                        self.close(&lane, Loss::Protocol);
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    self.close(&lane, Loss::Disconnected);
+                    break;
+                }
+                Err(reason) => {
+                    tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus frame error; closing the lane");
+                    self.close(&lane, Loss::Protocol);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn dispatch(&self, lane: &Rc<Lane>, frame: Frame) -> Result<(), String> {
+        let verdict = lane
+            .proto
+            .borrow_mut()
+            .receive(&frame)
+            .map_err(|v| v.to_string())?;
+        if verdict == Verdict::Ignore {
+            return Ok(());
+        }
+        let queue = |id: StreamId| lane.streams.borrow().get(&id).cloned();
+        let remove = |id: StreamId| lane.streams.borrow_mut().remove(&id);
+        match frame {
+            Frame::Heartbeat(_) => {
+                if lane.index == 0 {
+                    self.state
+                        .touch(&lane.worker_id, &lane.session, crate::clock::unix_ms());
+                }
+            }
+            Frame::ConfigApplied { version } => {
+                self.shared
+                    .applied(&self.state, &lane.worker_id, &lane.session, version);
+            }
+            Frame::GoAway { reason } => {
+                tracing::info!(worker = %lane.worker_id, %reason, "worker going away");
+            }
+            Frame::Accept { stream } => {
+                if let Some(q) = queue(stream) {
+                    q.push(Event::Accepted);
+                }
+            }
+            Frame::Refuse { stream, reason } => {
+                if let Some(q) = remove(stream) {
+                    q.push(Event::Refused(reason));
+                }
+            }
+            Frame::ResponseHead(h) => {
+                if let Some(q) = queue(h.stream) {
+                    q.push(Event::Head(h));
+                }
+            }
+            Frame::Data { stream, bytes, end } => {
+                let q = if end { remove(stream) } else { queue(stream) };
+                if let Some(q) = q {
+                    q.push(Event::Data(bytes, end));
+                }
+            }
+            Frame::StreamError(e) => {
+                if let Some(q) = remove(e.stream) {
+                    q.push(Event::Failed(e));
+                }
+            }
+            Frame::Credit { .. } => {}
+            other => return Err(format!("{} is not expected here", other.name())),
+        }
+        Ok(())
+    }
+
+    /// Closes a lane: every stream on it ends with `loss`, the worker stops being routable.
+    fn close(&self, lane: &Rc<Lane>, loss: Loss) {
+        if lane.is_closed.replace(true) {
+            return;
+        }
+        lane.proto.borrow_mut().close();
+        let streams: Vec<_> = lane.streams.borrow_mut().drain().collect();
+        for (_, q) in streams {
+            q.push(Event::Lost(loss));
+        }
+        lane.out.close();
+        lane.stop.notify();
+        {
+            let mut lanes = self.lanes.borrow_mut();
+            if lanes
+                .get(&lane.worker_id)
+                .is_some_and(|l| Rc::ptr_eq(l, lane))
+            {
+                lanes.remove(&lane.worker_id);
+            }
+        }
+        self.shared
+            .lane_down(&self.state, &lane.worker_id, &lane.session);
+    }
+
+    /// Closes lanes whose worker stopped sending heartbeats.
+    async fn supervise(self: Rc<Self>) {
+        let every = Duration::from_millis(u64::from(self.shared.settings.heartbeat_ms));
+        let silent = every * MISSED_HEARTBEATS;
+        loop {
+            monoio::time::sleep(every).await;
+            let stale: Vec<Rc<Lane>> = self
+                .lanes
+                .borrow()
+                .values()
+                .filter(|l| l.last_rx.get().elapsed() > silent)
+                .cloned()
+                .collect();
+            for l in stale {
+                tracing::warn!(worker = %l.worker_id, lane = l.index, "no heartbeat; closing the lane");
+                self.close(&l, Loss::Disconnected);
+            }
+        }
+    }
+
+    /// Pushes a configuration revision on the lanes 0 of this core (the control's core 0 holds
+    /// every worker's lane 0).
+    pub fn push_config(&self, version: u64, payload: &Arc<Vec<u8>>) {
+        let lanes: Vec<Rc<Lane>> = self
+            .lanes
+            .borrow()
+            .values()
+            .filter(|l| l.index == 0)
+            .cloned()
+            .collect();
+        for l in lanes {
+            l.send(&Frame::ConfigPush(ConfigPush {
+                version,
+                payload: payload.to_vec(),
+            }));
+        }
+    }
+
+    /// Runs one request on a remote worker from this core.
+    pub(crate) async fn execute(
+        &self,
+        worker_id: &str,
+        job: &RemoteJob<'_>,
+    ) -> Result<RemoteResponse, RemoteFailure> {
+        let Some(lane) = self.lanes.borrow().get(worker_id).cloned() else {
+            return Err(RemoteFailure::Error(ApiError::new(
+                ErrorCode::TransportUnavailable,
+                format!("no bus lane to worker {worker_id} on this core"),
+            )));
+        };
+        let unavailable = || {
+            RemoteFailure::Error(ApiError::new(
+                ErrorCode::TransportUnavailable,
+                "the bus lane cannot take the assignment",
+            ))
+        };
+        let Some(stream) = lane.proto.borrow_mut().next_stream() else {
+            return Err(unavailable());
+        };
+        let q: Rc<Queue<Event>> = Rc::new(Queue::default());
+        lane.streams.borrow_mut().insert(stream, q.clone());
+        let mut guard = StreamGuard {
+            lane: lane.clone(),
+            stream,
+            is_done: false,
+        };
+        let now = Instant::now();
+        let left = job.deadline.saturating_duration_since(now);
+        let body = if job.body.is_empty() {
+            BodySource::Empty
+        } else {
+            BodySource::Inline {
+                len: job.body.len() as u64,
+            }
+        };
+        let assign = Frame::Assign(Box::new(Assign {
+            stream,
+            request_id: job.request_id.to_string(),
+            deployment_id: job.deployment_id.to_string(),
+            deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
+            is_replayable: job.is_replayable,
+            ingress: 0,
+            method: job.method.to_string(),
+            url: job.url.clone(),
+            headers: job.headers.clone(),
+            body,
+            pool: job.pool.to_string(),
+            provider_session: None,
+            fingerprint_profile: job.fingerprint_profile.map(str::to_owned),
+            max_response_bytes: job.max_response_bytes as u64,
+            window: INITIAL_WINDOW,
+        }));
+        if !lane.send(&assign) {
+            guard.is_done = true;
+            lane.streams.borrow_mut().remove(&stream);
+            return Err(unavailable());
+        }
+        let mut chunks = job.body.chunks(MAX_DATA_BYTES).peekable();
+        while let Some(c) = chunks.next() {
+            lane.send(&Frame::Data {
+                stream,
+                bytes: c.to_vec(),
+                end: chunks.peek().is_none(),
+            });
+        }
+
+        // Accept or refuse within the assignment timeout (never past the deadline).
+        let accept_by = (now + self.shared.settings.assignment_timeout).min(job.deadline);
+        let first = monoio::time::timeout_at(accept_by.into(), q.next()).await;
+        match first {
+            Err(_) => {
+                return Err(RemoteFailure::Error(ApiError::timeout(
+                    ErrorCode::AssignmentTimeout,
+                    TimeoutType::Assignment,
+                    format!("worker {worker_id} did not accept the assignment in time"),
+                )))
+            }
+            Ok(Event::Accepted) => {}
+            Ok(Event::Refused(reason)) => {
+                guard.is_done = true;
+                return Err(RemoteFailure::Refused(reason));
+            }
+            Ok(other) => {
+                guard.is_done = true;
+                return Err(fail(other, worker_id, false));
+            }
+        }
+        let until = (job.deadline + DEADLINE_GRACE).into();
+        let mut head: Option<ResponseHead> = None;
+        let mut body: Vec<u8> = Vec::new();
+        loop {
+            let ev = match monoio::time::timeout_at(until, q.next()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    return Err(RemoteFailure::Error(ApiError::timeout(
+                        ErrorCode::TimeoutExceeded,
+                        TimeoutType::TotalDeadline,
+                        "total deadline expired",
+                    )))
+                }
+            };
+            match ev {
+                Event::Head(h) => head = Some(h),
+                Event::Data(bytes, end) => {
+                    if body.len() + bytes.len() > job.max_response_bytes {
+                        return Err(RemoteFailure::Error(
+                            ApiError::new(
+                                ErrorCode::BodyTooLarge,
+                                "response body exceeds the inline limit",
+                            )
+                            .with_detail("direction", "response"),
+                        ));
+                    }
+                    body.extend_from_slice(&bytes);
+                    if end {
+                        guard.is_done = true;
+                        let Some(h) = head else {
+                            return Err(RemoteFailure::Error(ApiError::new(
+                                ErrorCode::ProtocolError,
+                                "worker ended the stream without a head",
+                            )));
+                        };
+                        return Ok(RemoteResponse {
+                            status: h.status,
+                            headers: h
+                                .headers
+                                .into_iter()
+                                .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+                                .collect(),
+                            body,
+                        });
+                    }
+                    // The request API keeps the body for its envelope: what arrived is
+                    // consumed, so the window moves on at once.
+                    let n = bytes.len() as u32;
+                    if n > 0 {
+                        lane.send(&Frame::Credit { stream, bytes: n });
+                    }
+                }
+                other => {
+                    guard.is_done = true;
+                    return Err(fail(other, worker_id, head.is_some()));
+                }
+            }
+        }
+    }
+}
+
+fn fail(ev: Event, worker_id: &str, has_head: bool) -> RemoteFailure {
+    match ev {
+        Event::Failed(e) => RemoteFailure::Error(stream_error(e)),
+        Event::Lost(Loss::Disconnected) => RemoteFailure::Lost { has_head },
+        Event::Lost(Loss::Protocol) => RemoteFailure::Error(
+            ApiError::new(
+                ErrorCode::ProtocolError,
+                format!("worker {worker_id} broke the bus protocol; its lane was closed"),
+            )
+            .with_detail("side", "worker"),
+        ),
+        Event::Refused(r) => RemoteFailure::Refused(r),
+        Event::Accepted | Event::Head(_) | Event::Data(..) => RemoteFailure::Error(ApiError::new(
+            ErrorCode::ProtocolError,
+            "unexpected frame on the stream",
+        )),
+    }
+}
+
+/// A worker's `StreamError` as the caller's error: a registry code passes as it is; anything
+/// else is the worker's internal failure.
+fn stream_error(e: StreamError) -> ApiError {
+    let code = ErrorCode::from_wire(&e.code).unwrap_or(ErrorCode::ExecutorInternalError);
+    let mut out = ApiError::new(code, e.message);
+    if let Some(t) = e
+        .timeout_type
+        .as_deref()
+        .and_then(|t| TimeoutType::ALL.iter().find(|x| x.as_str() == t))
+    {
+        out = out.with_timeout_type(*t);
+    }
+    if let Some(s) = e.upstream_status {
+        out = out.with_upstream_status(s);
+    }
+    for (k, v) in e.details {
+        out = out.with_detail(k, v);
+    }
+    out
+}
+
+/// Sends `Cancel` for a stream its request gave up (operator cancel, caller gone, deadline).
+struct StreamGuard {
+    lane: Rc<Lane>,
+    stream: StreamId,
+    is_done: bool,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.is_done {
+            return;
+        }
+        if self
+            .lane
+            .streams
+            .borrow_mut()
+            .remove(&self.stream)
+            .is_some()
+        {
+            self.lane.send(&Frame::Cancel {
+                stream: self.stream,
+            });
+        }
+    }
+}
+
+/// One request for a remote worker.
+pub(crate) struct RemoteJob<'a> {
+    pub(crate) request_id: &'a str,
+    pub(crate) deployment_id: &'a str,
+    pub(crate) method: &'a str,
+    pub(crate) url: String,
+    pub(crate) headers: Vec<Field>,
+    pub(crate) body: Bytes,
+    pub(crate) deadline: Instant,
+    pub(crate) is_replayable: bool,
+    pub(crate) pool: &'a str,
+    pub(crate) fingerprint_profile: Option<&'a str>,
+    pub(crate) max_response_bytes: usize,
+}
+
+/// A remote worker's whole response.
+pub(crate) struct RemoteResponse {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) body: Vec<u8>,
+}
+
+/// Why a remote execution did not answer.
+pub(crate) enum RemoteFailure {
+    /// The worker refused the assignment: routing tries another eligible worker.
+    Refused(String),
+    /// The lane was lost after the worker accepted; `has_head` says whether a response head
+    /// had arrived (decision 062).
+    Lost { has_head: bool },
+    /// A registry error.
+    Error(ApiError),
+}
+
+impl CoreMailbox {
+    fn adopt_lane(&self, h: Box<Handoff>) -> bool {
+        self.send(crate::control::core::CoreCommand::AdoptLane(h))
+    }
+}
+
+/// Sends a newly activated configuration to every remote worker (through core 0, which holds
+/// every worker's lane 0).
+pub fn push_config(state: &ControlState, version: u64, payload: Vec<u8>) {
+    if let Some(m) = state.mailboxes.get().and_then(|m| m.first()) {
+        m.send(crate::control::core::CoreCommand::PushConfig(
+            version,
+            Arc::new(payload),
+        ));
+    }
+}

@@ -1,0 +1,168 @@
+//! The worker bus transport: lanes between a control and its remote workers over TCP or TLS,
+//! carrying the frames of `sortie_core::bus` (protocol in `docs/bus-protocol.md`, decisions
+//! 060–062).
+//!
+//! - `conn.rs`: one connection, plain or TLS, split into a reader and a writer task.
+//! - `control.rs`: the control side: the listener, admission, the hand-over of a lane to the
+//!   core its hello names, per-core lane tables, and remote execution of a routed request.
+//! - `worker.rs`: `sortie worker`: lanes to every control, registration, execution of
+//!   assignments with the egress client, heartbeats, reconnection.
+
+pub(crate) mod conn;
+pub mod control;
+pub mod worker;
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use sortie_core::bus::{encode, EncodeError, Frame};
+
+/// A level-triggered wake-up for one waiting task of this core: `notify` marks it, the next
+/// `wait` consumes the mark.
+#[derive(Default)]
+pub(crate) struct Notify {
+    is_marked: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl Notify {
+    pub(crate) fn notify(&self) {
+        self.is_marked.set(true);
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn wait(&self) -> NotifyWait<'_> {
+        NotifyWait(self)
+    }
+}
+
+pub(crate) struct NotifyWait<'a>(&'a Notify);
+
+impl Future for NotifyWait<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0.is_marked.replace(false) {
+            return Poll::Ready(());
+        }
+        self.0.waker.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
+/// Frames waiting to be written on one lane, already encoded; the lane's writer task takes
+/// them all at once.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    buf: RefCell<Vec<u8>>,
+    ready: Notify,
+    is_closed: Cell<bool>,
+}
+
+impl Outbox {
+    /// Queues a frame.
+    pub(crate) fn push(&self, frame: &Frame) -> Result<(), EncodeError> {
+        if self.is_closed.get() {
+            return Ok(());
+        }
+        encode(frame, &mut self.buf.borrow_mut())?;
+        self.ready.notify();
+        Ok(())
+    }
+
+    /// Stops the writer after what is queued.
+    pub(crate) fn close(&self) {
+        self.is_closed.set(true);
+        self.ready.notify();
+    }
+
+    /// The writer task: writes what is queued until the outbox closes or a write fails.
+    pub(crate) async fn run<S: monoio::io::AsyncWriteRent>(&self, mut conn: conn::Conn<S>) {
+        let mut spare = Vec::new();
+        loop {
+            let pending = {
+                let mut b = self.buf.borrow_mut();
+                if b.is_empty() {
+                    None
+                } else {
+                    spare.clear();
+                    Some(std::mem::replace(&mut *b, std::mem::take(&mut spare)))
+                }
+            };
+            match pending {
+                Some(bytes) => {
+                    let (r, back) = conn.write_all(bytes).await;
+                    spare = back;
+                    if r.is_err() {
+                        self.is_closed.set(true);
+                        return;
+                    }
+                }
+                None if self.is_closed.get() => return,
+                None => self.ready.wait().await,
+            }
+        }
+    }
+}
+
+/// Events of one stream, queued by the lane's reader for the task that runs the stream.
+pub(crate) struct Queue<T> {
+    items: RefCell<VecDeque<T>>,
+    ready: Notify,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue {
+            items: RefCell::new(VecDeque::new()),
+            ready: Notify::default(),
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    pub(crate) fn push(&self, item: T) {
+        self.items.borrow_mut().push_back(item);
+        self.ready.notify();
+    }
+
+    pub(crate) fn try_next(&self) -> Option<T> {
+        self.items.borrow_mut().pop_front()
+    }
+
+    pub(crate) async fn next(&self) -> T {
+        loop {
+            if let Some(v) = self.items.borrow_mut().pop_front() {
+                return v;
+            }
+            self.ready.wait().await;
+        }
+    }
+}
+
+/// Reads from `conn` until one whole frame is buffered in `buf` (from `*at`), and decodes it.
+/// `Ok(None)` at the end of the stream.
+pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
+    conn: &mut conn::Conn<S>,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Frame>, String> {
+    loop {
+        match sortie_core::bus::decode(buf) {
+            Ok(sortie_core::bus::Decoded::Frame(f, used)) => {
+                buf.drain(..used);
+                return Ok(Some(f));
+            }
+            Ok(sortie_core::bus::Decoded::Partial(_)) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        match conn.read(buf).await {
+            Ok(0) => return Ok(None),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}

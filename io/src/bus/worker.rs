@@ -1,0 +1,693 @@
+//! `sortie worker`: a remote egress executor. For every configured control it opens lane 0,
+//! learns the control's core count from `Welcome`, applies the configuration the control pushes
+//! (destination policy, pools), then opens the other lanes, each on one of the worker's own
+//! cores. Assignments run with the same egress client as a local worker; response bodies go
+//! back within the control's flow-control window. Losing any lane of a control closes all of
+//! them, and the worker reconnects with exponential backoff and jitter (decision 061).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use futures_channel::{mpsc, oneshot};
+use futures_util::StreamExt as _;
+use sortie_core::bus::{
+    Assign, BodySource, Frame, Heartbeat, Hello, ResponseHead, StreamError, StreamId, Verdict,
+    WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+};
+use sortie_core::config::WorkerFile;
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::request::{parse_target_url, Method};
+use sortie_core::snapshot::ConfigId;
+use sortie_core::worker::AdvertisedCapabilities;
+
+use super::conn::Conn;
+use super::{read_frame, Notify, Outbox, Queue};
+use crate::dns::{Resolver, ResolverPool};
+use crate::egress::{Egress, StreamRequest, Timeouts};
+
+/// First reconnection delay; it doubles per failed attempt up to [`BACKOFF_MAX`].
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest reconnection delay (before jitter).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long connecting and the welcome may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every core of the worker shares.
+struct Shared {
+    id: String,
+    session: String,
+    token: Vec<u8>,
+    caps: AdvertisedCapabilities,
+    capacity: u32,
+    active: AtomicU32,
+    policy: ArcSwapOption<DestinationPolicy>,
+    applied: AtomicU64,
+    bind_address: Option<IpAddr>,
+    timeouts: Timeouts,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    server_name: Option<String>,
+    /// Each core's command channel.
+    cores: Mutex<Vec<mpsc::UnboundedSender<OpenLane>>>,
+}
+
+/// Ask a core to open one lane.
+struct OpenLane {
+    addr: String,
+    lane: u16,
+    lanes: u16,
+    stop: oneshot::Receiver<()>,
+    result: oneshot::Sender<LaneEnd>,
+}
+
+/// How a lane ended.
+#[derive(Debug)]
+enum LaneEnd {
+    /// Connected and admitted, then lost (or stopped).
+    Lost,
+    /// Never admitted: connection failure or refusal.
+    Failed(String),
+}
+
+/// Runs the worker until the process is stopped.
+pub fn run(file: WorkerFile) -> Result<(), String> {
+    let w = &file.worker;
+    let token = crate::tokens::from_secret(
+        "worker",
+        &sortie_core::config::SecretRef {
+            token: w.token.clone(),
+            token_env: w.token_env.clone(),
+        },
+    )
+    .map_err(|e| e.to_string())?
+    .ok_or("worker: needs token or token_env")?;
+    let tls = match (&w.ca_file, w.plaintext) {
+        (_, true) => None,
+        (Some(ca), false) => Some(super::conn::client_config(ca)?),
+        (None, false) => return Err("worker.ca_file is required, or plaintext = true".into()),
+    };
+    let egress_tls =
+        crate::egress::client_config(file.egress.ca_file.as_deref().map(std::path::Path::new))
+            .map_err(|e| format!("egress.ca_file: {e}"))?;
+    let resolver = ResolverPool::start().map_err(|e| e.to_string())?;
+    let n = crate::runtime::core_count(w.cores);
+    let session = format!("s{}", hex(&crate::tokens::random_bytes::<12>()));
+    let shared = Arc::new(Shared {
+        id: w.id.clone(),
+        session: session.clone(),
+        token: token.into_bytes(),
+        caps: AdvertisedCapabilities {
+            tags: w.tags.clone(),
+            country: w.country.clone(),
+            region: w.region.clone(),
+            ip_type: w.ip_type.clone(),
+            ingress: w.ingress.clone(),
+            pools: w.pools.clone(),
+            fingerprint_profiles: Vec::new(),
+            capacity: w.capacity,
+        },
+        capacity: w.capacity,
+        active: AtomicU32::new(0),
+        policy: ArcSwapOption::empty(),
+        applied: AtomicU64::new(0),
+        bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
+        timeouts: Timeouts {
+            connect: Duration::from_millis(file.egress.connect_timeout_ms),
+            response_header: None,
+            idle: Duration::from_millis(file.egress.idle_timeout_ms),
+        },
+        tls,
+        server_name: w.server_name.clone(),
+        cores: Mutex::new(Vec::new()),
+    });
+    let mut receivers = Vec::with_capacity(n);
+    {
+        let mut cores = shared.cores.lock().map_err(|_| "lock")?;
+        for _ in 0..n {
+            let (tx, rx) = mpsc::unbounded();
+            cores.push(tx);
+            receivers.push(Some(rx));
+        }
+    }
+    let receivers = Arc::new(Mutex::new(receivers));
+    let controls = w.controls.clone();
+    println!(
+        "sortie {} worker {} (session {session})",
+        env!("CARGO_PKG_VERSION"),
+        w.id
+    );
+    println!("  cores:     {n}");
+    for c in &controls {
+        println!(
+            "  control:   {}://{c}",
+            if shared.tls.is_some() { "tls" } else { "tcp" }
+        );
+    }
+    {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+    }
+    crate::runtime::exit_on_core_panic();
+    let pool_limits = crate::egress::PoolLimits {
+        idle_timeout: Duration::from_millis(file.egress.pool_idle_timeout_ms),
+        ..Default::default()
+    };
+    let handles = crate::runtime::spawn_cores(n, move |ctx| {
+        let shared = shared.clone();
+        let rx = receivers
+            .lock()
+            .ok()
+            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
+        let resolver = resolver.clone();
+        let egress_tls = egress_tls.clone();
+        let controls = controls.clone();
+        async move {
+            let egress = Rc::new(Egress::with_pool_limits(
+                Resolver::new(resolver),
+                &egress_tls,
+                pool_limits,
+            ));
+            for (i, addr) in controls.iter().enumerate() {
+                if i % ctx.count == ctx.index {
+                    monoio::spawn(supervise(shared.clone(), egress.clone(), addr.clone()));
+                }
+            }
+            if let Some(mut rx) = rx {
+                while let Some(open) = rx.next().await {
+                    monoio::spawn(open_lane(shared.clone(), egress.clone(), open));
+                }
+            }
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A delay of `base` ± 50%, from fresh randomness.
+fn jitter(base: Duration) -> Duration {
+    let r = u64::from(u16::from_be_bytes(crate::tokens::random_bytes::<2>()));
+    let ms = base.as_millis() as u64;
+    Duration::from_millis(ms / 2 + ms * r / 65_535)
+}
+
+/// Keeps one control's lanes up: lane 0 here, the others on the worker's cores; when any lane
+/// ends, all are stopped and the set reconnects after a backoff.
+async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let (cores_tx, cores_rx) = oneshot::channel::<u16>();
+        let (stop0_tx, stop0_rx) = oneshot::channel();
+        let (end0_tx, end0_rx) = oneshot::channel();
+        monoio::spawn(run_lane(
+            shared.clone(),
+            egress.clone(),
+            addr.clone(),
+            0,
+            0,
+            stop0_rx,
+            end0_tx,
+            Some(cores_tx),
+        ));
+        let mut stops = vec![stop0_tx];
+        let mut ends = vec![end0_rx];
+        let lanes = cores_rx.await.ok();
+        if let Some(lanes) = lanes {
+            let cores = shared.cores.lock().map(|c| c.clone()).unwrap_or_default();
+            for lane in 1..lanes {
+                let (stop_tx, stop_rx) = oneshot::channel();
+                let (end_tx, end_rx) = oneshot::channel();
+                let open = OpenLane {
+                    addr: addr.clone(),
+                    lane,
+                    lanes,
+                    stop: stop_rx,
+                    result: end_tx,
+                };
+                if let Some(c) = cores.get(usize::from(lane) % cores.len().max(1)) {
+                    let _ = c.unbounded_send(open);
+                }
+                stops.push(stop_tx);
+                ends.push(end_rx);
+            }
+        }
+        // The first lane to end ends them all.
+        let (first, _, rest) = futures_util::future::select_all(ends).await;
+        for s in stops {
+            let _ = s.send(());
+        }
+        for r in rest {
+            let _ = r.await;
+        }
+        let was_up = matches!(first, Ok(LaneEnd::Lost));
+        if was_up {
+            backoff = BACKOFF_MIN;
+        }
+        if let Ok(LaneEnd::Failed(reason)) = &first {
+            tracing::info!(control = %addr, %reason, "bus lane not admitted; retrying");
+        } else {
+            tracing::info!(control = %addr, "bus lanes lost; reconnecting");
+        }
+        monoio::time::sleep(jitter(backoff)).await;
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+async fn open_lane(shared: Arc<Shared>, egress: Rc<Egress>, open: OpenLane) {
+    run_lane(
+        shared,
+        egress,
+        open.addr,
+        open.lane,
+        open.lanes,
+        open.stop,
+        open.result,
+        None,
+    )
+    .await;
+}
+
+/// One stream an assignment opened on this worker.
+struct WStream {
+    /// Request body pieces and credit grants from the control.
+    events: Queue<WEvent>,
+    cancel: Notify,
+    is_cancelled: Cell<bool>,
+}
+
+enum WEvent {
+    Body(Vec<u8>, bool),
+    Credit(u32),
+}
+
+/// The worker's side of one lane.
+struct WLane {
+    out: Outbox,
+    proto: RefCell<WorkerLane>,
+    streams: RefCell<HashMap<StreamId, Rc<WStream>>>,
+}
+
+impl WLane {
+    fn send(&self, frame: &Frame) {
+        if self.out.push(frame).is_ok() {
+            self.proto.borrow_mut().sent(frame);
+        }
+        if let Some(id) = frame.stream() {
+            let ends = matches!(
+                frame,
+                Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
+            );
+            if ends {
+                self.streams.borrow_mut().remove(&id);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_lane(
+    shared: Arc<Shared>,
+    egress: Rc<Egress>,
+    addr: String,
+    lane: u16,
+    lanes: u16,
+    stop: oneshot::Receiver<()>,
+    end: oneshot::Sender<LaneEnd>,
+    learn_cores: Option<oneshot::Sender<u16>>,
+) {
+    let r = lane_session(shared, egress, &addr, lane, lanes, stop, learn_cores).await;
+    let _ = end.send(r);
+}
+
+async fn connect(shared: &Shared, addr: &str) -> Result<Conn<monoio::net::TcpStream>, String> {
+    let tcp = monoio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    match &shared.tls {
+        None => Ok(Conn::plain(tcp)),
+        Some(cfg) => {
+            let host = shared.server_name.clone().unwrap_or_else(|| {
+                addr.rsplit_once(':')
+                    .map_or(addr, |(h, _)| h)
+                    .trim_matches(['[', ']'])
+                    .to_string()
+            });
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .map_err(|e| format!("server name: {e}"))?;
+            Conn::connect_tls(tcp, cfg.clone(), name)
+                .await
+                .map_err(|e| format!("TLS to {addr}: {e}"))
+        }
+    }
+}
+
+async fn lane_session(
+    shared: Arc<Shared>,
+    egress: Rc<Egress>,
+    addr: &str,
+    lane: u16,
+    lanes: u16,
+    mut stop: oneshot::Receiver<()>,
+    learn_cores: Option<oneshot::Sender<u16>>,
+) -> LaneEnd {
+    let setup = async {
+        let mut conn = connect(&shared, addr).await?;
+        let hello = Hello {
+            version_min: PROTOCOL_VERSION_MIN,
+            version_max: PROTOCOL_VERSION,
+            worker_id: shared.id.clone(),
+            session: shared.session.clone(),
+            token: shared.token.clone(),
+            lane,
+            // Lane 0 says 0: it learns the control's core count from the welcome.
+            lanes,
+            capabilities: shared.caps.clone(),
+        };
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        sortie_core::bus::encode(&Frame::Hello(Box::new(hello)), &mut out)
+            .map_err(|e| e.to_string())?;
+        let (r, _) = conn.write_all(out).await;
+        r.map_err(|e| e.to_string())?;
+        match read_frame(&mut conn, &mut buf).await? {
+            Some(Frame::Welcome(w)) => Ok((conn, buf, w)),
+            Some(Frame::Reject(r)) => Err(format!("{}: {}", r.reason, r.message)),
+            Some(f) => Err(format!("{} instead of welcome", f.name())),
+            None => Err("closed before welcome".into()),
+        }
+    };
+    let (conn, buf, welcome) = match monoio::time::timeout(CONNECT_TIMEOUT, setup).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return LaneEnd::Failed(e),
+        Err(_) => return LaneEnd::Failed("no welcome in time".into()),
+    };
+    let mut proto = WorkerLane::new();
+    let _ = proto.receive(&Frame::Welcome(welcome.clone()));
+    let wl = Rc::new(WLane {
+        out: Outbox::default(),
+        proto: RefCell::new(proto),
+        streams: RefCell::new(HashMap::new()),
+    });
+    let (mut reader, writer) = conn.split();
+    let w2 = wl.clone();
+    monoio::spawn(async move { w2.out.run(writer).await });
+    let hb = Rc::new(Cell::new(true));
+    {
+        let (wl, hb, shared) = (wl.clone(), hb.clone(), shared.clone());
+        let every = Duration::from_millis(u64::from(welcome.heartbeat_ms.max(100)));
+        monoio::spawn(async move {
+            while hb.get() {
+                wl.send(&Frame::Heartbeat(Heartbeat {
+                    active: shared.active.load(Ordering::Relaxed),
+                    capacity: shared.capacity,
+                }));
+                monoio::time::sleep(every).await;
+            }
+        });
+    }
+    let mut learn_cores = learn_cores;
+    let mut buf = buf;
+    let end = loop {
+        let next = monoio::select! {
+            r = read_frame(&mut reader, &mut buf) => r,
+            _ = &mut stop => break LaneEnd::Lost,
+        };
+        let frame = match next {
+            Ok(Some(f)) => f,
+            Ok(None) => break LaneEnd::Lost,
+            Err(e) => {
+                tracing::warn!(control = %addr, error = %e, "bus frame error from the control");
+                break LaneEnd::Lost;
+            }
+        };
+        match wl.proto.borrow_mut().receive(&frame) {
+            Ok(Verdict::Deliver) => {}
+            Ok(Verdict::Ignore) => continue,
+            Err(v) => {
+                tracing::warn!(control = %addr, violation = %v, "bus protocol error from the control");
+                break LaneEnd::Lost;
+            }
+        }
+        match frame {
+            Frame::ConfigPush(p) => {
+                let mut bytes = p.payload;
+                match sortie_core::snapshot::decode_snapshot(&mut bytes) {
+                    Ok(s) => {
+                        let policy = DestinationPolicy::new(
+                            s.destinations().allow().to_vec(),
+                            s.destinations().deny().to_vec(),
+                        );
+                        shared.policy.store(Some(Arc::new(policy)));
+                        shared.applied.fetch_max(p.version, Ordering::Relaxed);
+                        wl.send(&Frame::ConfigApplied { version: p.version });
+                        tracing::info!(control = %addr, version = p.version, "configuration applied");
+                    }
+                    Err(e) => {
+                        tracing::warn!(control = %addr, error = %e, "configuration push does not validate")
+                    }
+                }
+                if let Some(tx) = learn_cores.take() {
+                    let _ = tx.send(welcome.cores.max(1));
+                }
+            }
+            Frame::Assign(a) => {
+                let s = Rc::new(WStream {
+                    events: Queue::default(),
+                    cancel: Notify::default(),
+                    is_cancelled: Cell::new(false),
+                });
+                wl.streams.borrow_mut().insert(a.stream, s.clone());
+                monoio::spawn(serve_stream(
+                    shared.clone(),
+                    egress.clone(),
+                    wl.clone(),
+                    s,
+                    a,
+                ));
+            }
+            Frame::Data { stream, bytes, end } => {
+                if let Some(s) = wl.streams.borrow().get(&stream) {
+                    s.events.push(WEvent::Body(bytes, end));
+                }
+            }
+            Frame::Credit { stream, bytes } => {
+                if let Some(s) = wl.streams.borrow().get(&stream) {
+                    s.events.push(WEvent::Credit(bytes));
+                }
+            }
+            Frame::Cancel { stream } => {
+                if let Some(s) = wl.streams.borrow_mut().remove(&stream) {
+                    s.is_cancelled.set(true);
+                    s.cancel.notify();
+                }
+            }
+            Frame::GoAway { reason } => {
+                tracing::info!(control = %addr, %reason, "control going away");
+            }
+            _ => {}
+        }
+    };
+    hb.set(false);
+    wl.out.close();
+    // Whatever runs on this lane is abandoned: its upstream requests are dropped.
+    for (_, s) in wl.streams.borrow_mut().drain() {
+        s.is_cancelled.set(true);
+        s.cancel.notify();
+    }
+    end
+}
+
+/// Runs one assignment: accept or refuse, collect the inline body, perform the exchange, send
+/// the head and the body within the window, or one stream error.
+async fn serve_stream(
+    shared: Arc<Shared>,
+    egress: Rc<Egress>,
+    wl: Rc<WLane>,
+    s: Rc<WStream>,
+    a: Box<Assign>,
+) {
+    let stream = a.stream;
+    let taken = shared
+        .active
+        .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+            (n < shared.capacity).then_some(n + 1)
+        })
+        .is_ok();
+    if !taken {
+        wl.send(&Frame::Refuse {
+            stream,
+            reason: "capacity".into(),
+        });
+        return;
+    }
+    let _release = Release(shared.clone());
+    let Some(policy) = shared.policy.load_full() else {
+        wl.send(&Frame::Refuse {
+            stream,
+            reason: "config".into(),
+        });
+        return;
+    };
+    wl.send(&Frame::Accept { stream });
+    let work = exchange(&shared, &egress, &wl, &s, &a, &policy);
+    let r = monoio::select! {
+        r = work => Some(r),
+        _ = s.cancel.wait() => None,
+    };
+    match r {
+        None => {
+            if s.is_cancelled.get() {
+                wl.send(&Frame::StreamError(to_stream_error(
+                    stream,
+                    &ApiError::new(ErrorCode::Cancelled, "cancelled by the control"),
+                )));
+            }
+        }
+        Some(Ok(())) => {}
+        Some(Err(e)) => wl.send(&Frame::StreamError(to_stream_error(stream, &e))),
+    }
+}
+
+struct Release(Arc<Shared>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .active
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+fn to_stream_error(stream: StreamId, e: &ApiError) -> StreamError {
+    StreamError {
+        stream,
+        code: e.code.as_str().to_string(),
+        message: e.message.clone(),
+        timeout_type: e.timeout_type.map(|t| t.as_str().to_string()),
+        upstream_status: e.upstream_status,
+        details: e.details.clone(),
+    }
+}
+
+async fn exchange(
+    shared: &Shared,
+    egress: &Egress,
+    wl: &WLane,
+    s: &WStream,
+    a: &Assign,
+    policy: &DestinationPolicy,
+) -> Result<(), ApiError> {
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(u64::from(a.deadline_ms));
+    let invalid = |m: &str| ApiError::new(ErrorCode::ExecutorInternalError, m.to_string());
+    let method = Method::parse(&a.method).ok_or_else(|| invalid("assignment: unknown method"))?;
+    let url = parse_target_url(&a.url).map_err(|_| invalid("assignment: invalid url"))?;
+    let mut names = Vec::with_capacity(a.headers.len());
+    for (n, _) in &a.headers {
+        names.push(std::str::from_utf8(n).map_err(|_| invalid("assignment: header name"))?);
+    }
+    let headers: Vec<(&str, &[u8])> = names
+        .iter()
+        .zip(&a.headers)
+        .map(|(n, (_, v))| (*n, &v[..]))
+        .collect();
+    // The inline body arrives whole before the exchange starts (it is bounded by the
+    // control's inline limit).
+    let mut body = Vec::new();
+    if let BodySource::Inline { len } = a.body {
+        while (body.len() as u64) < len {
+            match s.events.next().await {
+                WEvent::Body(b, end) => {
+                    body.extend_from_slice(&b);
+                    if end {
+                        break;
+                    }
+                }
+                WEvent::Credit(_) => {}
+            }
+        }
+    } else if !matches!(a.body, BodySource::Empty) {
+        return Err(invalid("assignment: only inline bodies are supported"));
+    }
+    let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
+    let req = StreamRequest {
+        method,
+        url: &url,
+        headers: &headers,
+        deadline,
+        timeouts: shared.timeouts,
+        policy,
+        worker_id: &worker_id,
+        bind_address: shared.bind_address,
+        is_replayable: a.is_replayable,
+    };
+    let mut src = Bytes::from(body);
+    let mut resp = egress.open(&req, &mut src).await?;
+    resp.body.set_deadline(deadline);
+    wl.send(&Frame::ResponseHead(ResponseHead {
+        stream: a.stream,
+        status: resp.status,
+        headers: resp
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_vec(), v.to_vec()))
+            .collect(),
+    }));
+    let mut window = u64::from(a.window);
+    let mut sent: u64 = 0;
+    let mut piece = Vec::new();
+    loop {
+        piece.clear();
+        let more = resp.body.read_into(&mut piece).await?;
+        if !more {
+            break;
+        }
+        sent += piece.len() as u64;
+        if sent > a.max_response_bytes {
+            return Err(
+                ApiError::new(ErrorCode::BodyTooLarge, "response body exceeds the limit")
+                    .with_detail("direction", "response"),
+            );
+        }
+        let mut at = 0;
+        while at < piece.len() {
+            while window == 0 {
+                if let WEvent::Credit(n) = s.events.next().await {
+                    window += u64::from(n);
+                }
+            }
+            let n = (piece.len() - at).min(MAX_DATA_BYTES).min(window as usize);
+            wl.send(&Frame::Data {
+                stream: a.stream,
+                bytes: piece[at..at + n].to_vec(),
+                end: false,
+            });
+            window -= n as u64;
+            at += n;
+            // Credit that already arrived is taken without waiting.
+            while let Some(WEvent::Credit(n)) = s.events.try_next() {
+                window += u64::from(n);
+            }
+        }
+    }
+    wl.send(&Frame::Data {
+        stream: a.stream,
+        bytes: Vec::new(),
+        end: true,
+    });
+    Ok(())
+}
