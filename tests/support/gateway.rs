@@ -20,6 +20,8 @@ pub struct Gateway {
     pub admin: Option<SocketAddr>,
     /// The forward-proxy listener (every test gateway runs one).
     pub proxy: Option<SocketAddr>,
+    /// The worker bus listener, when the config opens one.
+    pub bus: Option<SocketAddr>,
     pub dir: PathBuf,
     pub stdout: mpsc::Receiver<String>,
 }
@@ -32,6 +34,7 @@ pub struct GatewayBuilder {
     env: Vec<(String, String)>,
     dir: Option<PathBuf>,
     cores: u32,
+    mode: &'static str,
 }
 
 impl Default for GatewayBuilder {
@@ -44,6 +47,7 @@ impl Default for GatewayBuilder {
             env: Vec::new(),
             dir: None,
             cores: 2,
+            mode: "serve",
         }
     }
 }
@@ -130,6 +134,12 @@ impl GatewayBuilder {
         self
     }
 
+    /// Runs `sortie control` instead of `sortie serve` (no implied local worker).
+    pub fn control_mode(mut self) -> Self {
+        self.mode = "control";
+        self
+    }
+
     /// Reuses a data dir (restart tests).
     pub fn dir(mut self, d: PathBuf) -> Self {
         self.dir = Some(d);
@@ -156,7 +166,7 @@ impl GatewayBuilder {
         let cfg = dir.join("sortie.toml");
         std::fs::write(&cfg, config).expect("write config");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sortie"));
-        cmd.arg("serve")
+        cmd.arg(self.mode)
             .arg("--config")
             .arg(&cfg)
             .stdout(Stdio::piped())
@@ -180,10 +190,11 @@ impl GatewayBuilder {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut api, mut admin, mut proxy) = (None, None, None);
+        let (mut api, mut admin, mut proxy, mut bus) = (None, None, None, None);
         let mut seen = Vec::new();
         let mut has_proxy_line = false;
-        while api.is_none() || admin.is_none() || !has_proxy_line {
+        let mut has_receipts_line = false;
+        while api.is_none() || admin.is_none() || !has_proxy_line || !has_receipts_line {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match rx.recv_timeout(left) {
                 Ok(l) => l,
@@ -201,6 +212,14 @@ impl GatewayBuilder {
             if let Some(a) = parse_listen_line(&line, "admin:") {
                 admin = Some(a);
             }
+            if let Some(rest) = line.trim().strip_prefix("bus:") {
+                bus = rest
+                    .split_whitespace()
+                    .next()
+                    .and_then(|u| u.split_once("://"))
+                    .and_then(|(_, a)| a.parse().ok());
+            }
+            has_receipts_line |= line.trim().starts_with("receipts:");
             if line.trim().starts_with("proxy:") {
                 has_proxy_line = true;
                 proxy = parse_listen_line(&line, "proxy:");
@@ -212,6 +231,7 @@ impl GatewayBuilder {
             api: api.expect("api"),
             admin,
             proxy,
+            bus,
             dir,
             stdout: rx,
         }

@@ -2,6 +2,7 @@
 //! same scripted upstreams and test CA the io crate's egress tests use).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod bus;
 pub mod gate;
 pub mod gateway;
 #[path = "../../io/tests/support/tls.rs"]

@@ -1,0 +1,489 @@
+//! Remote workers over the worker bus, as real processes on loopback: one `sortie control` and
+//! two or three `sortie worker`s, real upstreams, and a fake worker speaking the protocol with
+//! the core codec for the malformed-frame case (decisions 060–062).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::bus::{control, start_worker, wait_worker, BusTls, WORKER_TOKEN};
+use support::gateway::{
+    admin, admin_items, http, temp_dir, wait_until, Resp, ADMIN_TOKEN, DEPLOYMENT_TOKEN,
+    LOOPBACK_SNAPSHOT,
+};
+use support::upstream::{self, Request, Step, Upstream};
+
+fn request_at(api: SocketAddr, envelope: &serde_json::Value) -> Resp {
+    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+    http(
+        api,
+        "POST",
+        "/api/v1/requests",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        envelope.to_string().as_bytes(),
+    )
+}
+
+/// An upstream that answers after `pause` and records which source address each request came
+/// from (workers are told apart by `bind_address`).
+fn recording(pause: Duration) -> (Upstream, Arc<Mutex<Vec<IpAddr>>>) {
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let p = peers.clone();
+    let up = Upstream::start(Arc::new(move |r: &Request| {
+        p.lock().unwrap().push(r.peer.ip());
+        vec![
+            Step::Pause(pause),
+            Step::Write(upstream::response(200, &[], b"remote!")),
+        ]
+    }));
+    (up, peers)
+}
+
+fn get(url: &str) -> serde_json::Value {
+    json!({"method": "GET", "url": url})
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+#[test]
+fn routes_by_capability_over_tls_and_acknowledges_rollouts() {
+    let dir = temp_dir("bus-tls");
+    let tls = BusTls::new(&dir);
+    let gw = control("127.0.0.1:0", Some(&tls)).start();
+    let bus = gw.bus.expect("bus listener");
+    let _a = start_worker(
+        "wa",
+        bus,
+        Some(&tls),
+        "tags = [\"alpha\"]\nbind_address = \"127.0.0.1\"",
+    );
+    let _b = start_worker(
+        "wb",
+        bus,
+        Some(&tls),
+        "tags = [\"beta\"]\nbind_address = \"127.0.0.2\"",
+    );
+    let w = wait_worker(&gw, "wa", "connected");
+    assert_eq!(w["executor"], "remote");
+    assert_eq!(w["capacity"]["max"], 256);
+    assert!(w["last_seen"].is_string());
+    wait_worker(&gw, "wb", "connected");
+
+    let (up, peers) = recording(Duration::ZERO);
+    for (tag, ip) in [("alpha", "127.0.0.1"), ("beta", "127.0.0.2")] {
+        for _ in 0..4 {
+            let mut env = get(&up.url("/x"));
+            env["routing"] = json!({"tags": [tag]});
+            let r = request_at(gw.api, &env);
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.json()["body"]["data_base64"], b64("remote!"));
+            assert_eq!(peers.lock().unwrap().pop().unwrap().to_string(), ip);
+        }
+    }
+    let mut env = get(&up.url("/x"));
+    env["routing"] = json!({"tags": ["gamma"]});
+    let r = request_at(gw.api, &env);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["code"], "route_unavailable");
+
+    // Rollouts: both workers applied revision 1; a new revision is pushed and acknowledged.
+    let rollout = |gw| admin(gw, "GET", "/api/v1/admin/rollouts", &[], b"").json();
+    let r = rollout(&gw);
+    assert_eq!(r["config_version"], 1);
+    assert_eq!(r["entries"].as_array().unwrap().len(), 2, "{r}");
+    assert!(r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["status"] == "applied"));
+    let put = admin(
+        &gw,
+        "PUT",
+        "/api/v1/admin/config",
+        &[
+            ("If-Match", "1"),
+            ("X-Service-Actor", "test"),
+            ("Content-Type", "application/json"),
+        ],
+        LOOPBACK_SNAPSHOT.replace("60000", "30000").as_bytes(),
+    );
+    assert_eq!(put.status, 200, "{}", put.text());
+    wait_until(Duration::from_secs(10), "rollout of revision 2", || {
+        let r = rollout(&gw);
+        r["config_version"] == 2
+            && r["entries"]
+                .as_array()
+                .is_some_and(|e| e.len() == 2 && e.iter().all(|e| e["status"] == "applied"))
+    });
+
+    // A worker that does not trust the control's certificate never registers.
+    let _c = start_worker("wc", bus, Some(&BusTls::new(&temp_dir("bus-other-ca"))), "");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let items = admin_items(&gw, "/api/v1/admin/workers");
+        assert!(items.iter().all(|w| w["worker_id"] != "wc"), "{items:?}");
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn capacity_exhaustion_and_drain_under_load() {
+    let gw = control("127.0.0.1:0", None).start();
+    let bus = gw.bus.unwrap();
+    let _a = start_worker(
+        "wa",
+        bus,
+        None,
+        "capacity = 1\nbind_address = \"127.0.0.1\"",
+    );
+    wait_worker(&gw, "wa", "connected");
+    let (slow, _) = recording(Duration::from_millis(1500));
+    let api = gw.api;
+    let url = slow.url("/slow");
+    let first = std::thread::spawn(move || request_at(api, &get(&url)));
+    wait_until(Duration::from_secs(10), "one request in flight", || {
+        wait_worker(&gw, "wa", "connected")["capacity"]["active"] == 1
+    });
+    let r = request_at(gw.api, &get(&slow.url("/second")));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["code"], "executor_capacity_exhausted");
+    assert_eq!(first.join().unwrap().status, 200);
+
+    // Drain under load: a second worker joins, requests keep flowing while wa drains.
+    let _b = start_worker(
+        "wb",
+        bus,
+        None,
+        "capacity = 64\nbind_address = \"127.0.0.2\"",
+    );
+    wait_worker(&gw, "wb", "connected");
+    let (up, peers) = recording(Duration::from_millis(5));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    for _ in 0..4 {
+        let (failures, done, count, url) = (
+            failures.clone(),
+            done.clone(),
+            count.clone(),
+            up.url("/load"),
+        );
+        threads.push(std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let r = request_at(api, &get(&url));
+                count.fetch_add(1, Ordering::Relaxed);
+                if r.status != 200 {
+                    // Capacity of wa is 1: a refusal is re-routed, never a failure here,
+                    // because wb has room.
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("failed: {}", r.text());
+                }
+            }
+        }));
+    }
+    wait_until(Duration::from_secs(10), "load running", || {
+        count.load(Ordering::Relaxed) > 20
+    });
+    let etag = wait_worker(&gw, "wa", "connected")["etag"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/v1/admin/workers/wa/drain",
+        &[("If-Match", &etag), ("X-Service-Actor", "test")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["draining"], true);
+    wait_until(Duration::from_secs(10), "wa idle", || {
+        wait_worker(&gw, "wa", "connected")["capacity"]["active"] == 0
+    });
+    let mark = peers.lock().unwrap().len();
+    let at = count.load(Ordering::Relaxed);
+    wait_until(Duration::from_secs(10), "more load after the drain", || {
+        count.load(Ordering::Relaxed) > at + 20
+    });
+    done.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(failures.load(Ordering::Relaxed), 0, "no request failed");
+    let after: Vec<IpAddr> = peers.lock().unwrap()[mark..].to_vec();
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|ip| ip.to_string() == "127.0.0.2"),
+        "a drained worker gets no new request: {after:?}"
+    );
+}
+
+#[test]
+fn kill9_of_a_worker_fails_each_in_flight_request_once() {
+    let gw = control("127.0.0.1:0", None).start();
+    let bus = gw.bus.unwrap();
+    let mut a = start_worker("wa", bus, None, "capacity = 16");
+    wait_worker(&gw, "wa", "connected");
+    let (slow, _) = recording(Duration::from_secs(30));
+    let api = gw.api;
+    let started = Instant::now();
+    let mut threads = Vec::new();
+    for i in 0..3 {
+        let url = slow.url(&format!("/slow/{i}"));
+        threads.push(std::thread::spawn(move || request_at(api, &get(&url))));
+    }
+    wait_until(Duration::from_secs(10), "three requests in flight", || {
+        wait_worker(&gw, "wa", "connected")["capacity"]["active"] == 3
+    });
+    a.kill9();
+    for t in threads {
+        let r = t.join().unwrap();
+        assert_eq!(r.status, 502, "{}", r.text());
+        let body = r.json();
+        assert_eq!(body["code"], "worker_disconnected");
+        assert_eq!(body["retryable"], true);
+    }
+    assert!(started.elapsed() < Duration::from_secs(15), "no hang");
+    wait_worker(&gw, "wa", "disconnected");
+
+    // Decision 062: a replayable request whose worker dies before any response byte is sent
+    // once more, to another worker. The upstream holds only the first request it sees.
+    let mut b = start_worker("wb", bus, None, "");
+    let mut c = start_worker("wc", bus, None, "");
+    wait_worker(&gw, "wb", "connected");
+    wait_worker(&gw, "wc", "connected");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    let up = Upstream::start(Arc::new(move |_: &Request| {
+        let pause = if s2.fetch_add(1, Ordering::SeqCst) == 0 {
+            Duration::from_secs(30)
+        } else {
+            Duration::ZERO
+        };
+        vec![
+            Step::Pause(pause),
+            Step::Write(upstream::response(200, &[], b"again")),
+        ]
+    }));
+    let url = up.url("/replay");
+    let t = std::thread::spawn(move || {
+        request_at(
+            api,
+            &json!({"method": "GET", "url": url, "replayable": true}),
+        )
+    });
+    let mut busy = None;
+    wait_until(
+        Duration::from_secs(10),
+        "the replayable request in flight",
+        || {
+            for id in ["wb", "wc"] {
+                if wait_worker(&gw, id, "connected")["capacity"]["active"] == 1 {
+                    busy = Some(id);
+                    return true;
+                }
+            }
+            false
+        },
+    );
+    match busy {
+        Some("wb") => b.kill9(),
+        _ => c.kill9(),
+    }
+    let r = t.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["body"]["data_base64"], b64("again"));
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn control_restart_and_worker_reconnection() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let bus_addr = format!("127.0.0.1:{port}");
+    let dir = temp_dir("bus-restart");
+    let mut gw = control(&bus_addr, None).dir(dir.clone()).start();
+    let w = start_worker("wa", gw.bus.unwrap(), None, "");
+    let before = wait_worker(&gw, "wa", "connected");
+    let (up, _) = recording(Duration::ZERO);
+    assert_eq!(request_at(gw.api, &get(&up.url("/1"))).status, 200);
+    assert!(gw.terminate().success());
+    drop(gw);
+    let gw = control(&bus_addr, None).dir(dir).start();
+    let after = wait_worker(&gw, "wa", "connected");
+    assert_eq!(
+        after["session"], before["session"],
+        "the same worker process"
+    );
+    assert_eq!(after["session"].as_str(), Some(w.session.as_str()));
+    let r = request_at(gw.api, &get(&up.url("/2")));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// An upstream that reads one request and then waits for the client to close, recording it.
+fn hanging_upstream() -> (SocketAddr, Arc<AtomicBool>, Arc<AtomicBool>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (got, closed) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let (g, c) = (got.clone(), closed.clone());
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            g.store(true, Ordering::SeqCst);
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            c.store(true, Ordering::SeqCst);
+        }
+    });
+    (addr, got, closed)
+}
+
+#[test]
+fn cancel_reaches_the_worker_and_aborts_the_upstream_request() {
+    let gw = control("127.0.0.1:0", None).start();
+    let _a = start_worker("wa", gw.bus.unwrap(), None, "");
+    wait_worker(&gw, "wa", "connected");
+    let (addr, got, closed) = hanging_upstream();
+    let api = gw.api;
+    let t = std::thread::spawn(move || request_at(api, &get(&format!("http://{addr}/hang"))));
+    wait_until(
+        Duration::from_secs(10),
+        "the upstream has the request",
+        || got.load(Ordering::SeqCst),
+    );
+    let items = admin_items(&gw, "/api/v1/admin/requests");
+    assert_eq!(items.len(), 1, "{items:?}");
+    let id = items[0]["request_id"].as_str().unwrap().to_string();
+    let r = admin(
+        &gw,
+        "DELETE",
+        &format!("/api/v1/admin/requests/{id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = t.join().unwrap();
+    assert_eq!(r.json()["code"], "cancelled", "{}", r.text());
+    wait_until(
+        Duration::from_secs(10),
+        "the worker closed the upstream request",
+        || closed.load(Ordering::SeqCst),
+    );
+}
+
+/// A fake worker on a one-core control: registers with the core codec, takes an assignment,
+/// then sends a frame out of order.
+#[test]
+fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() {
+    use sortie_core::bus::{decode, encode, Decoded, Frame, Hello};
+    use sortie_core::worker::AdvertisedCapabilities;
+    let gw = control("127.0.0.1:0", None).cores(1).start();
+    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut out = Vec::new();
+    encode(
+        &Frame::Hello(Box::new(Hello {
+            version_min: 1,
+            version_max: 1,
+            worker_id: "fake".into(),
+            session: "fake-session".into(),
+            token: WORKER_TOKEN.as_bytes().to_vec(),
+            lane: 0,
+            lanes: 0,
+            capabilities: AdvertisedCapabilities {
+                capacity: 4,
+                ..Default::default()
+            },
+        })),
+        &mut out,
+    )
+    .unwrap();
+    s.write_all(&out).unwrap();
+    let mut buf = Vec::new();
+    let mut next = |s: &mut TcpStream| -> Frame {
+        loop {
+            if let Ok(Decoded::Frame(f, n)) = decode(&buf) {
+                buf.drain(..n);
+                return f;
+            }
+            let mut chunk = [0u8; 65536];
+            let n = s.read(&mut chunk).expect("control frame");
+            assert!(n > 0, "control closed");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    assert!(matches!(next(&mut s), Frame::Welcome(w) if w.cores == 1));
+    assert!(matches!(next(&mut s), Frame::ConfigPush(_)));
+    wait_worker(&gw, "fake", "connected");
+    let api = gw.api;
+    let t = std::thread::spawn(move || request_at(api, &get("http://127.0.0.1:9/")));
+    let stream = loop {
+        match next(&mut s) {
+            Frame::Assign(a) => break a.stream,
+            _ => continue,
+        }
+    };
+    // Data before Accept and a response head: out of order.
+    let mut bad = Vec::new();
+    encode(
+        &Frame::Data {
+            stream,
+            bytes: b"x".to_vec(),
+            end: false,
+        },
+        &mut bad,
+    )
+    .unwrap();
+    s.write_all(&bad).unwrap();
+    let r = t.join().unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["code"], "protocol_error");
+    // The lane is closed, the worker disconnected, and the control still answers.
+    let mut rest = [0u8; 16];
+    assert!(matches!(s.read(&mut rest), Ok(0) | Err(_)), "lane closed");
+    wait_worker(&gw, "fake", "disconnected");
+    let r = http(
+        gw.admin.unwrap(),
+        "GET",
+        "/api/v1/admin/workers",
+        &[("Authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    // Garbage bytes instead of a hello are dropped without harm, too.
+    let mut g = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    g.write_all(&[0xff; 64]).unwrap();
+    g.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut sink = [0u8; 16];
+    assert!(matches!(g.read(&mut sink), Ok(0) | Err(_)));
+    let r = request_at(gw.api, &get("http://127.0.0.1:9/"));
+    assert_eq!(r.json()["code"], "route_unavailable", "{}", r.text());
+}

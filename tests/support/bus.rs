@@ -1,0 +1,158 @@
+//! Remote workers for black-box tests: a real `sortie worker` process with a generated config,
+//! and a control (`sortie control`) whose bus listens on loopback.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::gateway::{admin_items, temp_dir, Gateway, GatewayBuilder};
+
+pub const WORKER_TOKEN: &str = "test-worker-token-0123456789";
+
+/// TLS material of a bus: a CA file for workers and the control's certificate and key.
+pub struct BusTls {
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+impl BusTls {
+    /// A CA and a control certificate for `localhost` and `127.0.0.1`, written under `dir`.
+    pub fn new(dir: &std::path::Path) -> BusTls {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        p.distinguished_name.push(DnType::CommonName, "bus test CA");
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = p.self_signed(&ca_key).expect("CA");
+        let key = KeyPair::generate().expect("leaf key");
+        let leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+            .expect("leaf params")
+            .signed_by(&key, &ca, &ca_key)
+            .expect("leaf");
+        let t = BusTls {
+            ca_file: dir.join("bus-ca.pem"),
+            cert_file: dir.join("bus-cert.pem"),
+            key_file: dir.join("bus-key.pem"),
+        };
+        std::fs::write(&t.ca_file, ca.pem()).expect("ca");
+        std::fs::write(&t.cert_file, leaf.pem()).expect("cert");
+        std::fs::write(&t.key_file, key.serialize_pem()).expect("key");
+        t
+    }
+}
+
+/// A control builder with a bus on `bus_addr` (`127.0.0.1:0` for any port), plain TCP unless
+/// `tls` is given.
+pub fn control(bus_addr: &str, tls: Option<&BusTls>) -> GatewayBuilder {
+    let bus = match tls {
+        None => format!("[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 200\n"),
+        Some(t) => format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\nheartbeat_ms = 200\n",
+            t.cert_file.display().to_string(),
+            t.key_file.display().to_string()
+        ),
+    };
+    Gateway::builder()
+        .control_mode()
+        .control(&format!("bus_listen = \"{bus_addr}\""))
+        .section(&bus)
+}
+
+pub struct Worker {
+    pub child: Child,
+    pub id: String,
+    pub session: String,
+    pub out: mpsc::Receiver<String>,
+    pub config: PathBuf,
+}
+
+/// `extra` are more `[worker]` keys (tags, capacity, bind_address, ...).
+pub fn start_worker(id: &str, bus: SocketAddr, tls: Option<&BusTls>, extra: &str) -> Worker {
+    let dir = temp_dir("worker");
+    let transport = match tls {
+        None => "plaintext = true\n".to_string(),
+        Some(t) => format!("ca_file = {:?}\n", t.ca_file.display().to_string()),
+    };
+    let text = format!(
+        "[worker]\nid = \"{id}\"\ncontrols = [\"{bus}\"]\ntoken = \"{WORKER_TOKEN}\"\ncores = 1\n{transport}{extra}\n"
+    );
+    let config = dir.join("worker.toml");
+    std::fs::write(&config, text).expect("worker config");
+    spawn_worker(id, config)
+}
+
+pub fn spawn_worker(id: &str, config: PathBuf) -> Worker {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .arg("worker")
+        .arg("--config")
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sortie worker");
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    let out = child.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let err = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx2.send(format!("stderr: {l}"));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let session = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("worker banner");
+        if let Some(s) = line.split("(session ").nth(1) {
+            break s.trim_end_matches(')').to_string();
+        }
+    };
+    Worker {
+        child,
+        id: id.into(),
+        session,
+        out: rx,
+        config,
+    }
+}
+
+impl Worker {
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Waits until the control lists `id` in `state` (and, when connected, with `session`).
+pub fn wait_worker(gw: &Gateway, id: &str, state: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let items = admin_items(gw, "/api/v1/admin/workers");
+        if let Some(w) = items.iter().find(|w| w["worker_id"] == id) {
+            if w["state"] == state {
+                return w.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker {id} not {state}: {items:?}"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
