@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::bus::{control, start_worker, wait_worker, BusTls, WORKER_TOKEN};
+use support::bus::{control, control_with, start_worker, wait_worker, BusTls, WORKER_TOKEN};
 use support::gateway::{
     admin, admin_items, http, temp_dir, wait_until, Resp, ADMIN_TOKEN, DEPLOYMENT_TOKEN,
     LOOPBACK_SNAPSHOT,
@@ -399,22 +399,55 @@ fn cancel_reaches_the_worker_and_aborts_the_upstream_request() {
     );
 }
 
-/// A fake worker on a one-core control: registers with the core codec, takes an assignment,
-/// then sends a frame out of order.
+use sortie_core::bus::{decode, encode, Decoded, Frame, Hello};
+
+/// A fake worker: the next frame from the control.
+fn next_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> Frame {
+    loop {
+        if let Ok(Decoded::Frame(f, n)) = decode(buf) {
+            buf.drain(..n);
+            return f;
+        }
+        let mut chunk = [0u8; 65536];
+        let n = s.read(&mut chunk).expect("control frame");
+        assert!(n > 0, "control closed");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A fake worker registers on a one-core control with the core codec and then stays silent:
+/// the control disconnects it after the heartbeat bound (3 intervals, decision 061).
 #[test]
-fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() {
-    use sortie_core::bus::{decode, encode, Decoded, Frame, Hello};
-    use sortie_core::worker::AdvertisedCapabilities;
-    let gw = control("127.0.0.1:0", None).cores(1).start();
+fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
+    let gw = control_with("127.0.0.1:0", None, 200).cores(1).start();
     let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello("silent")).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(w) if w.heartbeat_ms == 200));
+    wait_worker(&gw, "silent", "connected");
+    let since = Instant::now();
+    wait_worker(&gw, "silent", "disconnected");
+    let took = since.elapsed();
+    assert!(took < Duration::from_secs(3), "disconnected after {took:?}");
+    let mut rest = [0u8; 4096];
+    loop {
+        match s.read(&mut rest) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn hello(id: &str) -> Vec<u8> {
+    use sortie_core::worker::AdvertisedCapabilities;
     let mut out = Vec::new();
     encode(
         &Frame::Hello(Box::new(Hello {
             version_min: 1,
             version_max: 1,
-            worker_id: "fake".into(),
-            session: "fake-session".into(),
+            worker_id: id.into(),
+            session: format!("{id}-session"),
             token: WORKER_TOKEN.as_bytes().to_vec(),
             lane: 0,
             lanes: 0,
@@ -426,20 +459,20 @@ fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() 
         &mut out,
     )
     .unwrap();
-    s.write_all(&out).unwrap();
+    out
+}
+
+/// A fake worker on a one-core control: registers with the core codec, takes an assignment,
+/// then sends a frame out of order. The heartbeat bound is long here, so only the bad frame
+/// closes the lane.
+#[test]
+fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() {
+    let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
+    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello("fake")).unwrap();
     let mut buf = Vec::new();
-    let mut next = |s: &mut TcpStream| -> Frame {
-        loop {
-            if let Ok(Decoded::Frame(f, n)) = decode(&buf) {
-                buf.drain(..n);
-                return f;
-            }
-            let mut chunk = [0u8; 65536];
-            let n = s.read(&mut chunk).expect("control frame");
-            assert!(n > 0, "control closed");
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    };
+    let mut next = |s: &mut TcpStream| next_frame(s, &mut buf);
     assert!(matches!(next(&mut s), Frame::Welcome(w) if w.cores == 1));
     assert!(matches!(next(&mut s), Frame::ConfigPush(_)));
     wait_worker(&gw, "fake", "connected");
@@ -486,4 +519,44 @@ fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() 
     assert!(matches!(g.read(&mut sink), Ok(0) | Err(_)));
     let r = request_at(gw.api, &get("http://127.0.0.1:9/"));
     assert_eq!(r.json()["code"], "route_unavailable", "{}", r.text());
+}
+
+/// A fake worker that never answers its assignment: `assignment_timeout` after
+/// `control.bus.assignment_timeout_ms`, and the control cancels the stream.
+#[test]
+fn an_assignment_not_accepted_in_time_is_an_assignment_timeout() {
+    use support::gateway::Gateway;
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 10000\nassignment_timeout_ms = 300\n"
+        ))
+        .cores(1)
+        .start();
+    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello("mute")).unwrap();
+    let mut buf = Vec::new();
+    wait_worker(&gw, "mute", "connected");
+    let api = gw.api;
+    let started = Instant::now();
+    let t = std::thread::spawn(move || request_at(api, &get("http://127.0.0.1:9/")));
+    let stream = loop {
+        if let Frame::Assign(a) = next_frame(&mut s, &mut buf) {
+            break a.stream;
+        }
+    };
+    let r = t.join().unwrap();
+    assert_eq!(r.status, 504, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["code"], "assignment_timeout");
+    assert_eq!(body["details"]["timeout_type"], "assignment_timeout");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    loop {
+        if let Frame::Cancel { stream: c } = next_frame(&mut s, &mut buf) {
+            assert_eq!(c, stream);
+            break;
+        }
+    }
 }

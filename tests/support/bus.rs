@@ -48,10 +48,15 @@ impl BusTls {
 /// A control builder with a bus on `bus_addr` (`127.0.0.1:0` for any port), plain TCP unless
 /// `tls` is given.
 pub fn control(bus_addr: &str, tls: Option<&BusTls>) -> GatewayBuilder {
+    control_with(bus_addr, tls, 200)
+}
+
+/// [`control`] with another heartbeat interval.
+pub fn control_with(bus_addr: &str, tls: Option<&BusTls>, heartbeat_ms: u32) -> GatewayBuilder {
     let bus = match tls {
-        None => format!("[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 200\n"),
+        None => format!("[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = {heartbeat_ms}\n"),
         Some(t) => format!(
-            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\nheartbeat_ms = 200\n",
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\ntls_cert_file = {:?}\ntls_key_file = {:?}\nheartbeat_ms = {heartbeat_ms}\n",
             t.cert_file.display().to_string(),
             t.key_file.display().to_string()
         ),
