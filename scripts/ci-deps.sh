@@ -28,3 +28,14 @@ fi
 if ! command -v s3s-fs >/dev/null 2>&1; then
   cargo install s3s-fs@0.14.1 --features binary --locked
 fi
+# The upstream proxy tests run real proxies on loopback: squid (HTTP CONNECT with basic_ncsa_auth)
+# and dante (SOCKS5); the squid fixture hashes its passwords with openssl.
+if ! command -v squid >/dev/null 2>&1 && [ ! -x /usr/sbin/squid ]; then
+  apt-get update -qq && apt-get install -y -qq squid
+fi
+if [ ! -x /usr/sbin/danted ]; then
+  apt-get update -qq && apt-get install -y -qq dante-server
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq openssl
+fi

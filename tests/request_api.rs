@@ -1531,30 +1531,3 @@ fn cancelled_by_the_operator_through_the_admin_api() {
     assert_eq!(worker(&gw, "local")["capacity"]["active"], 0);
     drop(gate);
 }
-
-#[test]
-fn upstream_proxy_pools_are_not_sent_direct() {
-    // This build has no upstream proxy client: a request routed to a pool that names one must
-    // fail rather than leave from the gateway's own address.
-    let up = Upstream::start(upstream::echo());
-    let snap = snapshot(
-        json!([rule("via-proxy", json!({}), &["acme"], 0, true)]),
-        json!([{"id": "acme", "upstream_proxy": {
-            "id": "acme", "url": "http://proxy.acme.test:8000",
-            "username_template": "u-{session}", "password": "p"}}]),
-    );
-    let gw = Gateway::builder()
-        .snapshot(Some(&snap))
-        .workers("[[workers]]\nid = \"w\"\npools = [\"acme\"]\n")
-        .start();
-    let r = request_api(&gw, &json!({"method": "GET", "url": up.url("/")}));
-    let v = err(&r, 502, "executor_internal_error", "egress", false);
-    assert!(
-        v["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("upstream proxy"),
-        "{v}"
-    );
-    assert_eq!(up.connections(), 0, "the destination was dialled directly");
-}

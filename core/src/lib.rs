@@ -22,4 +22,5 @@ pub mod request;
 pub mod result;
 pub mod routing;
 pub mod snapshot;
+pub mod upstream_proxy;
 pub mod worker;

@@ -210,6 +210,7 @@ impl Metrics {
         }
         out.push_str("# HELP sortie_active_requests Requests in flight.\n# TYPE sortie_active_requests gauge\n");
         let _ = writeln!(out, "sortie_active_requests {all_active}");
+        render_proxy_endpoints(&mut out, &state.proxy_endpoints());
         out
     }
 }
@@ -218,4 +219,43 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The upstream proxy endpoint families (decision 071): ejections and failures counted since
+/// the process started, and whether each endpoint is ejected now. Labels are the proxy id and
+/// the endpoint URL, which never holds credentials.
+fn render_proxy_endpoints(out: &mut String, endpoints: &[crate::egress::EndpointHealthView]) {
+    type Field = fn(&crate::egress::EndpointHealthView) -> u64;
+    let families: [(&str, &str, &str, Field); 3] = [
+        (
+            "sortie_upstream_proxy_ejections_total",
+            "counter",
+            "Times an upstream proxy endpoint was ejected after consecutive failures.",
+            |e| e.ejections_total,
+        ),
+        (
+            "sortie_upstream_proxy_failures_total",
+            "counter",
+            "Failures counted against an upstream proxy endpoint (unreachable, TLS, reset, timeout, malformed reply).",
+            |e| e.failures_total,
+        ),
+        (
+            "sortie_upstream_proxy_ejected",
+            "gauge",
+            "1 while an upstream proxy endpoint is ejected.",
+            |e| u64::from(e.is_ejected),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for e in endpoints {
+            let _ = writeln!(
+                out,
+                "{name}{{proxy=\"{}\",endpoint=\"{}\"}} {}",
+                escape(&e.proxy_id),
+                escape(&e.endpoint),
+                value(e)
+            );
+        }
+    }
 }

@@ -54,6 +54,7 @@ async fn open(
         worker_id: &worker,
         bind_address: None,
         is_replayable: true,
+        via: None,
     };
     egress.open(&req, body).await
 }

@@ -5,6 +5,8 @@
 pub mod bus;
 pub mod gate;
 pub mod gateway;
+#[path = "../../io/tests/support/proxies.rs"]
+pub mod proxies;
 #[path = "../../io/tests/support/tls.rs"]
 pub mod tls;
 #[path = "../../io/tests/support/upstream.rs"]

@@ -96,8 +96,24 @@ fn encode_pool(out: &mut Vec<u8>, pool: &Pool) {
     if let Some(u) = &pool.upstream_proxy {
         out.extend_from_slice(b",\"upstream_proxy\":{\"id\":");
         write_str(out, u.id.as_str());
-        out.extend_from_slice(b",\"url\":");
-        write_str(out, &u.addr.to_url());
+        // One endpoint is written as `url`, so that a snapshot of the original shape (decision
+        // 006) encodes as it always did; several as `urls`.
+        match u.endpoints.as_slice() {
+            [one] => {
+                out.extend_from_slice(b",\"url\":");
+                write_str(out, &one.to_url());
+            }
+            many => {
+                out.extend_from_slice(b",\"urls\":[");
+                for (i, e) in many.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_str(out, &e.to_url());
+                }
+                out.push(b']');
+            }
+        }
         if let Some(t) = &u.username_template {
             out.extend_from_slice(b",\"username_template\":");
             write_str(out, t.as_str());
@@ -107,6 +123,14 @@ fn encode_pool(out: &mut Vec<u8>, pool: &Pool) {
             // reapply it; the password is part of it.
             out.extend_from_slice(b",\"password\":");
             write_str(out, p.expose());
+        }
+        if let Some(name) = &u.password_env {
+            out.extend_from_slice(b",\"password_env\":");
+            write_str(out, name);
+        }
+        if let Some(r) = u.resolve {
+            out.extend_from_slice(b",\"resolve\":");
+            write_str(out, r.as_str());
         }
         out.push(b'}');
     }

@@ -18,9 +18,10 @@ mod wire;
 pub use host::{normalize_hostname, HostError, HostPattern, MAX_HOSTNAME_BYTES, MAX_LABEL_BYTES};
 pub use id::{ConfigId, IdError, MAX_ID_BYTES};
 pub use proxy::{
-    PasswordError, Placeholder, ProxyAddr, ProxyHost, ProxyUrlError, RenderError, Secret,
-    TemplateError, TemplateValues, UsernameTemplate, MAX_PROXY_PASSWORD_BYTES, MAX_PROXY_URL_BYTES,
-    MAX_USERNAME_TEMPLATE_BYTES,
+    parse_env_name, EnvNameError, PasswordError, Placeholder, ProxyAddr, ProxyHost, ProxyResolve,
+    ProxyScheme, ProxyUrlError, RenderError, Secret, TemplateError, TemplateValues,
+    UsernameTemplate, MAX_ENV_NAME_BYTES, MAX_PROXY_ENDPOINTS, MAX_PROXY_PASSWORD_BYTES,
+    MAX_PROXY_URL_BYTES, MAX_USERNAME_TEMPLATE_BYTES,
 };
 
 use crate::destination::Cidr;
@@ -297,13 +298,17 @@ impl Pool {
     }
 }
 
-/// An upstream HTTP proxy of a pool.
+/// The upstream proxy of a pool: one provider (one id, one set of credentials) reached through
+/// one or more endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamProxy {
     id: ConfigId,
-    addr: ProxyAddr,
+    /// 1..=[`MAX_PROXY_ENDPOINTS`] endpoints, distinct, in the order given.
+    endpoints: Vec<ProxyAddr>,
     username_template: Option<UsernameTemplate>,
     password: Option<Secret>,
+    password_env: Option<Box<str>>,
+    resolve: Option<ProxyResolve>,
 }
 
 impl UpstreamProxy {
@@ -312,9 +317,29 @@ impl UpstreamProxy {
         &self.id
     }
 
-    /// Host and port of the proxy.
-    pub fn addr(&self) -> &ProxyAddr {
-        &self.addr
+    /// The endpoints, never empty (`url` gives one, `urls` several).
+    pub fn endpoints(&self) -> &[ProxyAddr] {
+        &self.endpoints
+    }
+
+    /// Who resolves destination names for `endpoint` (decision 070): `socks5h` endpoints always
+    /// send names; the others follow `resolve`, by default the gateway.
+    pub fn resolve_for(&self, endpoint: &ProxyAddr) -> ProxyResolve {
+        match (endpoint.scheme(), self.resolve) {
+            (ProxyScheme::Socks5h, _) => ProxyResolve::Proxy,
+            (_, Some(r)) => r,
+            (_, None) => ProxyResolve::Gateway,
+        }
+    }
+
+    /// The `resolve` field as written, if it was.
+    pub fn resolve(&self) -> Option<ProxyResolve> {
+        self.resolve
+    }
+
+    /// The name of the environment variable holding the password, when it is not inline.
+    pub fn password_env(&self) -> Option<&str> {
+        self.password_env.as_deref()
     }
 
     /// The username template, if the proxy authenticates.
@@ -403,8 +428,13 @@ mod tests {
         assert_eq!(i, 1);
         let proxy = acme.upstream_proxy().unwrap();
         assert_eq!(proxy.id(), &"acme");
-        assert_eq!(proxy.addr().to_url(), "http://proxy.acme.test:8000");
-        assert_eq!(proxy.addr().port(), 8000);
+        assert_eq!(proxy.endpoints().len(), 1);
+        assert_eq!(proxy.endpoints()[0].to_url(), "http://proxy.acme.test:8000");
+        assert_eq!(proxy.endpoints()[0].port(), 8000);
+        assert_eq!(
+            proxy.resolve_for(&proxy.endpoints()[0]),
+            ProxyResolve::Gateway
+        );
         assert!(proxy
             .username_template()
             .unwrap()
@@ -496,6 +526,34 @@ mod tests {
         assert_eq!(round_trip(&s), s);
         // Encoding is a fixed point.
         assert_eq!(round_trip(&s).to_json(), s.to_json());
+    }
+
+    /// Several endpoints, `password_env` and `resolve` encode canonically and round-trip; one
+    /// endpoint given as `urls` encodes as `url`.
+    #[test]
+    fn proxy_endpoints_round_trip() {
+        let s = decode(
+            r#"{"routing":{"rules":[]},"pools":[
+              {"id":"a","upstream_proxy":{"id":"x","urls":["HTTPS://P1.test:443","socks5h://[::1]:1080"],"username_template":"u-{session}","password_env":"ACME_PASSWORD","resolve":"proxy"}},
+              {"id":"b","upstream_proxy":{"id":"y","urls":["socks5://127.0.0.1:1080/"]}}]}"#,
+        )
+        .unwrap();
+        let json = String::from_utf8(s.to_json()).unwrap();
+        assert!(json.contains(r#"{"id":"a","upstream_proxy":{"id":"x","urls":["https://p1.test:443","socks5h://[::1]:1080"],"username_template":"u-{session}","password_env":"ACME_PASSWORD","resolve":"proxy"}}"#), "{json}");
+        assert!(
+            json.contains(
+                r#"{"id":"b","upstream_proxy":{"id":"y","url":"socks5://127.0.0.1:1080"}}"#
+            ),
+            "{json}"
+        );
+        assert_eq!(round_trip(&s), s);
+        assert_eq!(round_trip(&s).to_json(), s.to_json());
+        let b = s.pool("b").unwrap().1.upstream_proxy().unwrap();
+        assert_eq!(b.resolve_for(&b.endpoints()[0]), ProxyResolve::Gateway);
+        let a = s.pool("a").unwrap().1.upstream_proxy().unwrap();
+        assert_eq!(a.password_env(), Some("ACME_PASSWORD"));
+        assert!(a.password().is_none());
+        assert_eq!(a.resolve_for(&a.endpoints()[0]), ProxyResolve::Proxy);
     }
 
     #[test]

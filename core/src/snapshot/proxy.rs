@@ -1,9 +1,11 @@
-//! The upstream proxy of a pool: its address, the username template and the password.
+//! The upstream proxy of a pool: its endpoints, the username template and the password.
 //!
-//! Decision 006: an upstream proxy is `http://host:port` (no path, query, fragment or
-//! user info; credentials belong in `username_template` and `password`). The template may use the
-//! placeholders `{country}`, `{region}`, `{ip_type}` and `{session}` and nothing else; a `:` is
-//! never allowed because RFC 7617 §2 forbids it in a Basic user-id.
+//! Decision 006: an upstream proxy endpoint is `scheme://host:port` with the scheme `http`,
+//! `https` (TLS to the proxy), `socks5` or `socks5h` (the proxy resolves names), and no path,
+//! query, fragment or user info (credentials belong in `username_template` and `password` or
+//! `password_env`). The template may use the placeholders `{country}`, `{region}`, `{ip_type}`
+//! and `{session}` and nothing else; a `:` is never allowed because RFC 7617 §2 forbids it in a
+//! Basic user-id (and RFC 1929 usernames are sent the same way).
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -23,8 +25,8 @@ pub enum ProxyUrlError {
     /// Longer than [`MAX_PROXY_URL_BYTES`].
     #[error("must be at most 512 bytes")]
     TooLong,
-    /// The scheme is not `http://`.
-    #[error("must start with http://")]
+    /// The scheme is not `http://`, `https://`, `socks5://` or `socks5h://`.
+    #[error("must start with http://, https://, socks5:// or socks5h://")]
     BadScheme,
     /// The URL carries user info; credentials go in username_template and password.
     #[error("must not contain user info; use username_template and password")]
@@ -54,24 +56,69 @@ pub enum ProxyHost {
     V6(Ipv6Addr),
 }
 
-/// The address of an upstream HTTP proxy: host and port.
+/// How the gateway talks to an upstream proxy endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxyScheme {
+    /// An HTTP proxy: a `CONNECT` tunnel for every destination (RFC 9110 §9.3.6).
+    Http,
+    /// An HTTP proxy reached over TLS, then `CONNECT` as for [`ProxyScheme::Http`].
+    Https,
+    /// SOCKS5 (RFC 1928, RFC 1929); the gateway resolves destination names.
+    Socks5,
+    /// SOCKS5 where the proxy resolves destination names (the name is sent, `ATYP` 3).
+    Socks5h,
+}
+
+impl ProxyScheme {
+    /// Every scheme.
+    pub const ALL: [ProxyScheme; 4] = [
+        ProxyScheme::Http,
+        ProxyScheme::Https,
+        ProxyScheme::Socks5,
+        ProxyScheme::Socks5h,
+    ];
+
+    /// The scheme as written in a URL, lowercase, without `://`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProxyScheme::Http => "http",
+            ProxyScheme::Https => "https",
+            ProxyScheme::Socks5 => "socks5",
+            ProxyScheme::Socks5h => "socks5h",
+        }
+    }
+
+    /// Whether the endpoint speaks SOCKS5 rather than HTTP `CONNECT`.
+    pub const fn is_socks(self) -> bool {
+        matches!(self, ProxyScheme::Socks5 | ProxyScheme::Socks5h)
+    }
+}
+
+/// The address of an upstream proxy endpoint: scheme, host and port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ProxyAddr {
+    scheme: ProxyScheme,
     host: ProxyHost,
     port: u16,
 }
 
 impl ProxyAddr {
-    /// Parses `http://host:port` with an optional single trailing `/`. The scheme is matched
+    /// Parses `scheme://host:port` with an optional single trailing `/`. The scheme is matched
     /// case-insensitively; the canonical form is lowercase.
     pub fn parse_url(s: &str) -> Result<ProxyAddr, ProxyUrlError> {
         if s.len() > MAX_PROXY_URL_BYTES {
             return Err(ProxyUrlError::TooLong);
         }
-        let rest = match s.get(..7) {
-            Some(scheme) if scheme.eq_ignore_ascii_case("http://") => s.get(7..).unwrap_or(""),
-            _ => return Err(ProxyUrlError::BadScheme),
-        };
+        let (scheme, rest) = ProxyScheme::ALL
+            .into_iter()
+            .find_map(|scheme| {
+                let name = scheme.as_str();
+                let head = s.get(..name.len() + 3)?;
+                let is_match = head.get(..name.len())?.eq_ignore_ascii_case(name)
+                    && head.get(name.len()..)? == "://";
+                is_match.then(|| (scheme, s.get(name.len() + 3..).unwrap_or("")))
+            })
+            .ok_or(ProxyUrlError::BadScheme)?;
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.contains('@') {
             return Err(ProxyUrlError::UserInfo);
@@ -97,9 +144,15 @@ impl ProxyAddr {
             (host, port)
         };
         Ok(ProxyAddr {
+            scheme,
             host,
             port: parse_port(port)?,
         })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> ProxyScheme {
+        self.scheme
     }
 
     /// The host.
@@ -112,9 +165,9 @@ impl ProxyAddr {
         self.port
     }
 
-    /// The canonical URL, `http://host:port`.
+    /// The canonical URL, `scheme://host:port`.
     pub fn to_url(&self) -> String {
-        format!("http://{self}")
+        format!("{}://{self}", self.scheme.as_str())
     }
 }
 
@@ -368,6 +421,65 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Most endpoints one upstream proxy may list.
+pub const MAX_PROXY_ENDPOINTS: usize = 64;
+/// Longest `password_env` name in bytes.
+pub const MAX_ENV_NAME_BYTES: usize = 128;
+
+/// Who resolves destination names when a pool egresses through an upstream proxy (decision
+/// 070).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxyResolve {
+    /// The gateway resolves the name, checks every address against the destination policy and
+    /// asks the proxy for the allowed address literal: the proxy connects exactly where the
+    /// policy allowed. The default.
+    Gateway,
+    /// The name is sent to the proxy, which resolves it (providers geo-resolve at the exit);
+    /// the destination policy then applies to IP literal destinations only.
+    Proxy,
+}
+
+impl ProxyResolve {
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ProxyResolve::Gateway => "gateway",
+            ProxyResolve::Proxy => "proxy",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<ProxyResolve> {
+        match s {
+            "gateway" => Some(ProxyResolve::Gateway),
+            "proxy" => Some(ProxyResolve::Proxy),
+            _ => None,
+        }
+    }
+}
+
+/// Why a `password_env` name was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EnvNameError {
+    /// Empty, longer than [`MAX_ENV_NAME_BYTES`], or not `[A-Za-z_][A-Za-z0-9_]*`.
+    #[error("must be an environment variable name: 1..=128 bytes of [A-Za-z0-9_], not starting with a digit")]
+    Invalid,
+}
+
+/// Validates the name of an environment variable that holds a proxy password (POSIX portable
+/// names: letters, digits and `_`, not starting with a digit).
+pub fn parse_env_name(s: &str) -> Result<Box<str>, EnvNameError> {
+    let ok = !s.is_empty()
+        && s.len() <= MAX_ENV_NAME_BYTES
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(s.into())
+    } else {
+        Err(EnvNameError::Invalid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,6 +498,9 @@ mod tests {
             ("http://[2001:DB8::1]:1", "http://[2001:db8::1]:1"),
             ("http://localhost:65535", "http://localhost:65535"),
             ("http://p:08080", "http://p:8080"),
+            ("HTTPS://Proxy.Test:443/", "https://proxy.test:443"),
+            ("socks5://127.0.0.1:1080", "socks5://127.0.0.1:1080"),
+            ("SOCKS5H://[::1]:1080", "socks5h://[::1]:1080"),
         ] {
             assert_eq!(
                 ProxyAddr::parse_url(input).unwrap().to_url(),
@@ -399,8 +514,9 @@ mod tests {
     fn proxy_urls_rejected() {
         let long = format!("http://{}.test:1", "a".repeat(600));
         for (input, e) in [
-            ("https://proxy.test:443", ProxyUrlError::BadScheme),
-            ("socks5://proxy.test:1080", ProxyUrlError::BadScheme),
+            ("socks4://proxy.test:1080", ProxyUrlError::BadScheme),
+            ("socks5:/proxy.test:1080", ProxyUrlError::BadScheme),
+            ("httpx://proxy.test:1", ProxyUrlError::BadScheme),
             ("proxy.test:8000", ProxyUrlError::BadScheme),
             ("http:/", ProxyUrlError::BadScheme),
             ("", ProxyUrlError::BadScheme),
@@ -498,6 +614,21 @@ mod tests {
         ] {
             assert_eq!(UsernameTemplate::parse(input), Err(e), "{input:?}");
         }
+    }
+
+    #[test]
+    fn env_names_and_resolve_modes() {
+        for good in ["PROXY_PASSWORD", "_x", "a1", &"A".repeat(128)] {
+            assert!(parse_env_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "A=B", "ä", &"A".repeat(129)] {
+            assert_eq!(parse_env_name(bad), Err(EnvNameError::Invalid), "{bad}");
+        }
+        for r in [ProxyResolve::Gateway, ProxyResolve::Proxy] {
+            assert_eq!(ProxyResolve::parse(r.as_str()), Some(r));
+        }
+        assert_eq!(ProxyResolve::parse("Gateway"), None);
+        assert!(ProxyScheme::Socks5h.is_socks() && !ProxyScheme::Https.is_socks());
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::fmt::Display;
 
 use super::wire::{WireConstraints, WireDestinations, WirePool, WireRule, WireSnapshot};
 use super::{
-    ConfigId, Constraints, Destinations, HostPattern, Pool, ProxyAddr, Rule, Secret, SnapshotError,
-    UpstreamProxy, UsernameTemplate, ValidatedSnapshot, DEFAULT_ALLOWS_STICKY_FALLBACK,
-    MAX_DEFAULT_TIMEOUT_MS, MAX_DESTINATION_ENTRIES, MAX_POOLS, MAX_POOLS_PER_RULE, MAX_PRIORITY,
+    parse_env_name, ConfigId, Constraints, Destinations, HostPattern, Pool, ProxyAddr,
+    ProxyResolve, ProxyScheme, Rule, Secret, SnapshotError, UpstreamProxy, UsernameTemplate,
+    ValidatedSnapshot, DEFAULT_ALLOWS_STICKY_FALLBACK, MAX_DEFAULT_TIMEOUT_MS,
+    MAX_DESTINATION_ENTRIES, MAX_POOLS, MAX_POOLS_PER_RULE, MAX_PRIORITY, MAX_PROXY_ENDPOINTS,
     MAX_RULES, MAX_STICKY_TTL_SECONDS, MIN_DEFAULT_TIMEOUT_MS,
 };
 use crate::destination::Cidr;
@@ -99,8 +100,7 @@ fn validate_pools(
             Some(u) => {
                 let at = |field: &str| format!("pools[{i}].upstream_proxy.{field}");
                 let proxy_id = id_at(&at("id"), &u.id)?;
-                let addr = ProxyAddr::parse_url(&u.url)
-                    .map_err(|e| invalid(at("url"), format_args!("{}: {e}", quoted(&u.url))))?;
+                let endpoints = validate_endpoints(&at, u.url, u.urls)?;
                 let username_template = u
                     .username_template
                     .map(|t| UsernameTemplate::parse(&t))
@@ -111,17 +111,87 @@ fn validate_pools(
                     .map(|s| Secret::parse_password(&s))
                     .transpose()
                     .map_err(|e| invalid(at("password"), e))?;
+                let password_env = u
+                    .password_env
+                    .map(|s| parse_env_name(&s))
+                    .transpose()
+                    .map_err(|e| invalid(at("password_env"), e))?;
+                if password.is_some() && password_env.is_some() {
+                    return Err(invalid(
+                        at("password_env"),
+                        "password and password_env are alternatives; give at most one",
+                    ));
+                }
+                let resolve = match u.resolve {
+                    None => None,
+                    Some(r) => Some(ProxyResolve::parse(&r).ok_or_else(|| {
+                        invalid(
+                            at("resolve"),
+                            format_args!("{}: must be \"gateway\" or \"proxy\"", quoted(&r)),
+                        )
+                    })?),
+                };
+                let has_socks5h = endpoints.iter().any(|e| e.scheme() == ProxyScheme::Socks5h);
+                if has_socks5h && resolve == Some(ProxyResolve::Gateway) {
+                    // Decision 070: socks5h means the proxy resolves names; asking the gateway
+                    // to resolve them as well is a contradiction, not a preference.
+                    return Err(invalid(
+                        at("resolve"),
+                        "\"gateway\" contradicts a socks5h:// endpoint, whose proxy resolves names",
+                    ));
+                }
                 Some(UpstreamProxy {
                     id: proxy_id,
-                    addr,
+                    endpoints,
                     username_template,
                     password,
+                    password_env,
+                    resolve,
                 })
             }
         };
         pools.push(Pool { id, upstream_proxy });
     }
     Ok((pools, index))
+}
+
+/// `url` (one endpoint) or `urls` (1..=64 distinct endpoints), exactly one of them.
+fn validate_endpoints(
+    at: &dyn Fn(&str) -> String,
+    url: Option<String>,
+    urls: Option<Vec<String>>,
+) -> Result<Vec<ProxyAddr>, SnapshotError> {
+    let parse = |path: String, s: &str| {
+        ProxyAddr::parse_url(s).map_err(|e| invalid(path, format_args!("{}: {e}", quoted(s))))
+    };
+    match (url, urls) {
+        (Some(url), None) => Ok(vec![parse(at("url"), &url)?]),
+        (None, Some(urls)) => {
+            if urls.is_empty() || urls.len() > MAX_PROXY_ENDPOINTS {
+                return Err(invalid(
+                    at("urls"),
+                    format_args!("must list 1..={MAX_PROXY_ENDPOINTS} endpoints"),
+                ));
+            }
+            let mut out: Vec<ProxyAddr> = Vec::with_capacity(urls.len());
+            for (j, s) in urls.iter().enumerate() {
+                let addr = parse(at(&format!("urls[{j}]")), s)?;
+                if out.contains(&addr) {
+                    return Err(invalid(
+                        at(&format!("urls[{j}]")),
+                        format_args!("duplicate endpoint {}", quoted(s)),
+                    ));
+                }
+                out.push(addr);
+            }
+            Ok(out)
+        }
+        (Some(_), Some(_)) => Err(invalid(
+            at("urls"),
+            "url and urls are alternatives; give exactly one",
+        )),
+        (None, None) => Err(invalid(at("url"), "url or urls is required")),
+    }
 }
 
 fn validate_rules(
@@ -429,9 +499,68 @@ mod tests {
                 "empty",
             ),
             (
-                with_pool(r#"{"id":"p","upstream_proxy":{"id":"x","url":"https://a.test:1"}}"#),
+                with_pool(r#"{"id":"p","upstream_proxy":{"id":"x","url":"ftp://a.test:1"}}"#),
                 "pools[0].upstream_proxy.url",
-                "http://",
+                "http://, https://, socks5:// or socks5h://",
+            ),
+            (
+                with_pool(r#"{"id":"p","upstream_proxy":{"id":"x"}}"#),
+                "pools[0].upstream_proxy.url",
+                "url or urls is required",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","url":"http://a.test:1","urls":["http://b.test:1"]}}"#,
+                ),
+                "pools[0].upstream_proxy.urls",
+                "alternatives",
+            ),
+            (
+                with_pool(r#"{"id":"p","upstream_proxy":{"id":"x","urls":[]}}"#),
+                "pools[0].upstream_proxy.urls",
+                "1..=64",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","urls":["http://a.test:1","HTTP://A.test:1/"]}}"#,
+                ),
+                "pools[0].upstream_proxy.urls[1]",
+                "duplicate endpoint",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","urls":["http://a.test:1","socks5://b"]}}"#,
+                ),
+                "pools[0].upstream_proxy.urls[1]",
+                "explicit port",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","url":"http://a.test:1","password":"x","password_env":"P"}}"#,
+                ),
+                "pools[0].upstream_proxy.password_env",
+                "alternatives",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","url":"http://a.test:1","password_env":"1P"}}"#,
+                ),
+                "pools[0].upstream_proxy.password_env",
+                "environment variable name",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","url":"http://a.test:1","resolve":"dns"}}"#,
+                ),
+                "pools[0].upstream_proxy.resolve",
+                "must be \"gateway\" or \"proxy\"",
+            ),
+            (
+                with_pool(
+                    r#"{"id":"p","upstream_proxy":{"id":"x","url":"socks5h://a.test:1","resolve":"gateway"}}"#,
+                ),
+                "pools[0].upstream_proxy.resolve",
+                "contradicts",
             ),
             (
                 with_pool(r#"{"id":"p","upstream_proxy":{"id":"x","url":"http://u:p@a.test:1"}}"#),

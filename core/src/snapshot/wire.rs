@@ -71,11 +71,18 @@ pub(crate) struct WirePool {
 #[serde(deny_unknown_fields)]
 pub(crate) struct WireUpstreamProxy {
     pub(crate) id: String,
-    pub(crate) url: String,
+    #[serde(default)]
+    pub(crate) url: Option<String>,
+    #[serde(default)]
+    pub(crate) urls: Option<Vec<String>>,
     #[serde(default)]
     pub(crate) username_template: Option<String>,
     #[serde(default)]
     pub(crate) password: Option<String>,
+    #[serde(default)]
+    pub(crate) password_env: Option<String>,
+    #[serde(default)]
+    pub(crate) resolve: Option<String>,
 }
 
 /// `destinations`.

@@ -634,6 +634,8 @@ async fn exchange(
         worker_id: &worker_id,
         bind_address: shared.bind_address,
         is_replayable: a.is_replayable,
+        // The control never assigns a proxied pool to a remote worker yet (decision 070).
+        via: None,
     };
     let mut src = Bytes::from(body);
     let mut resp = egress.open(&req, &mut src).await?;

@@ -15,6 +15,7 @@ use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
 use sortie_core::request::{decode_request, RequestBody, ResponseBodyMode, ValidationContext};
 use sortie_core::result::{RequestResult, ResultBody, Timing};
 use sortie_core::routing::{Ingress, RouteRequest, StickyPins};
+use sortie_core::snapshot::TemplateValues;
 
 use super::core::ActiveRequests;
 use super::state::ControlState;
@@ -352,6 +353,7 @@ async fn handle_inner(
         }
         let decision = &assigned.decision;
         let slot = &assigned.slot;
+        let via = assigned.via.as_ref();
         let is_streamed = matches!(req.body, RequestBody::Receipt(_))
             || req.response_body_mode == ResponseBodyMode::Receipt;
         let outcome = match (&ctx.receipts, is_streamed) {
@@ -364,6 +366,7 @@ async fn handle_inner(
                     deadline,
                     max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
                     timeouts: limits.egress_timeouts,
+                    via,
                 };
                 monoio::select! {
                     r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
@@ -394,6 +397,7 @@ async fn handle_inner(
                     bind_address: slot.bind_address(),
                     is_replayable: req.is_replayable,
                     timeouts: limits.egress_timeouts,
+                    via: via.cloned(),
                 };
                 monoio::select! {
                     r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {
@@ -498,6 +502,8 @@ pub(crate) struct Assigned {
     pub(crate) slot: Arc<super::state::WorkerSlot>,
     /// When routing finished.
     pub(crate) routed: Instant,
+    /// The pool's upstream proxy, when it does not egress directly.
+    pub(crate) via: Option<crate::egress::ProxyRoute>,
     _capacity: CapacityGuard,
 }
 
@@ -598,22 +604,41 @@ pub(crate) fn assign_excluding(
         }
     }
 
-    // The local executor has no upstream proxy client: a pool that names a proxy must never be
-    // served from the gateway's own address, which would bypass the operator's egress choice.
-    let is_proxied = active
-        .snapshot
-        .pools()
-        .get(decision.pool)
-        .is_some_and(|p| p.upstream_proxy().is_some());
-    if is_proxied {
-        return Err(ApiError::new(
-            ErrorCode::ExecutorInternalError,
-            format!(
-                "pool {} uses an upstream proxy, which the local executor cannot use",
-                decision.pool_id.as_str()
-            ),
-        ));
-    }
+    // A pool behind an upstream proxy: the username is rendered here, from the request's hints
+    // and the provider session routing derived (decision 006), so every exchange of the request
+    // uses the same one.
+    let via = match active.proxy(decision.pool) {
+        None => None,
+        Some(pool) => {
+            let is_remote = active
+                .table
+                .worker(decision.worker)
+                .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
+            if is_remote {
+                // The bus does not carry the proxy to a remote worker yet: never let the
+                // request leave from the worker's own address, which would bypass the
+                // operator's egress choice.
+                return Err(ApiError::new(
+                    ErrorCode::ExecutorInternalError,
+                    format!(
+                        "pool {} uses an upstream proxy, which remote workers cannot use yet",
+                        decision.pool_id.as_str()
+                    ),
+                ));
+            }
+            let session_hex = decision.provider_session.map(|s| s.to_hex());
+            let values = TemplateValues {
+                country: hints.country.as_ref().map_or("", |c| c.as_str()),
+                region: hints.region.as_deref().unwrap_or(""),
+                ip_type: hints.ip_type.as_deref().unwrap_or(""),
+                session: session_hex
+                    .as_ref()
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .unwrap_or(""),
+            };
+            Some(pool.route(&values, decision.provider_session)?)
+        }
+    };
 
     let Some(slot) = active.slot(decision.worker).cloned() else {
         return Err(ApiError::new(
@@ -637,6 +662,7 @@ pub(crate) fn assign_excluding(
         _capacity: CapacityGuard(slot.clone()),
         slot,
         routed,
+        via,
     })
 }
 

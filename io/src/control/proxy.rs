@@ -382,6 +382,7 @@ impl ProxyHandler {
             bind_address: assigned.slot.bind_address(),
             // RFC 9110 §9.2.2: a proxy may retry an idempotent request without a body.
             is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
+            via: assigned.via.as_ref(),
         };
         let mut source = ClientBody { body, length };
         let opened = monoio::select! {
@@ -515,14 +516,28 @@ impl ProxyHandler {
             )
         })?;
         let (tracked, mut cancelled) = self.ctx.active.track(request_id, deployment);
-        let dial = self.ctx.egress.dial(
-            &host,
-            port,
+        let (bind, connect_limit) = (
             assigned.slot.bind_address(),
-            &active.policy,
             self.ctx.state.limits.egress_timeouts.connect,
-            self.deadline(started),
         );
+        let deadline = self.deadline(started);
+        let egress = &self.ctx.egress;
+        // A pool behind an upstream proxy tunnels through it (decision 072).
+        let dial = async {
+            match &assigned.via {
+                Some(route) => {
+                    let policy = &active.policy;
+                    egress
+                        .dial_via(route, &host, port, bind, policy, connect_limit, deadline)
+                        .await
+                }
+                None => {
+                    egress
+                        .dial(&host, port, bind, &active.policy, connect_limit, deadline)
+                        .await
+                }
+            }
+        };
         let dialled = monoio::select! {
             r = Box::pin(dial) => Some(r),
             _ = &mut cancelled => None,

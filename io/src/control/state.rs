@@ -15,10 +15,12 @@ use sortie_core::config::Config;
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::routing::{RoutingTable, StickyPins, WorkerIndex};
 use sortie_core::snapshot::ValidatedSnapshot;
+use sortie_core::upstream_proxy::OutlierPolicy;
 use sortie_core::worker::WorkerRegistry;
 
 use super::admission::AdmissionLimits;
 use super::core::CoreMailbox;
+use crate::egress::{EndpointHealthView, HealthRegistry, ProxyPool};
 use crate::tokens::Authenticator;
 
 /// Shards of the sticky pin store; a pin lives in the shard its key hashes to.
@@ -114,9 +116,17 @@ pub struct Active {
     pub policy: Arc<DestinationPolicy>,
     /// Counters aligned with `table.workers()`; `None` for workers without a local slot.
     pub slots: Vec<Option<Arc<WorkerSlot>>>,
+    /// The upstream proxy of each pool, aligned with `snapshot.pools()`; `None` for direct
+    /// pools.
+    pub proxies: Vec<Option<Arc<ProxyPool>>>,
 }
 
 impl Active {
+    /// The upstream proxy of a pool, when it has one.
+    pub fn proxy(&self, pool: usize) -> Option<&Arc<ProxyPool>> {
+        self.proxies.get(pool).and_then(Option::as_ref)
+    }
+
     /// The slot of a routed worker.
     pub fn slot(&self, index: WorkerIndex) -> Option<&Arc<WorkerSlot>> {
         self.slots.get(index.as_usize()).and_then(Option::as_ref)
@@ -131,6 +141,12 @@ impl Active {
 struct Writer {
     registry: WorkerRegistry,
     slots: HashMap<String, Arc<WorkerSlot>>,
+}
+
+/// Upstream proxy endpoint health, shared by every snapshot's proxy pools.
+fn proxy_health() -> &'static HealthRegistry {
+    static HEALTH: OnceLock<HealthRegistry> = OnceLock::new();
+    HEALTH.get_or_init(HealthRegistry::default)
 }
 
 /// The shared control state.
@@ -231,12 +247,26 @@ impl ControlState {
             .iter()
             .map(|r| w.slots.get(r.id().as_str()).cloned())
             .collect();
+        let proxies = snapshot
+            .pools()
+            .iter()
+            .map(|p| {
+                p.upstream_proxy().map(|u| {
+                    Arc::new(ProxyPool::build(
+                        u,
+                        proxy_health(),
+                        OutlierPolicy::default(),
+                    ))
+                })
+            })
+            .collect();
         Active {
             revision,
             snapshot,
             table,
             policy,
             slots,
+            proxies,
         }
     }
 
@@ -338,6 +368,11 @@ impl ControlState {
     ) -> R {
         let w = self.writer();
         f(&w.registry, &w.slots)
+    }
+
+    /// The health of every upstream proxy endpoint any snapshot named, for `/metrics`.
+    pub fn proxy_endpoints(&self) -> Vec<EndpointHealthView> {
+        proxy_health().view(crate::clock::monotonic_ms_at(std::time::Instant::now()))
     }
 
     /// The pin shard of a (deployment, sticky session) pair.

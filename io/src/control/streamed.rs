@@ -45,6 +45,8 @@ pub(crate) struct Target<'a> {
     pub(crate) deadline: Instant,
     pub(crate) max_inline_response_body_bytes: usize,
     pub(crate) timeouts: Timeouts,
+    /// The pool's upstream proxy, when it does not egress directly.
+    pub(crate) via: Option<&'a crate::egress::ProxyRoute>,
 }
 
 fn unavailable(why: &str) -> ApiError {
@@ -238,6 +240,7 @@ pub(crate) async fn execute(
         worker_id: target.worker_id,
         bind_address: target.bind_address,
         is_replayable: req.is_replayable,
+        via: target.via,
     };
     let mut resp = target.egress.open(&stream_req, &mut source).await?;
     resp.body.set_deadline(target.deadline);

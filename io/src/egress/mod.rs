@@ -43,6 +43,7 @@ mod pool;
 mod stream;
 mod streaming;
 mod tls;
+mod upstream_proxy;
 
 use std::net::{IpAddr, SocketAddr};
 use std::rc::{Rc, Weak};
@@ -65,6 +66,9 @@ pub use pool::{
 };
 pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
 pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
+pub use upstream_proxy::{
+    EndpointHealth, EndpointHealthView, HealthRegistry, ProxyPool, ProxyRoute,
+};
 
 use self::client::{Exchange, Failure};
 use self::connect::within;
@@ -131,6 +135,8 @@ pub struct EgressRequest {
     pub bind_address: Option<IpAddr>,
     /// Permission for one transport-level retry (spec: `replayable`).
     pub is_replayable: bool,
+    /// The pool's upstream proxy, when it does not egress directly.
+    pub via: Option<ProxyRoute>,
 }
 
 impl EgressRequest {
@@ -154,6 +160,7 @@ impl EgressRequest {
             worker_id: ConfigId::parse("local").unwrap_or_else(|_| unreachable!()),
             bind_address: None,
             is_replayable: false,
+            via: None,
         }
     }
 }
@@ -224,12 +231,14 @@ impl Egress {
     pub async fn execute(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
         let started = Instant::now();
         let head = client::request_head(req.method, &req.url, &req.headers, req.body.len())?;
+        let via = req.via.as_ref().map(|r| (r, r.choose(started)));
         let key = PoolKey {
             worker_id: req.worker_id.clone(),
             scheme: req.url.scheme,
             host: req.url.host.clone(),
             port: req.url.port,
             bind: req.bind_address,
+            via: via.map(|(r, i)| r.key(i)),
         };
         let x = Exchange {
             method: req.method,
@@ -254,7 +263,7 @@ impl Egress {
                     let connect_started = Instant::now();
                     // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state
                     // of the exchange, and the hot path reuses a pooled connection instead.
-                    let conn = Box::pin(self.connect(Dial::of(req))).await?;
+                    let conn = Box::pin(self.connect(Dial::of(req, via))).await?;
                     (conn, millis(connect_started.elapsed()))
                 }
             };
@@ -319,8 +328,12 @@ impl Egress {
         self.inner.pool.len()
     }
 
-    /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`.
+    /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`; through the upstream
+    /// proxy endpoint when there is one.
     async fn connect(&self, req: Dial<'_>) -> Result<Conn, ApiError> {
+        if let Some((route, i)) = req.via {
+            return self.connect_via(route, i, &req).await;
+        }
         let (tcp, peer) = self.dial_tcp(&req).await?;
         match req.url.scheme {
             Scheme::Http => Ok(Conn::plain(tcp, peer)),
@@ -342,22 +355,25 @@ impl Egress {
 
 /// What opening an upstream connection needs to know.
 #[derive(Clone, Copy)]
-struct Dial<'a> {
+pub(crate) struct Dial<'a> {
     url: &'a TargetUrl,
     bind_address: Option<IpAddr>,
     policy: &'a DestinationPolicy,
     timeouts: &'a Timeouts,
     deadline: Instant,
+    /// The upstream proxy route and the chosen endpoint, when not direct.
+    via: Option<(&'a ProxyRoute, usize)>,
 }
 
 impl<'a> Dial<'a> {
-    fn of(req: &'a EgressRequest) -> Dial<'a> {
+    fn of(req: &'a EgressRequest, via: Option<(&'a ProxyRoute, usize)>) -> Dial<'a> {
         Dial {
             url: &req.url,
             bind_address: req.bind_address,
             policy: &req.policy,
             timeouts: &req.timeouts,
             deadline: req.deadline,
+            via,
         }
     }
 }

@@ -23,6 +23,7 @@ use sortie_core::request::{Host, Scheme};
 use sortie_core::snapshot::ConfigId;
 
 use super::stream::Conn;
+use super::upstream_proxy::ViaKey;
 use crate::fd::PeerState;
 
 /// How long an idle connection is kept. Servers commonly close idle connections after 5 to 75
@@ -84,6 +85,8 @@ pub(crate) struct PoolKey {
     pub(crate) host: Host,
     pub(crate) port: u16,
     pub(crate) bind: Option<IpAddr>,
+    /// The upstream proxy endpoint and username, for connections through one.
+    pub(crate) via: Option<ViaKey>,
 }
 
 struct Idle {
@@ -135,7 +138,7 @@ impl Pool {
             }
             // The policy of the request at hand applies, not the one the connection was
             // opened under: a new snapshot may have closed the address since.
-            if !policy.allows(entry.conn.peer().ip()) {
+            if entry.conn.policy_ip().is_some_and(|ip| !policy.allows(ip)) {
                 continue;
             }
             let idle_for = now.saturating_duration_since(entry.since);
@@ -241,6 +244,7 @@ mod tests {
             host: Host::V4("127.0.0.1".parse().unwrap()),
             port: 80,
             bind: None,
+            via: None,
         }
     }
 

@@ -4,7 +4,7 @@
 //! On the per-request path: reads go into one reusable buffer; no logging.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 
 use bytes::Bytes;
@@ -25,6 +25,8 @@ pub(crate) enum Transport {
     Plain(TcpStream),
     /// TLS over TCP, boxed: the session state is large and moves with the connection.
     Tls(Box<ClientTlsStream<TcpStream>>),
+    /// TLS to the destination inside TLS to an `https://` upstream proxy.
+    TlsInTls(Box<ClientTlsStream<ClientTlsStream<TcpStream>>>),
 }
 
 /// An upstream connection.
@@ -34,6 +36,10 @@ pub(crate) struct Conn {
     /// wrapper does not lend out its inner stream.
     fd: RawFd,
     peer: SocketAddr,
+    /// The address the destination policy is checked against before reuse: the peer for a
+    /// direct connection, the destination address the proxy was asked for through an upstream
+    /// proxy, none when the proxy resolved the name (decision 070).
+    policy_ip: Option<IpAddr>,
     buf: Vec<u8>,
     /// Whether the last TLS read returned less than it asked for, which means rustls holds no
     /// further decrypted bytes (its reader copies until the caller's buffer or its own queue is
@@ -53,11 +59,33 @@ impl Conn {
         Conn::new(Transport::Tls(Box::new(stream)), fd, peer)
     }
 
+    /// Wraps TLS to the destination inside TLS to an upstream proxy; `fd` is the descriptor of
+    /// the TCP stream to the proxy.
+    pub(crate) fn tls_in_tls(
+        stream: ClientTlsStream<ClientTlsStream<TcpStream>>,
+        fd: RawFd,
+        peer: SocketAddr,
+    ) -> Conn {
+        Conn::new(Transport::TlsInTls(Box::new(stream)), fd, peer)
+    }
+
+    /// Replaces the address the policy is checked against on reuse.
+    pub(crate) fn with_policy_ip(mut self, ip: Option<IpAddr>) -> Conn {
+        self.policy_ip = ip;
+        self
+    }
+
+    /// The address the destination policy is checked against before reuse, if any.
+    pub(crate) fn policy_ip(&self) -> Option<IpAddr> {
+        self.policy_ip
+    }
+
     fn new(transport: Transport, fd: RawFd, peer: SocketAddr) -> Conn {
         Conn {
             transport,
             fd,
             peer,
+            policy_ip: Some(peer.ip()),
             // Allocated by the first read, and given back whenever the connection idles.
             buf: Vec::new(),
             is_plaintext_drained: true,
@@ -87,6 +115,7 @@ impl Conn {
         let (res, buf) = match &mut self.transport {
             Transport::Plain(s) => s.read(buf).await,
             Transport::Tls(s) => s.read(buf).await,
+            Transport::TlsInTls(s) => s.read(buf).await,
         };
         self.buf = buf;
         match res {
@@ -96,7 +125,7 @@ impl Conn {
             }
             Err(e)
                 if e.kind() == io::ErrorKind::UnexpectedEof
-                    && matches!(self.transport, Transport::Tls(_)) =>
+                    && !matches!(self.transport, Transport::Plain(_)) =>
             {
                 self.is_plaintext_drained = true;
                 self.buf.clear();
@@ -119,6 +148,7 @@ impl Conn {
         let (res, slice) = match &mut self.transport {
             Transport::Plain(s) => s.read(buf.slice_mut(len..end)).await,
             Transport::Tls(s) => s.read(buf.slice_mut(len..end)).await,
+            Transport::TlsInTls(s) => s.read(buf.slice_mut(len..end)).await,
         };
         *out = slice.into_inner();
         match res {
@@ -131,7 +161,7 @@ impl Conn {
             }
             Err(e)
                 if e.kind() == io::ErrorKind::UnexpectedEof
-                    && matches!(self.transport, Transport::Tls(_)) =>
+                    && !matches!(self.transport, Transport::Plain(_)) =>
             {
                 self.is_plaintext_drained = true;
                 Ok(0)
@@ -145,10 +175,13 @@ impl Conn {
         let (res, _) = match &mut self.transport {
             Transport::Plain(s) => s.write_all(data).await,
             Transport::Tls(s) => s.write_all(data).await,
+            Transport::TlsInTls(s) => s.write_all(data).await,
         };
         res?;
-        if let Transport::Tls(s) = &mut self.transport {
-            s.flush().await?;
+        match &mut self.transport {
+            Transport::Plain(_) => {}
+            Transport::Tls(s) => s.flush().await?,
+            Transport::TlsInTls(s) => s.flush().await?,
         }
         Ok(())
     }

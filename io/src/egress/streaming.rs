@@ -32,7 +32,7 @@ use super::connect::within;
 use super::error::{self, Stage};
 use super::pool::PoolKey;
 use super::stream::{Conn, READ_BUF_BYTES};
-use super::{millis, Dial, Egress, Inner, Timeouts};
+use super::{millis, Dial, Egress, Inner, ProxyRoute, Timeouts};
 
 /// How a streamed request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +105,8 @@ pub struct StreamRequest<'a> {
     /// broke before any response byte. Only used when the body is [`BodyLength::None`]: a
     /// streamed body cannot be sent twice.
     pub is_replayable: bool,
+    /// The pool's upstream proxy, when it does not egress directly.
+    pub via: Option<&'a ProxyRoute>,
 }
 
 /// The head of a streamed response, with the reader of its body.
@@ -295,12 +297,15 @@ impl Egress {
     ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
         let head = Bytes::from(stream_head(req, length)?);
+        let started = Instant::now();
+        let via = req.via.map(|r| (r, r.choose(started)));
         let key = PoolKey {
             worker_id: req.worker_id.clone(),
             scheme: req.url.scheme,
             host: req.url.host.clone(),
             port: req.url.port,
             bind: req.bind_address,
+            via: via.map(|(r, i)| r.key(i)),
         };
         let dial = Dial {
             url: req.url,
@@ -308,8 +313,8 @@ impl Egress {
             policy: req.policy,
             timeouts: &req.timeouts,
             deadline: req.deadline,
+            via,
         };
-        let started = Instant::now();
         let mut may_retry = req.is_replayable && length == BodyLength::None;
         let mut may_reuse = true;
         loop {
@@ -388,26 +393,38 @@ impl Egress {
         connect_limit: std::time::Duration,
         deadline: Instant,
     ) -> Result<(TcpStream, SocketAddr), ApiError> {
-        let url = TargetUrl {
-            scheme: Scheme::Http,
-            host: host.clone(),
-            port,
-            has_explicit_port: true,
-            path_and_query: "/".into(),
-        };
-        let timeouts = Timeouts {
-            connect: connect_limit,
-            ..Timeouts::default()
-        };
+        let (url, timeouts) = tunnel_target(host, port, connect_limit);
         self.dial_tcp(&Dial {
             url: &url,
             bind_address,
             policy,
             timeouts: &timeouts,
             deadline,
+            via: None,
         })
         .await
     }
+}
+
+/// The destination and stage limits of a tunnel to `host:port`: only the address and the
+/// connect limit matter, nothing is sent over HTTP.
+pub(crate) fn tunnel_target(
+    host: &Host,
+    port: u16,
+    connect_limit: std::time::Duration,
+) -> (TargetUrl, Timeouts) {
+    let url = TargetUrl {
+        scheme: Scheme::Http,
+        host: host.clone(),
+        port,
+        has_explicit_port: true,
+        path_and_query: "/".into(),
+    };
+    let timeouts = Timeouts {
+        connect: connect_limit,
+        ..Timeouts::default()
+    };
+    (url, timeouts)
 }
 
 /// The address a response is reported from when its connection already went back to the pool.
@@ -563,6 +580,7 @@ mod tests {
             worker_id: &worker,
             bind_address: None,
             is_replayable: false,
+            via: None,
         };
         let prefix = "Host: a.example:8080\r\nAccept: */*\r\nX-Dup: 1\r\nX-Dup: 2\r\n\
                       Connection: keep-alive\r\n";

@@ -170,6 +170,22 @@ pub(crate) async fn handshake(
     }
 }
 
+/// Runs the TLS handshake with the destination inside the TLS session with an `https://`
+/// upstream proxy; `fd` is the descriptor of the TCP stream to the proxy. Any failure is
+/// `upstream_tls_failure` (the tunnel is up: the destination's TLS failed).
+pub(crate) async fn handshake_in_tls(
+    connector: &TlsConnector,
+    name: ServerName<'static>,
+    stream: monoio_rustls::ClientTlsStream<TcpStream>,
+    fd: std::os::fd::RawFd,
+    peer: SocketAddr,
+) -> Result<Conn, ApiError> {
+    match connector.connect(name, stream).await {
+        Ok(tls) => Ok(Conn::tls_in_tls(tls, fd, peer)),
+        Err(e) => Err(error::tls_failure(&std::io::Error::from(e))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,320 @@
+//! Real upstream proxies for the tests: squid (HTTP `CONNECT`, Basic authentication through
+//! `basic_ncsa_auth`) and dante (`danted`, SOCKS5 with RFC 1929 username/password checked
+//! against system users), each started on a free loopback port with its own configuration in a
+//! temporary directory and stopped when dropped. Their logs show the username each request
+//! authenticated as.
+//!
+//! Missing programs fail the test with what to install (`scripts/ci-deps.sh` installs both).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a proxy may take to start listening.
+const START_LIMIT: Duration = Duration::from_secs(20);
+
+/// A free loopback port (bound and released; the proxy binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn require(program: &str, package: &str) -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/bin", "/usr/lib/squid"] {
+        let p = Path::new(dir).join(program);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("{program} is missing: install the Debian package {package} (scripts/ci-deps.sh does)");
+}
+
+fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
+    let until = Instant::now() + START_LIMIT;
+    loop {
+        if TcpStream::connect(addr).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "the proxy exited with {status} before listening on {addr}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            Instant::now() < until,
+            "the proxy did not listen on {addr} within {START_LIMIT:?}:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(child: &mut Child) {
+    // SIGTERM first so the proxy closes its helpers and listeners, then SIGKILL if it lingers.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Polls a log file until `pred` holds on its text; returns the text. Fails after 10 s.
+pub fn wait_for_log(path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if pred(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what} did not appear in {}:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A squid on loopback with Basic authentication.
+pub struct Squid {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Squid {
+    /// Starts squid on a free port, accepting each `(user, password)`.
+    pub fn start(users: &[(&str, &str)]) -> Squid {
+        Squid::start_on(free_port(), users)
+    }
+
+    /// Starts squid on `port`.
+    pub fn start_on(port: u16, users: &[(&str, &str)]) -> Squid {
+        let squid = require("squid", "squid");
+        let helper = require("basic_ncsa_auth", "squid");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        // squid drops to its own user: everything it reads must be readable, and its log
+        // directory writable, by that user.
+        set_mode(d, 0o755);
+        let mut passwd = String::new();
+        for (user, password) in users {
+            let out = Command::new("openssl")
+                .args(["passwd", "-apr1", password])
+                .output()
+                .expect("openssl runs");
+            assert!(out.status.success(), "openssl passwd failed");
+            passwd.push_str(&format!(
+                "{user}:{}\n",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ));
+        }
+        std::fs::write(d.join("passwd"), passwd).expect("passwd file");
+        set_mode(&d.join("passwd"), 0o644);
+        let logs = d.join("logs");
+        std::fs::create_dir(&logs).expect("log dir");
+        set_mode(&logs, 0o777);
+        let conf = format!(
+            "http_port 127.0.0.1:{port}\n\
+             pid_filename {logs}/squid.pid\n\
+             access_log stdio:{logs}/access.log squid\n\
+             cache_log {logs}/cache.log\n\
+             cache_store_log none\n\
+             cache deny all\n\
+             cache_mem 8 MB\n\
+             coredump_dir {logs}\n\
+             auth_param basic program {helper} {passwd}\n\
+             auth_param basic realm sortie-test\n\
+             auth_param basic casesensitive on\n\
+             acl authed proxy_auth REQUIRED\n\
+             http_access allow authed\n\
+             http_access deny all\n\
+             shutdown_lifetime 0 seconds\n\
+             visible_hostname sortie-test\n",
+            logs = logs.display(),
+            helper = helper.display(),
+            passwd = d.join("passwd").display(),
+        );
+        std::fs::write(d.join("squid.conf"), conf).expect("squid.conf");
+        set_mode(&d.join("squid.conf"), 0o644);
+        let out_log = d.join("out.txt");
+        let mut child = Command::new(squid)
+            .args(["-N", "-f"])
+            .arg(d.join("squid.conf"))
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_log).expect("out file"))
+            .stderr(std::fs::File::create(d.join("err.txt")).expect("err file"))
+            .spawn()
+            .expect("squid starts");
+        wait_listening(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &mut child,
+            &d.join("err.txt"),
+        );
+        Squid { child, port, dir }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The access log (`squid` format: the username is the eighth field).
+    pub fn access_log(&self) -> PathBuf {
+        self.dir.path().join("logs/access.log")
+    }
+
+    /// The access log's lines for method `CONNECT`, as (username, status field).
+    pub fn connects(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.access_log())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(5) == Some(&"CONNECT")).then(|| {
+                    (
+                        f.get(7).unwrap_or(&"").to_string(),
+                        f.get(3).unwrap_or(&"").to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Squid {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// A dante SOCKS5 server on loopback with username/password authentication against system
+/// users (created by the fixture; the tests run as root).
+pub struct Dante {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Dante {
+    /// Starts danted on a free port, with each `(user, password)` as a system user.
+    pub fn start(users: &[(&str, &str)]) -> Dante {
+        let danted = require("danted", "dante-server");
+        for (user, password) in users {
+            ensure_system_user(user, password);
+        }
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        set_mode(d, 0o755);
+        let log = d.join("danted.log");
+        let conf = format!(
+            "logoutput: {log}\n\
+             internal: 127.0.0.1 port = {port}\n\
+             external: 127.0.0.1\n\
+             socksmethod: username\n\
+             clientmethod: none\n\
+             user.privileged: root\n\
+             user.unprivileged: nobody\n\
+             client pass {{\n  from: 127.0.0.0/8 to: 0.0.0.0/0\n}}\n\
+             socks pass {{\n  from: 127.0.0.0/8 to: 0.0.0.0/0\n  command: connect\n  log: connect error\n}}\n",
+            log = log.display(),
+        );
+        std::fs::write(d.join("danted.conf"), conf).expect("danted.conf");
+        let mut child = Command::new(danted)
+            .arg("-f")
+            .arg(d.join("danted.conf"))
+            .arg("-p")
+            .arg(d.join("danted.pid"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("err.txt")).expect("err file"))
+            .spawn()
+            .expect("danted starts");
+        wait_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, &log);
+        Dante { child, port, dir }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The log, where each passed connection names `username%USER@client`.
+    pub fn log(&self) -> PathBuf {
+        self.dir.path().join("danted.log")
+    }
+
+    /// Users of the connections dante passed, in order.
+    pub fn users(&self) -> Vec<String> {
+        std::fs::read_to_string(self.log())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("pass(") && l.contains("tcp/connect"))
+            .filter_map(|l| {
+                let at = l.find("username%")? + "username%".len();
+                let rest = l.get(at..)?;
+                Some(rest.get(..rest.find('@')?)?.to_string())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Dante {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// Creates a system user without a home or login shell and sets its password (idempotent).
+fn ensure_system_user(user: &str, password: &str) {
+    let exists = Command::new("id")
+        .arg(user)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !exists {
+        let status = Command::new("useradd")
+            .args(["-M", "-N", "-s", "/usr/sbin/nologin", user])
+            .status()
+            .expect("useradd runs");
+        assert!(
+            status.success(),
+            "useradd {user} failed: the SOCKS5 tests need root to create their dante users"
+        );
+    }
+    let mut chpasswd = Command::new("chpasswd")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("chpasswd runs");
+    use std::io::Write as _;
+    chpasswd
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{user}:{password}\n").as_bytes())
+        .expect("chpasswd input");
+    assert!(chpasswd.wait().expect("chpasswd ends").success());
+}
+
+fn set_mode(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}

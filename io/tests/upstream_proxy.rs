@@ -1,0 +1,403 @@
+//! Integration tests of egress through upstream proxies against real proxies on loopback:
+//! squid (HTTP `CONNECT` with Basic authentication) and dante (SOCKS5 with RFC 1929
+//! username/password). The rendered username is read back from each proxy's own log.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sortie_core::destination::DestinationPolicy;
+use sortie_core::error::ErrorCode;
+use sortie_core::request::Method;
+use sortie_core::snapshot::{decode_snapshot, TemplateValues};
+use sortie_core::upstream_proxy::OutlierPolicy;
+use sortie_io::egress::{Egress, EgressRequest, HealthRegistry, ProxyPool, ProxyRoute};
+use support::proxies::{free_port, wait_for_log, Dante, Squid};
+use support::tls::TestCa;
+use support::upstream::{self, Options, Upstream};
+use support::{detail, egress, expect_code, request, run};
+
+/// The upstream proxy of a one-pool snapshot with the given `upstream_proxy` JSON object.
+fn proxy_pool(
+    upstream_proxy: &str,
+    health: &HealthRegistry,
+    outlier: OutlierPolicy,
+) -> Arc<ProxyPool> {
+    let mut json = format!(
+        r#"{{"routing":{{"rules":[]}},"pools":[{{"id":"p","upstream_proxy":{upstream_proxy}}}]}}"#
+    )
+    .into_bytes();
+    let snapshot = decode_snapshot(&mut json).expect("test snapshot is valid");
+    let proxy = snapshot
+        .pool("p")
+        .and_then(|(_, p)| p.upstream_proxy())
+        .expect("pool p has an upstream proxy");
+    Arc::new(ProxyPool::build(proxy, health, outlier))
+}
+
+/// [`proxy_pool`] with the default outlier policy.
+fn pool(upstream_proxy: &str, health: &HealthRegistry) -> Arc<ProxyPool> {
+    proxy_pool(upstream_proxy, health, OutlierPolicy::default())
+}
+
+fn route(pool: &Arc<ProxyPool>, country: &str, session: &str) -> ProxyRoute {
+    pool.route(
+        &TemplateValues {
+            country,
+            session,
+            ..TemplateValues::default()
+        },
+        None,
+    )
+    .expect("username renders")
+}
+
+fn via(method: Method, url: &str, route: &ProxyRoute) -> EgressRequest {
+    let mut req = request(method, url);
+    req.via = Some(route.clone());
+    req
+}
+
+/// Runs `req` and returns its error, which must be `upstream_proxy_failure`.
+async fn proxy_failure(egress: &Egress, req: &EgressRequest) -> sortie_core::error::ApiError {
+    expect_code(egress.execute(req).await, ErrorCode::UpstreamProxyFailure)
+}
+
+fn tls_upstream(ca: &TestCa) -> Upstream {
+    Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    )
+}
+
+#[test]
+fn squid_carries_http_and_https_with_the_rendered_username() {
+    let squid = Squid::start(&[("cust-US-sess-s1", "pw1")]);
+    let plain = Upstream::start(upstream::echo());
+    let ca = TestCa::new();
+    let secure = tls_upstream(&ca);
+    let health = HealthRegistry::default();
+    let pool = pool(
+        &format!(
+            r#"{{"id":"sq","url":"{}","username_template":"cust-{{country}}-sess-{{session}}","password":"pw1"}}"#,
+            squid.url()
+        ),
+        &health,
+    );
+    let r = route(&pool, "US", "s1");
+    run(async {
+        let egress = egress(Some(ca.ca_file()));
+        let resp = egress
+            .execute(&via(Method::Get, &plain.url("/plain"), &r))
+            .await
+            .expect("http through squid");
+        assert_eq!(resp.status, 200);
+        assert!(resp.body.starts_with(b"GET /plain HTTP/1.1\r\n"));
+        assert_eq!(resp.peer_addr.port(), squid.port(), "the peer is the proxy");
+        // The tunnel is pooled under (endpoint, username, destination).
+        let again = egress
+            .execute(&via(Method::Get, &plain.url("/again"), &r))
+            .await
+            .expect("reused");
+        assert!(again.is_connection_reused);
+        for host in ["localhost", "127.0.0.1"] {
+            let resp = egress
+                .execute(&via(Method::Get, &secure.https_url(host, "/tls"), &r))
+                .await
+                .unwrap_or_else(|e| panic!("https {host} through squid: {e:?}"));
+            assert_eq!(resp.status, 200);
+            let want = format!("GET /tls HTTP/1.1\r\nHost: {host}:{}\r\n", secure.port());
+            assert!(resp.body.starts_with(want.as_bytes()), "{host}");
+        }
+        drop(egress);
+    });
+    assert_eq!(plain.connections(), 1);
+    // squid logs a CONNECT when its tunnel closes: the dropped client closed all three.
+    wait_for_log(&squid.access_log(), "three CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 3
+    });
+    let connects = squid.connects();
+    assert!(
+        connects.iter().all(|(user, _)| user == "cust-US-sess-s1"),
+        "{connects:?}"
+    );
+    // Decision 070: the gateway resolved the names and asked for the checked address.
+    let log = std::fs::read_to_string(squid.access_log()).unwrap();
+    assert!(!log.contains("localhost"), "{log}");
+}
+
+#[test]
+fn two_sessions_never_share_a_connection_and_one_session_keeps_its_username() {
+    let squid = Squid::start(&[("u-a", "pw"), ("u-b", "pw")]);
+    let up = Upstream::start(upstream::echo());
+    let health = HealthRegistry::default();
+    let pool = pool(
+        &format!(
+            r#"{{"id":"sq","url":"{}","username_template":"u-{{session}}","password":"pw"}}"#,
+            squid.url()
+        ),
+        &health,
+    );
+    let (a, b) = (route(&pool, "", "a"), route(&pool, "", "b"));
+    run(async {
+        let egress = egress(None);
+        for (i, r) in [&a, &b, &a, &b].into_iter().enumerate() {
+            let resp = egress
+                .execute(&via(Method::Get, &up.url("/"), r))
+                .await
+                .expect("through squid");
+            assert_eq!(resp.is_connection_reused, i >= 2, "request {i}");
+        }
+        assert_eq!(egress.idle_connections(), 2);
+        drop(egress);
+    });
+    assert_eq!(up.connections(), 2);
+    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 2
+    });
+    let mut users: Vec<String> = squid.connects().into_iter().map(|(u, _)| u).collect();
+    users.sort();
+    assert_eq!(users, ["u-a", "u-b"]);
+}
+
+#[test]
+fn squid_failures_map_to_upstream_proxy_failure() {
+    let squid = Squid::start(&[("user", "right")]);
+    let up = Upstream::start(upstream::echo());
+    let never = Upstream::start(upstream::echo());
+    let health = HealthRegistry::default();
+    let wrong = pool(
+        &format!(
+            r#"{{"id":"sq","url":"{}","username_template":"user","password":"wrong"}}"#,
+            squid.url()
+        ),
+        &health,
+    );
+    let right = pool(
+        &format!(
+            r#"{{"id":"sq","url":"{}","username_template":"user","password":"right"}}"#,
+            squid.url()
+        ),
+        &health,
+    );
+    let down = pool(
+        &format!(
+            r#"{{"id":"down","url":"http://127.0.0.1:{}"}}"#,
+            free_port()
+        ),
+        &health,
+    );
+    // A loopback HTTP server that answers every request, CONNECT included, with 502.
+    let bad_gateway = Upstream::start(upstream::fixed(upstream::response(502, &[], b"no")));
+    let answers_502 = pool(
+        &format!(
+            r#"{{"id":"gw","url":"http://127.0.0.1:{}"}}"#,
+            bad_gateway.port()
+        ),
+        &health,
+    );
+    run(async {
+        let egress = egress(None);
+        let e = proxy_failure(
+            &egress,
+            &via(Method::Get, &up.url("/"), &route(&wrong, "", "")),
+        )
+        .await;
+        assert_eq!(e.upstream_status, Some(407));
+        assert_eq!(detail(&e, "fact"), Some("proxy_auth"));
+        assert_eq!(e.http_status(), 502);
+
+        let e = proxy_failure(
+            &egress,
+            &via(Method::Get, &up.url("/"), &route(&down, "", "")),
+        )
+        .await;
+        assert_eq!(detail(&e, "fact"), Some("proxy_connect"));
+        assert_eq!(e.upstream_status, None);
+
+        let e = proxy_failure(
+            &egress,
+            &via(Method::Get, &up.url("/"), &route(&answers_502, "", "")),
+        )
+        .await;
+        assert_eq!(e.upstream_status, Some(502));
+        assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
+
+        // squid itself refusing the tunnel: the destination port is closed.
+        let closed = format!("http://127.0.0.1:{}/", free_port());
+        let e = proxy_failure(&egress, &via(Method::Get, &closed, &route(&right, "", ""))).await;
+        assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
+        assert!(
+            e.upstream_status.is_some_and(|s| s >= 500),
+            "{:?}",
+            e.upstream_status
+        );
+        // The message and details never carry the credentials.
+        let text = format!("{e:?}");
+        assert!(!text.contains("right") && !text.contains("user"), "{text}");
+
+        // A destination the policy denies never reaches the proxy.
+        let mut req = via(Method::Get, &never.url("/"), &route(&right, "", ""));
+        req.policy = Arc::new(DestinationPolicy::default());
+        expect_code(egress.execute(&req).await, ErrorCode::DestinationDenied);
+    });
+    let lines = std::fs::read_to_string(squid.access_log()).unwrap_or_default();
+    assert!(!lines.contains(&format!(":{} ", never.port())), "{lines}");
+    assert_eq!(never.connections(), 0);
+}
+
+#[test]
+fn a_failing_endpoint_is_ejected_and_comes_back() {
+    let users = [("u", "pw")];
+    let live = Squid::start(&users);
+    let dead_port = free_port();
+    let up = Upstream::start(upstream::echo());
+    let health = HealthRegistry::default();
+    let outlier = OutlierPolicy {
+        consecutive_failures: 2,
+        base_ejection_ms: 1_500,
+        max_ejection_ms: 10_000,
+    };
+    let dead_url = format!("http://127.0.0.1:{dead_port}");
+    let pool = proxy_pool(
+        &format!(
+            r#"{{"id":"pair","urls":["{dead_url}","{}"],"username_template":"u","password":"pw"}}"#,
+            live.url()
+        ),
+        &health,
+        outlier,
+    );
+    let r = route(&pool, "", "");
+    let endpoint = |url: &str| {
+        health
+            .view(0)
+            .into_iter()
+            .find(|v| v.endpoint == url)
+            .expect("endpoint health")
+    };
+    run(async {
+        // No pooling: every request chooses an endpoint.
+        let egress = support::egress_with_pool(
+            None,
+            sortie_io::egress::PoolLimits {
+                max_idle_per_key: 0,
+                ..Default::default()
+            },
+        );
+        let mut failures = 0;
+        for _ in 0..4 {
+            match egress.execute(&via(Method::Get, &up.url("/"), &r)).await {
+                Ok(resp) => assert_eq!(resp.status, 200),
+                Err(e) => {
+                    assert_eq!(detail(&e, "fact"), Some("proxy_connect"));
+                    failures += 1;
+                }
+            }
+        }
+        // Round robin sent every other request to the dead endpoint until it was ejected.
+        assert_eq!(failures, 2);
+        assert_eq!(endpoint(&dead_url).ejections_total, 1);
+        let ejected_at = Instant::now();
+        for _ in 0..6 {
+            let resp = egress
+                .execute(&via(Method::Get, &up.url("/"), &r))
+                .await
+                .expect("only the live endpoint is chosen while the other is ejected");
+            assert_eq!(resp.status, 200);
+        }
+        // The endpoint comes back by itself: once the ejection ran out it is tried again,
+        // and now a squid listens there.
+        let revived = Squid::start_on(dead_port, &users);
+        support::wait_until(Duration::from_secs(10), || {
+            ejected_at.elapsed() >= Duration::from_millis(1_600)
+        })
+        .await;
+        for _ in 0..4 {
+            let resp = egress
+                .execute(&via(Method::Get, &up.url("/"), &r))
+                .await
+                .expect("both endpoints serve");
+            assert_eq!(resp.status, 200);
+        }
+        drop(egress);
+        wait_for_log(
+            &revived.access_log(),
+            "CONNECT through the revived endpoint",
+            |t| t.contains(" CONNECT "),
+        );
+    });
+    assert_eq!(endpoint(&dead_url).ejections_total, 1);
+    assert_eq!(endpoint(&dead_url).failures_total, 2);
+}
+
+#[test]
+fn dante_carries_http_and_https_with_the_rendered_username() {
+    let dante = Dante::start(&[("st-s1", "pw1")]);
+    let plain = Upstream::start(upstream::echo());
+    let ca = TestCa::new();
+    let secure = tls_upstream(&ca);
+    let health = HealthRegistry::default();
+    for scheme in ["socks5", "socks5h"] {
+        let pool = pool(
+            &format!(
+                r#"{{"id":"dt","url":"{scheme}://127.0.0.1:{}","username_template":"st-{{session}}","password":"pw1"}}"#,
+                dante.port()
+            ),
+            &health,
+        );
+        let r = route(&pool, "", "s1");
+        run(async {
+            let egress: Egress = egress(Some(ca.ca_file()));
+            let resp = egress
+                .execute(&via(Method::Get, &plain.url("/socks"), &r))
+                .await
+                .unwrap_or_else(|e| panic!("{scheme} http: {e:?}"));
+            assert_eq!(resp.status, 200);
+            let resp = egress
+                .execute(&via(Method::Get, &secure.https_url("localhost", "/s"), &r))
+                .await
+                .unwrap_or_else(|e| panic!("{scheme} https: {e:?}"));
+            assert_eq!(resp.status, 200);
+            assert!(resp.body.starts_with(b"GET /s HTTP/1.1\r\n"));
+        });
+    }
+    let log = wait_for_log(&dante.log(), "four passed connections", |t| {
+        t.matches("tcp/connect").count() >= 4
+    });
+    assert_eq!(dante.users(), ["st-s1"; 4], "{log}");
+}
+
+#[test]
+fn dante_failures_map_to_upstream_proxy_failure() {
+    let dante = Dante::start(&[("st-f1", "right")]);
+    let up = Upstream::start(upstream::echo());
+    let health = HealthRegistry::default();
+    let pool = |password: &str| {
+        pool(
+            &format!(
+                r#"{{"id":"dt","url":"socks5://127.0.0.1:{}","username_template":"st-f1","password":"{password}"}}"#,
+                dante.port()
+            ),
+            &health,
+        )
+    };
+    let (wrong, right) = (pool("wrong"), pool("right"));
+    run(async {
+        let egress = egress(None);
+        let e = proxy_failure(
+            &egress,
+            &via(Method::Get, &up.url("/"), &route(&wrong, "", "")),
+        )
+        .await;
+        assert_eq!(detail(&e, "fact"), Some("proxy_auth"));
+        assert_eq!(e.upstream_status, None);
+        let closed = format!("http://127.0.0.1:{}/", free_port());
+        let e = proxy_failure(&egress, &via(Method::Get, &closed, &route(&right, "", ""))).await;
+        assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
+        assert!(detail(&e, "socks_reply").is_some(), "{e:?}");
+    });
+}

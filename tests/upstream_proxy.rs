@@ -1,0 +1,195 @@
+//! Black-box tests of pools behind an upstream proxy: a real `sortie serve` routes request API
+//! calls, absolute-form proxy requests and CONNECT tunnels through a real squid on loopback,
+//! with the username rendered from the provider session and the password from the gateway's
+//! environment (`password_env`). The username is read from squid's access log.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
+use support::gateway::{admin, request_api, Gateway, DEPLOYMENT_TOKEN};
+use support::proxies::{free_port, wait_for_log, Squid};
+use support::tls::TestCa;
+use support::upstream::{self, Options, Upstream};
+
+const PASSWORD_VAR: &str = "SORTIE_TEST_UPSTREAM_PROXY_PASSWORD";
+
+fn snapshot(proxy: Value) -> String {
+    json!({
+        "routing": {"rules": [{
+            "id": "via-proxy", "priority": 1, "pools": ["acme"],
+            "sticky_session_ttl_seconds": 600, "allow_sticky_fallback": true
+        }]},
+        "pools": [{"id": "acme", "upstream_proxy": proxy}],
+        "destinations": {"allow": ["127.0.0.0/8"], "deny": []}
+    })
+    .to_string()
+}
+
+fn workers(country: &str) -> String {
+    format!("[[workers]]\nid = \"w\"\ncountry = \"{country}\"\npools = [\"acme\"]\n")
+}
+
+/// The provider session routing derives for the test deployment (decision 011).
+fn session(country: &str, sticky: &str) -> String {
+    let s = ProviderSession::derive(&ProviderSessionInputs {
+        deployment_id: "dep_test",
+        pool_id: "acme",
+        upstream_proxy_id: "acme",
+        country: sortie_core::routing::CountryCode::parse(country),
+        region: None,
+        ip_type: None,
+        sticky_session_id: sticky,
+    });
+    String::from_utf8(s.to_hex().to_vec()).expect("hex")
+}
+
+#[test]
+fn the_request_api_goes_through_squid_with_the_session_username() {
+    let sess = session("US", "cart-42");
+    let user = format!("c-US-{sess}");
+    let squid = Squid::start(&[(&user, "from-env"), ("c--", "from-env")]);
+    let up = Upstream::start(upstream::echo());
+    let snap = snapshot(json!({
+        "id": "acme", "url": squid.url(),
+        "username_template": "c-{country}-{session}", "password_env": PASSWORD_VAR
+    }));
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(&workers("US"))
+        .env(PASSWORD_VAR, "from-env")
+        // One core, one connection pool: the reuse below is deterministic.
+        .cores(1)
+        .start();
+    let sticky = json!({"method": "GET", "url": up.url("/a"),
+                        "routing": {"country": "US", "sticky_session_id": "cart-42"}});
+    for _ in 0..2 {
+        let r = request_api(&gw, &sticky);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["status"], 200, "{}", r.text());
+    }
+    // Without a sticky id there is no provider session: `{session}` renders empty.
+    let plain = json!({"method": "GET", "url": up.url("/b")});
+    let r = request_api(&gw, &plain);
+    assert_eq!(r.json()["status"], 200, "{}", r.text());
+    // One pooled tunnel per username: the sticky session's was reused.
+    assert_eq!(up.connections(), 2);
+    drop(gw);
+    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 2
+    });
+    let mut users: Vec<String> = squid.connects().into_iter().map(|(u, _)| u).collect();
+    users.sort();
+    let mut want = vec![user.clone(), "c--".to_string()];
+    want.sort();
+    assert_eq!(users, want);
+}
+
+#[test]
+fn proxy_failures_are_upstream_proxy_failure_and_show_in_metrics() {
+    let squid = Squid::start(&[("u", "right")]);
+    let up = Upstream::start(upstream::echo());
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let snap = json!({
+        "routing": {"rules": [
+            {"id": "wrong", "priority": 1, "pools": ["wrong"], "constraints": {"region": "wrong"}},
+            {"id": "dead", "priority": 2, "pools": ["dead"], "constraints": {"region": "dead"}},
+            {"id": "unset", "priority": 3, "pools": ["unset"], "constraints": {"region": "unset"}}
+        ]},
+        "pools": [
+            {"id": "wrong", "upstream_proxy": {"id": "sq", "url": squid.url(),
+                "username_template": "u", "password": "wrong"}},
+            {"id": "dead", "upstream_proxy": {"id": "dead", "url": dead}},
+            {"id": "unset", "upstream_proxy": {"id": "sq", "url": squid.url(),
+                "username_template": "u", "password_env": "SORTIE_TEST_UNSET_VARIABLE"}}
+        ],
+        "destinations": {"allow": ["127.0.0.0/8"], "deny": []}
+    })
+    .to_string();
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(
+            "[[workers]]\nid = \"w1\"\nregion = \"wrong\"\npools = [\"wrong\"]\n\
+             [[workers]]\nid = \"w2\"\nregion = \"dead\"\npools = [\"dead\"]\n\
+             [[workers]]\nid = \"w3\"\nregion = \"unset\"\npools = [\"unset\"]\n",
+        )
+        .start();
+    let call = |region: &str| {
+        let env = json!({"method": "GET", "url": up.url("/"), "routing": {"region": region}});
+        let r = request_api(&gw, &env);
+        assert_eq!(r.status, 502, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["code"], "upstream_proxy_failure", "{v}");
+        assert_eq!(v["retryable"], true, "{v}");
+        v
+    };
+    let v = call("wrong");
+    assert_eq!(v["upstream_status"], 407, "{v}");
+    assert_eq!(v["details"]["fact"], "proxy_auth", "{v}");
+    assert!(!v.to_string().contains("wrong\""), "no password in {v}");
+    let v = call("dead");
+    assert_eq!(v["details"]["fact"], "proxy_connect", "{v}");
+    assert!(v.get("upstream_status").is_none(), "{v}");
+    let v = call("unset");
+    assert_eq!(v["details"]["fact"], "proxy_credentials", "{v}");
+    assert_eq!(up.connections(), 0);
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains(&format!(
+            "sortie_upstream_proxy_failures_total{{proxy=\"dead\",endpoint=\"{dead}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("# TYPE sortie_upstream_proxy_ejections_total counter"));
+    assert!(metrics.contains(&format!(
+        "sortie_upstream_proxy_ejected{{proxy=\"dead\",endpoint=\"{dead}\"}} 0"
+    )));
+}
+
+#[test]
+fn the_forward_proxy_uses_squid_for_absolute_form_and_connect() {
+    let squid = Squid::start(&[("fp-DE", "pw")]);
+    let up = Upstream::start(upstream::echo());
+    let ca = TestCa::new();
+    let secure = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    );
+    let snap = snapshot(json!({
+        "id": "acme", "url": squid.url(), "username_template": "fp-{country}", "password": "pw"
+    }));
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(&workers("DE"))
+        .start();
+    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
+    let user = format!("dep_test:{DEPLOYMENT_TOKEN}");
+    let cacert = ca.ca_file().display().to_string();
+    let (plain_url, secure_url) = (up.url("/abs"), secure.https_url("localhost", "/tunnel"));
+    for url in [plain_url.as_str(), secure_url.as_str()] {
+        let out = Command::new("curl")
+            .args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
+            .args(["--proxy-user", &user])
+            .args(["--proxy-header", "X-Service-Route-Country: DE"])
+            .args(["--cacert", &cacert, url])
+            .output()
+            .expect("curl must be installed (scripts/ci-deps.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{url}: {text}");
+        assert!(text.contains("HTTP/1.1 200"), "{url}: {text}");
+    }
+    drop(gw);
+    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 2
+    });
+    let connects = squid.connects();
+    assert!(
+        connects.len() == 2 && connects.iter().all(|(u, _)| u == "fp-DE"),
+        "{connects:?}"
+    );
+}
