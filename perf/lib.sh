@@ -17,6 +17,8 @@ ADMIN_TOKEN=perf-admin-0123456789abcdef
 
 # The body nginx answers on /small: 100 bytes, so that both paths move a small fixed payload.
 SMALL_BODY=$(printf 'x%.0s' {1..99})
+# The body nginx answers on /kib: 1 KiB (1023 bytes and the newline).
+KIB_BODY=$(printf 'x%.0s' {1..1023})
 
 WORK_DIR=""
 NGINX_PID=""
@@ -156,6 +158,10 @@ http {
         location = /small {
             default_type text/plain;
             return 200 "$SMALL_BODY\n";
+        }
+        location = /kib {
+            default_type text/plain;
+            return 200 "$KIB_BODY\n";
         }
         location / {
             return 404;

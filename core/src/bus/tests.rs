@@ -471,3 +471,24 @@ fn worker_lane_checks_bodies_against_their_announced_length() {
         "worker-only frame"
     );
 }
+
+/// The fuzz seed of a control's frames decodes whole (the seed follows the codec).
+#[test]
+fn control_frames_seed_decodes() {
+    let seed = include_bytes!("../../../fuzz/corpus/bus_frame/welcome");
+    let mut rest = &seed[..];
+    let mut names = Vec::new();
+    while !rest.is_empty() {
+        match decode(rest) {
+            Ok(Decoded::Frame(f, n)) => {
+                names.push(f.name());
+                rest = &rest[n..];
+            }
+            other => panic!("seed does not decode: {other:?}"),
+        }
+    }
+    assert_eq!(
+        names,
+        ["welcome", "config_push", "credit", "cancel", "goaway"]
+    );
+}

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The worker bus against the in-process executor, in one run: the request API answering a 1 KiB
+# nginx body through `sortie serve` (local worker) and through `sortie control` + one remote
+# `sortie worker` over a plain-TCP bus on loopback. Prints req/s, requests per CPU-second of the
+# measured processes (CPU from /proc), and the ratio (target ≥ 0.70). See perf/README.md.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-3s}
+ROUNDS=${ROUNDS:-3}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-1}
+BUS_PORT=${BUS_PORT:-18070}
+# Cores of the control (and of the gateway it is compared with) and of the worker.
+CORES=${CORES:-1}
+WORKER_CORES=${WORKER_CORES:-1}
+TARGET_RATIO=0.70
+WORKER_PID=""
+WORKER_TOKEN=perf-worker-token-0123456789
+
+say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p; s/^WRK_RESULT $1=\([^ ]*\).*/\1/p" <<<"$2" | head -n 1; }
+
+stop_pid() {
+  [ -n "$1" ] || return 0
+  kill "$1" 2>/dev/null || true
+  wait_gone "$1" 10 || kill -9 "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+start_control() {
+  local bin=$1 dir="$WORK_DIR/gateway" config
+  config=$(write_gateway_config "$CORES")
+  # The control keeps its config but drops the local worker and opens the bus.
+  sed -i '/^\[\[workers\]\]/,$d' "$config"
+  sed -i "s|^cores = .*|cores = $CORES\nbus_listen = \"127.0.0.1:$BUS_PORT\"|" "$config"
+  printf '\n[control.bus]\ntoken = "%s"\nplaintext = true\n' "$WORKER_TOKEN" >>"$config"
+  require_free_port "$API_PORT" API_PORT
+  require_free_port "$BUS_PORT" BUS_PORT
+  "$bin" control --config "$config" >"$WORK_DIR/control.log" 2>&1 &
+  GATEWAY_PID=$!
+  wait_port "$API_PORT" 30 "$GATEWAY_PID" || { tail "$WORK_DIR/control.log" >&2; die "control did not start"; }
+  cat >"$dir/worker.toml" <<TOML
+[worker]
+id = "perf-worker"
+controls = ["127.0.0.1:$BUS_PORT"]
+token = "$WORKER_TOKEN"
+plaintext = true
+cores = $WORKER_CORES
+capacity = 100000
+TOML
+  "$bin" worker --config "$dir/worker.toml" >"$WORK_DIR/worker.log" 2>&1 &
+  WORKER_PID=$!
+  EXTRA_PIDS+=("$WORKER_PID")
+  local deadline=$((SECONDS + 30))
+  until curl -s -H "Authorization: Bearer $ADMIN_TOKEN" "http://127.0.0.1:$ADMIN_PORT/api/v1/admin/workers" |
+    grep -q '"state":"connected"'; do
+    [ "$SECONDS" -lt "$deadline" ] || { tail "$WORK_DIR/worker.log" >&2; die "worker did not register"; }
+    sleep 0.1
+  done
+  log "control (pid $GATEWAY_PID) and worker (pid $WORKER_PID) on bus 127.0.0.1:$BUS_PORT"
+}
+
+probe() {
+  local code
+  code=$(curl -s -o "$WORK_DIR/probe.json" -w '%{http_code}' -H "Authorization: Bearer $DEPLOYMENT_TOKEN" \
+    -H 'Content-Type: application/json' \
+    --data "{\"method\":\"GET\",\"url\":\"http://127.0.0.1:$UPSTREAM_PORT/kib\",\"timeout_ms\":5000}" \
+    "http://127.0.0.1:$API_PORT/api/v1/requests")
+  [ "$code" = 200 ] && grep -q '"status":200' "$WORK_DIR/probe.json" ||
+    die "probe failed (HTTP $code): $(cat "$WORK_DIR/probe.json")"
+}
+
+# Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… p99_us=… errors=…", CPU being
+# the sum over the pids given.
+measure() {
+  local label=$1; shift
+  local url="http://127.0.0.1:$API_PORT/api/v1/requests" out="$WORK_DIR/wrk-$label.txt"
+  local before=0 after=0 pid tck
+  tck=$(getconf CLK_TCK)
+  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
+    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" \
+    -s "$PERF_DIR/envelope.lua" "$url" >/dev/null 2>&1 || die "wrk warmup failed"
+  for pid in "$@"; do before=$((before + $(cpu_ticks "$pid"))); done
+  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
+    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" \
+    --latency -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
+  for pid in "$@"; do after=$((after + $(cpu_ticks "$pid"))); done
+  local line requests rps cpu errors
+  line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
+  requests=$(field requests "$line")
+  rps=$(field rps "$line")
+  errors=$(($(field connect_errors "$line") + $(field read_errors "$line") + $(field write_errors "$line") + $(field timeouts "$line") + $(field non_2xx "$line")))
+  cpu=$(awk -v t=$((after - before)) -v hz="$tck" 'BEGIN { printf "%.2f", t / hz }')
+  printf 'rps=%s cpu_s=%s req_per_cpu_s=%s p99_us=%s errors=%s\n' "$rps" "$cpu" \
+    "$(awk -v r="$requests" -v c="$cpu" 'BEGIN { printf "%.0f", (c > 0 ? r / c : 0) }')" \
+    "$(field p99_us "$line")" "$errors"
+}
+
+main() {
+  init_run
+  RESULTS_FILE="$RESULTS_DIR/$(date +%F)-bus.txt"
+  apt_install nginx wrk curl
+  local bin
+  bin=$(gateway_binary)
+  start_nginx
+  say ""
+  say "=== sortie bus run $(date -u +%FT%TZ)"
+  say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  say "knobs: DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS CORES=$CORES WORKER_CORES=$WORKER_CORES body=1 KiB"
+  local round local_r remote_r local_rps remote_rps ratios=() cpu_ratios=()
+  for round in $(seq 1 "$ROUNDS"); do
+    start_gateway "$bin" "$CORES"
+    probe
+    local_r=$(measure "local-$round" "$GATEWAY_PID")
+    stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+    start_control "$bin"
+    probe
+    remote_r=$(measure "remote-$round" "$GATEWAY_PID" "$WORKER_PID")
+    stop_pid "$WORKER_PID"; WORKER_PID=""
+    stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+    local_rps=$(field rps " $local_r")
+    remote_rps=$(field rps " $remote_r")
+    ratios+=("$(awk -v a="$remote_rps" -v b="$local_rps" 'BEGIN { printf "%.2f", a / b }')")
+    say "round $round  in-process: $local_r"
+    say "round $round  bus:        $remote_r  (CPU of control + worker)"
+    cpu_ratios+=("$(awk -v a="$(field req_per_cpu_s " $remote_r")" -v b="$(field req_per_cpu_s " $local_r")" 'BEGIN { printf "%.2f", a / b }')")
+    say "round $round  ratio bus/in-process: req/s ${ratios[-1]}, requests per CPU-second ${cpu_ratios[-1]}"
+  done
+  local best cpu_best
+  best=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  cpu_best=$(printf '%s\n' "${cpu_ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  say "median ratio req/s: $best (target >= $TARGET_RATIO); median ratio requests per CPU-second: $cpu_best"
+}
+
+main "$@"
