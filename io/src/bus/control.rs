@@ -322,7 +322,10 @@ impl BusCore {
             None => Conn::plain(stream),
         };
         let mut buf = Vec::new();
-        let hello = match read_frame(&mut conn, &mut buf).await? {
+        let hello = match read_frame(&mut conn, &mut buf)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             Some(Frame::Hello(h)) => h,
             Some(f) => return Err(format!("{} before hello", f.name())),
             None => return Err("closed before hello".into()),
@@ -502,7 +505,12 @@ impl BusCore {
                     self.close(&lane, Loss::Disconnected);
                     break;
                 }
-                Err(reason) => {
+                Err(super::ReadError::Io(e)) => {
+                    tracing::info!(worker = %lane.worker_id, lane = lane.index, error = %e, "bus lane failed");
+                    self.close(&lane, Loss::Disconnected);
+                    break;
+                }
+                Err(super::ReadError::Frame(reason)) => {
                     tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus frame error; closing the lane");
                     self.close(&lane, Loss::Protocol);
                     break;

@@ -144,12 +144,30 @@ impl<T> Queue<T> {
     }
 }
 
-/// Reads from `conn` until one whole frame is buffered in `buf` (from `*at`), and decodes it.
-/// `Ok(None)` at the end of the stream.
+/// Why no frame could be read.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The connection failed (reset, TLS failure): the peer is gone.
+    Io(std::io::Error),
+    /// The bytes are not a frame: a protocol error.
+    Frame(sortie_core::bus::FrameError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Frame(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Reads from `conn` until one whole frame is buffered in `buf`, and decodes it. `Ok(None)` at
+/// the end of the stream.
 pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
     conn: &mut conn::Conn<S>,
     buf: &mut Vec<u8>,
-) -> Result<Option<Frame>, String> {
+) -> Result<Option<Frame>, ReadError> {
     loop {
         match sortie_core::bus::decode(buf) {
             Ok(sortie_core::bus::Decoded::Frame(f, used)) => {
@@ -157,12 +175,12 @@ pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
                 return Ok(Some(f));
             }
             Ok(sortie_core::bus::Decoded::Partial(_)) => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ReadError::Frame(e)),
         }
         match conn.read(buf).await {
             Ok(0) => return Ok(None),
             Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(ReadError::Io(e)),
         }
     }
 }

@@ -382,7 +382,10 @@ async fn lane_session(
             .map_err(|e| e.to_string())?;
         let (r, _) = conn.write_all(out).await;
         r.map_err(|e| e.to_string())?;
-        match read_frame(&mut conn, &mut buf).await? {
+        match read_frame(&mut conn, &mut buf)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             Some(Frame::Welcome(w)) => Ok((conn, buf, w)),
             Some(Frame::Reject(r)) => Err(format!("{}: {}", r.reason, r.message)),
             Some(f) => Err(format!("{} instead of welcome", f.name())),
