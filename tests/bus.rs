@@ -232,7 +232,9 @@ fn capacity_exhaustion_and_drain_under_load() {
 
 #[test]
 fn kill9_of_a_worker_fails_each_in_flight_request_once() {
-    let gw = control("127.0.0.1:0", None).start();
+    let gw = control("127.0.0.1:0", None)
+        .env("RUST_LOG", "info,sortie::request=debug")
+        .start();
     let bus = gw.bus.unwrap();
     let mut a = start_worker("wa", bus, None, "capacity = 16");
     wait_worker(&gw, "wa", "connected");
@@ -303,7 +305,15 @@ fn kill9_of_a_worker_fails_each_in_flight_request_once() {
         _ => c.kill9(),
     }
     let r = t.join().unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
+    if r.status != 200 {
+        let log: Vec<String> = gw.stdout.try_iter().collect();
+        panic!(
+            "{}: {}\ncontrol log:\n{}",
+            r.status,
+            r.text(),
+            log.join("\n")
+        );
+    }
     assert_eq!(r.json()["body"]["data_base64"], b64("again"));
     assert_eq!(seen.load(Ordering::SeqCst), 2);
 }
