@@ -570,3 +570,34 @@ fn an_assignment_not_accepted_in_time_is_an_assignment_timeout() {
         }
     }
 }
+
+/// Decision 061: a second process with the id of a connected worker is refused
+/// (`duplicate_session`) and the first keeps serving; once the first is gone, the second is
+/// admitted on its next attempt.
+#[test]
+fn a_second_session_of_a_connected_worker_id_is_refused_until_the_first_is_gone() {
+    let gw = control("127.0.0.1:0", None).start();
+    let bus = gw.bus.unwrap();
+    let mut first = start_worker("wa", bus, None, "");
+    let w = wait_worker(&gw, "wa", "connected");
+    assert_eq!(w["session"].as_str(), Some(first.session.as_str()));
+    let second = start_worker("wa", bus, None, "");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let line = second
+            .out
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("the second worker logs its refusal");
+        if line.contains("duplicate_session") {
+            break;
+        }
+    }
+    let w = wait_worker(&gw, "wa", "connected");
+    assert_eq!(w["session"].as_str(), Some(first.session.as_str()));
+    first.kill9();
+    wait_until(Duration::from_secs(20), "the second session admitted", || {
+        wait_worker(&gw, "wa", "connected")["session"].as_str() == Some(second.session.as_str())
+    });
+    let (up, _) = recording(Duration::ZERO);
+    assert_eq!(request_at(gw.api, &get(&up.url("/x"))).status, 200);
+}
