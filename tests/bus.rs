@@ -595,9 +595,74 @@ fn a_second_session_of_a_connected_worker_id_is_refused_until_the_first_is_gone(
     let w = wait_worker(&gw, "wa", "connected");
     assert_eq!(w["session"].as_str(), Some(first.session.as_str()));
     first.kill9();
-    wait_until(Duration::from_secs(20), "the second session admitted", || {
-        wait_worker(&gw, "wa", "connected")["session"].as_str() == Some(second.session.as_str())
-    });
+    wait_until(
+        Duration::from_secs(20),
+        "the second session admitted",
+        || wait_worker(&gw, "wa", "connected")["session"].as_str() == Some(second.session.as_str()),
+    );
     let (up, _) = recording(Duration::ZERO);
     assert_eq!(request_at(gw.api, &get(&up.url("/x"))).status, 200);
+}
+
+/// SIGTERM to a worker under load: it says `GoAway`, the control stops assigning to it, the
+/// requests in flight finish, and it exits 0 — no request fails.
+#[test]
+fn a_stopping_worker_finishes_its_requests_under_load() {
+    let gw = control("127.0.0.1:0", None).start();
+    let bus = gw.bus.unwrap();
+    let mut a = start_worker("wa", bus, None, "");
+    let _b = start_worker("wb", bus, None, "");
+    wait_worker(&gw, "wa", "connected");
+    wait_worker(&gw, "wb", "connected");
+    let (up, _) = recording(Duration::from_millis(30));
+    let api = gw.api;
+    let failures = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    for _ in 0..6 {
+        let (failures, done, count, url) = (
+            failures.clone(),
+            done.clone(),
+            count.clone(),
+            up.url("/load"),
+        );
+        threads.push(std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let r = request_at(api, &get(&url));
+                count.fetch_add(1, Ordering::Relaxed);
+                if r.status != 200 {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("failed: {}", r.text());
+                }
+            }
+        }));
+    }
+    wait_until(Duration::from_secs(10), "load running", || {
+        count.load(Ordering::Relaxed) > 30
+    });
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &a.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(s) = a.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "worker did not stop");
+        std::thread::park_timeout(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let at = count.load(Ordering::Relaxed);
+    wait_until(Duration::from_secs(10), "more load after the stop", || {
+        count.load(Ordering::Relaxed) > at + 30
+    });
+    done.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(failures.load(Ordering::Relaxed), 0, "no request failed");
+    wait_worker(&gw, "wa", "disconnected");
 }

@@ -190,6 +190,19 @@ impl BusShared {
         }
     }
 
+    /// The worker said `GoAway`: it stops being routable at once (listed as disconnected),
+    /// while the streams in flight on its lanes finish.
+    fn going_away(&self, state: &ControlState, worker_id: &str, session: &str) {
+        let mut s = self.sessions();
+        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+            return;
+        };
+        if e.is_registered {
+            e.is_registered = false;
+            state.disconnect_remote(worker_id, session, crate::clock::unix_ms());
+        }
+    }
+
     /// A lane of the session is gone: the worker stops being routable.
     fn lane_down(&self, state: &ControlState, worker_id: &str, session: &str) {
         let mut s = self.sessions();
@@ -542,7 +555,10 @@ impl BusCore {
                     .applied(&self.state, &lane.worker_id, &lane.session, version);
             }
             Frame::GoAway { reason } => {
+                // No new assignments; the streams on its lanes finish.
                 tracing::info!(worker = %lane.worker_id, %reason, "worker going away");
+                self.shared
+                    .going_away(&self.state, &lane.worker_id, &lane.session);
             }
             Frame::Accept { stream } => {
                 if let Some(q) = queue(stream) {

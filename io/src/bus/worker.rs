@@ -51,6 +51,8 @@ struct Shared {
     policy: ArcSwapOption<DestinationPolicy>,
     applied: AtomicU64,
     bind_address: Option<IpAddr>,
+    /// Set by SIGTERM/SIGINT: lanes say `GoAway`, new assignments are refused.
+    is_stopping: std::sync::atomic::AtomicBool,
     timeouts: Timeouts,
     tls: Option<Arc<rustls::ClientConfig>>,
     server_name: Option<String>,
@@ -118,6 +120,7 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         policy: ArcSwapOption::empty(),
         applied: AtomicU64::new(0),
         bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
+        is_stopping: std::sync::atomic::AtomicBool::new(false),
         timeouts: Timeouts {
             connect: Duration::from_millis(file.egress.connect_timeout_ms),
             response_header: None,
@@ -138,6 +141,12 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     }
     let receivers = Arc::new(Mutex::new(receivers));
     let controls = w.controls.clone();
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| e.to_string())?;
+    let stopping = shared.clone();
     println!(
         "sortie {} worker {} (session {session})",
         env!("CARGO_PKG_VERSION"),
@@ -187,11 +196,23 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         }
     })
     .map_err(|e| e.to_string())?;
-    for h in handles {
-        let _ = h.join();
+    let _ = signals.forever().next();
+    // Graceful stop: every lane says GoAway within a heartbeat, assignments in flight finish
+    // (within `STOP_GRACE`), then the process exits and its lanes close.
+    tracing::info!("stopping: no new assignments, finishing the ones in flight");
+    stopping.is_stopping.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + STOP_GRACE;
+    // A GoAway may cross an assignment already on its way: wait one heartbeat before idle counts.
+    std::thread::sleep(Duration::from_millis(300));
+    while stopping.active.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+        std::thread::park_timeout(Duration::from_millis(20));
     }
+    drop(handles);
     Ok(())
 }
+
+/// How long a stopping worker lets its assignments in flight run.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -412,12 +433,23 @@ async fn lane_session(
         let (wl, hb, shared) = (wl.clone(), hb.clone(), shared.clone());
         let every = Duration::from_millis(u64::from(welcome.heartbeat_ms.max(100)));
         monoio::spawn(async move {
+            let mut has_said_goaway = false;
             while hb.get() {
                 wl.send(&Frame::Heartbeat(Heartbeat {
                     active: shared.active.load(Ordering::Relaxed),
                     capacity: shared.capacity,
                 }));
-                monoio::time::sleep(every).await;
+                let tick = every.min(Duration::from_millis(100));
+                let next = Instant::now() + every;
+                while hb.get() && Instant::now() < next {
+                    if !has_said_goaway && shared.is_stopping.load(Ordering::Relaxed) {
+                        has_said_goaway = true;
+                        wl.send(&Frame::GoAway {
+                            reason: "worker stopping".into(),
+                        });
+                    }
+                    monoio::time::sleep(tick).await;
+                }
             }
         });
     }
@@ -529,10 +561,14 @@ async fn serve_stream(
             (n < shared.capacity).then_some(n + 1)
         })
         .is_ok();
-    if !taken {
+    if !taken || shared.is_stopping.load(Ordering::Relaxed) {
+        if taken {
+            shared.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        let reason = if taken { "draining" } else { "capacity" };
         wl.send(&Frame::Refuse {
             stream,
-            reason: "capacity".into(),
+            reason: reason.into(),
         });
         return;
     }
