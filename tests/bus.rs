@@ -286,6 +286,12 @@ fn kill9_of_a_worker_fails_each_in_flight_request_once() {
             &json!({"method": "GET", "url": url, "replayable": true}),
         )
     });
+    // The worker has passed the request on: the upstream holds it.
+    wait_until(
+        Duration::from_secs(10),
+        "the upstream has the request",
+        || seen.load(Ordering::SeqCst) == 1,
+    );
     let mut busy = None;
     wait_until(
         Duration::from_secs(10),
@@ -665,4 +671,23 @@ fn a_stopping_worker_finishes_its_requests_under_load() {
     }
     assert_eq!(failures.load(Ordering::Relaxed), 0, "no request failed");
     wait_worker(&gw, "wa", "disconnected");
+}
+
+/// Lanes live past the time limit of the hello (10 s): a worker stays connected, heartbeating,
+/// and keeps serving for longer than that.
+#[test]
+fn lanes_outlive_the_hello_time_limit() {
+    let gw = control("127.0.0.1:0", None).start();
+    let w = start_worker("wa", gw.bus.unwrap(), None, "");
+    wait_worker(&gw, "wa", "connected");
+    let until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < until {
+        let items = admin_items(&gw, "/api/v1/admin/workers");
+        let item = support::gateway::worker_item(&items, "wa");
+        assert_eq!(item["state"], "connected", "{item}");
+        assert_eq!(item["session"].as_str(), Some(w.session.as_str()));
+        std::thread::park_timeout(Duration::from_millis(200));
+    }
+    let (up, _) = recording(Duration::ZERO);
+    assert_eq!(request_at(gw.api, &get(&up.url("/late"))).status, 200);
 }

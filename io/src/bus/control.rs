@@ -374,7 +374,8 @@ impl BusCore {
         }
         let target = usize::from(hello.lane);
         if target == self.core {
-            self.adopt(conn, hello, buf).await;
+            // A task of its own: the lane outlives the hello's time limit around this call.
+            monoio::spawn(self.clone().adopt(conn, hello, buf));
             return Ok(());
         }
         let (stream, tls) = conn.into_parts().map_err(|e| e.to_string())?;
