@@ -12,6 +12,10 @@ fi
 if ! command -v st >/dev/null 2>&1 || ! command -v openapi-spec-validator >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check schemathesis==4.32.5 openapi-spec-validator
 fi
+# The HTTP/2 egress tests and perf/h2.sh use nginx over TLS as a real HTTP/2 upstream.
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  apt-get update -qq && apt-get install -y -qq nginx
+fi
 # The forward-proxy tests drive the proxy with Python requests (proxies=).
 if ! python3 -c "import requests" >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check requests

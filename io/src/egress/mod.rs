@@ -1,5 +1,7 @@
-//! The egress executor's upstream HTTP/1.1 client: performs exactly one upstream request for a
-//! validated request, over plain TCP or TLS, reusing per-core keep-alive connections.
+//! The egress executor's upstream HTTP client: performs exactly one upstream request for a
+//! validated request, over plain TCP or TLS, reusing per-core keep-alive connections. Over TLS
+//! it offers HTTP/2 and HTTP/1.1 and speaks what the destination chooses (`h2conn.rs`,
+//! decision 080); the envelope is the same either way.
 //!
 //! One [`Egress`] per hot core (it is not `Send`): it owns the core's DNS cache, a TLS
 //! connector and the keep-alive pool. [`Egress::execute`] resolves the host (IP literals skip
@@ -26,6 +28,9 @@
 //! | the total deadline, at any stage | `timeout_exceeded` | the stage's: `connect_timeout`, `upload_timeout`, `response_header_timeout`, `download_timeout`; `total_deadline_timeout` during name resolution |
 //! | source address unusable, sockets exhausted | `executor_internal_error` | |
 //!
+//! HTTP/2 stream and connection failures (`GOAWAY`, `RST_STREAM`, flow control, protocol
+//! violations) map as decision 080's table says; they carry an `h2_error` detail.
+//!
 //! Timeouts and resets carry a `stage` detail (`dns`, `connect`, `tls_handshake`,
 //! `request_write`, `response_header`, `response_body`).
 //!
@@ -39,6 +44,7 @@
 mod client;
 mod connect;
 mod error;
+mod h2conn;
 mod pool;
 mod stream;
 mod streaming;
@@ -60,12 +66,13 @@ use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
+pub use h2conn::{H2_CONNECTION_WINDOW, H2_MAX_HEADER_LIST_BYTES, H2_STREAM_WINDOW};
 pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
     POOL_SWEEP_INTERVAL,
 };
 pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
-pub use tls::{client_config, TlsConfigError, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
+pub use tls::{client_config, TlsConfigError, ALPN_H2, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
 pub use upstream_proxy::{
     EndpointHealth, EndpointHealthView, HealthRegistry, ProxyPool, ProxyRoute,
 };
@@ -73,6 +80,7 @@ pub use upstream_proxy::{
 use self::client::{Exchange, Failure};
 use self::connect::within;
 use self::error::{Expired, Stage};
+use self::h2conn::{Acquire, H2Conn, H2Failure, H2Pool, Retry};
 use self::pool::{Pool, PoolKey};
 use self::stream::Conn;
 use crate::dns::Resolver;
@@ -188,8 +196,14 @@ pub struct EgressResponse {
 
 struct Inner {
     resolver: Resolver,
+    /// Through upstream proxies: HTTP/1.1 only.
     tls: TlsConnector,
+    /// Direct connections: ALPN `h2` and `http/1.1`.
+    tls_direct: tokio_rustls::TlsConnector,
     pool: Pool,
+    /// HTTP/2 connections, one per key.
+    h2: H2Pool,
+    idle_timeout: Duration,
 }
 
 /// The upstream client of one core. Cheap to clone (clones share the pool); not `Send`.
@@ -217,7 +231,10 @@ impl Egress {
         let inner = Rc::new(Inner {
             resolver,
             tls: tls::per_core_connector(tls),
+            tls_direct: tls::per_core_direct_connector(tls),
             pool: Pool::new(limits),
+            h2: H2Pool::default(),
+            idle_timeout: limits.idle_timeout,
         });
         if !limits.sweep_interval.is_zero() {
             monoio::spawn(sweep_every(limits.sweep_interval, Rc::downgrade(&inner)));
@@ -227,10 +244,9 @@ impl Egress {
 
     /// Performs the request: one upstream exchange, plus at most one retry on a fresh
     /// connection when a reused connection broke before any response byte and the request is
-    /// replayable.
+    /// replayable (or, over HTTP/2, when the server provably did not process the stream).
     pub async fn execute(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
         let started = Instant::now();
-        let head = client::request_head(req.method, &req.url, &req.headers, req.body.len())?;
         let via = req.via.as_ref().map(|r| (r, r.choose(started)));
         let key = PoolKey {
             worker_id: req.worker_id.clone(),
@@ -240,32 +256,54 @@ impl Egress {
             bind: req.bind_address,
             via: via.map(|(r, i)| r.key(i)),
         };
-        let x = Exchange {
-            method: req.method,
-            head: &head,
-            body: &req.body,
-            deadline: req.deadline,
-            timeouts: &req.timeouts,
-            max_response_body_bytes: req.max_response_body_bytes,
-        };
+        let mut head = None;
         let mut may_retry = req.is_replayable;
+        let mut may_retry_unprocessed = true;
         let mut may_reuse = true;
         loop {
-            let pooled = if may_reuse {
-                self.inner.pool.checkout(&key, &req.policy, started)
-            } else {
-                None
+            let (conn, connect_ms, is_reused) = self
+                .obtain(&key, Dial::of(req, via), may_reuse, started)
+                .await?;
+            let mut conn = match conn {
+                Opened::H2(c) => match self.execute_h2(&c, req).await {
+                    Ok((status, headers, body)) => {
+                        return Ok(EgressResponse {
+                            status,
+                            headers,
+                            body,
+                            peer_addr: c.peer(),
+                            connect_ms,
+                            egress_ms: millis(started.elapsed()),
+                            is_connection_reused: is_reused,
+                        })
+                    }
+                    Err(f) => {
+                        if retry_h2(&f, is_reused, &mut may_retry, &mut may_retry_unprocessed) {
+                            tracing::debug!("HTTP/2 stream failed before a response; retrying");
+                            may_reuse = false;
+                            continue;
+                        }
+                        return Err(f.error);
+                    }
+                },
+                Opened::Http1(conn) => conn,
             };
-            let is_reused = pooled.is_some();
-            let (mut conn, connect_ms) = match pooled {
-                Some(conn) => (conn, 0),
-                None => {
-                    let connect_started = Instant::now();
-                    // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state
-                    // of the exchange, and the hot path reuses a pooled connection instead.
-                    let conn = Box::pin(self.connect(Dial::of(req, via))).await?;
-                    (conn, millis(connect_started.elapsed()))
-                }
+            let head = match &head {
+                Some(h) => h,
+                None => head.insert(client::request_head(
+                    req.method,
+                    &req.url,
+                    &req.headers,
+                    req.body.len(),
+                )?),
+            };
+            let x = Exchange {
+                method: req.method,
+                head,
+                body: &req.body,
+                deadline: req.deadline,
+                timeouts: &req.timeouts,
+                max_response_body_bytes: req.max_response_body_bytes,
             };
             match client::exchange(&mut conn, &x).await {
                 Ok(resp) => {
@@ -300,6 +338,90 @@ impl Egress {
         }
     }
 
+    /// One buffered exchange over HTTP/2: the whole body under the response limit.
+    async fn execute_h2(
+        &self,
+        conn: &Rc<H2Conn>,
+        req: &EgressRequest,
+    ) -> Result<(u16, Vec<(Bytes, Bytes)>, Vec<u8>), H2Failure> {
+        let no_retry = |error| H2Failure {
+            error,
+            retry: Retry::No,
+        };
+        let mut body = req.body.clone();
+        let length = streaming::BodySource::length(&body);
+        let fields = req
+            .headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value.as_slice()));
+        let head = h2conn::request_head(req.method, &req.url, fields, length).map_err(no_retry)?;
+        let sent = h2conn::send(conn, head, length, &mut body, &req.timeouts, req.deadline).await?;
+        let mut resp = h2conn::response_head(sent, req.method, &req.timeouts, req.deadline).await?;
+        let max = req.max_response_body_bytes;
+        let reserve = match resp.framing {
+            sortie_core::h1::ResponseFraming::ContentLength(n) => {
+                if n > max as u64 {
+                    return Err(no_retry(error::response_too_large(max)));
+                }
+                usize::try_from(n).unwrap_or(0).min(1024 * 1024)
+            }
+            _ => 0,
+        };
+        let mut out = Vec::with_capacity(reserve);
+        while let Some(piece) = resp
+            .body
+            .next(req.timeouts.idle, req.deadline)
+            .await
+            .map_err(no_retry)?
+        {
+            if out.len().saturating_add(piece.len()) > max {
+                return Err(no_retry(error::response_too_large(max)));
+            }
+            out.extend_from_slice(&piece);
+        }
+        Ok((resp.status, resp.headers, out))
+    }
+
+    /// A connection for `key`: the key's HTTP/2 connection when it has one (waiting, within
+    /// the deadline, while another request of this core opens it), else a pooled HTTP/1.1
+    /// connection when `may_reuse`, else a new one. Returns it with the milliseconds spent
+    /// connecting and whether it existed before.
+    async fn obtain(
+        &self,
+        key: &PoolKey,
+        dial: Dial<'_>,
+        may_reuse: bool,
+        now: Instant,
+    ) -> Result<(Opened, u64, bool), ApiError> {
+        loop {
+            let guard = match self.inner.h2.acquire(key, dial.policy) {
+                Acquire::Conn(c) => return Ok((Opened::H2(c), 0, true)),
+                Acquire::Wait(rx) => match within(dial.deadline, rx).await {
+                    Some(_) => continue,
+                    None => return Err(error::timeout(Expired::TotalDeadline, Stage::Connect)),
+                },
+                Acquire::Dial(g) => Some(g),
+                Acquire::Unknown => None,
+            };
+            if guard.is_none() && may_reuse {
+                if let Some(c) = self.inner.pool.checkout(key, dial.policy, now) {
+                    return Ok((Opened::Http1(c), 0, true));
+                }
+            }
+            let connect_started = Instant::now();
+            // Boxed: connecting (DNS, TCP, TLS handshake) has by far the largest state of the
+            // exchange, and the hot path reuses a pooled connection instead.
+            let conn = Box::pin(self.connect(dial)).await?;
+            if let Opened::H2(c) = &conn {
+                match guard {
+                    Some(g) => g.finish(c),
+                    None => self.inner.h2.register(key.clone(), c),
+                }
+            }
+            return Ok((conn, millis(connect_started.elapsed()), false));
+        }
+    }
+
     /// Resolves the host and opens a TCP connection to the first address the policy allows.
     async fn dial_tcp(
         &self,
@@ -320,7 +442,13 @@ impl Egress {
     /// Closes idle connections that expired or that their peer closed; the sweep timer calls
     /// this every [`PoolLimits::sweep_interval`]. Returns how many were closed.
     pub fn sweep_idle(&self) -> usize {
-        self.inner.pool.sweep(Instant::now())
+        let now = Instant::now();
+        self.inner.pool.sweep(now) + self.inner.h2.sweep(now, self.inner.idle_timeout)
+    }
+
+    /// Open HTTP/2 connections of this core (one per destination key that chose HTTP/2).
+    pub fn h2_connections(&self) -> usize {
+        self.inner.h2.len()
     }
 
     /// Idle connections in this core's pool.
@@ -328,15 +456,16 @@ impl Egress {
         self.inner.pool.len()
     }
 
-    /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`; through the upstream
-    /// proxy endpoint when there is one.
-    async fn connect(&self, req: Dial<'_>) -> Result<Conn, ApiError> {
+    /// Opens a new connection for `req`: DNS, TCP, and TLS for `https`, then the HTTP/2
+    /// preface when the destination chose `h2` (within the same limit as the handshake);
+    /// through the upstream proxy endpoint when there is one (HTTP/1.1 only, decision 080).
+    async fn connect(&self, req: Dial<'_>) -> Result<Opened, ApiError> {
         if let Some((route, i)) = req.via {
-            return self.connect_via(route, i, &req).await;
+            return self.connect_via(route, i, &req).await.map(Opened::Http1);
         }
         let (tcp, peer) = self.dial_tcp(&req).await?;
         match req.url.scheme {
-            Scheme::Http => Ok(Conn::plain(tcp, peer)),
+            Scheme::Http => Ok(Opened::Http1(Conn::plain(tcp, peer))),
             Scheme::Https => {
                 let name = tls::server_name(&req.url.host)?;
                 let attempt_end = Instant::now().checked_add(req.timeouts.connect);
@@ -344,12 +473,50 @@ impl Egress {
                     Some(end) if end < req.deadline => (end, Expired::ConnectAttempt),
                     _ => (req.deadline, Expired::TotalDeadline),
                 };
-                match within(at, tls::handshake(&self.inner.tls, name, tcp, peer)).await {
+                let handshake = async {
+                    match tls::handshake_negotiating(&self.inner.tls_direct, name, tcp, peer)
+                        .await?
+                    {
+                        tls::Negotiated::Http1(conn) => Ok(Opened::Http1(conn)),
+                        tls::Negotiated::H2(stream) => {
+                            Ok(Opened::H2(H2Conn::start(stream, peer).await?))
+                        }
+                    }
+                };
+                match within(at, handshake).await {
                     Some(conn) => conn,
                     None => Err(error::timeout(expired, Stage::TlsHandshake)),
                 }
             }
         }
+    }
+}
+
+/// A new or pooled connection, by the protocol it speaks.
+enum Opened {
+    Http1(Conn),
+    H2(Rc<H2Conn>),
+}
+
+/// Whether an HTTP/2 failure is sent again, using up the matching allowance: a stream the
+/// server did not process once, any other failure before a response once when the request is
+/// replayable and its connection was an existing one.
+fn retry_h2(
+    f: &H2Failure,
+    is_reused: bool,
+    may_retry: &mut bool,
+    may_retry_unprocessed: &mut bool,
+) -> bool {
+    match f.retry {
+        Retry::Always | Retry::NotSent if *may_retry_unprocessed => {
+            *may_retry_unprocessed = false;
+            true
+        }
+        Retry::IfReplayable if is_reused && *may_retry => {
+            *may_retry = false;
+            true
+        }
+        _ => false,
     }
 }
 
@@ -386,7 +553,8 @@ async fn sweep_every(interval: Duration, inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let closed = inner.pool.sweep(Instant::now());
+        let now = Instant::now();
+        let closed = inner.pool.sweep(now) + inner.h2.sweep(now, inner.idle_timeout);
         if closed > 0 {
             tracing::debug!(closed, "idle upstream connections swept");
         }

@@ -30,9 +30,10 @@ use sortie_core::snapshot::ConfigId;
 use super::client::{self, limit, read_error, Failure};
 use super::connect::within;
 use super::error::{self, Stage};
+use super::h2conn::{self, H2Body, H2Conn, H2Failure, H2Head, Retry};
 use super::pool::PoolKey;
 use super::stream::{Conn, READ_BUF_BYTES};
-use super::{millis, Dial, Egress, Inner, ProxyRoute, Timeouts};
+use super::{retry_h2, Dial, Egress, Inner, Opened, ProxyRoute, Timeouts};
 
 /// How a streamed request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +130,8 @@ pub struct StreamedResponse {
 /// Reads the body of a streamed response. Dropping it before the end closes the connection.
 pub struct ResponseBodyReader {
     conn: Option<Conn>,
+    /// The body of an HTTP/2 response (then `conn` is `None`).
+    h2: Option<H2Body>,
     decoder: BodyDecoder,
     framing: ResponseFraming,
     /// Body bytes that arrived with the head.
@@ -168,6 +171,27 @@ impl ResponseBodyReader {
     pub async fn read_into(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
         if self.is_finished {
             return Ok(false);
+        }
+        if let Some(h2) = self.h2.as_mut() {
+            loop {
+                match h2.next(self.idle, self.deadline).await {
+                    Ok(Some(piece)) if piece.is_empty() => {}
+                    Ok(Some(piece)) => {
+                        out.extend_from_slice(&piece);
+                        return Ok(true);
+                    }
+                    Ok(None) => {
+                        self.is_finished = true;
+                        self.h2 = None;
+                        return Ok(false);
+                    }
+                    Err(e) => {
+                        // Dropping the stream resets it; the connection carries on.
+                        self.h2 = None;
+                        return Err(e);
+                    }
+                }
+            }
         }
         let before = out.len();
         if !self.early.is_empty() {
@@ -316,20 +340,58 @@ impl Egress {
             via,
         };
         let mut may_retry = req.is_replayable && length == BodyLength::None;
+        let mut may_retry_unprocessed = true;
         let mut may_reuse = true;
         loop {
-            let pooled = if may_reuse {
-                self.inner.pool.checkout(&key, req.policy, started)
-            } else {
-                None
-            };
-            let is_reused = pooled.is_some();
-            let (mut conn, connect_ms) = match pooled {
-                Some(conn) => (conn, 0),
-                None => {
-                    let connect_started = Instant::now();
-                    let conn = Box::pin(self.connect(dial)).await?;
-                    (conn, millis(connect_started.elapsed()))
+            let (conn, connect_ms, is_reused) = self.obtain(&key, dial, may_reuse, started).await?;
+            let mut conn = match conn {
+                Opened::Http1(conn) => conn,
+                Opened::H2(c) => {
+                    match self.open_h2(&c, req, length, body).await {
+                        Ok(head) => {
+                            let framing = head.framing;
+                            let is_finished = framing == ResponseFraming::None;
+                            return Ok(StreamedResponse {
+                                status: head.status,
+                                headers: head.headers,
+                                peer_addr: c.peer(),
+                                connect_ms,
+                                is_connection_reused: is_reused,
+                                body: ResponseBodyReader {
+                                    conn: None,
+                                    h2: (!is_finished).then_some(head.body),
+                                    decoder: BodyDecoder::for_response(
+                                        ResponseFraming::None,
+                                        BodyLimits::with_max_body(0),
+                                    )
+                                    .map_err(error::protocol_error)?,
+                                    framing,
+                                    early: Bytes::new(),
+                                    is_keep_alive: false,
+                                    has_leftover: false,
+                                    is_finished,
+                                    deadline: req.deadline,
+                                    idle: req.timeouts.idle,
+                                    home: self.inner.clone(),
+                                    key: None,
+                                },
+                            });
+                        }
+                        Err(f) => {
+                            // A streamed body already taken from its source cannot be sent
+                            // again; `NotSent` means none was.
+                            let unprocessed_ok =
+                                f.retry == Retry::NotSent || length == BodyLength::None;
+                            let mut allowance = may_retry_unprocessed && unprocessed_ok;
+                            if retry_h2(&f, is_reused, &mut may_retry, &mut allowance) {
+                                may_retry_unprocessed = allowance;
+                                tracing::debug!("HTTP/2 stream failed before a response; retrying");
+                                may_reuse = false;
+                                continue;
+                            }
+                            return Err(f.error);
+                        }
+                    }
                 }
             };
             match exchange_head(&mut conn, req, &head, length, body).await {
@@ -342,6 +404,7 @@ impl Egress {
                     let is_finished = decoder.is_done() && early.is_empty();
                     let mut reader = ResponseBodyReader {
                         conn: Some(conn),
+                        h2: None,
                         decoder,
                         framing: head.framing,
                         early,
@@ -379,6 +442,25 @@ impl Egress {
                 Err(f) => return Err(f.error),
             }
         }
+    }
+
+    /// The head of a streamed exchange over HTTP/2.
+    async fn open_h2<B: BodySource>(
+        &self,
+        conn: &Rc<H2Conn>,
+        req: &StreamRequest<'_>,
+        length: BodyLength,
+        body: &mut B,
+    ) -> Result<H2Head, H2Failure> {
+        let fields = req.headers.iter().map(|(n, v)| (*n, *v));
+        let head = h2conn::request_head(req.method, req.url, fields, length).map_err(|error| {
+            H2Failure {
+                error,
+                retry: Retry::No,
+            }
+        })?;
+        let sent = h2conn::send(conn, head, length, body, &req.timeouts, req.deadline).await?;
+        h2conn::response_head(sent, req.method, &req.timeouts, req.deadline).await
     }
 
     /// Opens a TCP connection to `host:port` for a tunnel: resolution on the resolver threads,

@@ -1,7 +1,13 @@
 //! TLS to destinations: the process-wide rustls client configuration (explicit ring provider,
-//! webpki roots plus an optional operator CA file, ALPN `http/1.1` only) and the handshake.
+//! webpki roots plus an optional operator CA file, ALPN `h2` then `http/1.1`) and the handshake.
 //!
-//! The handshake runs once per new connection; pooled connections skip it.
+//! The handshake runs once per new connection; pooled connections skip it. On a direct
+//! connection it runs on the socket in poll mode with tokio-rustls, because that is the form HTTP/2 (the `h2` crate) needs
+//! if the destination chooses it; a destination that chooses HTTP/1.1 (or no ALPN) gets the
+//! socket back in completion mode with the same rustls session inside monoio-rustls, the form
+//! the HTTP/1.1 client reads fastest (decision 080). tokio-rustls buffers no ciphertext of its
+//! own, so handing the session over loses nothing. Through an upstream proxy the destination is
+//! offered HTTP/1.1 only (monoio-rustls, as before; decision 080).
 
 use std::fmt;
 use std::io::BufReader;
@@ -10,6 +16,7 @@ use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use monoio::net::tcp::stream_poll::TcpStreamPoll;
 use monoio::net::TcpStream;
 use monoio_rustls::TlsConnector;
 use rustls::client::Resumption;
@@ -21,8 +28,10 @@ use sortie_core::request::Host;
 use super::error;
 use super::stream::Conn;
 
-/// The only application protocol offered: this client speaks HTTP/1.1.
+/// The ALPN name of HTTP/1.1, offered second.
 pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+/// The ALPN name of HTTP/2 over TLS (RFC 9113 §3.2), offered first.
+pub const ALPN_H2: &[u8] = b"h2";
 /// TLS sessions each core remembers for resumption.
 pub const RESUMPTION_SESSIONS_PER_CORE: usize = 256;
 
@@ -91,7 +100,7 @@ impl std::error::Error for TlsConfigError {
 
 /// Builds the client configuration shared by every core: the ring provider set explicitly (no
 /// process default is consulted), the webpki roots plus the certificates of `extra_ca_file`
-/// (`[egress] ca_file`, PEM), ALPN `http/1.1` only.
+/// (`[egress] ca_file`, PEM), ALPN `h2` and `http/1.1` in that order (the server picks).
 pub fn client_config(extra_ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
@@ -104,7 +113,7 @@ pub fn client_config(extra_ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, 
         .map_err(|e| TlsConfigError::Provider(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
+    config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -137,11 +146,21 @@ fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigEr
 }
 
 /// A copy of the shared configuration with its own resumption cache, so that cores never
-/// contend on one session store.
+/// contend on one session store, offering HTTP/1.1 only: the connector of connections through
+/// an upstream proxy.
 pub(crate) fn per_core_connector(shared: &Arc<ClientConfig>) -> TlsConnector {
     let mut config = ClientConfig::clone(shared);
     config.resumption = Resumption::in_memory_sessions(RESUMPTION_SESSIONS_PER_CORE);
+    config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
     TlsConnector::from(Arc::new(config))
+}
+
+/// The connector of direct connections: the shared configuration (ALPN `h2`, `http/1.1`) with
+/// its own per-core resumption cache.
+pub(crate) fn per_core_direct_connector(shared: &Arc<ClientConfig>) -> tokio_rustls::TlsConnector {
+    let mut config = ClientConfig::clone(shared);
+    config.resumption = Resumption::in_memory_sessions(RESUMPTION_SESSIONS_PER_CORE);
+    tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
 /// The name the certificate must match, also sent as SNI for DNS names (RFC 6066 §3: "Literal
@@ -156,7 +175,16 @@ pub(crate) fn server_name(host: &Host) -> Result<ServerName<'static>, ApiError> 
     }
 }
 
-/// Runs the TLS handshake over a connected stream. Any failure is `upstream_tls_failure`.
+/// A TLS session after the handshake, in the form its application protocol runs on.
+pub(crate) enum Negotiated {
+    /// HTTP/1.1 (or no ALPN answer): the HTTP/1.1 client's connection.
+    Http1(Conn),
+    /// HTTP/2: the stream in poll mode, for the `h2` crate.
+    H2(Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>),
+}
+
+/// Runs the TLS handshake over a connected stream (HTTP/1.1 only, through upstream proxies).
+/// Any failure is `upstream_tls_failure`.
 pub(crate) async fn handshake(
     connector: &TlsConnector,
     name: ServerName<'static>,
@@ -168,6 +196,37 @@ pub(crate) async fn handshake(
         Ok(tls) => Ok(Conn::tls(tls, fd, peer)),
         Err(e) => Err(error::tls_failure(&std::io::Error::from(e))),
     }
+}
+
+/// Runs the TLS handshake of a direct connection, offering `h2` and `http/1.1`, and hands the
+/// session over in the form the negotiated protocol runs on. Any failure is
+/// `upstream_tls_failure`.
+pub(crate) async fn handshake_negotiating(
+    connector: &tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Result<Negotiated, ApiError> {
+    let fd = stream.as_raw_fd();
+    let poll = stream
+        .try_into_poll_io()
+        .map_err(|(e, _)| error::tls_failure(&e))?;
+    let tls = connector
+        .connect(name, poll)
+        .await
+        .map_err(|e| error::tls_failure(&e))?;
+    if tls.get_ref().1.alpn_protocol() == Some(ALPN_H2) {
+        return Ok(Negotiated::H2(Box::new(tls)));
+    }
+    let (poll, session) = tls.into_inner();
+    let stream = poll
+        .try_into_comp_io()
+        .map_err(|_| error::internal("the TLS socket could not return to completion mode"))?;
+    Ok(Negotiated::Http1(Conn::tls(
+        monoio_rustls::ClientTlsStream::new(stream, session),
+        fd,
+        peer,
+    )))
 }
 
 /// Runs the TLS handshake with the destination inside the TLS session with an `https://`
@@ -192,9 +251,9 @@ mod tests {
     use std::io::Write as _;
 
     #[test]
-    fn config_offers_http11_only_with_explicit_provider() {
+    fn config_offers_h2_then_http11_with_explicit_provider() {
         let c = client_config(None).unwrap();
-        assert_eq!(c.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        assert_eq!(c.alpn_protocols, vec![b"h2".to_vec(), b"http/1.1".to_vec()]);
         assert!(c.crypto_provider().cipher_suites.len() > 1);
     }
 

@@ -47,6 +47,15 @@ impl TestCa {
     /// A server configuration with a leaf for `names` (DNS names or IP addresses) signed by
     /// this CA.
     pub fn server_config(&self, names: &[&str]) -> Arc<ServerConfig> {
+        let (leaf, key) = self.leaf(names);
+        server_config_for(
+            vec![leaf.der().clone(), self.cert.der().clone()],
+            key.serialize_der(),
+        )
+    }
+
+    /// A leaf certificate for `names` signed by this CA, with its key.
+    fn leaf(&self, names: &[&str]) -> (rcgen::Certificate, KeyPair) {
         let key = KeyPair::generate().expect("leaf key");
         let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
@@ -56,10 +65,19 @@ impl TestCa {
         let leaf = params
             .signed_by(&key, &self.cert, &self.key)
             .expect("leaf certificate");
-        server_config_for(
-            vec![leaf.der().clone(), self.cert.der().clone()],
-            key.serialize_der(),
-        )
+        (leaf, key)
+    }
+
+    /// A leaf for `names` signed by this CA, written as PEM files into `dir` for servers that
+    /// read them (nginx): returns the certificate chain file and the key file.
+    pub fn leaf_pem_files(&self, names: &[&str], dir: &Path) -> (PathBuf, PathBuf) {
+        let (leaf, key) = self.leaf(names);
+        let cert_file = dir.join("leaf.pem");
+        let key_file = dir.join("leaf.key");
+        std::fs::write(&cert_file, format!("{}{}", leaf.pem(), self.cert.pem()))
+            .expect("leaf written");
+        std::fs::write(&key_file, key.serialize_pem()).expect("key written");
+        (cert_file, key_file)
     }
 
     /// The usual leaf: `localhost` and `127.0.0.1`.
