@@ -16,6 +16,10 @@ fi
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   apt-get update -qq && apt-get install -y -qq nginx
 fi
+# The fingerprint tests cross-check JA4 with curl_cffi's impersonating libcurl (PyPI wheel).
+if ! python3 -c "import curl_cffi" >/dev/null 2>&1; then
+  python3 -m pip install -q --disable-pip-version-check 'curl_cffi==0.16.3'
+fi
 # The forward-proxy tests drive the proxy with Python requests (proxies=).
 if ! python3 -c "import requests" >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check requests

@@ -1,5 +1,12 @@
-//! Built-in fingerprint profile names. A request may name one of these exactly (case-sensitive);
-//! a worker serves it only when it advertises the profile after its self-test.
+//! Browser fingerprints: the built-in profile names a request may name exactly (case-sensitive;
+//! a worker serves one only when it advertises the profile after its self-test), and the
+//! sans-IO computation of the fingerprints a loopback capture compares with a profile's
+//! expected strings: JA4, JA4_r and JA3N from a ClientHello (`client_hello.rs`, `tls.rs`) and
+//! the Akamai HTTP/2 string from a client's first frames (`http2.rs`).
+
+pub mod client_hello;
+pub mod http2;
+pub mod tls;
 
 /// The built-in profile names, in the order `sortie fingerprints` lists them.
 pub const BUILTIN_PROFILES: &[&str] = &["chrome_131", "firefox_133"];
