@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::ErrorCode;
+use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
 use sortie_core::request::Method;
 use sortie_core::snapshot::{decode_snapshot, TemplateValues};
 use sortie_core::upstream_proxy::OutlierPolicy;
@@ -400,4 +401,124 @@ fn dante_failures_map_to_upstream_proxy_failure() {
         assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
         assert!(detail(&e, "socks_reply").is_some(), "{e:?}");
     });
+}
+
+#[test]
+fn https_proxies_carry_http_and_https_and_are_verified() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
+    let squid = Squid::start_tls(&[("tls-user", "pw")], &cert, &key);
+    let plain = Upstream::start(upstream::echo());
+    let secure = tls_upstream(&ca);
+    let health = HealthRegistry::default();
+    let pool = pool(
+        &format!(
+            r#"{{"id":"sq","url":"https://localhost:{}","username_template":"tls-user","password":"pw"}}"#,
+            squid.port()
+        ),
+        &health,
+    );
+    let r = route(&pool, "", "");
+    run(async {
+        let egress = egress(Some(ca.ca_file()));
+        let resp = egress
+            .execute(&via(Method::Get, &plain.url("/p"), &r))
+            .await
+            .expect("http through an https proxy");
+        assert_eq!(resp.status, 200);
+        // TLS to the destination inside TLS to the proxy.
+        let resp = egress
+            .execute(&via(Method::Get, &secure.https_url("localhost", "/s"), &r))
+            .await
+            .expect("https through an https proxy");
+        assert_eq!(resp.status, 200);
+        assert!(resp.body.starts_with(b"GET /s HTTP/1.1\r\n"));
+        let again = egress
+            .execute(&via(Method::Get, &secure.https_url("localhost", "/s2"), &r))
+            .await
+            .expect("pooled");
+        assert!(again.is_connection_reused);
+        drop(egress);
+        // Without the CA the proxy's certificate is refused: the TLS failure is the proxy's.
+        let untrusting = support::egress(None);
+        let e = proxy_failure(&untrusting, &via(Method::Get, &plain.url("/"), &r)).await;
+        assert_eq!(detail(&e, "fact"), Some("proxy_tls"));
+    });
+    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 2
+    });
+    assert!(squid.connects().iter().all(|(u, _)| u == "tls-user"));
+}
+
+#[test]
+fn a_session_keeps_its_endpoint() {
+    let users = [("s-a", "pw"), ("s-b", "pw"), ("s-c", "pw"), ("s-d", "pw")];
+    let (one, two) = (Squid::start(&users), Squid::start(&users));
+    let up = Upstream::start(upstream::echo());
+    let health = HealthRegistry::default();
+    let pool = pool(
+        &format!(
+            r#"{{"id":"pair","urls":["{}","{}"],"username_template":"s-{{session}}","password":"pw"}}"#,
+            one.url(),
+            two.url()
+        ),
+        &health,
+    );
+    let sessions = ["a", "b", "c", "d"];
+    run(async {
+        let egress = support::egress_with_pool(
+            None,
+            sortie_io::egress::PoolLimits {
+                max_idle_per_key: 0,
+                ..Default::default()
+            },
+        );
+        for _ in 0..3 {
+            for s in sessions {
+                let r = session_route(&pool, s);
+                let resp = egress
+                    .execute(&via(Method::Get, &up.url("/"), &r))
+                    .await
+                    .expect("through a squid");
+                assert_eq!(resp.status, 200);
+            }
+        }
+    });
+    wait_for_log(&one.access_log(), "CONNECT lines", |_| {
+        one.connects().len() + two.connects().len() == 12
+    });
+    // Each session's three requests all went to one endpoint.
+    for s in sessions {
+        let user = format!("s-{s}");
+        let (n1, n2) = (
+            one.connects().iter().filter(|(u, _)| *u == user).count(),
+            two.connects().iter().filter(|(u, _)| *u == user).count(),
+        );
+        assert!(
+            (n1, n2) == (3, 0) || (n1, n2) == (0, 3),
+            "{user}: {n1} + {n2}"
+        );
+    }
+}
+
+/// A route with a provider session derived from `sticky` (so the endpoint is chosen by it) and
+/// `{session}` rendered as `sticky` itself (so the squid log shows which session it was).
+fn session_route(pool: &Arc<ProxyPool>, sticky: &str) -> ProxyRoute {
+    let session = ProviderSession::derive(&ProviderSessionInputs {
+        deployment_id: "d",
+        pool_id: "p",
+        upstream_proxy_id: "pair",
+        country: None,
+        region: None,
+        ip_type: None,
+        sticky_session_id: sticky,
+    });
+    pool.route(
+        &TemplateValues {
+            session: sticky,
+            ..TemplateValues::default()
+        },
+        Some(session),
+    )
+    .expect("username renders")
 }

@@ -101,6 +101,16 @@ impl Squid {
 
     /// Starts squid on `port`.
     pub fn start_on(port: u16, users: &[(&str, &str)]) -> Squid {
+        Squid::start_with(port, users, None)
+    }
+
+    /// Starts squid speaking TLS to its clients (`https_port`) with the given PEM certificate
+    /// chain and key.
+    pub fn start_tls(users: &[(&str, &str)], cert_pem: &str, key_pem: &str) -> Squid {
+        Squid::start_with(free_port(), users, Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(port: u16, users: &[(&str, &str)], tls: Option<(&str, &str)>) -> Squid {
         let squid = require("squid", "squid");
         let helper = require("basic_ncsa_auth", "squid");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -125,8 +135,22 @@ impl Squid {
         let logs = d.join("logs");
         std::fs::create_dir(&logs).expect("log dir");
         set_mode(&logs, 0o777);
+        let listen = match tls {
+            None => format!("http_port 127.0.0.1:{port}"),
+            Some((cert, key)) => {
+                for (name, pem) in [("cert.pem", cert), ("key.pem", key)] {
+                    std::fs::write(d.join(name), pem).expect("TLS file");
+                    set_mode(&d.join(name), 0o644);
+                }
+                format!(
+                    "https_port 127.0.0.1:{port} tls-cert={} tls-key={}",
+                    d.join("cert.pem").display(),
+                    d.join("key.pem").display()
+                )
+            }
+        };
         let conf = format!(
-            "http_port 127.0.0.1:{port}\n\
+            "{listen}\n\
              pid_filename {logs}/squid.pid\n\
              access_log stdio:{logs}/access.log squid\n\
              cache_log {logs}/cache.log\n\

@@ -80,6 +80,24 @@ impl TestCa {
         (cert_file, key_file)
     }
 
+    /// A leaf for `names` signed by this CA as PEM: (certificate chain, PKCS#8 key), for
+    /// servers that read files (squid's `https_port`).
+    pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().expect("leaf key");
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "sortie test leaf");
+        let leaf = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("leaf certificate");
+        (
+            format!("{}{}", leaf.pem(), self.cert.pem()),
+            key.serialize_pem(),
+        )
+    }
+
     /// The usual leaf: `localhost` and `127.0.0.1`.
     pub fn localhost_config(&self) -> Arc<ServerConfig> {
         self.server_config(&["localhost", "127.0.0.1"])
