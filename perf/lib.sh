@@ -219,9 +219,15 @@ fixedrate_binary() {
 write_gateway_config() {
   local cores=$1 dir="$WORK_DIR/gateway"
   mkdir -p "$dir/data"
-  cat >"$dir/snapshot.json" <<'JSON'
+  # PERF_SNAPSHOT_JSON replaces the bootstrap snapshot (perf/upstream-proxy.sh puts the pool
+  # behind squid).
+  if [ -n "${PERF_SNAPSHOT_JSON:-}" ]; then
+    printf '%s\n' "$PERF_SNAPSHOT_JSON" >"$dir/snapshot.json"
+  else
+    cat >"$dir/snapshot.json" <<'JSON'
 {"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}
 JSON
+  fi
   cat >"$dir/sortie.toml" <<TOML
 [control]
 api_listen = "127.0.0.1:$API_PORT"

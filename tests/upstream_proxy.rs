@@ -129,22 +129,30 @@ fn proxy_failures_are_upstream_proxy_failure_and_show_in_metrics() {
     assert_eq!(v["upstream_status"], 407, "{v}");
     assert_eq!(v["details"]["fact"], "proxy_auth", "{v}");
     assert!(!v.to_string().contains("wrong\""), "no password in {v}");
-    let v = call("dead");
-    assert_eq!(v["details"]["fact"], "proxy_connect", "{v}");
-    assert!(v.get("upstream_status").is_none(), "{v}");
+    // Five failures in a row eject the endpoint (decision 071); with no other endpoint left
+    // it is still tried, and still fails.
+    for _ in 0..6 {
+        let v = call("dead");
+        assert_eq!(v["details"]["fact"], "proxy_connect", "{v}");
+        assert!(v.get("upstream_status").is_none(), "{v}");
+    }
     let v = call("unset");
     assert_eq!(v["details"]["fact"], "proxy_credentials", "{v}");
     assert_eq!(up.connections(), 0);
     let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
-    assert!(
-        metrics.contains(&format!(
-            "sortie_upstream_proxy_failures_total{{proxy=\"dead\",endpoint=\"{dead}\"}} 1"
-        )),
-        "{metrics}"
-    );
-    assert!(metrics.contains("# TYPE sortie_upstream_proxy_ejections_total counter"));
+    let label = format!("{{proxy=\"dead\",endpoint=\"{dead}\"}}");
+    for line in [
+        format!("sortie_upstream_proxy_failures_total{label} 6"),
+        format!("sortie_upstream_proxy_ejections_total{label} 1"),
+        format!("sortie_upstream_proxy_ejected{label} 1"),
+        "# TYPE sortie_upstream_proxy_ejections_total counter".to_string(),
+    ] {
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    // The squid endpoint answered (a 407 is an answer): never counted against it.
     assert!(metrics.contains(&format!(
-        "sortie_upstream_proxy_ejected{{proxy=\"dead\",endpoint=\"{dead}\"}} 0"
+        "sortie_upstream_proxy_failures_total{{proxy=\"sq\",endpoint=\"{}\"}} 0",
+        squid.url()
     )));
 }
 
