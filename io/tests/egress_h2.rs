@@ -216,6 +216,7 @@ fn streamed_exchanges_carry_large_bodies_both_ways() {
             bind_address: None,
             is_replayable: true,
             via: None,
+            tenant: None,
         };
         let mut resp = egress
             .open(&req(Method::Get, &download), &mut Bytes::new())

@@ -55,6 +55,7 @@ async fn open(
         bind_address: None,
         is_replayable: true,
         via: None,
+        tenant: None,
     };
     egress.open(&req, body).await
 }
@@ -230,6 +231,7 @@ fn dial_applies_the_destination_policy() {
                 &loopback_policy(),
                 Duration::from_secs(2),
                 deadline,
+                None,
             )
             .await
             .expect("allowed");
@@ -243,6 +245,7 @@ fn dial_applies_the_destination_policy() {
                 &closed,
                 Duration::from_secs(2),
                 deadline,
+                None,
             )
             .await;
         let Err(e) = e else {

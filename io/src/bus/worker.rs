@@ -675,6 +675,7 @@ async fn exchange(
         is_replayable: a.is_replayable,
         // The control never assigns a proxied pool to a remote worker yet (decision 070).
         via: None,
+        tenant: crate::dns::tenant_of_id(&a.deployment_id),
     };
     let mut src = Bytes::from(body);
     let mut resp = egress.open(&req, &mut src).await?;

@@ -159,6 +159,7 @@ pub async fn handle(
     content_type: Option<&[u8]>,
     body: Vec<u8>,
 ) -> ApiAnswer {
+    let tenant = Some(deployment.index());
     let deployment = ctx.state.auth.id(deployment);
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let mut pending = Unanswered {
@@ -167,7 +168,7 @@ pub async fn handle(
         deployment,
         is_answered: false,
     };
-    let answer = handle_inner(ctx, &request_id, deployment, content_type, body).await;
+    let answer = handle_inner(ctx, &request_id, deployment, tenant, content_type, body).await;
     pending.is_answered = true;
     ctx.metrics
         .record(ctx.core, deployment, answer.outcome, answer.stages);
@@ -207,6 +208,7 @@ async fn handle_inner(
     ctx: &ApiContext,
     request_id: &str,
     deployment: &str,
+    tenant: crate::dns::Tenant,
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
 ) -> ApiAnswer {
@@ -367,6 +369,7 @@ async fn handle_inner(
                     max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
                     timeouts: limits.egress_timeouts,
                     via,
+                    tenant,
                 };
                 monoio::select! {
                     r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
@@ -398,6 +401,7 @@ async fn handle_inner(
                     is_replayable: req.is_replayable,
                     timeouts: limits.egress_timeouts,
                     via: via.cloned(),
+                    tenant,
                 };
                 monoio::select! {
                     r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {

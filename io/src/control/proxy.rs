@@ -229,7 +229,8 @@ impl Handler for ProxyHandler {
                     .await
             }
             _ => {
-                self.relay(&req, deployment, &request_id, body, started)
+                let tenant = Some(a.deployment.index());
+                self.relay(&req, deployment, tenant, &request_id, body, started)
                     .await
             }
         };
@@ -329,6 +330,7 @@ impl ProxyHandler {
         &self,
         req: &RequestParts,
         deployment: &str,
+        tenant: crate::dns::Tenant,
         request_id: &str,
         body: &mut Body<'_>,
         started: Instant,
@@ -383,6 +385,7 @@ impl ProxyHandler {
             // RFC 9110 §9.2.2: a proxy may retry an idempotent request without a body.
             is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
             via: assigned.via.as_ref(),
+            tenant,
         };
         let mut source = ClientBody { body, length };
         let opened = monoio::select! {
@@ -521,6 +524,7 @@ impl ProxyHandler {
             self.ctx.state.limits.egress_timeouts.connect,
         );
         let deadline = self.deadline(started);
+        let tenant = Some(d.index());
         let egress = &self.ctx.egress;
         // A pool behind an upstream proxy tunnels through it (decision 072).
         let dial = async {
@@ -528,12 +532,29 @@ impl ProxyHandler {
                 Some(route) => {
                     let policy = &active.policy;
                     egress
-                        .dial_via(route, &host, port, bind, policy, connect_limit, deadline)
+                        .dial_via(
+                            route,
+                            &host,
+                            port,
+                            bind,
+                            policy,
+                            connect_limit,
+                            deadline,
+                            tenant,
+                        )
                         .await
                 }
                 None => {
                     egress
-                        .dial(&host, port, bind, &active.policy, connect_limit, deadline)
+                        .dial(
+                            &host,
+                            port,
+                            bind,
+                            &active.policy,
+                            connect_limit,
+                            deadline,
+                            tenant,
+                        )
                         .await
                 }
             }

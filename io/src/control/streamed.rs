@@ -47,6 +47,8 @@ pub(crate) struct Target<'a> {
     pub(crate) timeouts: Timeouts,
     /// The pool's upstream proxy, when it does not egress directly.
     pub(crate) via: Option<&'a crate::egress::ProxyRoute>,
+    /// The deployment, for its share of the resolver (decision 045).
+    pub(crate) tenant: crate::dns::Tenant,
 }
 
 fn unavailable(why: &str) -> ApiError {
@@ -241,6 +243,7 @@ pub(crate) async fn execute(
         bind_address: target.bind_address,
         is_replayable: req.is_replayable,
         via: target.via,
+        tenant: target.tenant,
     };
     let mut resp = target.egress.open(&stream_req, &mut source).await?;
     resp.body.set_deadline(target.deadline);

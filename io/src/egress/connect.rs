@@ -3,7 +3,7 @@
 //! decision 003), optionally from a configured source address, with a per-attempt limit that never
 //! runs past the request's total deadline.
 //!
-//! On the per-request path: DNS runs on the resolver threads, never on the core.
+//! On the per-request path: DNS runs on the resolver thread, never on the core.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +16,7 @@ use sortie_core::error::ApiError;
 use sortie_core::request::Host;
 
 use super::error::{self, Expired, Stage};
-use crate::dns::Resolver;
+use crate::dns::{Resolver, Tenant};
 use crate::fd;
 
 /// The addresses a host stands for: an IP literal as it is, a name through the resolver (whose
@@ -25,13 +25,14 @@ pub(crate) async fn resolve(
     resolver: &Resolver,
     host: &Host,
     deadline: Instant,
+    tenant: Tenant,
 ) -> Result<Vec<IpAddr>, ApiError> {
     let name = match host {
         Host::V4(a) => return Ok(vec![IpAddr::V4(*a)]),
         Host::V6(a) => return Ok(vec![IpAddr::V6(*a)]),
         Host::Domain(d) => d.clone(),
     };
-    match within(deadline, resolver.resolve(&name)).await {
+    match within(deadline, resolver.resolve(&name, tenant)).await {
         Some(Ok(addrs)) => Ok(addrs),
         Some(Err(e)) => Err(error::dns_failure(&e)),
         None => Err(error::timeout(Expired::TotalDeadline, Stage::Dns)),

@@ -83,7 +83,7 @@ use self::error::{Expired, Stage};
 use self::h2conn::{Acquire, H2Conn, H2Failure, H2Pool, Retry};
 use self::pool::{Pool, PoolKey};
 use self::stream::Conn;
-use crate::dns::Resolver;
+use crate::dns::{Resolver, Tenant};
 
 /// Limit of one connect attempt (TCP, and again for the TLS handshake), never past the total
 /// deadline.
@@ -145,6 +145,9 @@ pub struct EgressRequest {
     pub is_replayable: bool,
     /// The pool's upstream proxy, when it does not egress directly.
     pub via: Option<ProxyRoute>,
+    /// The deployment the request runs for: its DNS lookups queue and run within its share
+    /// of the resolver (decision 045).
+    pub tenant: Tenant,
 }
 
 impl EgressRequest {
@@ -169,6 +172,7 @@ impl EgressRequest {
             bind_address: None,
             is_replayable: false,
             via: None,
+            tenant: None,
         }
     }
 }
@@ -427,7 +431,13 @@ impl Egress {
         &self,
         req: &Dial<'_>,
     ) -> Result<(monoio::net::TcpStream, SocketAddr), ApiError> {
-        let addrs = connect::resolve(&self.inner.resolver, &req.url.host, req.deadline).await?;
+        let addrs = connect::resolve(
+            &self.inner.resolver,
+            &req.url.host,
+            req.deadline,
+            req.tenant,
+        )
+        .await?;
         connect::connect_any(
             &addrs,
             req.url.port,
@@ -530,6 +540,7 @@ pub(crate) struct Dial<'a> {
     deadline: Instant,
     /// The upstream proxy route and the chosen endpoint, when not direct.
     via: Option<(&'a ProxyRoute, usize)>,
+    tenant: Tenant,
 }
 
 impl<'a> Dial<'a> {
@@ -541,6 +552,7 @@ impl<'a> Dial<'a> {
             timeouts: &req.timeouts,
             deadline: req.deadline,
             via,
+            tenant: req.tenant,
         }
     }
 }

@@ -34,6 +34,7 @@ use super::h2conn::{self, H2Body, H2Conn, H2Failure, H2Head, Retry};
 use super::pool::PoolKey;
 use super::stream::{Conn, READ_BUF_BYTES};
 use super::{retry_h2, Dial, Egress, Inner, Opened, ProxyRoute, Timeouts};
+use crate::dns::Tenant;
 
 /// How a streamed request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +109,8 @@ pub struct StreamRequest<'a> {
     pub is_replayable: bool,
     /// The pool's upstream proxy, when it does not egress directly.
     pub via: Option<&'a ProxyRoute>,
+    /// The deployment the request runs for, for its share of the resolver (decision 045).
+    pub tenant: Tenant,
 }
 
 /// The head of a streamed response, with the reader of its body.
@@ -338,6 +341,7 @@ impl Egress {
             timeouts: &req.timeouts,
             deadline: req.deadline,
             via,
+            tenant: req.tenant,
         };
         let mut may_retry = req.is_replayable && length == BodyLength::None;
         let mut may_retry_unprocessed = true;
@@ -463,9 +467,11 @@ impl Egress {
         h2conn::response_head(sent, req.method, &req.timeouts, req.deadline).await
     }
 
-    /// Opens a TCP connection to `host:port` for a tunnel: resolution on the resolver threads,
+    /// Opens a TCP connection to `host:port` for a tunnel: resolution on the resolver thread,
     /// the destination policy on every address right before it is dialled, `bind_address` as
-    /// the source, `connect_limit` per attempt and `deadline` overall.
+    /// the source, `connect_limit` per attempt and `deadline` overall; DNS lookups count
+    /// against `tenant`'s share of the resolver.
+    #[allow(clippy::too_many_arguments)]
     pub async fn dial(
         &self,
         host: &Host,
@@ -474,6 +480,7 @@ impl Egress {
         policy: &DestinationPolicy,
         connect_limit: std::time::Duration,
         deadline: Instant,
+        tenant: Tenant,
     ) -> Result<(TcpStream, SocketAddr), ApiError> {
         let (url, timeouts) = tunnel_target(host, port, connect_limit);
         self.dial_tcp(&Dial {
@@ -483,6 +490,7 @@ impl Egress {
             timeouts: &timeouts,
             deadline,
             via: None,
+            tenant,
         })
         .await
     }
@@ -663,6 +671,7 @@ mod tests {
             bind_address: None,
             is_replayable: false,
             via: None,
+            tenant: None,
         };
         let prefix = "Host: a.example:8080\r\nAccept: */*\r\nX-Dup: 1\r\nX-Dup: 2\r\n\
                       Connection: keep-alive\r\n";

@@ -409,6 +409,7 @@ impl Egress {
         policy: &DestinationPolicy,
         connect_limit: std::time::Duration,
         deadline: Instant,
+        tenant: crate::dns::Tenant,
     ) -> Result<(TcpStream, SocketAddr), ApiError> {
         let (url, timeouts) = super::streaming::tunnel_target(host, port, connect_limit);
         let i = route.choose(Instant::now());
@@ -419,6 +420,7 @@ impl Egress {
             timeouts: &timeouts,
             deadline,
             via: Some((route, i)),
+            tenant,
         };
         match self.tunnel_via(route, i, &req).await? {
             (Tunnel::Plain(tcp), peer, _) => Ok((tcp, peer)),
@@ -481,7 +483,8 @@ impl Egress {
             (Host::V6(a), _) => check(IpAddr::V6(*a)),
             (Host::Domain(d), ProxyResolve::Proxy) => Ok(Target::Name(d.as_ref().into(), port)),
             (host @ Host::Domain(_), ProxyResolve::Gateway) => {
-                let addrs = connect::resolve(&self.inner.resolver, host, req.deadline).await?;
+                let addrs =
+                    connect::resolve(&self.inner.resolver, host, req.deadline, req.tenant).await?;
                 let mut denied = None;
                 for ip in addrs {
                     match req.policy.check(ip) {
@@ -543,11 +546,12 @@ impl Egress {
             ProxyHost::V6(a) => Host::V6(*a),
             ProxyHost::Name(n) => Host::Domain(n.as_ref().into()),
         };
-        let addrs = match connect::resolve(&self.inner.resolver, &host, req.deadline).await {
-            Ok(a) => a,
-            Err(e) if e.code == ErrorCode::TimeoutExceeded => return Err(Failed::Api(e)),
-            Err(_) => return Err(Failed::Fact(ProxyFact::Connect, None)),
-        };
+        let addrs =
+            match connect::resolve(&self.inner.resolver, &host, req.deadline, req.tenant).await {
+                Ok(a) => a,
+                Err(e) if e.code == ErrorCode::TimeoutExceeded => return Err(Failed::Api(e)),
+                Err(_) => return Err(Failed::Fact(ProxyFact::Connect, None)),
+            };
         let open = proxy_policy();
         match connect::connect_any(
             &addrs,
