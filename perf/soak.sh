@@ -2,8 +2,9 @@
 # Soak test: the gateway (release build, one core) under a fixed-rate mix of successes,
 # destination errors, upstream resets, refused connections, timeouts and client disconnects
 # for SOAK_SECONDS (default 30 minutes). RSS and open descriptors of the gateway are sampled
-# every 10 s; the script prints their slope after the warm-up and exits non-zero when either
-# grows. Results are appended to perf/results/DATE-soak.txt.
+# every 10 s; the script prints their slope after the warm-up (whole, last two thirds, each
+# third) and exits non-zero when either grows over the last two thirds. Results are appended to
+# perf/results/DATE-soak.txt.
 #
 # Knobs: SOAK_SECONDS (1800), SOAK_RATE requests/s (400), SOAK_WARMUP seconds (60),
 #        GATEWAY_CORES (1), SORTIE_BIN (a prebuilt binary instead of cargo build --release).
