@@ -47,3 +47,10 @@ fi
 if ! command -v openssl >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq openssl
 fi
+# The persistence tests fill a tmpfs (mount, umount) and make SQLite's log immutable (chattr).
+if ! command -v chattr >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq e2fsprogs
+fi
+if ! command -v mount >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq mount
+fi

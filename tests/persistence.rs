@@ -603,10 +603,10 @@ fn assert_writes_recover(gw: &Gateway, up: &Upstream) {
 
 #[test]
 fn a_full_disk_fails_writes_and_activates_nothing() {
-    let Some(fs) = Tmpfs::mount("16m") else {
-        eprintln!("skipped: mounting a tmpfs needs CAP_SYS_ADMIN, which this process lacks");
-        return;
-    };
+    let fs = Tmpfs::mount("16m").expect(
+        "this test fills a small file system: mounting a tmpfs needs root (CAP_SYS_ADMIN) and \
+         the mount/umount commands (util-linux)",
+    );
     let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"ok")));
     let gw = Gateway::builder()
         .workers(FAST_AND_PLAIN)
@@ -657,12 +657,11 @@ fn an_unwritable_database_log_fails_writes_and_activates_nothing() {
     // even through the descriptor the gateway already holds open.
     let wal = gw.dir.join("data").join("sortie.db-wal");
     assert!(wal.exists(), "no write-ahead log at {}", wal.display());
-    if !chattr("+i", &wal) {
-        eprintln!(
-            "skipped: chattr +i is not supported here (needs root and ext2/3/4, xfs or btrfs)"
-        );
-        return;
-    }
+    assert!(
+        chattr("+i", &wal),
+        "this test makes the write-ahead log immutable: chattr +i needs root (CAP_LINUX_IMMUTABLE), \
+         the chattr command (e2fsprogs) and a temporary directory on ext2/3/4, xfs or btrfs"
+    );
     let guard = Immutable(wal);
     assert_writes_fail_and_change_nothing(&gw, &up);
     drop(guard);
