@@ -919,7 +919,7 @@ fn probes_and_metrics() {
     assert_eq!(
         metric(
             &m,
-            "sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\"}"
+            "sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\",ingress=\"api\"}"
         ),
         Some(2.0),
         "{m}"
@@ -927,7 +927,7 @@ fn probes_and_metrics() {
     assert_eq!(
         metric(
             &m,
-            "sortie_requests_total{deployment=\"dep_test\",outcome=\"upstream_connection_refused\"}"
+            "sortie_requests_total{deployment=\"dep_test\",outcome=\"upstream_connection_refused\",ingress=\"api\"}"
         ),
         Some(1.0),
         "{m}"

@@ -135,7 +135,9 @@ fn curl_absolute_form_routes_by_header_and_strips_proxy_fields() {
     // Both routed requests are counted.
     let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
     assert!(
-        metrics.contains("sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\"} 2"),
+        metrics.contains(
+            "sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\",ingress=\"proxy\"} 2"
+        ),
         "{metrics}"
     );
 }
@@ -229,6 +231,64 @@ fn curl_https_through_connect_with_the_test_ca() {
             .contains("sortie_tunnels_total 1")
     });
     assert!(metrics.contains("sortie_tunnel_bytes_total"), "{metrics}");
+    // The tunnel is counted under its own ingress.
+    assert!(
+        metrics.contains(
+            "sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\",ingress=\"connect\"} 1"
+        ),
+        "{metrics}"
+    );
+}
+
+/// Opens a tunnel to `port` through the gateway and returns the stream and the status line.
+fn open_tunnel(gw: &Gateway, port: u16) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = base64_basic(&proxy_user());
+    write!(
+        s,
+        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let status = text.lines().next().unwrap_or_default().to_string();
+    (s, status)
+}
+
+#[test]
+fn tunnel_idle_timeout_and_limit_come_from_the_config() {
+    let echo = Upstream::start(upstream::echo());
+    let gw = Gateway::builder()
+        .section("[control.proxy]\ntunnel_idle_timeout_ms = 400\nmax_tunnels_per_deployment = 1")
+        .start();
+    let (mut first, status) = open_tunnel(&gw, echo.port());
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    // The deployment holds its one tunnel: a second is refused as retryable overload.
+    let (_, second) = open_tunnel(&gw, echo.port());
+    assert!(second.starts_with("HTTP/1.1 503"), "{second}");
+    // Nothing moves: the gateway closes the tunnel after the idle limit (checked every
+    // quarter of it), long before the client's read timeout.
+    let opened = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let _ = first.read_to_end(&mut rest);
+    let waited = opened.elapsed();
+    assert!(waited < Duration::from_secs(5), "closed after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "closed after {waited:?}"
+    );
+    // The closed tunnel gave its place back.
+    wait_until(Duration::from_secs(5), "a new tunnel to be allowed", || {
+        open_tunnel(&gw, echo.port()).1 == "HTTP/1.1 200 OK"
+    });
 }
 
 #[test]

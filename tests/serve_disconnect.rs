@@ -109,7 +109,7 @@ fn assert_release_on_departure(gw: &Gateway) {
         metrics
             .lines()
             .any(|l| l.starts_with("sortie_requests_total{")
-                && l.contains("outcome=\"cancelled\"} 1")),
+                && l.contains("outcome=\"cancelled\",ingress=\"api\"} 1")),
         "{metrics}"
     );
 }

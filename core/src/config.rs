@@ -19,6 +19,10 @@ use crate::limits::{
     MAX_LIMIT_TIMEOUT_MS, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES,
     MIN_IN_FLIGHT_BODY_BYTES, MIN_LIMIT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
+use crate::limits::{
+    DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT, DEFAULT_PROXY_IDLE_TIMEOUT_MS,
+    DEFAULT_TUNNEL_IDLE_TIMEOUT_MS, MAX_TUNNELS_PER_DEPLOYMENT_LIMIT, MAX_TUNNEL_IDLE_TIMEOUT_MS,
+};
 use crate::routing::{CountryCode, Ingress};
 
 /// Default of `object_storage.max_object_bytes`: 5 GiB (decision 002).
@@ -120,6 +124,9 @@ pub struct ControlConfig {
     /// `[control.bus]`: the worker bus listener's security and timing (decision 060).
     #[serde(default)]
     pub bus: BusConfig,
+    /// `[control.proxy]`.
+    #[serde(default)]
+    pub proxy: ProxyLimitsConfig,
 }
 
 /// Default of `control.bus.heartbeat_ms`.
@@ -258,6 +265,7 @@ impl Default for ControlConfig {
             request: RequestLimitsConfig::default(),
             server: ServerLimitsConfig::default(),
             bus: BusConfig::default(),
+            proxy: ProxyLimitsConfig::default(),
         }
     }
 }
@@ -360,6 +368,43 @@ impl Default for ServerLimitsConfig {
             body_timeout_ms: DEFAULT_BODY_TIMEOUT_MS,
             write_timeout_ms: DEFAULT_WRITE_TIMEOUT_MS,
             max_connections_per_core: DEFAULT_MAX_CONNECTIONS_PER_CORE,
+        }
+    }
+}
+
+/// `[control.proxy]`: limits of the forward-proxy ingress (decision 022).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyLimitsConfig {
+    /// A relayed request with no byte moving while its body is sent or its response body
+    /// relayed; then the request fails with `idle_timeout`.
+    #[serde(default = "default_proxy_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// A CONNECT tunnel with no byte moving in either direction; then it is closed.
+    #[serde(default = "default_tunnel_idle_timeout_ms")]
+    pub tunnel_idle_timeout_ms: u64,
+    /// Concurrent CONNECT tunnels of one deployment across all cores; beyond it, 503
+    /// `executor_capacity_exhausted`.
+    #[serde(default = "default_max_tunnels_per_deployment")]
+    pub max_tunnels_per_deployment: u32,
+}
+
+fn default_proxy_idle_timeout_ms() -> u64 {
+    DEFAULT_PROXY_IDLE_TIMEOUT_MS
+}
+fn default_tunnel_idle_timeout_ms() -> u64 {
+    DEFAULT_TUNNEL_IDLE_TIMEOUT_MS
+}
+fn default_max_tunnels_per_deployment() -> u32 {
+    DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT
+}
+
+impl Default for ProxyLimitsConfig {
+    fn default() -> Self {
+        ProxyLimitsConfig {
+            idle_timeout_ms: DEFAULT_PROXY_IDLE_TIMEOUT_MS,
+            tunnel_idle_timeout_ms: DEFAULT_TUNNEL_IDLE_TIMEOUT_MS,
+            max_tunnels_per_deployment: DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT,
         }
     }
 }
@@ -683,6 +728,7 @@ impl Config {
             ("control.server.idle_timeout_ms", sv.idle_timeout_ms),
             ("control.server.body_timeout_ms", sv.body_timeout_ms),
             ("control.server.write_timeout_ms", sv.write_timeout_ms),
+            ("control.proxy.idle_timeout_ms", c.proxy.idle_timeout_ms),
             ("egress.connect_timeout_ms", e.connect_timeout_ms),
             ("egress.idle_timeout_ms", e.idle_timeout_ms),
             ("egress.pool_idle_timeout_ms", e.pool_idle_timeout_ms),
@@ -693,6 +739,20 @@ impl Config {
                     format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
                 ));
             }
+        }
+        let px = &c.proxy;
+        if !(MIN_LIMIT_TIMEOUT_MS..=MAX_TUNNEL_IDLE_TIMEOUT_MS).contains(&px.tunnel_idle_timeout_ms)
+        {
+            return Err(err(
+                "control.proxy.tunnel_idle_timeout_ms",
+                format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_TUNNEL_IDLE_TIMEOUT_MS}"),
+            ));
+        }
+        if !(1..=MAX_TUNNELS_PER_DEPLOYMENT_LIMIT).contains(&px.max_tunnels_per_deployment) {
+            return Err(err(
+                "control.proxy.max_tunnels_per_deployment",
+                format!("must be 1 to {MAX_TUNNELS_PER_DEPLOYMENT_LIMIT}"),
+            ));
         }
         if !(1..=MAX_CONNECTIONS_PER_CORE_LIMIT).contains(&sv.max_connections_per_core) {
             return Err(err(
@@ -1190,6 +1250,10 @@ bind_address = "127.0.0.2"
             ("[control.request]\nmax_concurrent_per_deployment = 0", "control.request.max_concurrent_per_deployment"),
             ("[control.server]\nmax_connections_per_core = 0", "control.server.max_connections_per_core"),
             ("[egress]\nidle_timeout_ms = 99999999999", "egress.idle_timeout_ms"),
+            ("[control.proxy]\nidle_timeout_ms = 5", "control.proxy.idle_timeout_ms"),
+            ("[control.proxy]\ntunnel_idle_timeout_ms = 86400001", "control.proxy.tunnel_idle_timeout_ms"),
+            ("[control.proxy]\nmax_tunnels_per_deployment = 0", "control.proxy.max_tunnels_per_deployment"),
+            ("[control.proxy]\nmax_tunnels = 5", "line 2"),
         ];
         for (text, path) in cases {
             let e = Config::from_toml(text).unwrap_err();
@@ -1230,6 +1294,35 @@ bind_address = "127.0.0.2"
                 e.pool_idle_timeout_ms
             ),
             (200, 300, 400)
+        );
+    }
+
+    #[test]
+    fn proxy_limits_are_keys_with_defaults() {
+        let c = Config::from_toml("").unwrap();
+        assert_eq!(c.control.proxy, ProxyLimitsConfig::default());
+        let p = c.control.proxy;
+        assert_eq!(
+            (
+                p.idle_timeout_ms,
+                p.tunnel_idle_timeout_ms,
+                p.max_tunnels_per_deployment
+            ),
+            (60_000, 300_000, 1024)
+        );
+        let c = Config::from_toml(
+            "[control.proxy]\nidle_timeout_ms = 1500\ntunnel_idle_timeout_ms = 2500\n\
+             max_tunnels_per_deployment = 7\n",
+        )
+        .unwrap();
+        let p = c.control.proxy;
+        assert_eq!(
+            (
+                p.idle_timeout_ms,
+                p.tunnel_idle_timeout_ms,
+                p.max_tunnels_per_deployment
+            ),
+            (1500, 2500, 7)
         );
     }
 }

@@ -70,3 +70,17 @@ pub const MIN_IN_FLIGHT_BODY_BYTES: u64 = MAX_REQUEST_ENVELOPE_BYTES as u64 + 1;
 pub const DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT: u32 = 1024;
 /// Largest accepted `control.request.max_concurrent_per_deployment`.
 pub const MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT: u32 = 1_000_000;
+/// Default of `control.proxy.idle_timeout_ms`: a relayed proxy request with no byte moving
+/// while its body is sent or its response body relayed (decision 022).
+pub const DEFAULT_PROXY_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default of `control.proxy.tunnel_idle_timeout_ms`: a CONNECT tunnel with no byte moving in
+/// either direction (decision 022).
+pub const DEFAULT_TUNNEL_IDLE_TIMEOUT_MS: u64 = 300_000;
+/// Largest accepted `control.proxy.tunnel_idle_timeout_ms` (one day): tunnels carry long-lived
+/// protocols (WebSocket, database sessions) that idle longer than a request would.
+pub const MAX_TUNNEL_IDLE_TIMEOUT_MS: u64 = 86_400_000;
+/// Default of `control.proxy.max_tunnels_per_deployment`: concurrent CONNECT tunnels of one
+/// deployment across all cores (decision 022).
+pub const DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT: u32 = 1024;
+/// Largest accepted `control.proxy.max_tunnels_per_deployment`.
+pub const MAX_TUNNELS_PER_DEPLOYMENT_LIMIT: u32 = 1_000_000;

@@ -1,4 +1,4 @@
-//! Prometheus metrics: requests by deployment and outcome (request API and forward proxy),
+//! Prometheus metrics: requests by deployment, ingress and outcome (request API and forward proxy),
 //! ended tunnels and their bytes, stage latency histograms, active
 //! requests, worker capacity and the config revision. Each core writes only its own shard (no
 //! cross-core contention on the hot path); `/metrics` sums the shards.
@@ -7,6 +7,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use sortie_core::routing::Ingress;
 
 use crate::control::state::ControlState;
 
@@ -41,9 +43,13 @@ impl Histogram {
     }
 }
 
+/// One deployment's request counts by (ingress, outcome).
+type ByOutcome = HashMap<(Ingress, &'static str), u64>;
+
 struct Shard {
-    /// Deployment → outcome → count; looked up by `&str`, so a known pair allocates nothing.
-    requests: Mutex<HashMap<String, HashMap<&'static str, u64>>>,
+    /// Deployment → (ingress, outcome) → count; looked up by `&str`, so a known deployment
+    /// allocates nothing.
+    requests: Mutex<HashMap<String, ByOutcome>>,
     stages: [Histogram; 4],
     /// Tunnels ended, and the bytes they carried up (client to destination) and down.
     tunnels: [AtomicU64; 3],
@@ -68,12 +74,13 @@ impl Metrics {
         }
     }
 
-    /// Records one finished request API call on `core`: its outcome (`ok` or the error code)
-    /// and, for transported requests, the stage timings in ms (`[routing, assignment, egress,
-    /// total]`).
+    /// Records one finished request on `core`: the ingress it came by, its outcome (`ok` or
+    /// the error code) and, for transported requests, the stage timings in ms (`[routing,
+    /// assignment, egress, total]`).
     pub fn record(
         &self,
         core: usize,
+        ingress: Ingress,
         deployment: &str,
         outcome: &'static str,
         stages: Option<[u64; 4]>,
@@ -84,9 +91,12 @@ impl Metrics {
         {
             let mut m = shard.requests.lock().unwrap_or_else(|p| p.into_inner());
             match m.get_mut(deployment) {
-                Some(by_outcome) => *by_outcome.entry(outcome).or_default() += 1,
+                Some(by_outcome) => *by_outcome.entry((ingress, outcome)).or_default() += 1,
                 None => {
-                    m.insert(deployment.to_string(), HashMap::from([(outcome, 1)]));
+                    m.insert(
+                        deployment.to_string(),
+                        HashMap::from([((ingress, outcome), 1)]),
+                    );
                 }
             }
         }
@@ -110,21 +120,23 @@ impl Metrics {
     /// Renders the Prometheus text format.
     pub fn render(&self, state: &ControlState) -> String {
         let mut out = String::with_capacity(4096);
-        let mut totals: HashMap<(String, &'static str), u64> = HashMap::new();
+        let mut totals: HashMap<(String, &'static str, &'static str), u64> = HashMap::new();
         for s in &self.shards {
             for (dep, by_outcome) in s.requests.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                for (outcome, v) in by_outcome {
-                    *totals.entry((dep.clone(), *outcome)).or_default() += v;
+                for ((ingress, outcome), v) in by_outcome {
+                    *totals
+                        .entry((dep.clone(), ingress.as_str(), *outcome))
+                        .or_default() += v;
                 }
             }
         }
         let mut keys: Vec<_> = totals.into_iter().collect();
         keys.sort();
-        out.push_str("# HELP sortie_requests_total Request API calls and proxied requests (absolute-form and CONNECT) by deployment and outcome (ok or error code).\n# TYPE sortie_requests_total counter\n");
-        for ((dep, outcome), n) in keys {
+        out.push_str("# HELP sortie_requests_total Request API calls and proxied requests by deployment, outcome (ok or error code) and ingress (api, proxy: absolute-form, connect).\n# TYPE sortie_requests_total counter\n");
+        for ((dep, ingress, outcome), n) in keys {
             let _ = writeln!(
                 out,
-                "sortie_requests_total{{deployment=\"{}\",outcome=\"{outcome}\"}} {n}",
+                "sortie_requests_total{{deployment=\"{}\",outcome=\"{outcome}\",ingress=\"{ingress}\"}} {n}",
                 escape(&dep)
             );
         }

@@ -20,7 +20,7 @@ use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, Work
 use crate::control::admin::AdminContext;
 use crate::control::api::ApiContext;
 use crate::control::core::{mailbox, run_mailbox, ActiveRequests, MailboxReceiver};
-use crate::control::proxy::{ProxyHandler, TunnelCounts, MAX_TUNNELS_PER_DEPLOYMENT};
+use crate::control::proxy::{ProxyHandler, TunnelCounts};
 use crate::control::receipts::Receipts;
 use crate::control::state::ControlState;
 use crate::control::web::{AdminHandler, ApiHandler};
@@ -270,7 +270,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     ));
     let tunnels = Arc::new(TunnelCounts::new(
         state.auth.len(),
-        MAX_TUNNELS_PER_DEPLOYMENT,
+        config.control.proxy.max_tunnels_per_deployment,
     ));
     let trigger = ShutdownTrigger::new();
 

@@ -135,7 +135,7 @@ pub fn authenticate(
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let answer = auth_failure(&request_id);
     ctx.metrics
-        .record(ctx.core, "-", answer.outcome, answer.stages);
+        .record(ctx.core, Ingress::Api, "-", answer.outcome, answer.stages);
     Err(answer)
 }
 
@@ -143,7 +143,7 @@ pub fn authenticate(
 pub fn record_refusal(ctx: &ApiContext, deployment: DeploymentRef, e: &ApiError) {
     let deployment = ctx.state.auth.id(deployment);
     ctx.metrics
-        .record(ctx.core, deployment, e.code.as_str(), None);
+        .record(ctx.core, Ingress::Api, deployment, e.code.as_str(), None);
     tracing::debug!(
         target: "sortie::request",
         deployment = %deployment,
@@ -170,8 +170,13 @@ pub async fn handle(
     };
     let answer = handle_inner(ctx, &request_id, deployment, tenant, content_type, body).await;
     pending.is_answered = true;
-    ctx.metrics
-        .record(ctx.core, deployment, answer.outcome, answer.stages);
+    ctx.metrics.record(
+        ctx.core,
+        Ingress::Api,
+        deployment,
+        answer.outcome,
+        answer.stages,
+    );
     answer
 }
 
@@ -193,7 +198,7 @@ impl Drop for Unanswered<'_> {
         let outcome = ErrorCode::Cancelled.as_str();
         self.ctx
             .metrics
-            .record(self.ctx.core, self.deployment, outcome, None);
+            .record(self.ctx.core, Ingress::Api, self.deployment, outcome, None);
         tracing::debug!(
             target: "sortie::request",
             request_id = %self.request_id,

@@ -41,17 +41,10 @@ use crate::http::{
 };
 use crate::tokens::DeploymentRef;
 
-/// Concurrent CONNECT tunnels one deployment may hold across all cores (decision 022).
-pub const MAX_TUNNELS_PER_DEPLOYMENT: u32 = 1024;
-/// A tunnel with no byte moving in either direction for this long is closed (decision 022).
-pub const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bytes the first read of a tunnel direction asks for.
 const TUNNEL_BUFFER_BYTES: usize = 16 * 1024;
 /// The most one read of a tunnel direction asks for, once reads keep filling the buffer.
 const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
-/// The idle limit of a relayed request: without a byte moving, while the request is sent or
-/// the response body relayed.
-pub const PROXY_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Concurrent tunnels per deployment, shared by every core.
 pub struct TunnelCounts {
@@ -165,10 +158,10 @@ impl ProxyHandler {
         Some(d)
     }
 
-    fn refuse(&self, e: &ApiError, deployment: &str) -> Response {
+    fn refuse(&self, e: &ApiError, ingress: Ingress, deployment: &str) -> Response {
         self.ctx
             .metrics
-            .record(self.ctx.core, deployment, e.code.as_str(), None);
+            .record(self.ctx.core, ingress, deployment, e.code.as_str(), None);
         proxy_error(e, &new_request_id())
     }
 }
@@ -194,7 +187,8 @@ impl Handler for ProxyHandler {
                         }
                     ),
                 );
-                return Err(self.refuse(&e, "-"));
+                // Neither form: counted with the listener's main mode.
+                return Err(self.refuse(&e, Ingress::Proxy, "-"));
             }
         };
         let Some(deployment) = self.authenticate(req.header("proxy-authorization")) else {
@@ -202,7 +196,7 @@ impl Handler for ProxyHandler {
                 ErrorCode::AuthFailure,
                 "missing or invalid proxy credentials (Basic: deployment id and token)",
             );
-            return Err(self.refuse(&e, "-"));
+            return Err(self.refuse(&e, ingress, "-"));
         };
         Ok(Admitted {
             // Request bodies are streamed to the destination, never held whole.
@@ -220,6 +214,7 @@ impl Handler for ProxyHandler {
         let started = Instant::now();
         let mut pending = Unanswered {
             handler: self,
+            ingress: a.ingress,
             deployment,
             is_answered: false,
         };
@@ -239,7 +234,7 @@ impl Handler for ProxyHandler {
             Ok(response) => {
                 self.ctx
                     .metrics
-                    .record(self.ctx.core, deployment, "ok", None);
+                    .record(self.ctx.core, a.ingress, deployment, "ok", None);
                 response
             }
             Err(e) => {
@@ -251,9 +246,13 @@ impl Handler for ProxyHandler {
                     total_ms = started.elapsed().as_millis() as u64,
                     "proxied request failed"
                 );
-                self.ctx
-                    .metrics
-                    .record(self.ctx.core, deployment, e.code.as_str(), None);
+                self.ctx.metrics.record(
+                    self.ctx.core,
+                    a.ingress,
+                    deployment,
+                    e.code.as_str(),
+                    None,
+                );
                 proxy_error(&e, &request_id)
             }
         }
@@ -273,6 +272,7 @@ impl Handler for ProxyHandler {
 /// `cancelled`, as the request API does.
 struct Unanswered<'a> {
     handler: &'a ProxyHandler,
+    ingress: Ingress,
     deployment: &'a str,
     is_answered: bool,
 }
@@ -283,6 +283,7 @@ impl Drop for Unanswered<'_> {
             let ctx = &self.handler.ctx;
             ctx.metrics.record(
                 ctx.core,
+                self.ingress,
                 self.deployment,
                 ErrorCode::Cancelled.as_str(),
                 None,
@@ -376,7 +377,7 @@ impl ProxyHandler {
             headers: &forwarded,
             deadline: self.deadline(started),
             timeouts: Timeouts {
-                idle: PROXY_IDLE_TIMEOUT,
+                idle: self.ctx.state.limits.proxy_idle_timeout,
                 ..self.ctx.state.limits.egress_timeouts
             },
             policy: &active.policy,
@@ -582,6 +583,7 @@ impl ProxyHandler {
             _permit: permit,
             metrics: self.ctx.metrics.clone(),
             core: self.ctx.core,
+            idle_timeout: self.ctx.state.limits.tunnel_idle_timeout,
         };
         let mut r = Response::new(200);
         r.body = ResponseBody::Tunnel(Box::new(tunnel));
@@ -598,6 +600,8 @@ struct TunnelJob {
     _permit: TunnelPermit,
     metrics: Arc<crate::metrics::Metrics>,
     core: usize,
+    /// `control.proxy.tunnel_idle_timeout_ms`.
+    idle_timeout: Duration,
 }
 
 impl Tunnel for TunnelJob {
@@ -627,7 +631,7 @@ impl Tunnel for TunnelJob {
             };
             let ended = monoio::select! {
                 r = both => if r.is_ok() { "closed" } else { "broken" },
-                _ = idle_watch(&up_bytes, &down_bytes) => "idle",
+                _ = idle_watch(&up_bytes, &down_bytes, job.idle_timeout) => "idle",
                 _ = &mut job.cancelled => "cancelled",
             };
             job.metrics
@@ -677,10 +681,10 @@ async fn copy<R: AsyncReadRent, W: AsyncWriteRent>(
     }
 }
 
-/// Completes when no byte moved in either direction for [`TUNNEL_IDLE_TIMEOUT`], checked every
-/// quarter of it: one timer per tunnel instead of one per read.
-async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>) {
-    let step = TUNNEL_IDLE_TIMEOUT / 4;
+/// Completes when no byte moved in either direction for `limit`, checked every quarter of it:
+/// one timer per tunnel instead of one per read.
+async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>, limit: Duration) {
+    let step = limit / 4;
     let mut seen = (up.get(), down.get());
     let mut quiet = Duration::ZERO;
     loop {
@@ -688,7 +692,7 @@ async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>) {
         let now = (up.get(), down.get());
         if now == seen {
             quiet += step;
-            if quiet >= TUNNEL_IDLE_TIMEOUT {
+            if quiet >= limit {
                 return;
             }
         } else {

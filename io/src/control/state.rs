@@ -46,6 +46,10 @@ pub struct Limits {
     pub max_inline_response_body_bytes: usize,
     /// `egress.connect_timeout_ms` and `egress.idle_timeout_ms` as the egress stage limits.
     pub egress_timeouts: crate::egress::Timeouts,
+    /// `control.proxy.idle_timeout_ms`: the idle limit of a relayed proxy request.
+    pub proxy_idle_timeout: Duration,
+    /// `control.proxy.tunnel_idle_timeout_ms`: a tunnel with no byte moving is closed.
+    pub tunnel_idle_timeout: Duration,
 }
 
 /// One worker's live counters. Stable for the life of the process: tables rebuilt after a
@@ -226,6 +230,10 @@ impl ControlState {
                     response_header: None,
                     idle: Duration::from_millis(config.egress.idle_timeout_ms),
                 },
+                proxy_idle_timeout: Duration::from_millis(config.control.proxy.idle_timeout_ms),
+                tunnel_idle_timeout: Duration::from_millis(
+                    config.control.proxy.tunnel_idle_timeout_ms,
+                ),
             },
             admission: AdmissionLimits::leak(
                 auth.len(),
