@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Splitable as _};
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, OwnedWriteHalf, Splitable as _};
 use monoio::net::TcpStream;
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
@@ -480,6 +480,10 @@ impl StreamBody for RelayedBody {
             }
         })
     }
+
+    fn take_ready(&mut self) -> Option<Bytes> {
+        self.reader.take_early()
+    }
 }
 
 impl ProxyHandler {
@@ -647,13 +651,13 @@ impl Tunnel for TunnelJob {
     }
 }
 
-/// Copies one direction of a tunnel until EOF, then half-closes the writer, counting the bytes
-/// in `counter`. The buffer starts at [`TUNNEL_BUFFER_BYTES`] and doubles, up to
+/// Copies one direction of a tunnel until EOF, then half-closes the writer (by dropping it),
+/// counting the bytes in `counter`. The buffer starts at [`TUNNEL_BUFFER_BYTES`] and doubles, up to
 /// [`MAX_TUNNEL_BUFFER_BYTES`], whenever a read fills it: an interactive tunnel stays small, a
 /// bulk one moves large pieces. No timer per read: [`idle_watch`] watches the counters.
-async fn copy<R: AsyncReadRent, W: AsyncWriteRent>(
+async fn copy<R: AsyncReadRent>(
     mut from: R,
-    mut to: W,
+    mut to: OwnedWriteHalf<TcpStream>,
     counter: &Cell<u64>,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
@@ -662,7 +666,8 @@ async fn copy<R: AsyncReadRent, W: AsyncWriteRent>(
         buf = back;
         let n = res?;
         if n == 0 {
-            let _ = to.shutdown().await;
+            // Returning drops `to`, and dropping a write half shuts the socket's write side
+            // (`shutdown(SHUT_WR)`): the half-close, without a second call of our own.
             return Ok(());
         }
         counter.set(counter.get().saturating_add(n as u64));

@@ -165,6 +165,36 @@ impl ResponseBodyReader {
         self.deadline = deadline;
     }
 
+    /// The body bytes that came with the response head, when the body has no chunk framing:
+    /// they are the body as it is, handed out without a copy (bytes past a declared length are
+    /// left out and keep the connection from the pool). `None` for a chunked body, or once
+    /// [`ResponseBodyReader::read_into`] has run; `read_into` then goes on after these bytes.
+    pub fn take_early(&mut self) -> Option<Bytes> {
+        if self.is_finished
+            || self.early.is_empty()
+            || matches!(self.framing, ResponseFraming::Chunked)
+        {
+            return None;
+        }
+        let mut early = std::mem::take(&mut self.early);
+        let consumed = match self.decoder.decode(&early, &mut |_| {}) {
+            Ok(progress) => progress.consumed,
+            Err(_) => {
+                // Plain framing cannot fail to decode; should it, `read_into` reports it.
+                self.early = early;
+                return None;
+            }
+        };
+        if consumed < early.len() {
+            self.has_leftover = true;
+            early.truncate(consumed);
+        }
+        if self.decoder.is_done() {
+            self.finish(false);
+        }
+        Some(early)
+    }
+
     /// Appends the next decoded piece of the body to `out`; returns `false` at the end of the
     /// body (nothing appended). At the end, a reusable connection goes back to the pool.
     ///

@@ -94,6 +94,7 @@ mod conn;
 mod date;
 mod departure;
 mod handler;
+mod iovec;
 mod race;
 mod request;
 mod response;

@@ -37,6 +37,14 @@ pub trait StreamBody {
         &'a mut self,
         out: &'a mut Vec<u8>,
     ) -> Pin<Box<dyn Future<Output = io::Result<bool>> + 'a>>;
+
+    /// Body bytes the stream already holds, taken before the first [`StreamBody::read_into`]
+    /// when the body is not chunk-framed to the client: they are written as they are, with the
+    /// head, instead of being copied into the server's buffer. `None` (the default) when there
+    /// are none; the rest of the body still comes from `read_into`.
+    fn take_ready(&mut self) -> Option<Bytes> {
+        None
+    }
 }
 
 /// What takes over a connection after a `2xx` answer to `CONNECT`: the client's socket and the
