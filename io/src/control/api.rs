@@ -326,7 +326,10 @@ async fn handle_inner(
                 Some(Ok(resp)) => Some(Ok(Exchange {
                     status: resp.status,
                     headers: resp.headers,
-                    body: ExchangeBody::Inline(resp.body),
+                    body: ExchangeBody::Inline {
+                        start: bytes::Bytes::new(),
+                        rest: resp.body,
+                    },
                 })),
                 Some(Err(RemoteFailure::Refused(reason))) => {
                     tracing::debug!(target: "sortie::request", request_id, worker = %assigned.decision.worker_id.as_str(), %reason, "assignment refused");
@@ -409,10 +412,15 @@ async fn handle_inner(
                     tenant,
                 };
                 monoio::select! {
-                    r = Box::pin(ctx.egress.execute(&job)) => Some(r.map(|resp| Exchange {
+                    // In two parts: the body's start is not copied behind the head; the
+                    // envelope encodes both as one.
+                    r = Box::pin(ctx.egress.execute_split(&job)) => Some(r.map(|resp| Exchange {
                         status: resp.status,
                         headers: resp.headers,
-                        body: ExchangeBody::Inline(resp.body),
+                        body: ExchangeBody::Inline {
+                            start: resp.body_start,
+                            rest: resp.body,
+                        },
                     })),
                     _ = cancelled => None,
                 }
@@ -449,7 +457,7 @@ async fn handle_inner(
                 status: resp.status,
                 headers: &headers,
                 body: match &resp.body {
-                    ExchangeBody::Inline(b) => ResultBody::Inline(b),
+                    ExchangeBody::Inline { start, rest } => ResultBody::InlineParts(start, rest),
                     ExchangeBody::Receipt {
                         receipt_id,
                         size_bytes,

@@ -19,8 +19,9 @@ use crate::store::ReceiptRecord;
 
 /// The body of a finished streamed exchange.
 pub(crate) enum ExchangeBody {
-    /// Read into memory (inline mode).
-    Inline(Vec<u8>),
+    /// Read into memory (inline mode): `start` followed by `rest`, the start being the bytes
+    /// that came with the response head, left in the head's buffer.
+    Inline { start: Bytes, rest: Vec<u8> },
     /// Stored as a verified response receipt.
     Receipt {
         receipt_id: String,
@@ -259,7 +260,10 @@ pub(crate) async fn execute(
                     ));
                 }
             }
-            ExchangeBody::Inline(out)
+            ExchangeBody::Inline {
+                start: Bytes::new(),
+                rest: out,
+            }
         }
         ResponseBodyMode::Receipt => store_response(receipts, deployment, &mut resp.body).await?,
     };

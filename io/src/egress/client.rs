@@ -78,6 +78,9 @@ pub(crate) fn request_head(
 pub(crate) struct Response {
     pub(crate) status: u16,
     pub(crate) headers: Vec<(Bytes, Bytes)>,
+    /// The first bytes of the body, read with the head: a slice of the head's buffer.
+    pub(crate) body_start: Bytes,
+    /// The rest of the body.
     pub(crate) body: Vec<u8>,
     /// Whether the connection may carry another request.
     pub(crate) is_reusable: bool,
@@ -195,48 +198,89 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     let limits = BodyLimits::with_max_body(x.max_response_body_bytes as u64);
     let mut decoder = BodyDecoder::for_response(head.framing, limits)
         .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
-    let reserve = match head.framing {
-        ResponseFraming::ContentLength(n) => usize::try_from(n)
+    let body_failure = |e| Failure::during_response(body_error(e, x.max_response_body_bytes));
+    // A body without chunk framing is the bytes as they are: those that came with the head
+    // stay where they are (a slice of the head's buffer, `body_start`), the rest is read
+    // straight into `body`. Only chunked bodies go through the connection's buffer and the
+    // decoder's copy.
+    let is_plain = !matches!(head.framing, ResponseFraming::Chunked);
+    let early = std::mem::take(&mut head.rest);
+    let mut body_start = Bytes::new();
+    let mut chunked_start = Vec::new();
+    let progress = if is_plain {
+        decoder.decode(&early, &mut |_| {})
+    } else {
+        decoder.decode(&early, &mut |d: &[u8]| chunked_start.extend_from_slice(d))
+    }
+    .map_err(body_failure)?;
+    let mut has_leftover = progress.consumed < early.len();
+    if is_plain {
+        body_start = early.slice(..progress.consumed.min(early.len()));
+    }
+    drop(early);
+    // The rest of a declared length, and one byte over it: the read that completes the body
+    // may ask for one byte more than the rest (see below) without growing the buffer.
+    let reserve = match (is_plain, decoder.remaining()) {
+        (true, Some(r)) => usize::try_from(r)
             .unwrap_or(usize::MAX)
-            .min(MAX_BODY_RESERVE),
+            .min(MAX_BODY_RESERVE)
+            .saturating_add(1),
         _ => 0,
     };
-    let mut body = Vec::with_capacity(reserve);
-    let mut sink = |d: &[u8]| body.extend_from_slice(d);
-
-    // Bytes after the head in the head buffer are the start of the body.
-    let early = std::mem::take(&mut head.rest);
-    let progress = decoder
-        .decode(&early, &mut sink)
-        .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
-    let mut has_leftover = progress.consumed < early.len();
-    drop(early);
+    let mut body = if chunked_start.is_empty() {
+        Vec::with_capacity(reserve)
+    } else {
+        chunked_start
+    };
     let mut is_eof = false;
     while !decoder.is_done() {
         let idle_end = Instant::now().checked_add(x.timeouts.idle);
         let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
+        let broken =
+            |e: std::io::Error| Failure::during_response(read_error(&e, Stage::ResponseBody));
+        let timed_out = || Failure::during_response(error::timeout(expired, Stage::ResponseBody));
+        if is_plain {
+            // Never much more room than the rest of a declared body; one byte more than the
+            // rest, so that a TLS read that filled the room does not leave the pool unsure
+            // whether rustls holds more.
+            let want = decoder.remaining().map_or(READ_BUF_BYTES, |r| {
+                usize::try_from(r)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1)
+                    .min(READ_BUF_BYTES)
+            });
+            let n = match within(at, conn.read_append(&mut body, want)).await {
+                Some(Ok(n)) => n,
+                Some(Err(e)) => return Err(broken(e)),
+                None => return Err(timed_out()),
+            };
+            if n == 0 {
+                is_eof = true;
+                break;
+            }
+            let fresh = body.len() - n;
+            let progress = decoder
+                .decode(body.get(fresh..).unwrap_or_default(), &mut |_| {})
+                .map_err(body_failure)?;
+            if progress.consumed < n {
+                // Bytes past the declared length are not the body's.
+                body.truncate(fresh + progress.consumed);
+                has_leftover = true;
+            }
+            continue;
+        }
         let chunk = match within(at, conn.read_some()).await {
             Some(Ok(chunk)) => chunk,
-            Some(Err(e)) => {
-                return Err(Failure::during_response(read_error(
-                    &e,
-                    Stage::ResponseBody,
-                )))
-            }
-            None => {
-                return Err(Failure::during_response(error::timeout(
-                    expired,
-                    Stage::ResponseBody,
-                )))
-            }
+            Some(Err(e)) => return Err(broken(e)),
+            None => return Err(timed_out()),
         };
         if chunk.is_empty() {
             is_eof = true;
             break;
         }
         let progress = decoder
-            .decode(chunk, &mut sink)
-            .map_err(|e| Failure::during_response(body_error(e, x.max_response_body_bytes)))?;
+            .decode(chunk, &mut |d: &[u8]| body.extend_from_slice(d))
+            .map_err(body_failure)?;
         has_leftover = progress.consumed < chunk.len();
     }
     if is_eof && !decoder.is_complete_at_eof() {
@@ -255,6 +299,7 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     Ok(Response {
         status: head.status,
         headers: head.headers,
+        body_start,
         body,
         is_reusable,
     })

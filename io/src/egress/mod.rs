@@ -186,7 +186,10 @@ pub struct EgressResponse {
     /// kept (hop-by-hop and framing fields included; the caller decides what to relay). Each
     /// is a slice of one shared buffer.
     pub headers: Vec<(Bytes, Bytes)>,
-    /// The decoded body (chunked coding removed).
+    /// The first bytes of the body when [`Egress::execute_split`] returned it; empty from
+    /// [`Egress::execute`].
+    pub body_start: Bytes,
+    /// The decoded body (chunked coding removed), or its rest after `body_start`.
     pub body: Vec<u8>,
     /// The address the response came from.
     pub peer_addr: SocketAddr,
@@ -248,8 +251,25 @@ impl Egress {
 
     /// Performs the request: one upstream exchange, plus at most one retry on a fresh
     /// connection when a reused connection broke before any response byte and the request is
-    /// replayable (or, over HTTP/2, when the server provably did not process the stream).
+    /// replayable (or, over HTTP/2, when the server provably did not process the stream). The
+    /// whole body is in [`EgressResponse::body`].
     pub async fn execute(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
+        let mut r = self.execute_split(req).await?;
+        if !r.body_start.is_empty() {
+            let start = std::mem::take(&mut r.body_start);
+            let mut body = Vec::with_capacity(start.len() + r.body.len());
+            body.extend_from_slice(&start);
+            body.extend_from_slice(&r.body);
+            r.body = body;
+        }
+        Ok(r)
+    }
+
+    /// [`Egress::execute`], with the body in two parts: [`EgressResponse::body_start`] (the
+    /// bytes that came with the response head, left in the head's buffer) followed by
+    /// [`EgressResponse::body`]. Saves copying the start behind the head into the body buffer,
+    /// most of a body of some kilobytes; for a caller that can use the body in two pieces.
+    pub async fn execute_split(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
         let started = Instant::now();
         let via = req.via.as_ref().map(|r| (r, r.choose(started)));
         let key = PoolKey {
@@ -274,6 +294,7 @@ impl Egress {
                         return Ok(EgressResponse {
                             status,
                             headers,
+                            body_start: Bytes::new(),
                             body,
                             peer_addr: c.peer(),
                             connect_ms,
@@ -319,6 +340,7 @@ impl Egress {
                     return Ok(EgressResponse {
                         status: resp.status,
                         headers: resp.headers,
+                        body_start: resp.body_start,
                         body: resp.body,
                         peer_addr,
                         connect_ms,

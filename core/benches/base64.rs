@@ -1,0 +1,137 @@
+//! Benchmark: base64 encoding of a response body into the result envelope, the `base64` crate
+//! (zero-filled room, then `encode_slice`: the encoder used before) against `base64-simd`
+//! (`encode_append` into spare capacity: the one used now), at 1 KiB, 64 KiB and 1 MiB, plus the
+//! whole result envelope at 64 KiB. After the criterion groups it prints, per size, the ratio
+//! of the two encoders measured in interleaved rounds of the same run.
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use sortie_core::result::{RequestResult, ResultBody, Timing};
+
+const SIZES: &[(&str, usize)] = &[("1k", 1024), ("64k", 64 * 1024), ("1m", 1024 * 1024)];
+
+/// Deterministic bytes that are not one repeated value.
+fn body(len: usize) -> Vec<u8> {
+    let mut x: u32 = 0x9e37_79b9;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+/// The encoder used before: room zero-filled by `resize`, then encoded into it.
+fn encode_base64_crate(out: &mut Vec<u8>, data: &[u8]) {
+    let start = out.len();
+    let len = base64::encoded_len(data.len(), true).unwrap_or(0);
+    out.resize(start + len, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(data, &mut out[start..])
+        .unwrap_or(0);
+    out.truncate(start + written);
+}
+
+/// The encoder used now: SIMD, appended into spare capacity.
+fn encode_base64_simd(out: &mut Vec<u8>, data: &[u8]) {
+    base64_simd::STANDARD.encode_append(data, out);
+}
+
+/// Each call encodes into a fresh buffer, as the envelope does per response.
+fn run(encode: fn(&mut Vec<u8>, &[u8]), data: &[u8]) -> usize {
+    let mut out = Vec::with_capacity(data.len() / 3 * 4 + 64);
+    encode(&mut out, data);
+    out.len()
+}
+
+fn result_json(data: &[u8]) -> Vec<u8> {
+    let headers: &[(&[u8], &[u8])] = &[
+        (b"Server", b"nginx"),
+        (b"Content-Type", b"application/octet-stream"),
+        (b"Content-Length", b"65536"),
+    ];
+    RequestResult {
+        request_id: "req_0123456789abcdef",
+        status: 200,
+        headers,
+        body: ResultBody::Inline(data),
+        timing: Timing::default(),
+    }
+    .to_json()
+}
+
+fn bench(c: &mut Criterion) {
+    // Both encoders must agree before either is timed.
+    for (_, len) in SIZES {
+        let data = body(*len);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        encode_base64_crate(&mut a, &data);
+        encode_base64_simd(&mut b, &data);
+        assert!(a == b, "the encoders disagree at {len} bytes");
+    }
+    let mut g = c.benchmark_group("base64_encode");
+    for (name, len) in SIZES {
+        let data = body(*len);
+        g.throughput(Throughput::Bytes(*len as u64));
+        g.bench_with_input(BenchmarkId::new("base64", name), &data, |b, d| {
+            b.iter(|| black_box(run(encode_base64_crate, black_box(d))))
+        });
+        g.bench_with_input(BenchmarkId::new("base64_simd", name), &data, |b, d| {
+            b.iter(|| black_box(run(encode_base64_simd, black_box(d))))
+        });
+    }
+    g.finish();
+    let data = body(64 * 1024);
+    let mut g = c.benchmark_group("result_envelope");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function("to_json_64k", |b| {
+        b.iter(|| black_box(result_json(black_box(&data)).len()))
+    });
+    g.finish();
+    print_ratios();
+}
+
+/// Nanoseconds per call of `encode` on `data`, over about `budget`.
+fn time_per_call(encode: fn(&mut Vec<u8>, &[u8]), data: &[u8], budget: Duration) -> f64 {
+    let started = Instant::now();
+    let mut calls = 0u64;
+    while started.elapsed() < budget {
+        for _ in 0..16 {
+            black_box(run(encode, black_box(data)));
+        }
+        calls += 16;
+    }
+    started.elapsed().as_nanos() as f64 / calls as f64
+}
+
+/// Ratio of the two encoders in the same run: five interleaved rounds per size, the median
+/// round reported, so a change in the machine's load between the two does not decide it.
+fn print_ratios() {
+    println!("base64 encode, same run, 5 interleaved rounds of 200 ms each (median round):");
+    for (name, len) in SIZES {
+        let data = body(*len);
+        let mut rounds: Vec<(f64, f64)> = (0..5)
+            .map(|_| {
+                let budget = Duration::from_millis(200);
+                let old = time_per_call(encode_base64_crate, &data, budget);
+                let new = time_per_call(encode_base64_simd, &data, budget);
+                (old, new)
+            })
+            .collect();
+        rounds.sort_by(|a, b| (a.0 / a.1).total_cmp(&(b.0 / b.1)));
+        let (old, new) = rounds[rounds.len() / 2];
+        let mib_s = |ns: f64| *len as f64 / ns * 1e9 / (1024.0 * 1024.0);
+        println!(
+            "  {name:>3}: base64 {old:9.0} ns ({:7.0} MiB/s)  base64-simd {new:9.0} ns ({:7.0} MiB/s)  speed-up {:.2}x",
+            mib_s(old),
+            mib_s(new),
+            old / new
+        );
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
