@@ -23,7 +23,6 @@ use super::body::{Body, Settled};
 use super::config::ServerConfig;
 use super::departure::client_departure;
 use super::handler::Handler;
-use super::iovec::HeadAndBody;
 use super::race::{race, Either};
 use super::request::RequestParts;
 use super::response::{
@@ -37,8 +36,8 @@ pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
 /// Capacity the read buffer grows to while a request body is read, so that uploads take few
 /// reads; it shrinks back after the request.
 pub const BODY_READ_BUFFER_BYTES: usize = 16 * 1024;
-/// Bodies up to this size are copied behind the head and sent in one write; larger ones go out
-/// with the head in one vectored write, without the copy.
+/// Bodies up to this size are copied behind the head and sent in one write; larger ones are
+/// written separately to avoid the copy.
 const COALESCE_BODY_BYTES: usize = 16 * 1024;
 /// Room reserved for a response head.
 const HEAD_CAPACITY: usize = 256;
@@ -183,38 +182,15 @@ impl ConnIo {
         Ok(buf)
     }
 
-    /// Writes `head` then `body` with one vectored write when the socket takes them whole (the
-    /// usual case), finishing a partial write part by part; the same timeout as
-    /// [`ConnIo::write_all_timed`]. Gives the head's buffer back for reuse.
+    /// Writes `head` then `body`, each as it is (no copy of `body` behind the head), with the
+    /// timeout of [`ConnIo::write_all_timed`]; gives the head's buffer back for reuse.
     pub(crate) async fn write_head_and_body_timed(
         &mut self,
         head: Vec<u8>,
         body: Bytes,
     ) -> io::Result<Vec<u8>> {
-        let both = HeadAndBody::new(head, body);
-        let total = both.len();
-        let write = self.stream.writev(both);
-        let (res, both) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
-            Ok(done) => done,
-            Err(_) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
-        };
-        let n = match res {
-            Ok(0) if total > 0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        let (head, body) = both.into_parts();
-        let head_len = head.len();
-        let head = if n < head_len {
-            self.write_all_timed_from(head, n).await?
-        } else {
-            head
-        };
-        let from = n.saturating_sub(head_len);
-        if from < body.len() {
-            self.write_all_timed_from(body, from).await?;
-        }
+        let head = self.write_all_timed_from(head, 0).await?;
+        self.write_all_timed_from(body, 0).await?;
         Ok(head)
     }
 }
@@ -587,8 +563,8 @@ async fn write_stream(
     buf.reserve(room + prefix + CHUNK_DATA_END.len());
     let mut declared_left = stream.length();
     if !is_chunked {
-        // Body bytes the stream already holds (read with the destination's head) go out with
-        // the head in one vectored write instead of being copied behind it.
+        // Body bytes the stream already holds (read with the destination's head) are written
+        // after the head as they are instead of being copied behind it.
         if let Some(first) = stream.take_ready().filter(|b| !b.is_empty()) {
             if let Some(left) = &mut declared_left {
                 *left = left

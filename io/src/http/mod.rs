@@ -94,7 +94,6 @@ mod conn;
 mod date;
 mod departure;
 mod handler;
-mod iovec;
 mod race;
 mod request;
 mod response;
