@@ -3,9 +3,10 @@
 # through each peer (squid and tinyproxy as forward proxies, nginx and haproxy as reverse hops)
 # and through Sortie's proxy listener. Absolute-form at 1 KiB and 64 KiB (wrk with
 # perf/proxy.lua), CONNECT with a new tunnel per request and requests inside long-lived tunnels
-# (perf/tunnelbench). Prints req/s, p50/p99, the ratio to direct and requests per CPU-second of
-# the proxy process (utime + stime from /proc/PID/stat over the measured window). See
-# perf/README.md.
+# (perf/tunnelbench), and the request API (POST /api/v1/requests, the body coming back base64 in
+# the envelope) beside the nginx hop. Prints req/s, p50/p99, the ratio to direct and requests
+# per CPU-second of the proxy process (utime + stime from /proc/PID/stat over the measured
+# window), and Sortie's per-CPU figure against the nginx hop's. See perf/README.md.
 set -euo pipefail
 # Ports of this benchmark, away from load.sh's so both can run on one machine.
 UPSTREAM_PORT=${UPSTREAM_PORT:-19190}
@@ -29,7 +30,10 @@ THREADS=${THREADS:-1}
 GATEWAY_CORES=${GATEWAY_CORES:-$(($(nproc) / 2 > 0 ? $(nproc) / 2 : 1))}
 # Which sizes and modes to run (space-separated); all by default.
 SIZES=${SIZES:-"1k 64k"}
-MODES=${MODES:-"absolute connect-new in-tunnel"}
+MODES=${MODES:-"absolute connect-new in-tunnel api"}
+# PROFILE=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and size
+# under `perf record`, and its top symbols by self time.
+PROFILE=${PROFILE:-0}
 
 RESULTS_FILE=""
 TUNNELBENCH=""
@@ -271,14 +275,17 @@ measure() {
   [ "$label" != sortie ] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
   before=$( [ -z "$pid" ] || cpu_ticks "$pid")
   case $mode in
-    absolute)
+    absolute | api)
       local out="$WORK_DIR/wrk.txt" url
-      case $label in
-        direct) url="http://$target/$size" script="$PERF_DIR/report.lua" ;;
-        nginx-hop | haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
+      case $mode/$label in
+        */direct) url="http://$target/$size" script="$PERF_DIR/report.lua" ;;
+        */nginx-hop | */haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
+        # The request API: every request POSTs the envelope naming the target.
+        api/sortie) url="http://127.0.0.1:$API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
         *) url="http://127.0.0.1:$port" script="$PERF_DIR/proxy.lua" ;;
       esac
       SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
+        SORTIE_PERF_URL="http://$target/$size" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" \
         SORTIE_PERF_PROXY_AUTH="$auth" SORTIE_PERF_DIR="$PERF_DIR" \
         timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$script" "$url" \
         >"$out" 2>&1 || { cat "$out" >&2; die "wrk $mode $size $label failed"; }
@@ -307,6 +314,8 @@ measure() {
 labels_for() {
   case $1 in
     absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie" ;;
+    # The request API beside the best single hop (the target's own figure).
+    api) echo "direct nginx-hop sortie" ;;
     # Reverse hops cannot open tunnels.
     *) echo "direct squid tinyproxy sortie" ;;
   esac
@@ -360,7 +369,41 @@ main() {
     done
   done
   say ""
+  for mode in $MODES; do
+    case $mode in absolute | api) ;; *) continue ;; esac
+    for size in $SIZES; do
+      local s_line n_line
+      s_line=$(median_line "${RESULTS["$mode $size sortie"]}")
+      n_line=$(median_line "${RESULTS["$mode $size nginx-hop"]}")
+      say "$mode $size: sortie / nginx hop requests per CPU-second = $(awk \
+        -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
+        -v nn="$(field requests "$n_line")" -v nc="$(field cpu_s "$n_line")" \
+        'BEGIN { if (sc > 0 && nc > 0 && nn > 0) printf "%.2f", (sn / sc) / (nn / nc); else printf "-" }')"
+    done
+  done
+  say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ "$PROFILE" != 1 ] || profile_all
+  say ""
   say "results: $RESULTS_FILE"
+}
+
+# One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
+# self time (all of the process, kernel included).
+profile_all() {
+  local mode size data secs=${DURATION%s}
+  for mode in $MODES; do
+    for size in $SIZES; do
+      data="$WORK_DIR/perf-$mode-$size.data"
+      perf record -q -F 999 -g -p "$GATEWAY_PID" -o "$data" -- sleep "$secs" \
+        >"$WORK_DIR/perf-record.log" 2>&1 &
+      local rec=$!
+      measure "$mode" "$size" sortie
+      wait "$rec" || { cat "$WORK_DIR/perf-record.log" >&2; die "perf record failed"; }
+      say "--- profile: $mode $size (top 12 by self time)"
+      perf report -i "$data" --stdio --no-children --sort sym -g none 2>/dev/null |
+        grep -E '^ +[0-9]' | head -n 12 | tee -a "$RESULTS_FILE"
+    done
+  done
 }
 
 us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }
