@@ -563,15 +563,21 @@ async fn write_stream(
     buf.reserve(room + prefix + CHUNK_DATA_END.len());
     let mut declared_left = stream.length();
     if !is_chunked {
-        // Body bytes the stream already holds (read with the destination's head) are written
-        // after the head as they are instead of being copied behind it.
+        // Body bytes the stream already holds (read with the destination's head): a large
+        // piece is written after the head as it is instead of being copied behind it.
         if let Some(first) = stream.take_ready().filter(|b| !b.is_empty()) {
             if let Some(left) = &mut declared_left {
                 *left = left
                     .checked_sub(first.len() as u64)
                     .ok_or_else(|| io::Error::other("stream body longer than its length"))?;
             }
-            buf = io.write_head_and_body_timed(buf, first).await?;
+            buf = if first.len() <= COALESCE_BODY_BYTES {
+                // A small piece costs less to copy than a second write.
+                buf.extend_from_slice(&first);
+                io.write_all_timed_from(buf, 0).await?
+            } else {
+                io.write_head_and_body_timed(buf, first).await?
+            };
             head_len = 0;
         }
     }
