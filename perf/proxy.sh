@@ -401,7 +401,7 @@ profile_all() {
       wait "$rec" || { cat "$WORK_DIR/perf-record.log" >&2; die "perf record failed"; }
       say "--- profile: $mode $size (top 12 by self time)"
       perf report -i "$data" --stdio --no-children --sort sym -g none 2>/dev/null |
-        grep -E '^ +[0-9]' | head -n 12 | tee -a "$RESULTS_FILE"
+        grep -E '^ +[0-9]' | awk 'NR <= 12' | tee -a "$RESULTS_FILE"
     done
   done
 }
