@@ -11,26 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::bus::{control, control_with, start_worker, wait_worker, BusTls, WORKER_TOKEN};
+use support::bus::{
+    control, control_with, request_at, start_worker, wait_worker, BusTls, WORKER_TOKEN,
+};
 use support::gateway::{
-    admin, admin_items, http, temp_dir, wait_until, Resp, ADMIN_TOKEN, DEPLOYMENT_TOKEN,
-    LOOPBACK_SNAPSHOT,
+    admin, admin_items, http, temp_dir, wait_until, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::upstream::{self, Request, Step, Upstream};
-
-fn request_at(api: SocketAddr, envelope: &serde_json::Value) -> Resp {
-    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
-    http(
-        api,
-        "POST",
-        "/api/v1/requests",
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        envelope.to_string().as_bytes(),
-    )
-}
 
 /// An upstream that answers after `pause` and records which source address each request came
 /// from (workers are told apart by `bind_address`).
@@ -158,7 +145,8 @@ fn capacity_exhaustion_and_drain_under_load() {
     let r = request_at(gw.api, &get(&slow.url("/second")));
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.json()["code"], "executor_capacity_exhausted");
-    assert_eq!(first.join().unwrap().status, 200);
+    let first = first.join().unwrap();
+    assert_eq!(first.status, 200, "{}", first.text());
 
     // Drain under load: a second worker joins, requests keep flowing while wa drains.
     let _b = start_worker(
@@ -460,8 +448,8 @@ fn hello(id: &str) -> Vec<u8> {
     let mut out = Vec::new();
     encode(
         &Frame::Hello(Box::new(Hello {
-            version_min: 1,
-            version_max: 1,
+            version_min: sortie_core::bus::PROTOCOL_VERSION_MIN,
+            version_max: sortie_core::bus::PROTOCOL_VERSION,
             worker_id: id.into(),
             session: format!("{id}-session"),
             token: WORKER_TOKEN.as_bytes().to_vec(),

@@ -92,6 +92,25 @@ impl ProviderSession {
         ProviderSession(out)
     }
 
+    /// Reads the 32 lowercase hex characters of [`ProviderSession::to_hex`] back (the worker
+    /// bus carries a session that way); anything else is `None`.
+    pub fn from_hex(s: &str) -> Option<ProviderSession> {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let b = s.as_bytes();
+        if b.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+            *o = digit(*pair.first()?)? << 4 | digit(*pair.get(1)?)?;
+        }
+        Some(ProviderSession(out))
+    }
+
     /// The 16 bytes.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
@@ -275,5 +294,16 @@ mod tests {
             i,
             inputs("US", Some("us-east"), Some("residential"), "cart-42")
         );
+    }
+
+    #[test]
+    fn hex_reads_back() {
+        let s = ProviderSession([0xab; 16]);
+        let hex = s.to_hex();
+        let text = std::str::from_utf8(&hex).unwrap();
+        assert_eq!(ProviderSession::from_hex(text), Some(s));
+        assert_eq!(ProviderSession::from_hex(&text[1..]), None);
+        assert_eq!(ProviderSession::from_hex(&text.to_uppercase()), None);
+        assert_eq!(ProviderSession::from_hex(&"g".repeat(32)), None);
     }
 }

@@ -369,13 +369,15 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                     Ok(l) => {
                         // The proxy shares the core's egress pool and active list with the
                         // request API.
-                        let ctx = ApiContext::new(
+                        let mut ctx = ApiContext::new(
                             state.clone(),
                             active.clone(),
                             egress.clone(),
                             metrics.clone(),
                             ctx.index,
                         );
+                        // Remote workers relay proxied requests over this core's lanes.
+                        ctx.bus = bus.clone();
                         let h = Rc::new(ProxyHandler::new(ctx, tunnels));
                         tasks.push(monoio::spawn(http::serve(
                             l,

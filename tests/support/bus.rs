@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::gateway::{admin_items, temp_dir, Gateway, GatewayBuilder};
+use super::gateway::{
+    admin_items, http, temp_dir, Gateway, GatewayBuilder, Resp, DEPLOYMENT_TOKEN,
+};
 
 pub const WORKER_TOKEN: &str = "test-worker-token-0123456789";
 
@@ -77,6 +79,17 @@ pub struct Worker {
 
 /// `extra` are more `[worker]` keys (tags, capacity, bind_address, ...).
 pub fn start_worker(id: &str, bus: SocketAddr, tls: Option<&BusTls>, extra: &str) -> Worker {
+    start_worker_env(id, bus, tls, extra, &[])
+}
+
+/// [`start_worker`] with variables in the worker's environment (and only in it).
+pub fn start_worker_env(
+    id: &str,
+    bus: SocketAddr,
+    tls: Option<&BusTls>,
+    extra: &str,
+    env: &[(&str, &str)],
+) -> Worker {
     let dir = temp_dir("worker");
     let transport = match tls {
         None => "plaintext = true\n".to_string(),
@@ -87,11 +100,16 @@ pub fn start_worker(id: &str, bus: SocketAddr, tls: Option<&BusTls>, extra: &str
     );
     let config = dir.join("worker.toml");
     std::fs::write(&config, text).expect("worker config");
-    spawn_worker(id, config)
+    spawn_worker_env(id, config, env)
 }
 
 pub fn spawn_worker(id: &str, config: PathBuf) -> Worker {
+    spawn_worker_env(id, config, &[])
+}
+
+fn spawn_worker_env(id: &str, config: PathBuf, env: &[(&str, &str)]) -> Worker {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .envs(env.iter().copied())
         .arg("worker")
         .arg("--config")
         .arg(&config)
@@ -131,6 +149,11 @@ pub fn spawn_worker(id: &str, config: PathBuf) -> Worker {
 }
 
 impl Worker {
+    /// Every line the worker printed so far (stdout and stderr).
+    pub fn output(&self) -> Vec<String> {
+        self.out.try_iter().collect()
+    }
+
     /// SIGKILL, and reap.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -160,4 +183,19 @@ pub fn wait_worker(gw: &Gateway, id: &str, state: &str) -> serde_json::Value {
         );
         std::thread::park_timeout(Duration::from_millis(20));
     }
+}
+
+/// `POST /api/v1/requests` on `api` with the test deployment's token.
+pub fn request_at(api: SocketAddr, envelope: &serde_json::Value) -> Resp {
+    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+    http(
+        api,
+        "POST",
+        "/api/v1/requests",
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        envelope.to_string().as_bytes(),
+    )
 }

@@ -249,6 +249,14 @@ impl<'a> Reader<'a> {
             .map_err(|_| FrameError::InvalidUtf8(field))
     }
 
+    fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, FrameError> {
+        match self.u8(field)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.u64(field)?)),
+            _ => Err(FrameError::InvalidTag(field)),
+        }
+    }
+
     fn opt_str(&mut self, field: &'static str, max: usize) -> Result<Option<String>, FrameError> {
         match self.u8(field)? {
             0 => Ok(None),
@@ -354,10 +362,14 @@ impl<'a> Reader<'a> {
                     len: self.u64("assign.body.len")?,
                 },
                 3 => BodySource::Tunnel,
+                4 => BodySource::Stream {
+                    len: self.opt_u64("assign.body.len")?,
+                },
                 _ => return Err(FrameError::InvalidTag("assign.body")),
             },
             pool: self.str("assign.pool", MAX_NAME_BYTES)?,
             provider_session: self.opt_str("assign.provider_session", MAX_NAME_BYTES)?,
+            proxy_username: self.opt_str("assign.proxy_username", MAX_TEXT_BYTES)?,
             fingerprint_profile: self.opt_str("assign.fingerprint_profile", MAX_NAME_BYTES)?,
             max_response_bytes: self.u64("assign.max_response_bytes")?,
             window: self.u32("assign.window")?,
@@ -452,9 +464,20 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
                     w.u64(*len);
                 }
                 BodySource::Tunnel => w.u8(3),
+                BodySource::Stream { len } => {
+                    w.u8(4);
+                    match len {
+                        None => w.u8(0),
+                        Some(n) => {
+                            w.u8(1);
+                            w.u64(*n);
+                        }
+                    }
+                }
             }
             w.str(&a.pool, MAX_NAME_BYTES, "assign.pool")?;
             w.opt_str(a.provider_session.as_deref(), "assign.provider_session")?;
+            w.opt_text(a.proxy_username.as_deref(), "assign.proxy_username")?;
             w.opt_str(
                 a.fingerprint_profile.as_deref(),
                 "assign.fingerprint_profile",
@@ -546,6 +569,17 @@ impl Writer<'_> {
         self.short_bytes(s.as_bytes(), max, field)
     }
     fn opt_str(&mut self, s: Option<&str>, field: &'static str) -> Result<(), EncodeError> {
+        self.opt_bounded(s, MAX_NAME_BYTES, field)
+    }
+    fn opt_text(&mut self, s: Option<&str>, field: &'static str) -> Result<(), EncodeError> {
+        self.opt_bounded(s, MAX_TEXT_BYTES, field)
+    }
+    fn opt_bounded(
+        &mut self,
+        s: Option<&str>,
+        max: usize,
+        field: &'static str,
+    ) -> Result<(), EncodeError> {
         match s {
             None => {
                 self.u8(0);
@@ -553,7 +587,7 @@ impl Writer<'_> {
             }
             Some(s) => {
                 self.u8(1);
-                self.str(s, MAX_NAME_BYTES, field)
+                self.str(s, max, field)
             }
         }
     }

@@ -93,8 +93,16 @@ pub enum BodySource {
         /// Total length.
         len: u64,
     },
-    /// A CONNECT tunnel: bytes flow both ways in [`Frame::Data`] until either side ends.
+    /// A CONNECT tunnel: bytes flow both ways in [`Frame::Data`]; each side ends its own
+    /// direction with `end`, and the stream ends when both have (or on an error or cancel).
     Tunnel,
+    /// A body streamed from the client as it arrives (the forward proxy's absolute-form
+    /// requests): [`Frame::Data`] until `end`, sent within the worker's credit. `len` is the
+    /// client's `Content-Length`, `None` for a chunked body.
+    Stream {
+        /// Total length, when known.
+        len: Option<u64>,
+    },
 }
 
 /// Control → worker: perform one request.
@@ -122,8 +130,12 @@ pub struct Assign {
     pub body: BodySource,
     /// The pool the request was routed to.
     pub pool: String,
-    /// The derived provider session, when there is one.
+    /// The derived provider session (32 hex digits), when there is one: it picks the upstream
+    /// proxy endpoint (decision 071).
     pub provider_session: Option<String>,
+    /// The pool's upstream proxy username as the control rendered it from the request's hints
+    /// (decision 070); never logged. `None` when the pool has no template.
+    pub proxy_username: Option<String>,
     /// The fingerprint profile, when one was asked for.
     pub fingerprint_profile: Option<String>,
     /// Largest response body the control accepts.

@@ -4,8 +4,13 @@
 //! [`Violation`]: the IO layer answers it with `protocol_error` and closes the lane.
 //!
 //! Races are not violations: after a `Cancel` the worker may still send frames of that stream
-//! until it has seen the cancel, and a worker may see `Cancel` or `Credit` for a stream it has
-//! just finished. Those frames are dropped ([`Verdict::Ignore`]).
+//! until it has seen the cancel, a worker may see `Cancel` or `Credit` for a stream it has
+//! just finished, and a control may see `Credit` for a direction it has just ended. Those
+//! frames are dropped ([`Verdict::Ignore`]).
+//!
+//! Each direction of a stream ends with `Data end`. A stream whose control direction carries
+//! a streamed body or tunnel bytes ends when both directions have ended (or on `StreamError`,
+//! `Refuse` or `Cancel`); otherwise the worker's end ends it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -74,6 +79,11 @@ pub struct ControlLane {
     phase: Phase,
     streams: HashMap<StreamId, ControlStream>,
     cancelled: HashSet<StreamId>,
+    /// Streamed and tunnel streams whose control → worker direction has not ended.
+    up_open: HashSet<StreamId>,
+    /// Of those, the ones whose worker → control direction has ended: the worker may still
+    /// grant credit (or fail the stream) until the control ends its direction.
+    half: HashSet<StreamId>,
     next_stream: StreamId,
 }
 
@@ -90,6 +100,8 @@ impl ControlLane {
             phase: Phase::AwaitHello,
             streams: HashMap::new(),
             cancelled: HashSet::new(),
+            up_open: HashSet::new(),
+            half: HashSet::new(),
             next_stream: 1,
         }
     }
@@ -113,7 +125,10 @@ impl ControlLane {
         for _ in 0..=MAX_STREAMS_PER_LANE {
             let id = self.next_stream;
             self.next_stream = self.next_stream.wrapping_add(1).max(1);
-            if !self.streams.contains_key(&id) && !self.cancelled.contains(&id) {
+            if !self.streams.contains_key(&id)
+                && !self.cancelled.contains(&id)
+                && !self.up_open.contains(&id)
+            {
                 return Some(id);
             }
         }
@@ -132,7 +147,15 @@ impl ControlLane {
     pub fn close(&mut self) -> Vec<StreamId> {
         self.phase = Phase::Closed;
         self.cancelled.clear();
+        self.half.clear();
+        self.up_open.clear();
         self.streams.drain().map(|(id, _)| id).collect()
+    }
+
+    /// Whether the worker ended its direction of a stream whose control direction is still
+    /// open (a tunnel or a streamed body): the stream lives on until the control ends it.
+    pub fn is_half_open(&self, stream: StreamId) -> bool {
+        self.half.contains(&stream)
     }
 
     /// Records a frame the control sends.
@@ -145,6 +168,15 @@ impl ControlLane {
                         window: u64::from(a.window),
                     },
                 );
+                if matches!(a.body, BodySource::Tunnel | BodySource::Stream { .. }) {
+                    self.up_open.insert(a.stream);
+                }
+            }
+            Frame::Data {
+                stream, end: true, ..
+            } => {
+                self.up_open.remove(stream);
+                self.half.remove(stream);
             }
             Frame::Credit { stream, bytes } => {
                 if let Some(s) = self.streams.get_mut(stream) {
@@ -157,6 +189,10 @@ impl ControlLane {
                 }
             }
             Frame::Cancel { stream } => {
+                // A half-open stream has nothing more to come from the worker but credit,
+                // which is dropped anyway: it is not remembered as cancelled.
+                self.up_open.remove(stream);
+                self.half.remove(stream);
                 let was_open = self.streams.remove(stream).is_some();
                 if was_open && self.cancelled.len() < MAX_CANCELLED {
                     self.cancelled.insert(*stream);
@@ -192,6 +228,22 @@ impl ControlLane {
             return Err(violation(frame, "unexpected frame"));
         };
         let Some(state) = self.streams.get(&stream).copied() else {
+            if self.half.contains(&stream) {
+                return match frame {
+                    Frame::Credit { .. } => Ok(Verdict::Deliver),
+                    Frame::StreamError(_) => {
+                        self.half.remove(&stream);
+                        self.up_open.remove(&stream);
+                        Ok(Verdict::Deliver)
+                    }
+                    _ => Err(violation(frame, "worker already ended its direction")),
+                };
+            }
+            if matches!(frame, Frame::Credit { .. }) {
+                // Credit for bytes the control sent may cross the control's own end of its
+                // direction: harmless, dropped.
+                return Ok(Verdict::Ignore);
+            }
             if self.cancelled.contains(&stream) {
                 let ends = matches!(
                     frame,
@@ -209,9 +261,6 @@ impl ControlLane {
                 self.streams
                     .insert(stream, ControlStream::Accepted { window });
             }
-            (ControlStream::Assigned { .. }, Frame::Refuse { .. }) => {
-                self.streams.remove(&stream);
-            }
             (ControlStream::Accepted { window }, Frame::ResponseHead(_)) => {
                 self.streams
                     .insert(stream, ControlStream::Receiving { window });
@@ -223,6 +272,9 @@ impl ControlLane {
                 }
                 if *end {
                     self.streams.remove(&stream);
+                    if self.up_open.contains(&stream) {
+                        self.half.insert(stream);
+                    }
                 } else {
                     self.streams.insert(
                         stream,
@@ -237,8 +289,9 @@ impl ControlLane {
                 ControlStream::Accepted { .. } | ControlStream::Receiving { .. },
                 Frame::Credit { .. },
             ) => {}
-            (_, Frame::StreamError(_)) => {
+            (_, Frame::StreamError(_)) | (ControlStream::Assigned { .. }, Frame::Refuse { .. }) => {
                 self.streams.remove(&stream);
+                self.up_open.remove(&stream);
             }
             (ControlStream::Assigned { .. }, _) => {
                 return Err(violation(frame, "stream not accepted yet"))
@@ -254,12 +307,15 @@ impl ControlLane {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WorkerStream {
-    /// Request body bytes still to come from the control; `None` for a tunnel (unbounded) or
-    /// when the body has ended.
+    /// Request body bytes still to come from the control; `None` for a tunnel or a streamed
+    /// body of unknown length.
     body_left: Option<u64>,
     /// Whether the control may still send body bytes; after `end` the stream lives on until
     /// the worker ends it.
     body_open: bool,
+    /// Whether the worker ended its own direction while the control's is still open (a
+    /// tunnel's half-close, or an answer before the whole streamed body).
+    is_worker_done: bool,
 }
 
 /// The worker's view of one lane.
@@ -294,6 +350,11 @@ impl WorkerLane {
         self.streams.len()
     }
 
+    /// Whether a stream is open (either direction).
+    pub fn has_stream(&self, stream: StreamId) -> bool {
+        self.streams.contains_key(&stream)
+    }
+
     /// Records a frame the worker sends: ending frames finish its streams.
     pub fn sent(&mut self, frame: &Frame) {
         match frame {
@@ -303,9 +364,12 @@ impl WorkerLane {
             }
             Frame::Data {
                 stream, end: true, ..
-            } => {
-                self.streams.remove(stream);
-            }
+            } => match self.streams.get_mut(stream) {
+                Some(s) if s.body_open => s.is_worker_done = true,
+                _ => {
+                    self.streams.remove(stream);
+                }
+            },
             _ => {}
         }
     }
@@ -348,6 +412,11 @@ impl WorkerLane {
             };
         };
         match frame {
+            Frame::Cancel { .. } if state.is_worker_done => {
+                // The worker's direction is over: the cancel ends the stream here.
+                self.streams.remove(&stream);
+                Ok(Verdict::Deliver)
+            }
             Frame::Cancel { .. } | Frame::Credit { .. } => Ok(Verdict::Deliver),
             Frame::Data { bytes, end, .. } => {
                 if !state.body_open {
@@ -364,11 +433,16 @@ impl WorkerLane {
                     Some(left) => Some(left - len),
                     None => None,
                 };
-                let s = WorkerStream {
-                    body_left,
-                    body_open: !*end,
-                };
-                self.streams.insert(stream, s);
+                if *end && state.is_worker_done {
+                    self.streams.remove(&stream);
+                } else {
+                    let s = WorkerStream {
+                        body_left,
+                        body_open: !*end,
+                        is_worker_done: state.is_worker_done,
+                    };
+                    self.streams.insert(stream, s);
+                }
                 Ok(Verdict::Deliver)
             }
             _ => Err(violation(frame, "out of order for its stream")),
@@ -388,6 +462,7 @@ impl WorkerLane {
         let (body_left, body_open) = match a.body {
             BodySource::Empty | BodySource::Receipt { .. } => (Some(0), false),
             BodySource::Inline { len } => (Some(len), len > 0),
+            BodySource::Stream { len } => (len, true),
             BodySource::Tunnel => (None, true),
         };
         self.streams.insert(
@@ -395,6 +470,7 @@ impl WorkerLane {
             WorkerStream {
                 body_left,
                 body_open,
+                is_worker_done: false,
             },
         );
         Ok(Verdict::Deliver)

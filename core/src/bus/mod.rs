@@ -15,9 +15,14 @@ pub use frame::{
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 
 /// The protocol version this build speaks best.
-pub const PROTOCOL_VERSION: u16 = 1;
-/// The oldest protocol version this build still speaks.
-pub const PROTOCOL_VERSION_MIN: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// The oldest protocol version this build still speaks. Version 2 added the streamed body
+/// kind, the upstream proxy username of `Assign` and tunnel half-close; a version 1 peer is
+/// refused with `unsupported_version` rather than misread.
+pub const PROTOCOL_VERSION_MIN: u16 = 2;
+/// How many request-body or tunnel bytes the control may send on a stream before the worker
+/// grants more with `Credit` (streamed and tunnel bodies; an inline body is sent whole).
+pub const INITIAL_UPLOAD_WINDOW: u32 = MAX_DATA_BYTES as u32;
 /// Most payload bytes of one `Data` frame.
 pub const MAX_DATA_BYTES: usize = 256 * 1024;
 /// Largest frame (type byte and payload): a configuration push of the admin API's largest

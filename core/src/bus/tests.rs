@@ -95,8 +95,11 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
             method: r.string(7),
             url: r.string(300),
             headers: r.fields(10),
-            body: match r.below(4) {
+            body: match r.below(5) {
                 0 => BodySource::Empty,
+                4 => BodySource::Stream {
+                    len: (r.below(2) == 1).then(|| r.next()),
+                },
                 1 => BodySource::Inline { len: r.next() },
                 2 => BodySource::Receipt {
                     url: r.string(200),
@@ -106,6 +109,7 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
             },
             pool: r.string(20),
             provider_session: r.opt(32),
+            proxy_username: r.opt(40),
             fingerprint_profile: r.opt(12),
             max_response_bytes: r.next(),
             window: r.next() as u32,
@@ -263,17 +267,18 @@ fn encoding_refuses_fields_the_peer_would_reject() {
 
 #[test]
 fn version_negotiation_picks_the_highest_common_version() {
-    assert_eq!(negotiate(1, 1), Some(1));
+    assert_eq!(negotiate(2, 2), Some(2));
     assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
-    assert_eq!(negotiate(2, 9), None);
+    assert_eq!(negotiate(1, 1), None, "version 1 is no longer spoken");
+    assert_eq!(negotiate(3, 9), None);
     assert_eq!(negotiate(0, 0), None);
     assert_eq!(negotiate(3, 1), None);
 }
 
 fn hello() -> Frame {
     Frame::Hello(Box::new(Hello {
-        version_min: 1,
-        version_max: 1,
+        version_min: 2,
+        version_max: 2,
         worker_id: "w1".into(),
         session: "s".into(),
         token: b"t".to_vec(),
@@ -297,6 +302,7 @@ fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
         body,
         pool: "direct".into(),
         provider_session: None,
+        proxy_username: None,
         fingerprint_profile: None,
         max_response_bytes: 1 << 20,
         window,
@@ -491,4 +497,93 @@ fn control_frames_seed_decodes() {
         names,
         ["welcome", "config_push", "credit", "cancel", "goaway"]
     );
+}
+
+/// A tunnel ends when both directions have: the worker may end its own first and keep
+/// granting credit for the control's bytes, and the control may end first and keep receiving.
+#[test]
+fn tunnels_half_close_in_either_order() {
+    let welcome = Frame::Welcome(Welcome {
+        version: 2,
+        control_id: "c".into(),
+        core: 0,
+        cores: 1,
+        heartbeat_ms: 1000,
+    });
+    let head = |s| {
+        Frame::ResponseHead(ResponseHead {
+            stream: s,
+            status: 200,
+            headers: vec![],
+        })
+    };
+    let credit = |s| Frame::Credit {
+        stream: s,
+        bytes: 10,
+    };
+    // The worker ends first.
+    let mut c = ControlLane::new();
+    c.receive(&hello()).unwrap();
+    c.admit();
+    let mut w = WorkerLane::new();
+    w.receive(&welcome).unwrap();
+    let s = c.next_stream().unwrap();
+    let a = assign(s, BodySource::Tunnel, 100);
+    c.sent(&a);
+    w.receive(&a).unwrap();
+    for f in [Frame::Accept { stream: s }, head(s), data(s, 5, true)] {
+        w.sent(&f);
+        assert_eq!(c.receive(&f), Ok(Verdict::Deliver), "{f:?}");
+    }
+    assert!(c.is_half_open(s));
+    assert_eq!(w.open_streams(), 1, "the control's direction is still open");
+    let up = data(s, 7, false);
+    c.sent(&up);
+    assert_eq!(w.receive(&up), Ok(Verdict::Deliver));
+    w.sent(&credit(s));
+    assert_eq!(c.receive(&credit(s)), Ok(Verdict::Deliver));
+    assert!(c.receive(&data(s, 1, false)).is_err(), "data after its end");
+    let end = data(s, 0, true);
+    c.sent(&end);
+    assert_eq!(w.receive(&end), Ok(Verdict::Deliver));
+    assert_eq!((c.open_streams(), w.open_streams()), (0, 0));
+    assert!(!c.is_half_open(s));
+    assert_eq!(c.receive(&credit(s)), Ok(Verdict::Ignore), "late credit");
+
+    // The control ends first; a streamed body of unknown length behaves the same.
+    for body in [BodySource::Tunnel, BodySource::Stream { len: None }] {
+        let s = c.next_stream().unwrap();
+        let a = assign(s, body, 100);
+        c.sent(&a);
+        w.receive(&a).unwrap();
+        let end = data(s, 3, true);
+        c.sent(&end);
+        assert_eq!(w.receive(&end), Ok(Verdict::Deliver));
+        assert!(w.receive(&data(s, 1, false)).is_err(), "after the end");
+        for f in [
+            Frame::Accept { stream: s },
+            head(s),
+            data(s, 9, false),
+            data(s, 0, true),
+        ] {
+            w.sent(&f);
+            assert_eq!(c.receive(&f), Ok(Verdict::Deliver), "{f:?}");
+        }
+        assert_eq!((c.open_streams(), w.open_streams()), (0, 0));
+        assert!(!c.is_half_open(s));
+    }
+
+    // A cancel ends a half-open stream at once on both sides.
+    let s = c.next_stream().unwrap();
+    let a = assign(s, BodySource::Tunnel, 100);
+    c.sent(&a);
+    w.receive(&a).unwrap();
+    for f in [Frame::Accept { stream: s }, head(s), data(s, 0, true)] {
+        w.sent(&f);
+        c.receive(&f).unwrap();
+    }
+    let cancel = Frame::Cancel { stream: s };
+    c.sent(&cancel);
+    assert_eq!(w.receive(&cancel), Ok(Verdict::Deliver));
+    assert!(!c.is_half_open(s));
 }

@@ -221,8 +221,19 @@ impl BusShared {
     }
 }
 
+/// A stream's place on its lane: the events its task waits for, and the credit the worker
+/// granted for the bytes the control sends (streamed bodies and tunnels).
+#[derive(Default)]
+pub(super) struct StreamSlot {
+    pub(super) events: Queue<Event>,
+    pub(super) credit: Cell<u64>,
+    pub(super) credit_ready: super::Notify,
+    /// The stream ended (refused, failed, lane lost): nothing more may be sent on it.
+    pub(super) is_over: Cell<bool>,
+}
+
 /// What a running stream hears from its lane.
-enum Event {
+pub(super) enum Event {
     Accepted,
     Refused(String),
     Head(ResponseHead),
@@ -233,7 +244,7 @@ enum Event {
 
 /// Why a lane ended under a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Loss {
+pub(super) enum Loss {
     /// The connection closed, or heartbeats stopped.
     Disconnected,
     /// The worker broke the protocol; the control closed the lane.
@@ -245,7 +256,7 @@ pub(crate) struct Lane {
     worker_id: Box<str>,
     session: Box<str>,
     proto: RefCell<ControlLane>,
-    streams: RefCell<HashMap<StreamId, Rc<Queue<Event>>>>,
+    streams: RefCell<HashMap<StreamId, Rc<StreamSlot>>>,
     out: Outbox,
     is_closed: Cell<bool>,
     stop: super::Notify,
@@ -254,7 +265,7 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    fn send(&self, frame: &Frame) -> bool {
+    pub(super) fn send(&self, frame: &Frame) -> bool {
         if self.is_closed.get() {
             return false;
         }
@@ -291,6 +302,11 @@ impl BusCore {
             state,
             lanes: RefCell::new(HashMap::new()),
         })
+    }
+
+    /// This core's index.
+    pub(crate) fn core(&self) -> usize {
+        self.core
     }
 
     /// Lanes on this core.
@@ -563,31 +579,48 @@ impl BusCore {
             }
             Frame::Accept { stream } => {
                 if let Some(q) = queue(stream) {
-                    q.push(Event::Accepted);
+                    q.events.push(Event::Accepted);
                 }
             }
             Frame::Refuse { stream, reason } => {
                 if let Some(q) = remove(stream) {
-                    q.push(Event::Refused(reason));
+                    q.is_over.set(true);
+                    q.events.push(Event::Refused(reason));
+                    q.credit_ready.notify();
                 }
             }
             Frame::ResponseHead(h) => {
                 if let Some(q) = queue(h.stream) {
-                    q.push(Event::Head(h));
+                    q.events.push(Event::Head(h));
                 }
             }
             Frame::Data { stream, bytes, end } => {
-                let q = if end { remove(stream) } else { queue(stream) };
+                // A tunnel's or streamed body's stream outlives the worker's end while the
+                // control's direction is open: it still takes credit.
+                let is_over = end && !lane.proto.borrow().is_half_open(stream);
+                let q = if is_over {
+                    remove(stream)
+                } else {
+                    queue(stream)
+                };
                 if let Some(q) = q {
-                    q.push(Event::Data(bytes, end));
+                    q.events.push(Event::Data(bytes, end));
                 }
             }
             Frame::StreamError(e) => {
                 if let Some(q) = remove(e.stream) {
-                    q.push(Event::Failed(e));
+                    q.is_over.set(true);
+                    q.events.push(Event::Failed(e));
+                    q.credit_ready.notify();
                 }
             }
-            Frame::Credit { .. } => {}
+            Frame::Credit { stream, bytes } => {
+                if let Some(q) = queue(stream) {
+                    q.credit
+                        .set(q.credit.get().saturating_add(u64::from(bytes)));
+                    q.credit_ready.notify();
+                }
+            }
             other => return Err(format!("{} is not expected here", other.name())),
         }
         Ok(())
@@ -601,7 +634,9 @@ impl BusCore {
         lane.proto.borrow_mut().close();
         let streams: Vec<_> = lane.streams.borrow_mut().drain().collect();
         for (_, q) in streams {
-            q.push(Event::Lost(loss));
+            q.is_over.set(true);
+            q.events.push(Event::Lost(loss));
+            q.credit_ready.notify();
         }
         lane.out.close();
         lane.stop.notify();
@@ -656,12 +691,13 @@ impl BusCore {
         }
     }
 
-    /// Runs one request on a remote worker from this core.
-    pub(crate) async fn execute(
+    /// Opens a stream to a worker on this core's lane and sends its `Assign` (the stream id is
+    /// filled in here). The guard cancels the stream if it is dropped before it is done.
+    pub(super) fn open(
         &self,
         worker_id: &str,
-        job: &RemoteJob<'_>,
-    ) -> Result<RemoteResponse, RemoteFailure> {
+        mut assign: Assign,
+    ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
         let Some(lane) = self.lanes.borrow().get(worker_id).cloned() else {
             return Err(RemoteFailure::Error(ApiError::new(
                 ErrorCode::TransportUnavailable,
@@ -677,15 +713,59 @@ impl BusCore {
         let Some(stream) = lane.proto.borrow_mut().next_stream() else {
             return Err(unavailable());
         };
-        let q: Rc<Queue<Event>> = Rc::new(Queue::default());
-        lane.streams.borrow_mut().insert(stream, q.clone());
+        let slot = Rc::new(StreamSlot {
+            credit: Cell::new(u64::from(sortie_core::bus::INITIAL_UPLOAD_WINDOW)),
+            ..StreamSlot::default()
+        });
+        lane.streams.borrow_mut().insert(stream, slot.clone());
         let mut guard = StreamGuard {
-            lane: lane.clone(),
+            lane,
             stream,
             is_done: false,
         };
-        let now = Instant::now();
-        let left = job.deadline.saturating_duration_since(now);
+        assign.stream = stream;
+        if !guard.lane.send(&Frame::Assign(Box::new(assign))) {
+            guard.is_done = true;
+            guard.lane.streams.borrow_mut().remove(&stream);
+            return Err(unavailable());
+        }
+        Ok((guard, slot))
+    }
+
+    /// Waits for the worker's `Accept` within the assignment timeout (never past `deadline`).
+    pub(super) async fn accepted(
+        &self,
+        worker_id: &str,
+        guard: &mut StreamGuard,
+        slot: &StreamSlot,
+        deadline: Instant,
+    ) -> Result<(), RemoteFailure> {
+        let accept_by = (Instant::now() + self.shared.settings.assignment_timeout).min(deadline);
+        match monoio::time::timeout_at(accept_by.into(), slot.events.next()).await {
+            Err(_) => Err(RemoteFailure::Error(ApiError::timeout(
+                ErrorCode::AssignmentTimeout,
+                TimeoutType::Assignment,
+                format!("worker {worker_id} did not accept the assignment in time"),
+            ))),
+            Ok(Event::Accepted) => Ok(()),
+            Ok(Event::Refused(reason)) => {
+                guard.is_done = true;
+                Err(RemoteFailure::Refused(reason))
+            }
+            Ok(other) => {
+                guard.is_done = true;
+                Err(fail(other, worker_id, false))
+            }
+        }
+    }
+
+    /// Runs one request on a remote worker from this core.
+    pub(crate) async fn execute(
+        &self,
+        worker_id: &str,
+        job: &RemoteJob<'_>,
+    ) -> Result<RemoteResponse, RemoteFailure> {
+        let left = job.deadline.saturating_duration_since(Instant::now());
         let body = if job.body.is_empty() {
             BodySource::Empty
         } else {
@@ -693,28 +773,30 @@ impl BusCore {
                 len: job.body.len() as u64,
             }
         };
-        let assign = Frame::Assign(Box::new(Assign {
-            stream,
-            request_id: job.request_id.to_string(),
-            deployment_id: job.deployment_id.to_string(),
-            deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
-            is_replayable: job.is_replayable,
-            ingress: 0,
-            method: job.method.to_string(),
-            url: job.url.clone(),
-            headers: job.headers.clone(),
-            body,
-            pool: job.pool.to_string(),
-            provider_session: None,
-            fingerprint_profile: job.fingerprint_profile.map(str::to_owned),
-            max_response_bytes: job.max_response_bytes as u64,
-            window: INITIAL_WINDOW,
-        }));
-        if !lane.send(&assign) {
-            guard.is_done = true;
-            lane.streams.borrow_mut().remove(&stream);
-            return Err(unavailable());
-        }
+        let (mut guard, q) = self.open(
+            worker_id,
+            Assign {
+                stream: 0,
+                request_id: job.request_id.to_string(),
+                deployment_id: job.deployment_id.to_string(),
+                deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
+                is_replayable: job.is_replayable,
+                ingress: 0,
+                method: job.method.to_string(),
+                url: job.url.clone(),
+                headers: job.headers.clone(),
+                body,
+                pool: job.pool.to_string(),
+                provider_session: job
+                    .provider_session
+                    .map(|s| String::from_utf8_lossy(&s.to_hex()).into_owned()),
+                proxy_username: job.proxy_username.map(str::to_owned),
+                fingerprint_profile: job.fingerprint_profile.map(str::to_owned),
+                max_response_bytes: job.max_response_bytes as u64,
+                window: INITIAL_WINDOW,
+            },
+        )?;
+        let (lane, stream) = (guard.lane.clone(), guard.stream);
         let mut chunks = job.body.chunks(MAX_DATA_BYTES).peekable();
         while let Some(c) = chunks.next() {
             lane.send(&Frame::Data {
@@ -723,28 +805,9 @@ impl BusCore {
                 end: chunks.peek().is_none(),
             });
         }
-
-        // Accept or refuse within the assignment timeout (never past the deadline).
-        let accept_by = (now + self.shared.settings.assignment_timeout).min(job.deadline);
-        let first = monoio::time::timeout_at(accept_by.into(), q.next()).await;
-        match first {
-            Err(_) => {
-                return Err(RemoteFailure::Error(ApiError::timeout(
-                    ErrorCode::AssignmentTimeout,
-                    TimeoutType::Assignment,
-                    format!("worker {worker_id} did not accept the assignment in time"),
-                )))
-            }
-            Ok(Event::Accepted) => {}
-            Ok(Event::Refused(reason)) => {
-                guard.is_done = true;
-                return Err(RemoteFailure::Refused(reason));
-            }
-            Ok(other) => {
-                guard.is_done = true;
-                return Err(fail(other, worker_id, false));
-            }
-        }
+        self.accepted(worker_id, &mut guard, &q, job.deadline)
+            .await?;
+        let q = &q.events;
         let until = (job.deadline + DEADLINE_GRACE).into();
         let mut head: Option<ResponseHead> = None;
         let mut body: Vec<u8> = Vec::new();
@@ -806,7 +869,7 @@ impl BusCore {
     }
 }
 
-fn fail(ev: Event, worker_id: &str, has_head: bool) -> RemoteFailure {
+pub(super) fn fail(ev: Event, worker_id: &str, has_head: bool) -> RemoteFailure {
     match ev {
         Event::Failed(e) => RemoteFailure::Error(stream_error(e)),
         Event::Lost(Loss::Disconnected) => RemoteFailure::Lost { has_head },
@@ -847,10 +910,11 @@ fn stream_error(e: StreamError) -> ApiError {
 }
 
 /// Sends `Cancel` for a stream its request gave up (operator cancel, caller gone, deadline).
-struct StreamGuard {
-    lane: Rc<Lane>,
-    stream: StreamId,
-    is_done: bool,
+pub(super) struct StreamGuard {
+    pub(super) lane: Rc<Lane>,
+    pub(super) stream: StreamId,
+    /// Set when the stream ended on its own (or was refused): no `Cancel` is due.
+    pub(super) is_done: bool,
 }
 
 impl Drop for StreamGuard {
@@ -883,6 +947,10 @@ pub(crate) struct RemoteJob<'a> {
     pub(crate) deadline: Instant,
     pub(crate) is_replayable: bool,
     pub(crate) pool: &'a str,
+    /// The provider session routing derived: it picks the proxy endpoint on the worker.
+    pub(crate) provider_session: Option<sortie_core::provider_session::ProviderSession>,
+    /// The pool's upstream proxy username, rendered by the control; never logged.
+    pub(crate) proxy_username: Option<&'a str>,
     pub(crate) fingerprint_profile: Option<&'a str>,
     pub(crate) max_response_bytes: usize,
 }

@@ -5,11 +5,14 @@
 //! - `conn.rs`: one connection, plain or TLS, split into a reader and a writer task.
 //! - `control.rs`: the control side: the listener, admission, the hand-over of a lane to the
 //!   core its hello names, per-core lane tables, and remote execution of a routed request.
+//! - `ingress.rs`: the forward proxy's absolute-form requests and CONNECT tunnels on remote
+//!   workers (streamed bodies and tunnel bytes under the worker's credit).
 //! - `worker.rs`: `sortie worker`: lanes to every control, registration, execution of
 //!   assignments with the egress client, heartbeats, reconnection.
 
 pub(crate) mod conn;
 pub mod control;
+pub(crate) mod ingress;
 pub mod worker;
 
 use std::cell::{Cell, RefCell};
@@ -128,10 +131,6 @@ impl<T> Queue<T> {
     pub(crate) fn push(&self, item: T) {
         self.items.borrow_mut().push_back(item);
         self.ready.notify();
-    }
-
-    pub(crate) fn try_next(&self) -> Option<T> {
-        self.items.borrow_mut().pop_front()
     }
 
     pub(crate) async fn next(&self) -> T {

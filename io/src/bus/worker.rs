@@ -31,7 +31,12 @@ use sortie_core::worker::AdvertisedCapabilities;
 use super::conn::Conn;
 use super::{read_frame, Notify, Outbox, Queue};
 use crate::dns::{Resolver, ResolverPool};
-use crate::egress::{Egress, StreamRequest, Timeouts};
+use crate::egress::{
+    BodyLength, BodySource as EgressBody, Egress, HealthRegistry, ProxyPool, ProxyRoute,
+    StreamRequest, Timeouts,
+};
+use monoio::io::{AsyncReadRent as _, AsyncWriteRentExt as _, Splitable as _};
+use sortie_core::provider_session::ProviderSession;
 
 /// First reconnection delay; it doubles per failed attempt up to [`BACKOFF_MAX`].
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -48,8 +53,11 @@ struct Shared {
     caps: AdvertisedCapabilities,
     capacity: u32,
     active: AtomicU32,
-    policy: ArcSwapOption<DestinationPolicy>,
+    /// The applied configuration: destination policy and pools (with their upstream proxies).
+    config: ArcSwapOption<Applied>,
     applied: AtomicU64,
+    /// Upstream proxy endpoint health, kept across configurations (decision 071).
+    health: HealthRegistry,
     bind_address: Option<IpAddr>,
     /// Set by SIGTERM/SIGINT: lanes say `GoAway`, new assignments are refused.
     is_stopping: std::sync::atomic::AtomicBool,
@@ -58,6 +66,38 @@ struct Shared {
     server_name: Option<String>,
     /// Each core's command channel.
     cores: Mutex<Vec<mpsc::UnboundedSender<OpenLane>>>,
+}
+
+/// What a worker applies of a configuration push.
+struct Applied {
+    policy: DestinationPolicy,
+    /// Pool id → its upstream proxy (`None`: egress from the worker's own address). The
+    /// password of `password_env` is read from the worker's environment (decision 063).
+    pools: HashMap<String, Option<Arc<ProxyPool>>>,
+}
+
+impl Applied {
+    fn of(s: &sortie_core::snapshot::ValidatedSnapshot, health: &HealthRegistry) -> Applied {
+        let policy = DestinationPolicy::new(
+            s.destinations().allow().to_vec(),
+            s.destinations().deny().to_vec(),
+        );
+        let pools = s
+            .pools()
+            .iter()
+            .map(|p| {
+                let proxy = p.upstream_proxy().map(|u| {
+                    Arc::new(ProxyPool::build(
+                        u,
+                        health,
+                        sortie_core::upstream_proxy::OutlierPolicy::default(),
+                    ))
+                });
+                (p.id().as_str().to_string(), proxy)
+            })
+            .collect();
+        Applied { policy, pools }
+    }
 }
 
 /// Ask a core to open one lane.
@@ -117,8 +157,9 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         },
         capacity: w.capacity,
         active: AtomicU32::new(0),
-        policy: ArcSwapOption::empty(),
+        config: ArcSwapOption::empty(),
         applied: AtomicU64::new(0),
+        health: HealthRegistry::default(),
         bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
         is_stopping: std::sync::atomic::AtomicBool::new(false),
         timeouts: Timeouts {
@@ -303,15 +344,13 @@ async fn open_lane(shared: Arc<Shared>, egress: Rc<Egress>, open: OpenLane) {
 
 /// One stream an assignment opened on this worker.
 struct WStream {
-    /// Request body pieces and credit grants from the control.
-    events: Queue<WEvent>,
+    /// Request body pieces (or tunnel bytes) from the control, with their `end` flag.
+    body: Queue<(Vec<u8>, bool)>,
+    /// Bytes the worker may still send on the stream (the control's window and credit).
+    credit: Cell<u64>,
+    credit_ready: Notify,
     cancel: Notify,
     is_cancelled: Cell<bool>,
-}
-
-enum WEvent {
-    Body(Vec<u8>, bool),
-    Credit(u32),
 }
 
 /// The worker's side of one lane.
@@ -331,7 +370,9 @@ impl WLane {
                 frame,
                 Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
             );
-            if ends {
+            // A tunnel or streamed body lives on past the worker's end while the control's
+            // direction is open.
+            if ends && !self.proto.borrow().has_stream(id) {
                 self.streams.borrow_mut().remove(&id);
             }
         }
@@ -481,11 +522,9 @@ async fn lane_session(
                 let mut bytes = p.payload;
                 match sortie_core::snapshot::decode_snapshot(&mut bytes) {
                     Ok(s) => {
-                        let policy = DestinationPolicy::new(
-                            s.destinations().allow().to_vec(),
-                            s.destinations().deny().to_vec(),
-                        );
-                        shared.policy.store(Some(Arc::new(policy)));
+                        shared
+                            .config
+                            .store(Some(Arc::new(Applied::of(&s, &shared.health))));
                         shared.applied.fetch_max(p.version, Ordering::Relaxed);
                         wl.send(&Frame::ConfigApplied { version: p.version });
                         tracing::info!(control = %addr, version = p.version, "configuration applied");
@@ -500,7 +539,9 @@ async fn lane_session(
             }
             Frame::Assign(a) => {
                 let s = Rc::new(WStream {
-                    events: Queue::default(),
+                    body: Queue::default(),
+                    credit: Cell::new(u64::from(a.window)),
+                    credit_ready: Notify::default(),
                     cancel: Notify::default(),
                     is_cancelled: Cell::new(false),
                 });
@@ -515,12 +556,14 @@ async fn lane_session(
             }
             Frame::Data { stream, bytes, end } => {
                 if let Some(s) = wl.streams.borrow().get(&stream) {
-                    s.events.push(WEvent::Body(bytes, end));
+                    s.body.push((bytes, end));
                 }
             }
             Frame::Credit { stream, bytes } => {
                 if let Some(s) = wl.streams.borrow().get(&stream) {
-                    s.events.push(WEvent::Credit(bytes));
+                    s.credit
+                        .set(s.credit.get().saturating_add(u64::from(bytes)));
+                    s.credit_ready.notify();
                 }
             }
             Frame::Cancel { stream } => {
@@ -573,15 +616,35 @@ async fn serve_stream(
         return;
     }
     let _release = Release(shared.clone());
-    let Some(policy) = shared.policy.load_full() else {
+    let Some(config) = shared.config.load_full() else {
         wl.send(&Frame::Refuse {
             stream,
             reason: "config".into(),
         });
         return;
     };
+    // The pool must be one of the applied configuration (a push may be on its way).
+    let Some(proxy) = config.pools.get(&a.pool) else {
+        wl.send(&Frame::Refuse {
+            stream,
+            reason: "pool".into(),
+        });
+        return;
+    };
+    let session = a
+        .provider_session
+        .as_deref()
+        .and_then(ProviderSession::from_hex);
+    let via = proxy
+        .as_ref()
+        .map(|p| p.route_rendered(a.proxy_username.as_deref(), session));
     wl.send(&Frame::Accept { stream });
-    let work = exchange(&shared, &egress, &wl, &s, &a, &policy);
+    let work = async {
+        match a.ingress {
+            2 => tunnel(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
+            _ => exchange(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
+        }
+    };
     let r = monoio::select! {
         r = work => Some(r),
         _ = s.cancel.wait() => None,
@@ -629,6 +692,7 @@ async fn exchange(
     s: &WStream,
     a: &Assign,
     policy: &DestinationPolicy,
+    via: Option<&ProxyRoute>,
 ) -> Result<(), ApiError> {
     let started = Instant::now();
     let deadline = started + Duration::from_millis(u64::from(a.deadline_ms));
@@ -644,24 +708,23 @@ async fn exchange(
         .zip(&a.headers)
         .map(|(n, (_, v))| (*n, &v[..]))
         .collect();
-    // The inline body arrives whole before the exchange starts (it is bounded by the
-    // control's inline limit).
-    let mut body = Vec::new();
-    if let BodySource::Inline { len } = a.body {
-        while (body.len() as u64) < len {
-            match s.events.next().await {
-                WEvent::Body(b, end) => {
-                    body.extend_from_slice(&b);
-                    if end {
-                        break;
-                    }
-                }
-                WEvent::Credit(_) => {}
+    let is_proxy = a.ingress == 1;
+    let mut src = BusBody {
+        wl,
+        s,
+        stream: a.stream,
+        length: match a.body {
+            BodySource::Empty => BodyLength::None,
+            BodySource::Inline { len } => BodyLength::Known(len),
+            BodySource::Stream { len: Some(n) } => BodyLength::Known(n),
+            BodySource::Stream { len: None } => BodyLength::Chunked,
+            BodySource::Receipt { .. } | BodySource::Tunnel => {
+                return Err(invalid("assignment: this body kind is not supported here"))
             }
-        }
-    } else if !matches!(a.body, BodySource::Empty) {
-        return Err(invalid("assignment: only inline bodies are supported"));
-    }
+        },
+        is_done: matches!(a.body, BodySource::Empty),
+        is_streamed: matches!(a.body, BodySource::Stream { .. }),
+    };
     let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
     let req = StreamRequest {
         method,
@@ -673,13 +736,27 @@ async fn exchange(
         worker_id: &worker_id,
         bind_address: shared.bind_address,
         is_replayable: a.is_replayable,
-        // The control never assigns a proxied pool to a remote worker yet (decision 070).
-        via: None,
+        via,
         tenant: crate::dns::tenant_of_id(&a.deployment_id),
     };
-    let mut src = Bytes::from(body);
-    let mut resp = egress.open(&req, &mut src).await?;
-    resp.body.set_deadline(deadline);
+    let mut resp = if src.is_streamed {
+        egress.open(&req, &mut src).await?
+    } else {
+        // The request API's inline body arrives whole before the exchange starts (it is
+        // bounded by the control's inline limit), so a replayable request can be re-sent.
+        let mut whole = Vec::new();
+        while let Some(c) = src.next_chunk().await? {
+            whole.extend_from_slice(&c);
+        }
+        egress.open(&req, &mut Bytes::from(whole)).await?
+    };
+    if is_proxy {
+        // A relayed body's deadline is its idle limit alone, as for the local forward proxy.
+        resp.body
+            .set_deadline(started + Duration::from_secs(365 * 24 * 3600));
+    } else {
+        resp.body.set_deadline(deadline);
+    }
     wl.send(&Frame::ResponseHead(ResponseHead {
         stream: a.stream,
         status: resp.status,
@@ -689,7 +766,6 @@ async fn exchange(
             .map(|(n, v)| (n.to_vec(), v.to_vec()))
             .collect(),
     }));
-    let mut window = u64::from(a.window);
     let mut sent: u64 = 0;
     let mut piece = Vec::new();
     loop {
@@ -705,26 +781,7 @@ async fn exchange(
                     .with_detail("direction", "response"),
             );
         }
-        let mut at = 0;
-        while at < piece.len() {
-            while window == 0 {
-                if let WEvent::Credit(n) = s.events.next().await {
-                    window += u64::from(n);
-                }
-            }
-            let n = (piece.len() - at).min(MAX_DATA_BYTES).min(window as usize);
-            wl.send(&Frame::Data {
-                stream: a.stream,
-                bytes: piece[at..at + n].to_vec(),
-                end: false,
-            });
-            window -= n as u64;
-            at += n;
-            // Credit that already arrived is taken without waiting.
-            while let Some(WEvent::Credit(n)) = s.events.try_next() {
-                window += u64::from(n);
-            }
-        }
+        send_within_credit(wl, s, a.stream, &piece).await;
     }
     wl.send(&Frame::Data {
         stream: a.stream,
@@ -732,4 +789,160 @@ async fn exchange(
         end: true,
     });
     Ok(())
+}
+
+/// Sends `bytes` in `Data` frames within the stream's credit, waiting for `Credit` when it runs
+/// out (a cancel or a lost lane ends the waiting task from outside).
+async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[u8]) {
+    let mut at = 0;
+    while at < bytes.len() {
+        while s.credit.get() == 0 {
+            s.credit_ready.wait().await;
+        }
+        let n = (bytes.len() - at)
+            .min(MAX_DATA_BYTES)
+            .min(usize::try_from(s.credit.get()).unwrap_or(usize::MAX));
+        let Some(piece) = bytes.get(at..at + n) else {
+            return;
+        };
+        wl.send(&Frame::Data {
+            stream,
+            bytes: piece.to_vec(),
+            end: false,
+        });
+        s.credit.set(s.credit.get() - n as u64);
+        at += n;
+    }
+}
+
+/// The request body of an assignment as the egress client reads it: the control's `Data`
+/// frames, credited back as they are taken.
+struct BusBody<'a> {
+    wl: &'a WLane,
+    s: &'a WStream,
+    stream: StreamId,
+    length: BodyLength,
+    is_done: bool,
+    /// A streamed body (forward proxy) rather than an inline one (request API).
+    is_streamed: bool,
+}
+
+impl EgressBody for BusBody<'_> {
+    fn length(&self) -> BodyLength {
+        self.length
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        while !self.is_done {
+            let (bytes, end) = self.s.body.next().await;
+            self.is_done = end;
+            if !bytes.is_empty() {
+                if self.is_streamed {
+                    self.wl.send(&Frame::Credit {
+                        stream: self.stream,
+                        bytes: bytes.len() as u32,
+                    });
+                }
+                return Ok(Some(Bytes::from(bytes)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Runs a CONNECT tunnel: dials the destination (directly or through the pool's upstream
+/// proxy), answers `200`, then relays bytes both ways until both directions have ended. The
+/// control watches the tunnel's idleness and cancels it.
+async fn tunnel(
+    shared: &Shared,
+    egress: &Egress,
+    wl: &WLane,
+    s: &WStream,
+    a: &Assign,
+    policy: &DestinationPolicy,
+    via: Option<&ProxyRoute>,
+) -> Result<(), ApiError> {
+    let (host, port) = sortie_core::proxy::parse_connect_target(&a.url)?;
+    let deadline = Instant::now() + Duration::from_millis(u64::from(a.deadline_ms));
+    let tenant = crate::dns::tenant_of_id(&a.deployment_id);
+    let bind = shared.bind_address;
+    let limit = shared.timeouts.connect;
+    let (upstream, _peer) = match via {
+        Some(route) => {
+            egress
+                .dial_via(route, &host, port, bind, policy, limit, deadline, tenant)
+                .await?
+        }
+        None => {
+            egress
+                .dial(&host, port, bind, policy, limit, deadline, tenant)
+                .await?
+        }
+    };
+    wl.send(&Frame::ResponseHead(ResponseHead {
+        stream: a.stream,
+        status: 200,
+        headers: Vec::new(),
+    }));
+    let (mut from_up, to_up) = upstream.into_split();
+    let stream = a.stream;
+    // Destination → control, until the destination half-closes.
+    let download = async {
+        let mut buf = Vec::with_capacity(64 * 1024);
+        loop {
+            let (r, back) = from_up.read(buf).await;
+            buf = back;
+            match r {
+                Ok(0) => {
+                    wl.send(&Frame::Data {
+                        stream,
+                        bytes: Vec::new(),
+                        end: true,
+                    });
+                    return Ok(());
+                }
+                Ok(n) => {
+                    send_within_credit(wl, s, stream, buf.get(..n).unwrap_or_default()).await;
+                    buf.clear();
+                }
+                Err(e) => {
+                    return Err(ApiError::new(
+                        ErrorCode::UpstreamReset,
+                        format!("tunnel destination: {e}"),
+                    ))
+                }
+            }
+        }
+    };
+    // Control → destination, until the client half-closes; dropping the write half then
+    // shuts the destination's socket for writing.
+    let upload = async {
+        let mut to = to_up;
+        loop {
+            let (bytes, end) = s.body.next().await;
+            let n = bytes.len();
+            if n > 0 {
+                let (r, _) = to.write_all(bytes).await;
+                if let Err(e) = r {
+                    return Err(ApiError::new(
+                        ErrorCode::UpstreamReset,
+                        format!("tunnel destination: {e}"),
+                    ));
+                }
+                wl.send(&Frame::Credit {
+                    stream,
+                    bytes: n as u32,
+                });
+            }
+            if end {
+                return Ok(());
+            }
+        }
+    };
+    let mut download = std::pin::pin!(download);
+    let mut upload = std::pin::pin!(upload);
+    monoio::select! {
+        d = &mut download => { d?; (&mut upload).await }
+        u = &mut upload => { u?; (&mut download).await }
+    }
 }

@@ -313,6 +313,8 @@ async fn handle_inner(
                 deadline,
                 is_replayable: req.is_replayable,
                 pool: assigned.decision.pool_id.as_str(),
+                provider_session: assigned.decision.provider_session,
+                proxy_username: assigned.via.as_ref().and_then(|v| v.username()),
                 fingerprint_profile: req.fingerprint_profile.as_deref(),
                 max_response_bytes: limits.max_inline_response_body_bytes,
             };
@@ -521,11 +523,13 @@ pub(crate) struct Assigned {
     pub(crate) routed: Instant,
     /// The pool's upstream proxy, when it does not egress directly.
     pub(crate) via: Option<crate::egress::ProxyRoute>,
+    /// The worker attaches over the bus (`sortie worker`).
+    pub(crate) is_remote: bool,
     _capacity: CapacityGuard,
 }
 
-/// Routes a request (spec, Routing rules 1-6) and takes capacity on the chosen local worker:
-/// the forward proxy's step, which cannot use remote workers. `fingerprint` is the request API's
+/// Routes a request (spec, Routing rules 1-6) and takes capacity on the chosen worker: the
+/// forward proxy's step (a remote worker relays over the bus, decision 064). `fingerprint` is the request API's
 /// named profile, checked against the worker's advertisement (Request API rule 6).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn assign(
@@ -549,17 +553,6 @@ pub(crate) fn assign(
         started,
         &[],
     )?;
-    let is_remote = active
-        .table
-        .worker(a.decision.worker)
-        .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
-    if is_remote {
-        // The forward proxy relays over the local egress client only (decision 060).
-        return Err(ApiError::new(
-            ErrorCode::TransportUnavailable,
-            "the forward proxy cannot relay through a remote worker",
-        ));
-    }
     Ok(a)
 }
 
@@ -627,22 +620,8 @@ pub(crate) fn assign_excluding(
     let via = match active.proxy(decision.pool) {
         None => None,
         Some(pool) => {
-            let is_remote = active
-                .table
-                .worker(decision.worker)
-                .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
-            if is_remote {
-                // The bus does not carry the proxy to a remote worker yet: never let the
-                // request leave from the worker's own address, which would bypass the
-                // operator's egress choice.
-                return Err(ApiError::new(
-                    ErrorCode::ExecutorInternalError,
-                    format!(
-                        "pool {} uses an upstream proxy, which remote workers cannot use yet",
-                        decision.pool_id.as_str()
-                    ),
-                ));
-            }
+            // A remote worker gets the rendered username in its assignment and uses the
+            // pool's proxy from its applied configuration (decision 063).
             let session_hex = decision.provider_session.map(|s| s.to_hex());
             let values = TemplateValues {
                 country: hints.country.as_ref().map_or("", |c| c.as_str()),
@@ -674,12 +653,17 @@ pub(crate) fn assign_excluding(
             "all eligible workers at capacity",
         ));
     }
+    let is_remote = active
+        .table
+        .worker(decision.worker)
+        .is_some_and(|w| w.executor() == sortie_core::worker::Executor::Remote);
     Ok(Assigned {
         decision,
         _capacity: CapacityGuard(slot.clone()),
         slot,
         routed,
         via,
+        is_remote,
     })
 }
 

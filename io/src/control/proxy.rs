@@ -371,6 +371,21 @@ impl ProxyHandler {
             BodyFraming::ContentLength(n) => BodyLength::Known(n),
             BodyFraming::Chunked => BodyLength::Chunked,
         };
+        if assigned.is_remote {
+            let mut source = ClientBody { body, length };
+            return crate::bus::ingress::relay(
+                &self.ctx,
+                request_id,
+                deployment,
+                self.deadline(started),
+                method.as_str(),
+                req.target(),
+                &forwarded,
+                &mut source,
+                (tracked, cancelled, assigned),
+            )
+            .await;
+        }
         let stream_req = StreamRequest {
             method,
             url: &url,
@@ -529,6 +544,17 @@ impl ProxyHandler {
             self.ctx.state.limits.egress_timeouts.connect,
         );
         let deadline = self.deadline(started);
+        if assigned.is_remote {
+            return crate::bus::ingress::connect(
+                &self.ctx,
+                request_id,
+                deployment,
+                deadline,
+                req.target(),
+                (tracked, cancelled, assigned, permit),
+            )
+            .await;
+        }
         let tenant = Some(d.index());
         let egress = &self.ctx.egress;
         // A pool behind an upstream proxy tunnels through it (decision 072).
@@ -688,7 +714,7 @@ async fn copy<R: AsyncReadRent>(
 
 /// Completes when no byte moved in either direction for `limit`, checked every quarter of it:
 /// one timer per tunnel instead of one per read.
-async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>, limit: Duration) {
+pub(crate) async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>, limit: Duration) {
     let step = limit / 4;
     let mut seen = (up.get(), down.get());
     let mut quiet = Duration::ZERO;

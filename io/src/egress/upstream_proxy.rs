@@ -279,6 +279,22 @@ impl ProxyPool {
     }
 }
 
+impl ProxyPool {
+    /// The route of a request whose username was rendered elsewhere: a remote worker gets it
+    /// from the control's assignment, rendered from hints it does not see itself.
+    pub fn route_rendered(
+        self: &Arc<Self>,
+        username: Option<&str>,
+        session: Option<ProviderSession>,
+    ) -> ProxyRoute {
+        ProxyRoute {
+            pool: self.clone(),
+            username: username.map(Arc::from),
+            session,
+        }
+    }
+}
+
 /// How one request goes through its pool's upstream proxy. Cheap to clone.
 #[derive(Clone)]
 pub struct ProxyRoute {
@@ -321,6 +337,11 @@ impl ProxyRoute {
                 .map_or_else(|| Arc::from(""), |e| e.url.clone()),
             username: self.username.clone(),
         }
+    }
+
+    /// The rendered username, for a remote worker's assignment only: never log it.
+    pub fn username(&self) -> Option<&str> {
+        self.username.as_deref()
     }
 
     /// The endpoint's canonical URL (for logs: it holds no credentials).

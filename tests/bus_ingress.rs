@@ -1,0 +1,486 @@
+//! Remote workers beyond plain request API calls, as real processes on loopback: pools behind a
+//! real squid (the rendered username in squid's access log, the password from the worker's own
+//! environment), and the forward proxy's absolute-form requests and CONNECT tunnels relayed
+//! through remote workers (decisions 063–065).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
+use support::bus::{control, request_at, start_worker, start_worker_env, wait_worker};
+use support::gateway::{
+    admin, admin_items, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+};
+use support::proxies::{wait_for_log, Squid};
+use support::tls::TestCa;
+use support::upstream::{self, Options, Upstream};
+
+const PASSWORD_VAR: &str = "SORTIE_TEST_BUS_PROXY_PASSWORD";
+const PASSWORD: &str = "worker-only-secret";
+
+/// The provider session routing derives for the test deployment in pool `acme` (decision 011).
+fn session(country: &str, sticky: &str) -> String {
+    let s = ProviderSession::derive(&ProviderSessionInputs {
+        deployment_id: "dep_test",
+        pool_id: "acme",
+        upstream_proxy_id: "acme",
+        country: sortie_core::routing::CountryCode::parse(country),
+        region: None,
+        ip_type: None,
+        sticky_session_id: sticky,
+    });
+    String::from_utf8(s.to_hex().to_vec()).expect("hex")
+}
+
+/// A pool behind squid: the control renders the username, the worker resolves `password_env`
+/// from its own environment (the control's has no such variable), squid authenticates the
+/// worker's CONNECT, and the rollout lists the worker as applied.
+#[test]
+fn a_remote_worker_egresses_through_its_pools_upstream_proxy() {
+    let sess = session("US", "cart-7");
+    let user = format!("bus-US-{sess}");
+    let squid = Squid::start(&[(&user, PASSWORD), ("bus--", PASSWORD)]);
+    let up = Upstream::start(upstream::echo());
+    let snap = json!({
+        "routing": {"rules": [{
+            "id": "via-proxy", "priority": 1, "pools": ["acme"],
+            "sticky_session_ttl_seconds": 600, "allow_sticky_fallback": true
+        }]},
+        "pools": [{"id": "acme", "upstream_proxy": {
+            "id": "acme", "url": squid.url(),
+            "username_template": "bus-{country}-{session}", "password_env": PASSWORD_VAR
+        }}],
+        "destinations": {"allow": ["127.0.0.0/8"], "deny": []}
+    })
+    .to_string();
+    let gw = control("127.0.0.1:0", None).snapshot(Some(&snap)).start();
+    let bus = gw.bus.expect("bus listener");
+    let worker = start_worker_env(
+        "wp",
+        bus,
+        None,
+        "country = \"US\"\npools = [\"acme\"]\nbind_address = \"127.0.0.2\"",
+        &[(PASSWORD_VAR, PASSWORD)],
+    );
+    wait_worker(&gw, "wp", "connected");
+    wait_until(Duration::from_secs(10), "rollout applied", || {
+        let r = admin(&gw, "GET", "/api/v1/admin/rollouts", &[], b"").json();
+        r["entries"]
+            .as_array()
+            .is_some_and(|e| e.len() == 1 && e[0]["status"] == "applied")
+    });
+
+    let sticky = json!({"method": "GET", "url": up.url("/sticky"),
+                        "routing": {"country": "US", "sticky_session_id": "cart-7"}});
+    let r = request_at(gw.api, &sticky);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], 200, "{}", r.text());
+    // Without a sticky id there is no provider session: `{session}` renders empty.
+    let plain = json!({"method": "GET", "url": up.url("/plain")});
+    let r = request_at(gw.api, &plain);
+    assert_eq!(r.json()["status"], 200, "{}", r.text());
+
+    // Squid logs a CONNECT when its tunnel closes: stop the worker, whose pool holds them.
+    let worker_out = worker.output().join("\n");
+    let mut worker = worker;
+    worker.kill9();
+    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 2
+    });
+    let mut users: Vec<String> = squid.connects().into_iter().map(|(u, _)| u).collect();
+    users.sort();
+    let mut want = vec![user.clone(), "bus--".to_string()];
+    want.sort();
+    assert_eq!(users, want);
+    // The tunnel left from the worker's bind address: squid logs its client.
+    let log = std::fs::read_to_string(squid.access_log()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .filter(|l| l.contains(" CONNECT "))
+            .all(|l| l.split_whitespace().nth(2) == Some("127.0.0.2")),
+        "{log}"
+    );
+    // Neither process ever printed the password or the rendered username.
+    let control_out: Vec<String> = gw.stdout.try_iter().collect();
+    for text in [worker_out, control_out.join("\n")] {
+        assert!(!text.contains(PASSWORD), "password in output: {text}");
+        assert!(!text.contains(&sess), "username in output: {text}");
+    }
+}
+
+/// A worker whose environment lacks the password answers the request with the proxy's
+/// credentials failure, not from its own address.
+#[test]
+fn a_remote_worker_without_the_password_variable_fails_with_proxy_credentials() {
+    let squid = Squid::start(&[("u", PASSWORD)]);
+    let up = Upstream::start(upstream::echo());
+    let snap = json!({
+        "routing": {"rules": [{"id": "r", "priority": 1, "pools": ["acme"]}]},
+        "pools": [{"id": "acme", "upstream_proxy": {
+            "id": "acme", "url": squid.url(),
+            "username_template": "u", "password_env": PASSWORD_VAR
+        }}],
+        "destinations": {"allow": ["127.0.0.0/8"], "deny": []}
+    })
+    .to_string();
+    let gw = control("127.0.0.1:0", None)
+        .snapshot(Some(&snap))
+        // Only the control has it: the worker must not be given it over the bus.
+        .env(PASSWORD_VAR, PASSWORD)
+        .start();
+    let _w = start_worker("wn", gw.bus.unwrap(), None, "pools = [\"acme\"]");
+    wait_worker(&gw, "wn", "connected");
+    let r = request_at(gw.api, &json!({"method": "GET", "url": up.url("/x")}));
+    assert_eq!(r.status, 502, "{}", r.text());
+    let j = r.json();
+    assert_eq!(j["code"], "upstream_proxy_failure", "{j}");
+    assert_eq!(j["details"]["fact"], "proxy_credentials", "{j}");
+    assert_eq!(up.connections(), 0);
+}
+
+fn proxy_user() -> String {
+    format!("dep_test:{DEPLOYMENT_TOKEN}")
+}
+
+/// Runs curl through the control's forward proxy with `args`.
+fn curl(gw: &Gateway, args: &[&str]) -> Output {
+    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
+    Command::new("curl")
+        .args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
+        .args(["--proxy-user", &proxy_user()])
+        .args(args)
+        .output()
+        .expect("curl must be installed (scripts/ci-deps.sh installs it)")
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// curl's output as a response: the final head and its body, past a CONNECT's `200` or a
+/// `100 Continue` that another head follows.
+fn curl_response(out: &Output) -> Resp {
+    let mut raw = &out.stdout[..];
+    while let Some(end) = find(raw, b"\r\n\r\n") {
+        if raw[end + 4..].starts_with(b"HTTP/1.") {
+            raw = &raw[end + 4..];
+        } else {
+            break;
+        }
+    }
+    parse_response(raw)
+}
+
+/// The data of a chunked body (no extensions or trailers expected).
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = find(raw, b"\r\n").expect("chunk-size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16)
+            .expect("hex chunk size");
+        if size == 0 {
+            return out;
+        }
+        let data = &raw[line_end + 2..];
+        out.extend_from_slice(&data[..size]);
+        raw = &data[size + 2..];
+    }
+}
+
+/// A control with two remote workers sending from distinct loopback addresses, told apart by
+/// tag.
+fn control_and_two_workers(
+    proxy_section: &str,
+) -> (Gateway, support::bus::Worker, support::bus::Worker) {
+    let gw = control("127.0.0.1:0", None).section(proxy_section).start();
+    let bus = gw.bus.expect("bus listener");
+    let two = start_worker(
+        "w-two",
+        bus,
+        None,
+        "tags = [\"two\"]\nbind_address = \"127.0.0.2\"",
+    );
+    let three = start_worker(
+        "w-three",
+        bus,
+        None,
+        "tags = [\"three\"]\nbind_address = \"127.0.0.3\"",
+    );
+    wait_worker(&gw, "w-two", "connected");
+    wait_worker(&gw, "w-three", "connected");
+    (gw, two, three)
+}
+
+/// `curl -x`: absolute-form requests (small, and large bodies both ways in both framings) and
+/// HTTPS through CONNECT with the test CA, each relayed by the remote worker its routing
+/// header chose, as the upstream's view of the peer shows.
+#[test]
+fn curl_through_the_control_to_remote_workers() {
+    let up = Upstream::start(upstream::echo());
+    let (gw, _two, _three) = control_and_two_workers("");
+    for (tag, ip) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
+        let route = format!("X-Service-Route-Tags: {tag}");
+        let out = curl(&gw, &["--proxy-header", &route, &up.url("/plain")]);
+        let r = curl_response(&out);
+        assert_eq!(
+            r.status,
+            200,
+            "{} {}",
+            r.text(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&r.body).into_owned();
+        assert!(text.starts_with("GET /plain HTTP/1.1"), "{text}");
+        let peer = r.header("X-Peer").unwrap_or_default();
+        assert!(peer.starts_with(&format!("{ip}:")), "{peer}");
+        assert!(!text.contains("X-Service-Route"), "{text}");
+        assert!(!text.contains("Proxy-Authorization"), "{text}");
+    }
+
+    // Large bodies both ways, past every flow-control window: the body is streamed to the
+    // worker as the client sends it and the echo streamed back.
+    let dir = support::gateway::temp_dir("bus-proxy-body");
+    let file = dir.join("body.bin");
+    let body = upstream::pattern(3 * 1024 * 1024 + 7);
+    std::fs::write(&file, &body).unwrap();
+    let data = format!("@{}", file.display());
+    let url = up.url("/upload");
+    for framing in [None, Some("Transfer-Encoding: chunked")] {
+        let mut args = vec![
+            "--proxy-header",
+            "X-Service-Route-Tags: three",
+            "--data-binary",
+            &data,
+        ];
+        if let Some(h) = framing {
+            args.extend(["-H", h]);
+        }
+        args.push(&url);
+        let out = curl(&gw, &args);
+        let r = curl_response(&out);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&out.stderr));
+        let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
+        let peer = r.header("X-Peer").unwrap_or_default();
+        assert!(peer.starts_with("127.0.0.3:"), "{peer}");
+        let sent = match framing {
+            None => r.body[end..].to_vec(),
+            Some(_) => dechunk(&r.body[end..]),
+        };
+        assert_eq!(sent.len(), body.len(), "{framing:?}");
+        assert!(sent == body, "{framing:?}: body differs");
+    }
+
+    // HTTPS through a CONNECT tunnel on a remote worker.
+    let ca = TestCa::new();
+    let tls_up = Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    );
+    let cacert = ca.ca_file().display().to_string();
+    for (tag, ip) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
+        let route = format!("X-Service-Route-Tags: {tag}");
+        let out = curl(
+            &gw,
+            &[
+                "--proxy-header",
+                &route,
+                "--cacert",
+                &cacert,
+                &tls_up.https_url("localhost", "/secure"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("GET /secure HTTP/1.1"), "{text}");
+        assert!(text.contains(&format!("X-Peer: {ip}:")), "{text}");
+    }
+    wait_until(Duration::from_secs(10), "tunnels counted", || {
+        admin(&gw, "GET", "/metrics", &[], b"")
+            .text()
+            .contains("sortie_tunnels_total 2")
+    });
+    let metrics = admin(&gw, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains(
+            "sortie_requests_total{deployment=\"dep_test\",outcome=\"ok\",ingress=\"connect\"} 2"
+        ),
+        "{metrics}"
+    );
+}
+
+/// Opens a tunnel to `port` through the control and returns the stream and the status line.
+fn open_tunnel(gw: &Gateway, port: u16, tag: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    use base64::Engine as _;
+    let auth = base64::engine::general_purpose::STANDARD.encode(proxy_user());
+    write!(
+        s,
+        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\nX-Service-Route-Tags: {tag}\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let status = text.lines().next().unwrap_or_default().to_string();
+    (s, status)
+}
+
+/// A destination for raw tunnels: each connection reads until the client's end of stream,
+/// answers with the byte count and closes (a half-close test), or, when `hold` is set, only
+/// records that the connection was closed from the other side.
+struct TunnelEnd {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+}
+
+impl TunnelEnd {
+    fn start(answer: bool) -> TunnelEnd {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, c) = (accepted.clone(), closed.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                a.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    let mut n = 0usize;
+                    loop {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(k) => n += k,
+                        }
+                    }
+                    if answer {
+                        let _ = write!(s, "got {n} bytes");
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        TunnelEnd {
+            port,
+            accepted,
+            closed,
+        }
+    }
+}
+
+/// Raw tunnels through remote workers: half-close in both directions, the idle limit, an
+/// operator's cancel (the worker closes the destination connection) and a worker killed
+/// mid-tunnel (the client's connection closes).
+#[test]
+fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
+    let (gw, _two, mut three) =
+        control_and_two_workers("[control.proxy]\ntunnel_idle_timeout_ms = 2000");
+
+    // Half-close: the client ends its side; the destination sees the end, answers, closes;
+    // the answer and then the end reach the client.
+    let answering = TunnelEnd::start(true);
+    let (mut s, status) = open_tunnel(&gw, answering.port, "two");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let payload = upstream::pattern(700 * 1024);
+    s.write_all(&payload).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut back = Vec::new();
+    s.read_to_end(&mut back).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&back),
+        format!("got {} bytes", payload.len())
+    );
+
+    // Idle: nothing moves, the control closes the tunnel after the limit and the worker closes
+    // the destination's connection.
+    let holding = TunnelEnd::start(false);
+    let (mut s, status) = open_tunnel(&gw, holding.port, "two");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let opened = Instant::now();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(8),
+        "closed after {waited:?}"
+    );
+    wait_until(
+        Duration::from_secs(5),
+        "destination closed after idle",
+        || holding.closed.load(Ordering::SeqCst) == 1,
+    );
+
+    // Cancel: listed while open, closed by DELETE; the worker closes the destination side.
+    let (mut s, status) = open_tunnel(&gw, holding.port, "two");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    wait_until(Duration::from_secs(5), "destination connected", || {
+        holding.accepted.load(Ordering::SeqCst) == 2
+    });
+    let items = admin_items(&gw, "/api/v1/admin/requests");
+    assert_eq!(items.len(), 1, "{items:?}");
+    let id = items[0]["request_id"].as_str().unwrap();
+    let cancelled_at = Instant::now();
+    let r = admin(
+        &gw,
+        "DELETE",
+        &format!("/api/v1/admin/requests/{id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        cancelled_at.elapsed() < Duration::from_millis(1500),
+        "closed by the cancel"
+    );
+    wait_until(
+        Duration::from_secs(5),
+        "destination closed after cancel",
+        || holding.closed.load(Ordering::SeqCst) == 2,
+    );
+    wait_until(Duration::from_secs(5), "the tunnel left the list", || {
+        admin_items(&gw, "/api/v1/admin/requests").is_empty()
+    });
+
+    // A worker killed mid-tunnel: bytes flowed, then the client's connection closes.
+    let echo = Upstream::start(upstream::echo());
+    let (mut s, status) = open_tunnel(&gw, echo.port(), "three");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    write!(s, "GET /t HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut first = [0u8; 12];
+    s.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let killed = Instant::now();
+    three.kill9();
+    let _ = s.read_to_end(&mut rest);
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "client closed in time"
+    );
+    wait_until(Duration::from_secs(5), "the tunnel left the list", || {
+        admin_items(&gw, "/api/v1/admin/requests").is_empty()
+    });
+}
