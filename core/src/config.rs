@@ -91,41 +91,30 @@ pub struct Config {
 
 /// `[control]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ControlConfig {
     /// Request and receipt API listener.
-    #[serde(default = "default_api_listen")]
     pub api_listen: String,
     /// Admin API listener; `None` disables the admin API.
-    #[serde(default = "default_admin_listen")]
     pub admin_listen: Option<String>,
     /// Forward-proxy listener; `None` disables the proxy ingress.
-    #[serde(default)]
     pub proxy_listen: Option<String>,
     /// Worker bus listener (`control` mode).
-    #[serde(default)]
     pub bus_listen: Option<String>,
     /// Hot cores; 0 means all available.
-    #[serde(default)]
     pub cores: u32,
     /// Data directory (SQLite, filesystem objects, tokens).
-    #[serde(default = "default_data_dir")]
     pub data_dir: String,
     /// A snapshot file (JSON) used as revision 1 of a fresh data directory instead of the
     /// built-in default snapshot; ignored once the store holds a revision.
-    #[serde(default)]
     pub bootstrap_snapshot: Option<String>,
     /// `[control.request]`.
-    #[serde(default)]
     pub request: RequestLimitsConfig,
     /// `[control.server]`.
-    #[serde(default)]
     pub server: ServerLimitsConfig,
     /// `[control.bus]`: the worker bus listener's security and timing (decision 060).
-    #[serde(default)]
     pub bus: BusConfig,
     /// `[control.proxy]`.
-    #[serde(default)]
     pub proxy: ProxyLimitsConfig,
 }
 
@@ -136,36 +125,22 @@ pub const DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS: u64 = 5000;
 
 /// `[control.bus]`: who may attach to the bus listener and how.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
     /// The worker token, required with `control.bus_listen` (or `token_env`).
-    #[serde(default)]
     pub token: Option<String>,
     /// The environment variable holding the worker token.
-    #[serde(default)]
     pub token_env: Option<String>,
     /// PEM certificate chain of the TLS listener.
-    #[serde(default)]
     pub tls_cert_file: Option<String>,
     /// PEM private key of the TLS listener.
-    #[serde(default)]
     pub tls_key_file: Option<String>,
     /// Plain TCP instead of TLS; must be said explicitly.
-    #[serde(default)]
     pub plaintext: bool,
     /// How often workers send heartbeats; a lane silent for three intervals is closed.
-    #[serde(default = "default_bus_heartbeat_ms")]
     pub heartbeat_ms: u32,
     /// How long a worker may take to accept or refuse an assignment.
-    #[serde(default = "default_bus_assignment_timeout_ms")]
     pub assignment_timeout_ms: u64,
-}
-
-fn default_bus_heartbeat_ms() -> u32 {
-    DEFAULT_BUS_HEARTBEAT_MS
-}
-fn default_bus_assignment_timeout_ms() -> u64 {
-    DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS
 }
 
 impl Default for BusConfig {
@@ -242,25 +217,15 @@ fn check_transport(
     Ok(())
 }
 
-fn default_api_listen() -> String {
-    "127.0.0.1:8080".into()
-}
-fn default_admin_listen() -> Option<String> {
-    Some("127.0.0.1:8081".into())
-}
-fn default_data_dir() -> String {
-    "./sortie-data".into()
-}
-
 impl Default for ControlConfig {
     fn default() -> Self {
         ControlConfig {
-            api_listen: default_api_listen(),
-            admin_listen: default_admin_listen(),
+            api_listen: "127.0.0.1:8080".into(),
+            admin_listen: Some("127.0.0.1:8081".into()),
             proxy_listen: None,
             bus_listen: None,
             cores: 0,
-            data_dir: default_data_dir(),
+            data_dir: "./sortie-data".into(),
             bootstrap_snapshot: None,
             request: RequestLimitsConfig::default(),
             server: ServerLimitsConfig::default(),
@@ -272,42 +237,20 @@ impl Default for ControlConfig {
 
 /// `[control.request]`: the static request limits the contract names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RequestLimitsConfig {
     /// `control.request.max_timeout_ms`.
-    #[serde(default = "default_max_timeout_ms")]
     pub max_timeout_ms: u64,
     /// `control.request.max_inline_request_body_bytes`.
-    #[serde(default = "default_inline_req")]
     pub max_inline_request_body_bytes: usize,
     /// `control.request.max_inline_response_body_bytes`.
-    #[serde(default = "default_inline_resp")]
     pub max_inline_response_body_bytes: usize,
     /// `control.request.max_in_flight_body_bytes`: request envelope bytes all cores may hold
     /// at once, reserved from the head (decision 043).
-    #[serde(default = "default_in_flight_body_bytes")]
     pub max_in_flight_body_bytes: u64,
     /// `control.request.max_concurrent_per_deployment`: requests one deployment may have in
     /// flight on the request API, from admission to answer (decision 043).
-    #[serde(default = "default_concurrent_per_deployment")]
     pub max_concurrent_per_deployment: u32,
-}
-
-fn default_in_flight_body_bytes() -> u64 {
-    DEFAULT_MAX_IN_FLIGHT_BODY_BYTES
-}
-fn default_concurrent_per_deployment() -> u32 {
-    DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT
-}
-
-fn default_max_timeout_ms() -> u64 {
-    DEFAULT_MAX_TIMEOUT_MS
-}
-fn default_inline_req() -> usize {
-    DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES
-}
-fn default_inline_resp() -> usize {
-    DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES
 }
 
 impl Default for RequestLimitsConfig {
@@ -325,39 +268,18 @@ impl Default for RequestLimitsConfig {
 /// `[control.server]`: limits of the HTTP servers behind every listener (API, admin, proxy),
 /// applied per core and per listener (decision 002).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerLimitsConfig {
     /// A whole request head, from its first byte; then 408 and close.
-    #[serde(default = "default_header_timeout_ms")]
     pub header_timeout_ms: u64,
     /// A keep-alive connection waiting for its next request; then it is closed.
-    #[serde(default = "default_server_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
     /// Without a request body byte arriving while a body is read; then 408 and close.
-    #[serde(default = "default_body_timeout_ms")]
     pub body_timeout_ms: u64,
     /// One response write making no progress; then the connection is closed.
-    #[serde(default = "default_write_timeout_ms")]
     pub write_timeout_ms: u64,
     /// Connections one core serves at once on one listener; beyond it, 503 and close.
-    #[serde(default = "default_max_connections_per_core")]
     pub max_connections_per_core: usize,
-}
-
-fn default_header_timeout_ms() -> u64 {
-    DEFAULT_HEADER_TIMEOUT_MS
-}
-fn default_server_idle_timeout_ms() -> u64 {
-    DEFAULT_SERVER_IDLE_TIMEOUT_MS
-}
-fn default_body_timeout_ms() -> u64 {
-    DEFAULT_BODY_TIMEOUT_MS
-}
-fn default_write_timeout_ms() -> u64 {
-    DEFAULT_WRITE_TIMEOUT_MS
-}
-fn default_max_connections_per_core() -> usize {
-    DEFAULT_MAX_CONNECTIONS_PER_CORE
 }
 
 impl Default for ServerLimitsConfig {
@@ -374,29 +296,16 @@ impl Default for ServerLimitsConfig {
 
 /// `[control.proxy]`: limits of the forward-proxy ingress (decision 022).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ProxyLimitsConfig {
     /// A relayed request with no byte moving while its body is sent or its response body
     /// relayed; then the request fails with `idle_timeout`.
-    #[serde(default = "default_proxy_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
     /// A CONNECT tunnel with no byte moving in either direction; then it is closed.
-    #[serde(default = "default_tunnel_idle_timeout_ms")]
     pub tunnel_idle_timeout_ms: u64,
     /// Concurrent CONNECT tunnels of one deployment across all cores; beyond it, 503
     /// `executor_capacity_exhausted`.
-    #[serde(default = "default_max_tunnels_per_deployment")]
     pub max_tunnels_per_deployment: u32,
-}
-
-fn default_proxy_idle_timeout_ms() -> u64 {
-    DEFAULT_PROXY_IDLE_TIMEOUT_MS
-}
-fn default_tunnel_idle_timeout_ms() -> u64 {
-    DEFAULT_TUNNEL_IDLE_TIMEOUT_MS
-}
-fn default_max_tunnels_per_deployment() -> u32 {
-    DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT
 }
 
 impl Default for ProxyLimitsConfig {
@@ -454,38 +363,28 @@ pub enum ObjectBackend {
 
 /// `[object_storage]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ObjectStorageConfig {
     /// Whether the receipt API exists.
-    #[serde(default)]
     pub enabled: bool,
     /// Backend.
-    #[serde(default)]
     pub backend: ObjectBackend,
     /// `object_storage.max_object_bytes`.
-    #[serde(default = "default_max_object_bytes")]
     pub max_object_bytes: u64,
     /// S3 bucket.
-    #[serde(default)]
     pub bucket: Option<String>,
     /// S3 endpoint URL.
-    #[serde(default)]
     pub endpoint: Option<String>,
     /// S3 region.
-    #[serde(default)]
     pub region: Option<String>,
     /// Path-style addressing.
-    #[serde(default)]
     pub force_path_style: bool,
     /// Environment variable with the S3 access key id.
-    #[serde(default)]
     pub access_key_env: Option<String>,
     /// Environment variable with the S3 secret key.
-    #[serde(default)]
     pub secret_key_env: Option<String>,
     /// `object_storage.receipt_ttl_seconds`: lifetime of a receipt from its creation
     /// (decision 031).
-    #[serde(default = "default_receipt_ttl_seconds")]
     pub receipt_ttl_seconds: u64,
 }
 
@@ -494,14 +393,6 @@ pub const MAX_RECEIPT_TTL_SECONDS: u64 = 30 * 24 * 3600;
 
 /// Default of `object_storage.receipt_ttl_seconds`: 24 hours (decision 031).
 pub const DEFAULT_RECEIPT_TTL_SECONDS: u64 = 24 * 3600;
-
-fn default_receipt_ttl_seconds() -> u64 {
-    DEFAULT_RECEIPT_TTL_SECONDS
-}
-
-fn default_max_object_bytes() -> u64 {
-    DEFAULT_MAX_OBJECT_BYTES
-}
 
 impl Default for ObjectStorageConfig {
     fn default() -> Self {
@@ -545,30 +436,16 @@ pub struct StoreConfig {
 
 /// `[egress]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct EgressConfig {
     /// PEM file of extra trusted roots, in addition to the bundled web PKI roots.
-    #[serde(default)]
     pub ca_file: Option<String>,
     /// One connect attempt (per resolved address), and again the TLS handshake.
-    #[serde(default = "default_egress_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// Without a byte moving while the request is written or the response body read.
-    #[serde(default = "default_egress_idle_timeout_ms")]
     pub idle_timeout_ms: u64,
     /// How long an idle upstream connection is kept for reuse.
-    #[serde(default = "default_pool_idle_timeout_ms")]
     pub pool_idle_timeout_ms: u64,
-}
-
-fn default_egress_connect_timeout_ms() -> u64 {
-    DEFAULT_EGRESS_CONNECT_TIMEOUT_MS
-}
-fn default_egress_idle_timeout_ms() -> u64 {
-    DEFAULT_EGRESS_IDLE_TIMEOUT_MS
-}
-fn default_pool_idle_timeout_ms() -> u64 {
-    DEFAULT_POOL_IDLE_TIMEOUT_MS
 }
 
 impl Default for EgressConfig {
@@ -1117,6 +994,55 @@ mod tests {
         assert_eq!(c.workers.len(), 1);
         assert_eq!(c.workers[0].id, "local");
         assert_eq!(c.workers[0].pools, vec!["direct"]);
+    }
+
+    #[test]
+    fn a_section_with_one_key_keeps_the_defaults_of_the_others() {
+        let c = Config::from_toml(
+            "[control]\ncores = 1\n[control.request]\nmax_timeout_ms = 5000\n\
+             [control.server]\nheader_timeout_ms = 2000\n[control.proxy]\n\
+             tunnel_idle_timeout_ms = 9000\n[control.bus]\nheartbeat_ms = 500\n\
+             [object_storage]\nreceipt_ttl_seconds = 60\n[egress]\nconnect_timeout_ms = 700\n",
+        )
+        .unwrap();
+        let d = Config::embedded_default();
+        assert_eq!(c.control.api_listen, d.control.api_listen);
+        assert_eq!(c.control.data_dir, d.control.data_dir);
+        let r = c.control.request;
+        assert_eq!(r.max_timeout_ms, 5000);
+        assert_eq!(
+            RequestLimitsConfig {
+                max_timeout_ms: d.control.request.max_timeout_ms,
+                ..r
+            },
+            d.control.request
+        );
+        let s = c.control.server;
+        assert_eq!(s.header_timeout_ms, 2000);
+        assert_eq!(
+            ServerLimitsConfig {
+                header_timeout_ms: d.control.server.header_timeout_ms,
+                ..s
+            },
+            d.control.server
+        );
+        let p = c.control.proxy;
+        assert_eq!(p.tunnel_idle_timeout_ms, 9000);
+        assert_eq!(p.idle_timeout_ms, DEFAULT_PROXY_IDLE_TIMEOUT_MS);
+        assert_eq!(
+            p.max_tunnels_per_deployment,
+            DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT
+        );
+        assert_eq!(c.control.bus.heartbeat_ms, 500);
+        assert_eq!(
+            c.control.bus.assignment_timeout_ms,
+            DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS
+        );
+        assert_eq!(c.object_storage.receipt_ttl_seconds, 60);
+        assert_eq!(c.object_storage.max_object_bytes, DEFAULT_MAX_OBJECT_BYTES);
+        assert_eq!(c.egress.connect_timeout_ms, 700);
+        assert_eq!(c.egress.idle_timeout_ms, DEFAULT_EGRESS_IDLE_TIMEOUT_MS);
+        assert_eq!(c.egress.pool_idle_timeout_ms, DEFAULT_POOL_IDLE_TIMEOUT_MS);
     }
 
     #[test]
