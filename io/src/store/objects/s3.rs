@@ -225,18 +225,7 @@ impl S3Objects {
                 }
                 if buf.len() >= S3_UNSIZED_PART_BYTES || (is_end && !buf.is_empty()) {
                     if upload.is_none() {
-                        let created = self
-                            .client
-                            .create_multipart_upload()
-                            .bucket(&self.bucket)
-                            .key(key)
-                            .send()
-                            .await
-                            .map_err(|e| backend(&format!("create multipart {key}"), e))?;
-                        let id = created.upload_id().ok_or_else(|| {
-                            ObjectError::Backend("multipart upload without an id".into())
-                        })?;
-                        upload = Some((id.to_owned(), Vec::new()));
+                        upload = Some((self.create_multipart(key).await?, Vec::new()));
                     }
                     if let Some((id, parts)) = upload.as_mut() {
                         let number = i32::try_from(parts.len() + 1).unwrap_or(i32::MAX);
@@ -260,20 +249,10 @@ impl S3Objects {
                     }
                 }
                 if is_end {
-                    if let Some((id, parts)) = upload.as_ref() {
-                        self.client
-                            .complete_multipart_upload()
-                            .bucket(&self.bucket)
-                            .key(key)
-                            .upload_id(id.as_str())
-                            .multipart_upload(
-                                CompletedMultipartUpload::builder()
-                                    .set_parts(Some(parts.clone()))
-                                    .build(),
-                            )
-                            .send()
-                            .await
-                            .map_err(|e| backend(&format!("complete multipart {key}"), e))?;
+                    if let Some((id, parts)) = upload.as_mut() {
+                        // `upload` stays set, so a failed completion is aborted below.
+                        self.complete_multipart(key, id, std::mem::take(parts))
+                            .await?;
                     }
                     return Ok(());
                 }
@@ -281,14 +260,7 @@ impl S3Objects {
         }
         .await;
         if let (Err(_), Some((id, _))) = (&result, &upload) {
-            let _ = self
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.bucket)
-                .key(key)
-                .upload_id(id.as_str())
-                .send()
-                .await;
+            self.abort_multipart(key, id).await;
         }
         result.map(|()| hasher.finish())
     }
@@ -364,18 +336,7 @@ impl S3Objects {
     /// Composes `parts` into `dest` inside S3 (`UploadPartCopy`), aborting the upload on any
     /// failure so that nothing appears under `dest`.
     async fn multipart_copy(&self, parts: &[(String, u64)], dest: &str) -> Result<(), ObjectError> {
-        let created = self
-            .client
-            .create_multipart_upload()
-            .bucket(&self.bucket)
-            .key(dest)
-            .send()
-            .await
-            .map_err(|e| backend(&format!("create multipart {dest}"), e))?;
-        let upload_id = created
-            .upload_id()
-            .ok_or_else(|| ObjectError::Backend("multipart upload without an id".into()))?
-            .to_owned();
+        let upload_id = self.create_multipart(dest).await?;
         let result = async {
             let mut completed = Vec::with_capacity(parts.len());
             for (i, (key, _)) in parts.iter().enumerate() {
@@ -402,33 +363,65 @@ impl S3Objects {
                         .build(),
                 );
             }
-            self.client
-                .complete_multipart_upload()
-                .bucket(&self.bucket)
-                .key(dest)
-                .upload_id(&upload_id)
-                .multipart_upload(
-                    CompletedMultipartUpload::builder()
-                        .set_parts(Some(completed))
-                        .build(),
-                )
-                .send()
-                .await
-                .map_err(|e| backend(&format!("complete multipart {dest}"), e))?;
-            Ok(())
+            self.complete_multipart(dest, &upload_id, completed).await
         }
         .await;
         if result.is_err() {
-            let _ = self
-                .client
-                .abort_multipart_upload()
-                .bucket(&self.bucket)
-                .key(dest)
-                .upload_id(&upload_id)
-                .send()
-                .await;
+            self.abort_multipart(dest, &upload_id).await;
         }
         result
+    }
+
+    /// Starts a multipart upload of `key`; returns its upload id.
+    async fn create_multipart(&self, key: &str) -> Result<String, ObjectError> {
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| backend(&format!("create multipart {key}"), e))?;
+        created
+            .upload_id()
+            .map(str::to_owned)
+            .ok_or_else(|| ObjectError::Backend("multipart upload without an id".into()))
+    }
+
+    /// Completes the multipart upload `id` of `key` from its `parts`, in order.
+    async fn complete_multipart(
+        &self,
+        key: &str,
+        id: &str,
+        parts: Vec<CompletedPart>,
+    ) -> Result<(), ObjectError> {
+        self.client
+            .complete_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(id)
+            .multipart_upload(
+                CompletedMultipartUpload::builder()
+                    .set_parts(Some(parts))
+                    .build(),
+            )
+            .send()
+            .await
+            .map_err(|e| backend(&format!("complete multipart {key}"), e))?;
+        Ok(())
+    }
+
+    /// Aborts the multipart upload `id` of `key`, so that nothing appears under `key`; a
+    /// failure here leaves only an incomplete upload, which the bucket's lifecycle removes.
+    async fn abort_multipart(&self, key: &str, id: &str) {
+        let _ = self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(id)
+            .send()
+            .await;
     }
 
     /// Size and SHA-256 of a stored object, read through in chunks.
