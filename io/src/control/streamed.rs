@@ -56,25 +56,42 @@ fn unavailable(why: &str) -> ApiError {
     ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
 }
 
-/// Holds a request receipt in `assigned` for the attempt. Dropped without [`Hold::consume`]
-/// (failure, cancellation, the caller left) it goes back to `verified`; the write is queued to
-/// the cold thread without waiting, so it also happens when the future is dropped.
+/// Holds a request receipt in `assigned` for the attempt. When the attempt ends the state is
+/// written before the answer goes out ([`Hold::release`]), so a client that reads the receipt
+/// after the answer sees `consumed` (or `verified` again after a failure). Dropped unreleased
+/// (the caller left, the request was cancelled) it goes back to `verified` by a write queued
+/// to the cold thread without waiting.
 struct Hold<'a> {
     receipts: &'a Receipts,
     deployment: String,
     id: String,
-    to: ReceiptState,
+    is_released: bool,
 }
 
 impl Hold<'_> {
-    fn consume(mut self) {
-        self.to = ReceiptState::Consumed;
+    async fn release(mut self, to: ReceiptState) {
+        self.is_released = true;
+        let written = self
+            .receipts
+            .set_state(&self.deployment, &self.id, ReceiptState::Assigned, to, None)
+            .await;
+        if let Err(e) = written {
+            // Startup recovery turns a receipt left assigned back into verified.
+            tracing::warn!(error = %e, "cannot release a receipt assignment now; startup recovery will");
+        }
     }
 }
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        let (d, i, to) = (self.deployment.clone(), self.id.clone(), self.to);
+        if self.is_released {
+            return;
+        }
+        let (d, i, to) = (
+            self.deployment.clone(),
+            self.id.clone(),
+            ReceiptState::Verified,
+        );
         let now = crate::clock::now_rfc3339();
         let queued = self.receipts.cold().spawn(move |ctx| async move {
             let _ =
@@ -193,7 +210,7 @@ async fn take_receipt<'a>(
         receipts,
         deployment: deployment.to_owned(),
         id: id.to_owned(),
-        to: ReceiptState::Verified,
+        is_released: false,
     };
     Ok((r, hold))
 }
@@ -207,12 +224,31 @@ pub(crate) async fn execute(
     target: &Target<'_>,
 ) -> Result<Exchange, ApiError> {
     let mut hold = None;
+    let result = attempt(receipts, deployment, req, target, &mut hold).await;
+    if let Some(h) = hold {
+        let to = if result.is_ok() {
+            ReceiptState::Consumed
+        } else {
+            ReceiptState::Verified
+        };
+        h.release(to).await;
+    }
+    result
+}
+
+async fn attempt<'a>(
+    receipts: &'a Receipts,
+    deployment: &str,
+    req: ValidatedRequest,
+    target: &Target<'_>,
+    hold: &mut Option<Hold<'a>>,
+) -> Result<Exchange, ApiError> {
     let mut source = match req.body {
         RequestBody::None => Source::Memory(Bytes::new()),
         RequestBody::Inline(b) => Source::Memory(Bytes::from(b)),
         RequestBody::Receipt(ref id) => {
             let (r, h) = take_receipt(receipts, deployment, id).await?;
-            hold = Some(h);
+            *hold = Some(h);
             let rx = receipts
                 .open_object(&r.receipt_id, r.size_bytes)
                 .map_err(|e| {
@@ -267,9 +303,6 @@ pub(crate) async fn execute(
         }
         ResponseBodyMode::Receipt => store_response(receipts, deployment, &mut resp.body).await?,
     };
-    if let Some(h) = hold {
-        h.consume();
-    }
     Ok(Exchange {
         status: resp.status,
         headers: resp.headers,
