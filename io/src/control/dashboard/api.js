@@ -4,14 +4,20 @@
 const TOKEN = 'sortie.admin.token';
 const ACTOR = 'sortie.admin.actor';
 
+// Bumped whenever the signed-in session changes, so that an answer to a call made under an
+// earlier session is never rendered (sign-out must leave nothing of the API's data on screen).
+let epoch = 0;
+
 export const session = {
   get token() { return sessionStorage.getItem(TOKEN); },
   get actor() { return sessionStorage.getItem(ACTOR) || ''; },
   save(token, actor) {
+    epoch += 1;
     sessionStorage.setItem(TOKEN, token);
     if (actor) sessionStorage.setItem(ACTOR, actor); else sessionStorage.removeItem(ACTOR);
   },
   clear() {
+    epoch += 1;
     sessionStorage.removeItem(TOKEN);
     sessionStorage.removeItem(ACTOR);
   },
@@ -21,8 +27,10 @@ let unauthorized = () => {};
 // Called when the API answers 401 to the stored token (revoked or rotated).
 export function onUnauthorized(f) { unauthorized = f; }
 
-// One call. Resolves to {status, ok, etag, json, text}; rejects only on network failure.
+// One call. Resolves to {status, ok, etag, json, text}; rejects only on network failure. A call
+// whose session ended before its answer came never settles: nothing waits on it any more.
 export async function call(method, path, { body, ifMatch, token, accept } = {}) {
+  const started = epoch;
   const headers = { Authorization: `Bearer ${token ?? session.token ?? ''}` };
   headers.Accept = accept || 'application/json';
   if (ifMatch) headers['If-Match'] = ifMatch;
@@ -37,6 +45,7 @@ export async function call(method, path, { body, ifMatch, token, accept } = {}) 
   if (text && (r.headers.get('Content-Type') || '').startsWith('application/json')) {
     try { json = JSON.parse(text); } catch { json = null; }
   }
+  if (epoch !== started && token === undefined) return new Promise(() => {});
   const res = { status: r.status, ok: r.ok, etag: r.headers.get('ETag'), json, text };
   if (r.status === 401 && token === undefined) unauthorized(res);
   return res;
