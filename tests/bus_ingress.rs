@@ -484,3 +484,141 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
         admin_items(&gw, "/api/v1/admin/requests").is_empty()
     });
 }
+
+fn sha256_hex(data: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `/api/v1/receipts…` on the control's API listener with the test deployment's token.
+fn receipts_call(gw: &Gateway, method: &str, path: &str, body: &[u8]) -> Resp {
+    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+    let mut headers = vec![("Authorization", auth.as_str())];
+    if method == "POST" && !body.is_empty() {
+        headers.push(("Content-Type", "application/json"));
+    }
+    support::gateway::http(gw.api, method, path, &headers, body)
+}
+
+/// Creates a request receipt, uploads it in two parts and completes it.
+fn verified_receipt(gw: &Gateway, body: &[u8]) -> String {
+    let create = json!({"direction": "request", "size_bytes": body.len(),
+                        "sha256_hex": sha256_hex(body)});
+    let r = receipts_call(
+        gw,
+        "POST",
+        "/api/v1/receipts",
+        create.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["receipt_id"].as_str().expect("id").to_string();
+    let half = body.len() / 2;
+    for (n, part) in [(1, &body[..half]), (2, &body[half..])] {
+        let r = receipts_call(gw, "PUT", &format!("/api/v1/receipts/{id}/parts/{n}"), part);
+        assert_eq!(r.status, 200, "part {n}: {}", r.text());
+    }
+    let r = receipts_call(gw, "POST", &format!("/api/v1/receipts/{id}/complete"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    id
+}
+
+fn receipt_state(gw: &Gateway, id: &str) -> String {
+    let r = receipts_call(gw, "GET", &format!("/api/v1/receipts/{id}"), b"");
+    r.json()["state"].as_str().unwrap_or_default().to_string()
+}
+
+/// Receipt bodies on a remote worker with fs object storage: the worker fetches the request
+/// body from the control's signed worker route and streams it to the destination (which sees
+/// the worker's address), the receipt is consumed; a response body streams back into a new
+/// verified response receipt. No signed URL is ever printed.
+#[test]
+fn receipt_bodies_on_a_remote_worker() {
+    let gw = control("127.0.0.1:0", None)
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
+        .start();
+    let worker = start_worker(
+        "wr",
+        gw.bus.expect("bus listener"),
+        None,
+        "bind_address = \"127.0.0.2\"",
+    );
+    wait_worker(&gw, "wr", "connected");
+
+    let echo = Upstream::start(upstream::echo());
+    // Echoed whole in the envelope: under the 1 MiB inline response limit with its head.
+    let body = upstream::pattern(700 * 1024 + 5);
+    let id = verified_receipt(&gw, &body);
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/from-receipt"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], 200, "{v}");
+    let echoed = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(v["body"]["data_base64"].as_str().expect("inline body"))
+            .expect("base64")
+    };
+    let end = find(&echoed, b"\r\n\r\n").expect("echoed head") + 4;
+    let head = String::from_utf8_lossy(&echoed[..end]).into_owned();
+    assert!(head.starts_with("POST /from-receipt HTTP/1.1"), "{head}");
+    assert!(
+        head.contains(&format!("Content-Length: {}", body.len())),
+        "{head}"
+    );
+    assert!(echoed[end..] == body[..], "the receipt body differs");
+    let peer = v["headers"]
+        .as_array()
+        .and_then(|h| h.iter().find(|f| f["name"] == "X-Peer"))
+        .and_then(|f| f["value_base64"].as_str())
+        .map(|b| {
+            use base64::Engine as _;
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .unwrap_or_default();
+            String::from_utf8_lossy(&raw).into_owned()
+        })
+        .unwrap_or_default();
+    assert!(peer.starts_with("127.0.0.2:"), "{v}");
+    assert_eq!(receipt_state(&gw, &id), "consumed");
+    // A consumed receipt is not sent again.
+    let again = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/again"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(again.status, 409, "{}", again.text());
+    assert_eq!(again.json()["code"], "body_ref_unavailable");
+
+    // A response body into a receipt, past several flow-control windows.
+    let want = upstream::pattern(3 * 1024 * 1024 + 3);
+    let large = Upstream::start(upstream::large(want.len()));
+    let r = request_at(
+        gw.api,
+        &json!({"method": "GET", "url": large.url("/big"), "response_body_mode": "receipt"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let b = &r.json()["body"];
+    assert_eq!(b["mode"], "receipt", "{b}");
+    assert_eq!(b["size_bytes"], want.len());
+    assert_eq!(b["sha256_hex"], sha256_hex(&want));
+    let rid = b["receipt_id"].as_str().expect("id").to_string();
+    assert_eq!(receipt_state(&gw, &rid), "verified");
+    let got = receipts_call(&gw, "GET", &format!("/api/v1/receipts/{rid}/content"), b"");
+    assert!(
+        got.status == 200 && got.body == want,
+        "downloaded body differs"
+    );
+
+    let worker_out = worker.output().join("\n");
+    let control_out: Vec<String> = gw.stdout.try_iter().collect();
+    for text in [worker_out, control_out.join("\n")] {
+        assert!(!text.contains("signature="), "signed URL in output: {text}");
+    }
+}

@@ -141,6 +141,11 @@ pub struct BusConfig {
     pub heartbeat_ms: u32,
     /// How long a worker may take to accept or refuse an assignment.
     pub assignment_timeout_ms: u64,
+    /// The base URL (`http://host:port` or `https://...`) at which remote workers reach this
+    /// control's API listener to fetch receipt bodies (decision 065). Unset: the control's
+    /// address on each worker's bus connection with the API listener's port, over `http`.
+    #[serde(default)]
+    pub api_base_url: Option<String>,
 }
 
 impl Default for BusConfig {
@@ -153,6 +158,7 @@ impl Default for BusConfig {
             plaintext: false,
             heartbeat_ms: DEFAULT_BUS_HEARTBEAT_MS,
             assignment_timeout_ms: DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS,
+            api_base_url: None,
         }
     }
 }
@@ -175,6 +181,23 @@ impl BusConfig {
                 "control.bus.assignment_timeout_ms",
                 format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
             ));
+        }
+        if let Some(u) = &self.api_base_url {
+            let rest = u
+                .strip_prefix("http://")
+                .or_else(|| u.strip_prefix("https://"));
+            let is_valid = rest.is_some_and(|r| {
+                !r.is_empty()
+                    && r.len() <= 2048
+                    && r.bytes().all(|b| b.is_ascii_graphic())
+                    && !r.contains(['?', '#', '@'])
+            });
+            if !is_valid {
+                return Err(err(
+                    "control.bus.api_base_url",
+                    "must be an http:// or https:// URL without query, fragment or user info",
+                ));
+            }
         }
         check_secret("control.bus", &self.secret(), is_listening)?;
         check_transport(

@@ -223,7 +223,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         Arc::new(snapshot),
     ));
     let bus_shared = match &listeners.bus {
-        Some((_, addr)) => Some(bus_shared(&config, n, *addr)?),
+        Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),
         None => None,
     };
     let bus_socks = Arc::new(std::sync::Mutex::new(
@@ -456,6 +456,7 @@ fn bus_shared(
     config: &Config,
     cores: usize,
     addr: SocketAddr,
+    api_port: u16,
 ) -> Result<Arc<crate::bus::control::BusShared>, ServeError> {
     let b = &config.control.bus;
     let token = tokens::from_secret("control.bus", &b.secret())
@@ -480,6 +481,11 @@ fn bus_shared(
             assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
             cores,
             control_id: format!("control-{addr}"),
+            api_base_url: b
+                .api_base_url
+                .as_deref()
+                .map(|u| u.trim_end_matches('/').to_string()),
+            api_port,
         },
     ))
 }

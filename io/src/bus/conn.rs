@@ -110,6 +110,11 @@ impl Conn<TcpStream> {
     }
 
     /// The reading and writing halves.
+    /// The local address of the connection (the control's address as the worker dialled it).
+    pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.io.local_addr().ok()
+    }
+
     pub(crate) fn split(self) -> (ReadConn, WriteConn) {
         let (r, w) = self.io.into_split();
         (

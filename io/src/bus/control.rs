@@ -49,6 +49,10 @@ pub struct BusSettings {
     pub cores: usize,
     /// The control's id, sent in `Welcome`.
     pub control_id: String,
+    /// `control.bus.api_base_url`, without a trailing `/`.
+    pub api_base_url: Option<String>,
+    /// The API listener's bound port: with the lane's local address, the default base URL.
+    pub api_port: u16,
 }
 
 struct SessionEntry {
@@ -262,6 +266,8 @@ pub(crate) struct Lane {
     stop: super::Notify,
     last_rx: Cell<Instant>,
     index: u16,
+    /// The control's address on this connection, as the worker dialled it.
+    local: Option<std::net::SocketAddr>,
 }
 
 impl Lane {
@@ -487,6 +493,7 @@ impl BusCore {
             stop: super::Notify::default(),
             last_rx: Cell::new(Instant::now()),
             index: hello.lane,
+            local: conn.local_addr(),
         });
         let version = negotiate(hello.version_min, hello.version_max).unwrap_or(PROTOCOL_VERSION);
         lane.send(&Frame::Welcome(Welcome {
@@ -759,19 +766,68 @@ impl BusCore {
         }
     }
 
-    /// Runs one request on a remote worker from this core.
+    /// The base URL at which `worker_id` reaches this control's API listener (decision 065):
+    /// `control.bus.api_base_url`, else this core's lane address with the API port.
+    pub(crate) fn api_base_url(&self, worker_id: &str) -> Option<String> {
+        let s = &self.shared.settings;
+        if let Some(u) = &s.api_base_url {
+            return Some(u.clone());
+        }
+        let lane = self.lanes.borrow().get(worker_id).cloned()?;
+        let ip = lane.local?.ip();
+        Some(format!(
+            "http://{}",
+            std::net::SocketAddr::new(ip, s.api_port)
+        ))
+    }
+
+    /// Runs one request on a remote worker from this core and collects its whole response.
     pub(crate) async fn execute(
         &self,
         worker_id: &str,
         job: &RemoteJob<'_>,
     ) -> Result<RemoteResponse, RemoteFailure> {
-        let left = job.deadline.saturating_duration_since(Instant::now());
-        let body = if job.body.is_empty() {
-            BodySource::Empty
-        } else {
-            BodySource::Inline {
-                len: job.body.len() as u64,
+        let (h, mut reader) = self.start(worker_id, job).await?;
+        let mut body = Vec::new();
+        while reader.next(&mut body).await? {
+            if body.len() > job.max_response_bytes {
+                return Err(RemoteFailure::Error(
+                    ApiError::new(
+                        ErrorCode::BodyTooLarge,
+                        "response body exceeds the inline limit",
+                    )
+                    .with_detail("direction", "response"),
+                ));
             }
+        }
+        Ok(RemoteResponse {
+            status: h.status,
+            headers: h
+                .headers
+                .into_iter()
+                .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+                .collect(),
+            body,
+        })
+    }
+
+    /// Sends one request to a remote worker from this core and waits for its response head;
+    /// the body follows through the returned reader.
+    pub(crate) async fn start(
+        &self,
+        worker_id: &str,
+        job: &RemoteJob<'_>,
+    ) -> Result<(ResponseHead, RemoteReader), RemoteFailure> {
+        let left = job.deadline.saturating_duration_since(Instant::now());
+        let body = match (&job.receipt, job.body.is_empty()) {
+            (Some((url, len)), _) => BodySource::Receipt {
+                url: url.clone(),
+                len: *len,
+            },
+            (None, true) => BodySource::Empty,
+            (None, false) => BodySource::Inline {
+                len: job.body.len() as u64,
+            },
         };
         let (mut guard, q) = self.open(
             worker_id,
@@ -797,75 +853,100 @@ impl BusCore {
             },
         )?;
         let (lane, stream) = (guard.lane.clone(), guard.stream);
-        let mut chunks = job.body.chunks(MAX_DATA_BYTES).peekable();
-        while let Some(c) = chunks.next() {
-            lane.send(&Frame::Data {
-                stream,
-                bytes: c.to_vec(),
-                end: chunks.peek().is_none(),
-            });
+        if job.receipt.is_none() {
+            let mut chunks = job.body.chunks(MAX_DATA_BYTES).peekable();
+            while let Some(c) = chunks.next() {
+                lane.send(&Frame::Data {
+                    stream,
+                    bytes: c.to_vec(),
+                    end: chunks.peek().is_none(),
+                });
+            }
         }
         self.accepted(worker_id, &mut guard, &q, job.deadline)
             .await?;
-        let q = &q.events;
-        let until = (job.deadline + DEADLINE_GRACE).into();
-        let mut head: Option<ResponseHead> = None;
-        let mut body: Vec<u8> = Vec::new();
-        loop {
-            let ev = match monoio::time::timeout_at(until, q.next()).await {
-                Ok(ev) => ev,
-                Err(_) => {
-                    return Err(RemoteFailure::Error(ApiError::timeout(
-                        ErrorCode::TimeoutExceeded,
-                        TimeoutType::TotalDeadline,
-                        "total deadline expired",
-                    )))
+        let until = job.deadline + DEADLINE_GRACE;
+        let h = match monoio::time::timeout_at(until.into(), q.events.next()).await {
+            Err(_) => return Err(deadline_expired()),
+            Ok(Event::Head(h)) => h,
+            Ok(other) => {
+                guard.is_done = true;
+                return Err(fail(other, worker_id, false));
+            }
+        };
+        Ok((
+            h,
+            RemoteReader {
+                guard,
+                slot: q,
+                until,
+                worker_id: worker_id.into(),
+                is_ended: false,
+            },
+        ))
+    }
+}
+
+fn deadline_expired() -> RemoteFailure {
+    RemoteFailure::Error(ApiError::timeout(
+        ErrorCode::TimeoutExceeded,
+        TimeoutType::TotalDeadline,
+        "total deadline expired",
+    ))
+}
+
+/// A remote worker's response body as the request API reads it: credit goes back for what
+/// was taken; the total deadline (plus the grace for the worker's own timeout) bounds it.
+pub(crate) struct RemoteReader {
+    guard: StreamGuard,
+    slot: Rc<StreamSlot>,
+    until: Instant,
+    worker_id: Box<str>,
+    is_ended: bool,
+}
+
+impl RemoteReader {
+    /// Appends the next piece of the body to `out`; `false` at its end.
+    pub(crate) async fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, RemoteFailure> {
+        if self.is_ended {
+            return Ok(false);
+        }
+        let ev = monoio::time::timeout_at(self.until.into(), self.slot.events.next())
+            .await
+            .map_err(|_| deadline_expired())?;
+        match ev {
+            Event::Data(bytes, end) => {
+                let n = bytes.len();
+                out.extend_from_slice(&bytes);
+                if end {
+                    self.guard.is_done = true;
+                    self.is_ended = true;
+                    return Ok(n > 0);
                 }
-            };
-            match ev {
-                Event::Head(h) => head = Some(h),
-                Event::Data(bytes, end) => {
-                    if body.len() + bytes.len() > job.max_response_bytes {
-                        return Err(RemoteFailure::Error(
-                            ApiError::new(
-                                ErrorCode::BodyTooLarge,
-                                "response body exceeds the inline limit",
-                            )
-                            .with_detail("direction", "response"),
-                        ));
-                    }
-                    body.extend_from_slice(&bytes);
-                    if end {
-                        guard.is_done = true;
-                        let Some(h) = head else {
-                            return Err(RemoteFailure::Error(ApiError::new(
-                                ErrorCode::ProtocolError,
-                                "worker ended the stream without a head",
-                            )));
-                        };
-                        return Ok(RemoteResponse {
-                            status: h.status,
-                            headers: h
-                                .headers
-                                .into_iter()
-                                .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
-                                .collect(),
-                            body,
-                        });
-                    }
-                    // The request API keeps the body for its envelope: what arrived is
-                    // consumed, so the window moves on at once.
-                    let n = bytes.len() as u32;
-                    if n > 0 {
-                        lane.send(&Frame::Credit { stream, bytes: n });
-                    }
+                if n > 0 {
+                    self.guard.lane.send(&Frame::Credit {
+                        stream: self.guard.stream,
+                        bytes: n as u32,
+                    });
                 }
-                other => {
-                    guard.is_done = true;
-                    return Err(fail(other, worker_id, head.is_some()));
-                }
+                Ok(true)
+            }
+            other => {
+                self.guard.is_done = true;
+                Err(fail(other, &self.worker_id, true))
             }
         }
+    }
+
+    /// [`RemoteReader::next`] with the failure as the caller's error.
+    pub(crate) async fn next_or_error(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+        self.next(out).await.map_err(|f| match f {
+            RemoteFailure::Error(e) => e,
+            RemoteFailure::Lost { .. } | RemoteFailure::Refused(_) => ApiError::new(
+                ErrorCode::WorkerDisconnected,
+                format!("worker {} disconnected mid-request", self.worker_id),
+            ),
+        })
     }
 }
 
@@ -944,6 +1025,9 @@ pub(crate) struct RemoteJob<'a> {
     pub(crate) url: String,
     pub(crate) headers: Vec<Field>,
     pub(crate) body: Bytes,
+    /// A request receipt's signed worker URL (a bearer credential: never logged) and its
+    /// length, instead of an inline body (decision 065).
+    pub(crate) receipt: Option<(String, u64)>,
     pub(crate) deadline: Instant,
     pub(crate) is_replayable: bool,
     pub(crate) pool: &'a str,

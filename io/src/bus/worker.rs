@@ -58,6 +58,9 @@ struct Shared {
     applied: AtomicU64,
     /// Upstream proxy endpoint health, kept across configurations (decision 071).
     health: HealthRegistry,
+    /// The policy of fetches from the control (receipt bodies): any address, since the
+    /// control's own address comes from the authenticated bus, not from a caller.
+    control_policy: DestinationPolicy,
     bind_address: Option<IpAddr>,
     /// Set by SIGTERM/SIGINT: lanes say `GoAway`, new assignments are refused.
     is_stopping: std::sync::atomic::AtomicBool,
@@ -160,6 +163,13 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         config: ArcSwapOption::empty(),
         applied: AtomicU64::new(0),
         health: HealthRegistry::default(),
+        control_policy: DestinationPolicy::new(
+            ["0.0.0.0/0", "::/0"]
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect(),
+            Vec::new(),
+        ),
         bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
         is_stopping: std::sync::atomic::AtomicBool::new(false),
         timeouts: Timeouts {
@@ -709,6 +719,32 @@ async fn exchange(
         .map(|(n, (_, v))| (*n, &v[..]))
         .collect();
     let is_proxy = a.ingress == 1;
+    let tenant = crate::dns::tenant_of_id(&a.deployment_id);
+    let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
+    if let BodySource::Receipt {
+        url: receipt_url,
+        len,
+    } = &a.body
+    {
+        // A receipt body is fetched from the control as it is sent on (decision 065).
+        let mut src = fetch_receipt(shared, egress, receipt_url, *len, deadline, tenant).await?;
+        let req = StreamRequest {
+            method,
+            url: &url,
+            headers: &headers,
+            deadline,
+            timeouts: shared.timeouts,
+            policy,
+            worker_id: &worker_id,
+            bind_address: shared.bind_address,
+            is_replayable: false,
+            via,
+            tenant,
+        };
+        let mut resp = egress.open(&req, &mut src).await?;
+        resp.body.set_deadline(deadline);
+        return send_response(wl, s, a, resp).await;
+    }
     let mut src = BusBody {
         wl,
         s,
@@ -725,7 +761,6 @@ async fn exchange(
         is_done: matches!(a.body, BodySource::Empty),
         is_streamed: matches!(a.body, BodySource::Stream { .. }),
     };
-    let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
     let req = StreamRequest {
         method,
         url: &url,
@@ -737,7 +772,7 @@ async fn exchange(
         bind_address: shared.bind_address,
         is_replayable: a.is_replayable,
         via,
-        tenant: crate::dns::tenant_of_id(&a.deployment_id),
+        tenant,
     };
     let mut resp = if src.is_streamed {
         egress.open(&req, &mut src).await?
@@ -757,6 +792,16 @@ async fn exchange(
     } else {
         resp.body.set_deadline(deadline);
     }
+    send_response(wl, s, a, resp).await
+}
+
+/// Sends the response head, then the body within the control's credit, then its end.
+async fn send_response(
+    wl: &WLane,
+    s: &WStream,
+    a: &Assign,
+    mut resp: crate::egress::StreamedResponse,
+) -> Result<(), ApiError> {
     wl.send(&Frame::ResponseHead(ResponseHead {
         stream: a.stream,
         status: resp.status,
@@ -944,5 +989,100 @@ async fn tunnel(
     monoio::select! {
         d = &mut download => { d?; (&mut upload).await }
         u = &mut upload => { u?; (&mut download).await }
+    }
+}
+
+/// Opens the receipt body at `url` (the control's signed worker route, a bearer credential:
+/// never logged) and returns it as the request body to send on. The control is the
+/// operator's own address: the destination policy does not apply to it.
+async fn fetch_receipt(
+    shared: &Shared,
+    egress: &Egress,
+    url: &str,
+    len: u64,
+    deadline: Instant,
+    tenant: crate::dns::Tenant,
+) -> Result<ReceiptBody, ApiError> {
+    let unavailable = |why: String| ApiError::new(ErrorCode::BodyRefUnavailable, why);
+    let target = parse_target_url(url)
+        .map_err(|_| unavailable("the receipt URL of the assignment is not valid".into()))?;
+    let worker_id = ConfigId::parse(&shared.id)
+        .map_err(|_| ApiError::new(ErrorCode::ExecutorInternalError, "worker id"))?;
+    let req = StreamRequest {
+        method: Method::Get,
+        url: &target,
+        headers: &[],
+        deadline,
+        timeouts: shared.timeouts,
+        policy: &shared.control_policy,
+        worker_id: &worker_id,
+        bind_address: None,
+        is_replayable: true,
+        via: None,
+        tenant,
+    };
+    let mut resp = egress.open(&req, &mut Bytes::new()).await.map_err(|e| {
+        unavailable(format!(
+            "fetching the receipt body from the control: {}",
+            e.code.as_str()
+        ))
+    })?;
+    if resp.status != 200 {
+        return Err(unavailable(format!(
+            "the control answered the receipt fetch with {}",
+            resp.status
+        )));
+    }
+    resp.body.set_deadline(deadline);
+    Ok(ReceiptBody {
+        body: resp.body,
+        left: len,
+        len,
+        piece: Vec::new(),
+    })
+}
+
+/// A receipt body read from the control while it is sent to the destination.
+struct ReceiptBody {
+    body: crate::egress::ResponseBodyReader,
+    left: u64,
+    len: u64,
+    piece: Vec<u8>,
+}
+
+impl EgressBody for ReceiptBody {
+    fn length(&self) -> BodyLength {
+        if self.len == 0 {
+            BodyLength::None
+        } else {
+            BodyLength::Known(self.len)
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        let aborted = || {
+            ApiError::new(
+                ErrorCode::StreamUploadAborted,
+                "the receipt body from the control broke off",
+            )
+        };
+        self.piece.clear();
+        let more = self
+            .body
+            .read_into(&mut self.piece)
+            .await
+            .map_err(|_| aborted())?;
+        if self.piece.is_empty() && !more {
+            return Err(aborted());
+        }
+        let n = self.piece.len() as u64;
+        if n > self.left {
+            return Err(aborted());
+        }
+        self.left -= n;
+        Ok(Some(Bytes::copy_from_slice(&self.piece)))
     }
 }

@@ -247,6 +247,9 @@ async fn handle_inner(
     // Routing, then execution; a remote worker's refusal (or a lost lane under the replay
     // rule of decision 062) routes again without that worker.
     let mut excluded: Vec<sortie_core::routing::WorkerIndex> = Vec::new();
+    // A request receipt held for remote attempts (kept across re-routing), with its id and
+    // size; consumed when the exchange succeeds, verified again when it fails.
+    let mut remote_hold: Option<(streamed::Hold<'_>, String, u64)> = None;
     let (assigned_at, routed, decision, outcome, _tracked) = loop {
         let assigned = match assign_excluding(
             ctx,
@@ -280,23 +283,46 @@ async fn handle_inner(
                 );
                 return error_answer(&e, request_id);
             };
-            let body = match &req.body {
-                RequestBody::None => bytes::Bytes::new(),
-                RequestBody::Inline(b) => bytes::Bytes::from(b.clone()),
-                RequestBody::Receipt(_) => {
-                    let e = ApiError::new(
-                        ErrorCode::BodyRefUnavailable,
-                        "receipt bodies are not available on remote workers yet",
-                    );
-                    return error_answer(&e, request_id);
+            let no_storage = || {
+                ApiError::new(
+                    ErrorCode::BodyRefUnavailable,
+                    "object storage is not enabled",
+                )
+            };
+            let worker_id = assigned.decision.worker_id.as_str();
+            // A receipt body is fetched by the worker from the control's signed worker route
+            // (decision 065): the URL is a bearer credential and is never logged.
+            let (body, receipt) = match &req.body {
+                RequestBody::None => (bytes::Bytes::new(), None),
+                RequestBody::Inline(b) => (bytes::Bytes::from(b.clone()), None),
+                RequestBody::Receipt(id) => {
+                    let Some(receipts) = &ctx.receipts else {
+                        return error_answer(&no_storage(), request_id);
+                    };
+                    if remote_hold.is_none() {
+                        match streamed::take_receipt(receipts, deployment, id).await {
+                            Ok((r, h)) => remote_hold = Some((h, r.receipt_id, r.size_bytes)),
+                            Err(e) => return error_answer(&e, request_id),
+                        }
+                    }
+                    let Some(base) = bus.api_base_url(worker_id) else {
+                        let e = ApiError::new(
+                            ErrorCode::TransportUnavailable,
+                            format!("no bus lane to worker {worker_id} on this core"),
+                        );
+                        return error_answer(&e, request_id);
+                    };
+                    let (id, size) = remote_hold
+                        .as_ref()
+                        .map(|(_, id, size)| (id.as_str(), *size))
+                        .unwrap_or_default();
+                    let path = receipts.signed_object_path(deployment, request_id, id);
+                    (bytes::Bytes::new(), Some((format!("{base}{path}"), size)))
                 }
             };
-            if req.response_body_mode == ResponseBodyMode::Receipt {
-                let e = ApiError::new(
-                    ErrorCode::BodyRefUnavailable,
-                    "receipt responses are not available on remote workers yet",
-                );
-                return error_answer(&e, request_id);
+            let to_receipt = req.response_body_mode == ResponseBodyMode::Receipt;
+            if to_receipt && ctx.receipts.is_none() {
+                return error_answer(&no_storage(), request_id);
             }
             let url = req.url.to_string();
             let job = crate::bus::control::RemoteJob {
@@ -310,29 +336,68 @@ async fn handle_inner(
                     .map(|h| (h.name.as_bytes().to_vec(), h.value.clone()))
                     .collect(),
                 body,
+                receipt,
                 deadline,
                 is_replayable: req.is_replayable,
                 pool: assigned.decision.pool_id.as_str(),
                 provider_session: assigned.decision.provider_session,
                 proxy_username: assigned.via.as_ref().and_then(|v| v.username()),
                 fingerprint_profile: req.fingerprint_profile.as_deref(),
-                max_response_bytes: limits.max_inline_response_body_bytes,
-            };
-            let r = monoio::select! {
-                r = Box::pin(bus.execute(assigned.decision.worker_id.as_str(), &job)) => Some(r),
-                _ = cancelled => None,
+                max_response_bytes: match (&ctx.receipts, to_receipt) {
+                    (Some(r), true) => usize::try_from(r.max_object_bytes()).unwrap_or(usize::MAX),
+                    _ => limits.max_inline_response_body_bytes,
+                },
             };
             use crate::bus::control::RemoteFailure;
+            let run = async {
+                match (&ctx.receipts, to_receipt) {
+                    (Some(receipts), true) => {
+                        // The worker's body goes into a new response receipt as it arrives.
+                        let (h, mut reader) = bus.start(worker_id, &job).await?;
+                        let body = streamed::store_response(receipts, deployment, &mut reader)
+                            .await
+                            .map_err(RemoteFailure::Error)?;
+                        Ok(Exchange {
+                            status: h.status,
+                            headers: h
+                                .headers
+                                .into_iter()
+                                .map(|(n, v)| (bytes::Bytes::from(n), bytes::Bytes::from(v)))
+                                .collect(),
+                            body,
+                        })
+                    }
+                    _ => bus.execute(worker_id, &job).await.map(|resp| Exchange {
+                        status: resp.status,
+                        headers: resp.headers,
+                        body: ExchangeBody::Inline {
+                            start: bytes::Bytes::new(),
+                            rest: resp.body,
+                        },
+                    }),
+                }
+            };
+            let r = monoio::select! {
+                r = Box::pin(run) => Some(r),
+                _ = cancelled => None,
+            };
+            // The receipt's state is written before the answer goes out; after a refusal it
+            // stays assigned for the next attempt.
+            let is_retry = matches!(r, Some(Err(RemoteFailure::Refused(_))))
+                && excluded.len() < MAX_REMOTE_ATTEMPTS;
+            if !is_retry {
+                if let (Some((h, _, _)), Some(r)) = (remote_hold.take(), &r) {
+                    let to = if r.is_ok() {
+                        sortie_core::receipt::ReceiptState::Consumed
+                    } else {
+                        sortie_core::receipt::ReceiptState::Verified
+                    };
+                    h.release(to).await;
+                }
+            }
             let outcome = match r {
                 None => None,
-                Some(Ok(resp)) => Some(Ok(Exchange {
-                    status: resp.status,
-                    headers: resp.headers,
-                    body: ExchangeBody::Inline {
-                        start: bytes::Bytes::new(),
-                        rest: resp.body,
-                    },
-                })),
+                Some(Ok(exchange)) => Some(Ok(exchange)),
                 Some(Err(RemoteFailure::Refused(reason))) => {
                     tracing::debug!(target: "sortie::request", request_id, worker = %assigned.decision.worker_id.as_str(), %reason, "assignment refused");
                     if excluded.len() < MAX_REMOTE_ATTEMPTS {
@@ -347,7 +412,8 @@ async fn handle_inner(
                 Some(Err(RemoteFailure::Lost { has_head })) => {
                     // Decision 062: re-sent once, elsewhere, only when the caller allowed it
                     // and no response byte came back; the inline body is still whole here.
-                    if req.is_replayable && !has_head && excluded.is_empty() {
+                    let is_held = matches!(req.body, RequestBody::Receipt(_));
+                    if req.is_replayable && !has_head && excluded.is_empty() && !is_held {
                         excluded.push(assigned.decision.worker);
                         continue;
                     }

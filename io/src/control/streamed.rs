@@ -52,6 +52,38 @@ pub(crate) struct Target<'a> {
     pub(crate) tenant: crate::dns::Tenant,
 }
 
+/// A response body being read for storage: the destination's, or a remote worker's over the
+/// bus (decision 065).
+pub(crate) trait BodyReader {
+    /// The length the framing announced, when it did.
+    fn announced_length(&self) -> Option<u64>;
+    /// Appends the next piece to `out`; `false` at the end.
+    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError>;
+}
+
+impl BodyReader for crate::egress::ResponseBodyReader {
+    fn announced_length(&self) -> Option<u64> {
+        match self.framing() {
+            sortie_core::h1::ResponseFraming::ContentLength(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+        self.read_into(out).await
+    }
+}
+
+impl BodyReader for crate::bus::control::RemoteReader {
+    fn announced_length(&self) -> Option<u64> {
+        None
+    }
+
+    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+        self.next_or_error(out).await
+    }
+}
+
 fn unavailable(why: &str) -> ApiError {
     ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
 }
@@ -61,7 +93,7 @@ fn unavailable(why: &str) -> ApiError {
 /// after the answer sees `consumed` (or `verified` again after a failure). Dropped unreleased
 /// (the caller left, the request was cancelled) it goes back to `verified` by a write queued
 /// to the cold thread without waiting.
-struct Hold<'a> {
+pub(crate) struct Hold<'a> {
     receipts: &'a Receipts,
     deployment: String,
     id: String,
@@ -69,7 +101,9 @@ struct Hold<'a> {
 }
 
 impl Hold<'_> {
-    async fn release(mut self, to: ReceiptState) {
+    /// Writes the receipt's state at the end of the attempt (`consumed` after success,
+    /// `verified` after a failure).
+    pub(crate) async fn release(mut self, to: ReceiptState) {
         self.is_released = true;
         let written = self
             .receipts
@@ -160,7 +194,7 @@ impl BodySource for Source {
 }
 
 /// Takes a verified request receipt of `deployment` for this attempt.
-async fn take_receipt<'a>(
+pub(crate) async fn take_receipt<'a>(
     receipts: &'a Receipts,
     deployment: &str,
     id: &str,
@@ -313,16 +347,14 @@ async fn attempt<'a>(
 /// Streams the upstream body into a new object and records it as a verified response receipt.
 /// The record is written only after the whole object is stored, so no partial object is ever
 /// visible; an object left by a failure in between has no record and is removed.
-async fn store_response(
+pub(crate) async fn store_response<R: BodyReader>(
     receipts: &Receipts,
     deployment: &str,
-    body: &mut crate::egress::ResponseBodyReader,
+    body: &mut R,
 ) -> Result<ExchangeBody, ApiError> {
     let max = receipts.max_object_bytes();
-    if let sortie_core::h1::ResponseFraming::ContentLength(n) = body.framing() {
-        if n > max {
-            return Err(too_large(max));
-        }
+    if body.announced_length().is_some_and(|n| n > max) {
+        return Err(too_large(max));
     }
     let mut record = receipts.new_record(deployment, "response", 0, String::new(), None);
     let key = objects::object_key(&record.receipt_id);
@@ -341,7 +373,7 @@ async fn store_response(
         let mut pending = BytesMut::new();
         loop {
             buf.clear();
-            let more = body.read_into(&mut buf).await.map_err(download_error)?;
+            let more = body.next_piece(&mut buf).await.map_err(download_error)?;
             if !buf.is_empty() {
                 pending.extend_from_slice(&buf);
             }
