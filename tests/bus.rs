@@ -444,6 +444,10 @@ fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
 }
 
 fn hello(id: &str) -> Vec<u8> {
+    hello_with_capacity(id, 4)
+}
+
+fn hello_with_capacity(id: &str, capacity: u32) -> Vec<u8> {
     use sortie_core::worker::AdvertisedCapabilities;
     let mut out = Vec::new();
     encode(
@@ -456,7 +460,7 @@ fn hello(id: &str) -> Vec<u8> {
             lane: 0,
             lanes: 0,
             capabilities: AdvertisedCapabilities {
-                capacity: 4,
+                capacity,
                 ..Default::default()
             },
         })),
@@ -678,4 +682,71 @@ fn lanes_outlive_the_hello_time_limit() {
     }
     let (up, _) = recording(Duration::ZERO);
     assert_eq!(request_at(gw.api, &get(&up.url("/late"))).status, 200);
+}
+
+/// A fake worker that registers and then stops reading its lane: once more than the lane's
+/// queue bound (8 MiB) waits to be written to it, new requests for it answer
+/// `transport_unavailable` at once instead of growing the control's memory; the requests
+/// already sent end with `assignment_timeout`.
+#[test]
+fn a_lane_that_stops_draining_makes_new_requests_transport_unavailable() {
+    use support::gateway::Gateway;
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 30000\nassignment_timeout_ms = 20000\n"
+        ))
+        .cores(1)
+        .start();
+    // A small receive buffer, so that the kernel holds little of what the control writes.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&gw.bus.unwrap().into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello_with_capacity("stuck", 256)).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(_)));
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::ConfigPush(_)));
+    wait_worker(&gw, "stuck", "connected");
+    // From here on the fake never reads. Each request queues its assignment and 1000 KiB of
+    // inline body on the lane.
+    let body = b64(&"x".repeat(1000 * 1024));
+    let env = json!({"method": "POST", "url": "http://127.0.0.1:9/",
+                     "body": {"mode": "inline_base64", "data_base64": body}});
+    let api = gw.api;
+    let started = Instant::now();
+    let mut threads: Vec<_> = (0..40)
+        .map(|_| {
+            let env = env.clone();
+            let t = std::thread::spawn(move || request_at(api, &env));
+            // Paced, so that the queue fills in order.
+            std::thread::park_timeout(Duration::from_millis(20));
+            t
+        })
+        .collect();
+    // The first answer, long before any assignment times out, is the refusal.
+    let mut unavailable = None;
+    while unavailable.is_none() && started.elapsed() < Duration::from_secs(18) {
+        if let Some(done) = threads.iter().position(|t| t.is_finished()) {
+            unavailable = Some(threads.swap_remove(done).join().unwrap());
+        }
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    let r = unavailable.expect("a request answered before its assignment timeout");
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["code"], "transport_unavailable", "{}", r.text());
+    // The requests queued before the bound time out unanswered; the later ones were refused.
+    let mut timed_out = 0;
+    for t in threads {
+        let r = t.join().unwrap();
+        match r.json()["code"].as_str() {
+            Some("assignment_timeout") => timed_out += 1,
+            Some("transport_unavailable") => {}
+            _ => panic!("{}", r.text()),
+        }
+    }
+    assert!(timed_out >= 8, "the queue took {timed_out} requests");
+    drop(s);
 }

@@ -717,6 +717,13 @@ impl BusCore {
                 "the bus lane cannot take the assignment",
             ))
         };
+        if lane.out.queued() > super::MAX_QUEUED_BYTES {
+            // The worker stopped reading (or its link is far slower than the traffic).
+            return Err(RemoteFailure::Error(ApiError::new(
+                ErrorCode::TransportUnavailable,
+                format!("the bus lane to worker {worker_id} is backed up"),
+            )));
+        }
         let Some(stream) = lane.proto.borrow_mut().next_stream() else {
             return Err(unavailable());
         };

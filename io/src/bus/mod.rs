@@ -57,11 +57,17 @@ impl Future for NotifyWait<'_> {
     }
 }
 
+/// Bytes that may wait to be written on one lane before it takes no new stream: a peer that
+/// stops reading makes new assignments `transport_unavailable` instead of growing the queue.
+pub(crate) const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
+
 /// Frames waiting to be written on one lane, already encoded; the lane's writer task takes
 /// them all at once.
 #[derive(Default)]
 pub(crate) struct Outbox {
     buf: RefCell<Vec<u8>>,
+    /// Bytes the writer took and is still writing.
+    writing: Cell<usize>,
     ready: Notify,
     is_closed: Cell<bool>,
 }
@@ -75,6 +81,11 @@ impl Outbox {
         encode(frame, &mut self.buf.borrow_mut())?;
         self.ready.notify();
         Ok(())
+    }
+
+    /// Bytes queued or being written.
+    pub(crate) fn queued(&self) -> usize {
+        self.buf.borrow().len() + self.writing.get()
     }
 
     /// Stops the writer after what is queued.
@@ -98,7 +109,9 @@ impl Outbox {
             };
             match pending {
                 Some(bytes) => {
+                    self.writing.set(bytes.len());
                     let (r, back) = conn.write_all(bytes).await;
+                    self.writing.set(0);
                     spare = back;
                     if r.is_err() {
                         self.is_closed.set(true);
