@@ -750,3 +750,43 @@ fn a_lane_that_stops_draining_makes_new_requests_transport_unavailable() {
     assert!(timed_out >= 8, "the queue took {timed_out} requests");
     drop(s);
 }
+
+/// One worker process with two controls in `worker.controls`: it registers with both, serves
+/// requests from each over its own lanes, and keeps serving one when the other stops.
+#[test]
+fn one_worker_serves_two_controls() {
+    let a = control("127.0.0.1:0", None).start();
+    let b = control("127.0.0.1:0", None).start();
+    let dir = temp_dir("worker-two-controls");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[worker]\nid = \"w2\"\ncontrols = [\"{}\", \"{}\"]\ntoken = \"{WORKER_TOKEN}\"\n\
+             plaintext = true\ncores = 1\nbind_address = \"127.0.0.2\"\n",
+            a.bus.unwrap(),
+            b.bus.unwrap()
+        ),
+    )
+    .unwrap();
+    let w = support::bus::spawn_worker("w2", config);
+    let sa = wait_worker(&a, "w2", "connected");
+    let sb = wait_worker(&b, "w2", "connected");
+    assert_eq!(sa["session"], sb["session"], "one process, one session");
+    let (up, peers) = recording(Duration::ZERO);
+    for gw in [&a, &b] {
+        let r = request_at(gw.api, &get(&up.url("/both")));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            peers.lock().unwrap().pop().unwrap().to_string(),
+            "127.0.0.2"
+        );
+    }
+    drop(a);
+    for _ in 0..3 {
+        let r = request_at(b.api, &get(&up.url("/after")));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(wait_worker(&b, "w2", "connected")["session"], sb["session"]);
+    drop(w);
+}
