@@ -87,16 +87,37 @@ fn a_remote_worker_egresses_through_its_pools_upstream_proxy() {
     let r = request_at(gw.api, &plain);
     assert_eq!(r.json()["status"], 200, "{}", r.text());
 
+    // The forward proxy through the same pool: an absolute-form request and a CONNECT tunnel
+    // (curl -p) leave through squid too, without hints (the username renders as `bus--`).
+    for args in [
+        vec![up.url("/fp")],
+        vec!["-p".to_string(), up.url("/tunnel")],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = curl(&gw, &args);
+        let r = curl_response(&out);
+        assert_eq!(
+            r.status,
+            200,
+            "{} {}",
+            r.text(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(r.text().contains("GET /"), "{}", r.text());
+    }
     // Squid logs a CONNECT when its tunnel closes: stop the worker, whose pool holds them.
     let worker_out = worker.output().join("\n");
     let mut worker = worker;
     worker.kill9();
-    wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
-        t.matches(" CONNECT ").count() == 2
+    // Three tunnels: the sticky session's, the one the unhinted API request opened and the
+    // absolute-form request reused (same destination and username, one worker core), and the
+    // client's CONNECT tunnel.
+    wait_for_log(&squid.access_log(), "three CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 3
     });
     let mut users: Vec<String> = squid.connects().into_iter().map(|(u, _)| u).collect();
     users.sort();
-    let mut want = vec![user.clone(), "bus--".to_string()];
+    let mut want = vec![user.clone(), "bus--".into(), "bus--".into()];
     want.sort();
     assert_eq!(users, want);
     // The tunnel left from the worker's bind address: squid logs its client.
