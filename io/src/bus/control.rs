@@ -997,7 +997,8 @@ fn stream_error(e: StreamError) -> ApiError {
     out
 }
 
-/// Sends `Cancel` for a stream its request gave up (operator cancel, caller gone, deadline).
+/// Sends `Cancel` for a stream its request gave up (operator cancel, caller gone, deadline),
+/// and forgets the stream's slot on the lane.
 pub(super) struct StreamGuard {
     pub(super) lane: Rc<Lane>,
     pub(super) stream: StreamId,
@@ -1007,16 +1008,15 @@ pub(super) struct StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        if self.is_done {
-            return;
-        }
-        if self
+        // The slot goes in any case: a tunnel whose worker ended its direction first keeps it
+        // until here.
+        let was_open = self
             .lane
             .streams
             .borrow_mut()
             .remove(&self.stream)
-            .is_some()
-        {
+            .is_some();
+        if was_open && !self.is_done {
             self.lane.send(&Frame::Cancel {
                 stream: self.stream,
             });

@@ -568,6 +568,11 @@ async fn lane_session(
                 if let Some(s) = wl.streams.borrow().get(&stream) {
                     s.body.push((bytes, end));
                 }
+                // The control's end may be the last of a stream the worker already ended
+                // (a tunnel closed by the destination first).
+                if end && !wl.proto.borrow().has_stream(stream) {
+                    wl.streams.borrow_mut().remove(&stream);
+                }
             }
             Frame::Credit { stream, bytes } => {
                 if let Some(s) = wl.streams.borrow().get(&stream) {
