@@ -8,8 +8,15 @@ if not url or not token or not dir then
   error("set SORTIE_PERF_URL, SORTIE_PERF_TOKEN and SORTIE_PERF_DIR")
 end
 
+-- SORTIE_PERF_PROFILE, when set, names a fingerprint profile for every request (perf/h2.sh).
+local profile = os.getenv("SORTIE_PERF_PROFILE")
+local extra = ""
+if profile and profile ~= "" then
+  extra = string.format(',"fingerprint_profile":"%s"', profile)
+end
+
 wrk.method = "POST"
-wrk.body = string.format('{"method":"GET","url":"%s","timeout_ms":5000}', url)
+wrk.body = string.format('{"method":"GET","url":"%s","timeout_ms":5000%s}', url, extra)
 wrk.headers["Authorization"] = "Bearer " .. token
 wrk.headers["Content-Type"] = "application/json"
 

@@ -16,6 +16,12 @@ fi
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
   apt-get update -qq && apt-get install -y -qq nginx
 fi
+# The test suite builds feature `fingerprints`: BoringSSL (btls-sys) is compiled from source with
+# cmake, make and a C++ compiler, and its bindings are generated with libclang.
+if ! command -v cmake >/dev/null 2>&1 || ! command -v make >/dev/null 2>&1 \
+    || ! command -v g++ >/dev/null 2>&1 || ! dpkg -s libclang-dev >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq cmake make g++ libclang-dev
+fi
 # The fingerprint tests cross-check JA4 with curl_cffi's impersonating libcurl (PyPI wheel).
 if ! python3 -c "import curl_cffi" >/dev/null 2>&1; then
   python3 -m pip install -q --disable-pip-version-check 'curl_cffi==0.16.3'

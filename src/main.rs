@@ -42,6 +42,14 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// List the built-in browser fingerprint profiles; with --verify, run their loopback
+    /// self-test (a local TLS + HTTP/2 capture server) and exit non-zero unless every profile
+    /// reproduces its expected JA4, JA4_r, JA3N and Akamai strings.
+    Fingerprints {
+        /// Run the self-test.
+        #[arg(long)]
+        verify: bool,
+    },
     /// Validate a static configuration file (TOML) and exit non-zero with the key and reason.
     CheckConfig {
         /// The configuration file.
@@ -60,6 +68,7 @@ fn main() -> ExitCode {
         Command::Serve { config } => serve(config),
         Command::Control { config } => control(&config),
         Command::Worker { config } => worker(&config),
+        Command::Fingerprints { verify } => fingerprints(verify),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckSnapshot { file } => check_snapshot(&file),
     }
@@ -192,12 +201,74 @@ fn worker(path: &PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // The profiles this worker may advertise are the ones its own self-test verifies.
+    if sortie_io::egress::fingerprint::IS_BUILT {
+        let ca = file.egress.ca_file.as_deref().map(std::path::Path::new);
+        if let Err(e) = sortie_io::egress::fingerprint::verify_at_startup(ca) {
+            eprintln!("sortie: fingerprint self-test could not run: {e}");
+        }
+    }
     match sortie_io::bus::worker::run(file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+fn fingerprints(verify: bool) -> ExitCode {
+    use sortie_core::fingerprint::profile::PROFILES;
+    use sortie_io::egress::fingerprint;
+    if !fingerprint::IS_BUILT {
+        println!("no built-in profiles: {}", fingerprint::UNAVAILABLE_REASON);
+        return if verify {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    if !verify {
+        for p in PROFILES {
+            println!("{}\t{}", p.name, p.browser);
+            println!("  JA4     {}", p.expected.ja4);
+            println!("  JA3N    {}", p.expected.ja3n);
+            println!("  Akamai  {}", p.expected.akamai);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let results = match fingerprint::self_test() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sortie: the self-test could not run: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut failed = 0;
+    for r in &results {
+        let verdict = if r.is_pass() { "pass" } else { "FAIL" };
+        println!("{}\t{verdict}", r.profile.name);
+        if let Some(c) = &r.capture {
+            println!("  JA4     {}", c.tls.ja4);
+            println!("  JA4_r   {}", c.tls.ja4_r);
+            println!("  JA3N    {}", c.tls.ja3n);
+            println!(
+                "  Akamai  {}",
+                c.akamai().unwrap_or_else(|| "no HTTP/2".into())
+            );
+        }
+        for p in &r.problems {
+            println!("  problem: {p}");
+        }
+        if !r.is_pass() {
+            failed += 1;
+        }
+    }
+    println!("{} passed, {failed} failed", results.len() - failed);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }
 

@@ -159,7 +159,17 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
             seen.len() >= 20 && seen.ends_with('Z') && seen.as_bytes()[10] == b'T',
             "{seen}"
         );
-        assert_eq!(strings(&w["fingerprint_profiles"]), Vec::<String>::new());
+        // Local workers advertise the profiles this process's self-test verified: every
+        // built-in one with the fingerprinted connector, none without it (decision 082).
+        let expected: Vec<String> = if cfg!(feature = "fingerprints") {
+            sortie_core::fingerprint::BUILTIN_PROFILES
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(strings(&w["fingerprint_profiles"]), expected);
     }
 
     let a = worker_item(&items, "w-a");

@@ -1167,6 +1167,9 @@ fn sticky_fallback_repins_when_allowed() {
 // Errors: transport and egress
 // ---------------------------------------------------------------------------------------------
 
+/// Without the fingerprinted connector local workers advertise no profile (decision 082); with
+/// it, `tests/fingerprints.rs` covers fingerprinted requests.
+#[cfg(not(feature = "fingerprints"))]
 #[test]
 fn unsupported_fingerprint_when_local_workers_advertise_none() {
     let up = Upstream::start(upstream::echo());

@@ -60,6 +60,13 @@ fn ensure_data_dir(dir: &Path) -> Result<(), ServeError> {
 fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegistry, ServeError> {
     let mut registry = WorkerRegistry::new();
     let now = crate::clock::unix_ms();
+    // Local workers advertise the profiles whose loopback self-test passed in this process
+    // (decision 082); a build without the connector advertises none.
+    let profiles = if config.workers.is_empty() {
+        Vec::new()
+    } else {
+        verify_fingerprints(config.egress.ca_file.as_deref().map(Path::new))
+    };
     for (i, w) in config.workers.iter().enumerate() {
         let caps = AdvertisedCapabilities {
             tags: w.tags.clone(),
@@ -68,7 +75,7 @@ fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegi
             ip_type: w.ip_type.clone(),
             ingress: w.ingress.clone(),
             pools: w.pools.clone(),
-            fingerprint_profiles: Vec::new(),
+            fingerprint_profiles: profiles.clone(),
             capacity: w.capacity,
         }
         .validate()
@@ -93,6 +100,36 @@ fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegi
         }
     }
     Ok(registry)
+}
+
+/// Runs the fingerprint self-test of this process, logs each profile's outcome and returns
+/// the names of the profiles that passed.
+fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
+    use crate::egress::fingerprint;
+    if !fingerprint::IS_BUILT {
+        tracing::info!(
+            "no fingerprint profiles: {}",
+            fingerprint::UNAVAILABLE_REASON
+        );
+        return Vec::new();
+    }
+    match fingerprint::verify_at_startup(ca_file) {
+        Ok(results) => {
+            for r in &results {
+                if r.is_pass() {
+                    tracing::info!(profile = r.profile.name, "fingerprint self-test passed");
+                } else {
+                    tracing::warn!(
+                        profile = r.profile.name,
+                        problems = %r.problems.join("; "),
+                        "fingerprint self-test failed; the profile is not advertised"
+                    );
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "fingerprint self-test could not run"),
+    }
+    fingerprint::verified_profiles()
 }
 
 fn bootstrap_json(config: &Config) -> Result<String, ServeError> {

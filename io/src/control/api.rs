@@ -432,6 +432,21 @@ async fn handle_inner(
         let decision = &assigned.decision;
         let slot = &assigned.slot;
         let via = assigned.via.as_ref();
+        // Routing only chose a worker advertising the profile, and a local worker advertises
+        // only the profiles this process verified (decision 082).
+        let fingerprint = match req.fingerprint_profile.as_deref() {
+            None => None,
+            Some(name) => match crate::egress::fingerprint::verified(name) {
+                Some(p) => Some(p),
+                None => {
+                    let e = ApiError::new(
+                        ErrorCode::UnsupportedFingerprint,
+                        format!("this process did not verify profile {name}"),
+                    );
+                    return error_answer(&e, request_id);
+                }
+            },
+        };
         let is_streamed = matches!(req.body, RequestBody::Receipt(_))
             || req.response_body_mode == ResponseBodyMode::Receipt;
         let outcome = match (&ctx.receipts, is_streamed) {
@@ -446,6 +461,7 @@ async fn handle_inner(
                     timeouts: limits.egress_timeouts,
                     via,
                     tenant,
+                    fingerprint,
                 };
                 monoio::select! {
                     r = Box::pin(streamed::execute(receipts, deployment, req, &target)) => Some(r),
@@ -478,6 +494,7 @@ async fn handle_inner(
                     timeouts: limits.egress_timeouts,
                     via: via.cloned(),
                     tenant,
+                    fingerprint,
                 };
                 monoio::select! {
                     // In two parts: the body's start is not copied behind the head; the

@@ -50,6 +50,8 @@ pub(crate) struct Target<'a> {
     pub(crate) via: Option<&'a crate::egress::ProxyRoute>,
     /// The deployment, for its share of the resolver (decision 045).
     pub(crate) tenant: crate::dns::Tenant,
+    /// The browser profile, when the request named one.
+    pub(crate) fingerprint: Option<&'static sortie_core::fingerprint::profile::Profile>,
 }
 
 /// A response body being read for storage: the destination's, or a remote worker's over the
@@ -316,7 +318,10 @@ async fn attempt<'a>(
         via: target.via,
         tenant: target.tenant,
     };
-    let mut resp = target.egress.open(&stream_req, &mut source).await?;
+    let mut resp = target
+        .egress
+        .open_fingerprinted(&stream_req, target.fingerprint, &mut source)
+        .await?;
     resp.body.set_deadline(target.deadline);
     let body = match req.response_body_mode {
         ResponseBodyMode::InlineBase64 => {

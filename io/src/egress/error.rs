@@ -154,6 +154,17 @@ pub(crate) fn tls_failure(e: &io::Error) -> ApiError {
     .with_detail("reason", tls_reason(e))
 }
 
+/// `upstream_tls_failure` of a fingerprinted (BoringSSL) handshake, with BoringSSL's reason
+/// (library error codes and alert names; no names or key material).
+#[cfg(feature = "fingerprints")]
+pub(crate) fn tls_message(reason: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::UpstreamTlsFailure,
+        "the TLS session with the destination failed",
+    )
+    .with_detail("reason", reason)
+}
+
 /// Whether an IO error carries a TLS protocol or certificate error from rustls.
 pub(crate) fn is_tls_error(e: &io::Error) -> bool {
     rustls_error(e).is_some()

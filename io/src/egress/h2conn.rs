@@ -1,8 +1,10 @@
 //! HTTP/2 to destinations that choose it by ALPN (decision 080): one connection per pool key
 //! per core carries the core's concurrent requests to that destination as streams, within the
-//! server's `MAX_CONCURRENT_STREAMS` (the `h2` crate queues a stream until a slot frees).
+//! server's `MAX_CONCURRENT_STREAMS` (the `http2` crate queues a stream until a slot frees).
 //!
-//! The `h2` crate runs on the socket in poll mode (tokio-rustls over monoio's poll IO); the
+//! The `http2` crate (an `h2` fork that can also order SETTINGS and pseudo-headers and set
+//! stream priorities, which browser profiles need; decision 081) runs on the socket in poll
+//! mode (tokio-rustls, or BoringSSL for a fingerprinted connection, over monoio's poll IO); the
 //! connection's frame pump is a task on the same core. A key is known to speak HTTP/2 once a
 //! handshake to it chose `h2`; from then on, while its connection is being (re)opened, the
 //! core's other requests to the key wait for it instead of dialling their own.
@@ -22,13 +24,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_channel::oneshot;
-use h2::client::{ResponseFuture, SendRequest};
-use h2::{Reason, RecvStream, SendStream};
-use monoio::net::tcp::stream_poll::TcpStreamPoll;
+use http2::client::{ResponseFuture, SendRequest};
+use http2::frame::{PseudoId, PseudoOrder, SettingId, SettingsOrder, StreamDependency, StreamId};
+use http2::{Reason, RecvStream, SendStream};
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
+use sortie_core::fingerprint::profile::Http2Profile;
 use sortie_core::h1::{ResponseFraming, DEFAULT_MAX_RESPONSE_HEAD_BYTES};
 use sortie_core::request::{rejection_reason, Method, Scheme, TargetUrl};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::client::limit;
 use super::connect::within;
@@ -64,17 +68,17 @@ pub(crate) struct H2Conn {
 
 impl H2Conn {
     /// Runs the HTTP/2 connection preface over a TLS session that chose `h2` and starts the
-    /// connection's frame pump on this core.
-    pub(crate) async fn start(
-        tls: Box<tokio_rustls::client::TlsStream<TcpStreamPoll>>,
+    /// connection's frame pump on this core: with the ordinary settings, or as `profile` says.
+    pub(crate) async fn start<T>(
+        io: T,
         peer: SocketAddr,
-    ) -> Result<Rc<H2Conn>, ApiError> {
-        let (send, connection) = h2::client::Builder::new()
-            .enable_push(false)
-            .initial_window_size(H2_STREAM_WINDOW)
-            .initial_connection_window_size(H2_CONNECTION_WINDOW)
-            .max_header_list_size(H2_MAX_HEADER_LIST_BYTES)
-            .handshake::<_, Bytes>(*tls)
+        profile: Option<&Http2Profile>,
+    ) -> Result<Rc<H2Conn>, ApiError>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + 'static,
+    {
+        let (send, connection) = builder(profile)
+            .handshake::<_, Bytes>(io)
             .await
             .map_err(|e| map_error(&e, Stage::TlsHandshake).error)?;
         let is_closed = Rc::new(Cell::new(false));
@@ -102,6 +106,73 @@ impl H2Conn {
     fn is_usable(&self) -> bool {
         !self.is_closed.get()
     }
+}
+
+/// The client settings of a new connection. Ordinary: no push, the windows above, the header
+/// list limit. A profile: its SETTINGS in its order, its connection window, pseudo-header order
+/// and HEADERS priority (stream windows and header list size are then what the browser says).
+fn builder(profile: Option<&Http2Profile>) -> http2::client::Builder {
+    let mut b = http2::client::Builder::new();
+    let Some(p) = profile else {
+        b.enable_push(false)
+            .initial_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
+        return b;
+    };
+    let mut order = SettingsOrder::builder();
+    for &(id, value) in p.settings {
+        match id {
+            1 => {
+                b.header_table_size(value);
+                order = order.push(SettingId::HeaderTableSize);
+            }
+            2 => {
+                b.enable_push(value != 0);
+                order = order.push(SettingId::EnablePush);
+            }
+            3 => {
+                b.max_concurrent_streams(value);
+                order = order.push(SettingId::MaxConcurrentStreams);
+            }
+            4 => {
+                b.initial_window_size(value);
+                order = order.push(SettingId::InitialWindowSize);
+            }
+            5 => {
+                b.max_frame_size(value);
+                order = order.push(SettingId::MaxFrameSize);
+            }
+            6 => {
+                b.max_header_list_size(value);
+                order = order.push(SettingId::MaxHeaderListSize);
+            }
+            // Profiles only name the identifiers above (core's tests check the data).
+            _ => {}
+        }
+    }
+    b.settings_order(order.build())
+        .initial_connection_window_size(p.connection_window);
+    let mut pseudo = PseudoOrder::builder();
+    for c in p.pseudo_order {
+        pseudo = pseudo.push(match c {
+            'm' => PseudoId::Method,
+            'a' => PseudoId::Authority,
+            's' => PseudoId::Scheme,
+            _ => PseudoId::Path,
+        });
+    }
+    b.headers_pseudo_order(pseudo.build());
+    if let Some((exclusive, depends_on, weight)) = p.headers_priority {
+        // On the wire the weight is one less (RFC 9113 §5.3.2: 1–256 sent as 0–255).
+        let wire = u8::try_from(weight.saturating_sub(1)).unwrap_or(u8::MAX);
+        b.headers_stream_dependency(StreamDependency::new(
+            StreamId::from(depends_on),
+            wire,
+            exclusive,
+        ));
+    }
+    b
 }
 
 /// A stream in use on a connection: counts it, and stamps the connection's last use when it
@@ -281,7 +352,7 @@ pub(crate) struct H2Failure {
     pub(crate) retry: Retry,
 }
 
-/// The request head as the `h2` crate takes it: the target URL's scheme, authority and path as
+/// The request head as the `http2` crate takes it: the target URL's scheme, authority and path as
 /// pseudo-headers, the caller's fields in order minus those the gateway manages (the
 /// connection-specific fields RFC 9113 §8.2.2 forbids are among them), and `content-length`
 /// when the body's length is known (or 0 for an empty POST, PUT or PATCH, as over HTTP/1.1).
@@ -569,9 +640,9 @@ impl H2Body {
     }
 }
 
-/// The registry error of an `h2` failure in `stage` (decision 080), and whether the stream
+/// The registry error of an `http2` failure in `stage` (decision 080), and whether the stream
 /// may be sent again.
-pub(crate) fn map_error(e: &h2::Error, stage: Stage) -> H2Failure {
+pub(crate) fn map_error(e: &http2::Error, stage: Stage) -> H2Failure {
     if let Some(io) = e.get_io() {
         let error = if error::is_tls_error(io) {
             error::tls_failure(io)
@@ -620,7 +691,7 @@ pub(crate) fn map_error(e: &h2::Error, stage: Stage) -> H2Failure {
         };
     }
     if e.is_library() {
-        // The h2 crate found the destination breaking HTTP/2 (malformed frames or headers,
+        // The http2 crate found the destination breaking HTTP/2 (malformed frames or headers,
         // flow-control or size violations) and ended the stream or the connection.
         return H2Failure {
             error: error::protocol_violation(

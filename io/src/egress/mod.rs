@@ -44,6 +44,7 @@
 mod client;
 mod connect;
 mod error;
+pub mod fingerprint;
 mod h2conn;
 mod pool;
 mod stream;
@@ -60,7 +61,8 @@ use bytes::Bytes;
 use monoio_rustls::TlsConnector;
 use rustls::ClientConfig;
 use sortie_core::destination::DestinationPolicy;
-use sortie_core::error::ApiError;
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::fingerprint::profile::Profile;
 use sortie_core::limits::DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES;
 use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
@@ -148,6 +150,9 @@ pub struct EgressRequest {
     /// The deployment the request runs for: its DNS lookups queue and run within its share
     /// of the resolver (decision 045).
     pub tenant: Tenant,
+    /// The browser profile to connect with (a profile this process verified); `None` for
+    /// ordinary TLS.
+    pub fingerprint: Option<&'static Profile>,
 }
 
 impl EgressRequest {
@@ -173,6 +178,7 @@ impl EgressRequest {
             is_replayable: false,
             via: None,
             tenant: None,
+            fingerprint: None,
         }
     }
 }
@@ -279,6 +285,20 @@ impl Egress {
             port: req.url.port,
             bind: req.bind_address,
             via: via.map(|(r, i)| r.key(i)),
+            profile: req.fingerprint.map(|p| p.name),
+        };
+        // A profile sends the caller's headers in the browser's order (decision 082).
+        let reordered;
+        let headers = match req.fingerprint {
+            Some(p) => {
+                let order = p.order_headers(req.headers.iter().map(|h| h.name.as_str()));
+                reordered = order
+                    .iter()
+                    .filter_map(|&i| req.headers.get(i).cloned())
+                    .collect::<Vec<_>>();
+                &reordered
+            }
+            None => &req.headers,
         };
         let mut head = None;
         let mut may_retry = req.is_replayable;
@@ -289,7 +309,7 @@ impl Egress {
                 .obtain(&key, Dial::of(req, via), may_reuse, started)
                 .await?;
             let mut conn = match conn {
-                Opened::H2(c) => match self.execute_h2(&c, req).await {
+                Opened::H2(c) => match self.execute_h2(&c, req, headers).await {
                     Ok((status, headers, body)) => {
                         return Ok(EgressResponse {
                             status,
@@ -318,7 +338,7 @@ impl Egress {
                 None => head.insert(client::request_head(
                     req.method,
                     &req.url,
-                    &req.headers,
+                    headers,
                     req.body.len(),
                 )?),
             };
@@ -369,6 +389,7 @@ impl Egress {
         &self,
         conn: &Rc<H2Conn>,
         req: &EgressRequest,
+        headers: &[Header],
     ) -> Result<(u16, Vec<(Bytes, Bytes)>, Vec<u8>), H2Failure> {
         let no_retry = |error| H2Failure {
             error,
@@ -376,8 +397,7 @@ impl Egress {
         };
         let mut body = req.body.clone();
         let length = streaming::BodySource::length(&body);
-        let fields = req
-            .headers
+        let fields = headers
             .iter()
             .map(|h| (h.name.as_str(), h.value.as_slice()));
         let head = h2conn::request_head(req.method, &req.url, fields, length).map_err(no_retry)?;
@@ -493,6 +513,14 @@ impl Egress {
     /// through the upstream proxy endpoint when there is one (HTTP/1.1 only, decision 080).
     async fn connect(&self, req: Dial<'_>) -> Result<Opened, ApiError> {
         if let Some((route, i)) = req.via {
+            if req.profile.is_some() && req.url.scheme == Scheme::Https {
+                // Decision 082: the fingerprinted connector does not run inside proxy tunnels
+                // yet; never send an ordinary ClientHello in its place.
+                return Err(ApiError::new(
+                    ErrorCode::UnsupportedFingerprint,
+                    "fingerprint profiles are not applied through upstream proxies",
+                ));
+            }
             return self.connect_via(route, i, &req).await.map(Opened::Http1);
         }
         let (tcp, peer) = self.dial_tcp(&req).await?;
@@ -506,12 +534,22 @@ impl Egress {
                     _ => (req.deadline, Expired::TotalDeadline),
                 };
                 let handshake = async {
+                    if let Some(profile) = req.profile {
+                        return connect_fingerprinted(
+                            profile,
+                            &req.url.host_str(),
+                            name,
+                            tcp,
+                            peer,
+                        )
+                        .await;
+                    }
                     match tls::handshake_negotiating(&self.inner.tls_direct, name, tcp, peer)
                         .await?
                     {
                         tls::Negotiated::Http1(conn) => Ok(Opened::Http1(conn)),
                         tls::Negotiated::H2(stream) => {
-                            Ok(Opened::H2(H2Conn::start(stream, peer).await?))
+                            Ok(Opened::H2(H2Conn::start(*stream, peer, None).await?))
                         }
                     }
                 };
@@ -522,6 +560,60 @@ impl Egress {
             }
         }
     }
+}
+
+/// The handshake of a fingerprinted connection (BoringSSL with the profile's ClientHello) and,
+/// when the destination chooses `h2`, the profile's HTTP/2 start; HTTP/1.1 otherwise.
+#[cfg(feature = "fingerprints")]
+async fn connect_fingerprinted(
+    profile: &'static Profile,
+    host: &str,
+    name: rustls::pki_types::ServerName<'static>,
+    tcp: monoio::net::TcpStream,
+    peer: SocketAddr,
+) -> Result<Opened, ApiError> {
+    use std::os::fd::AsRawFd as _;
+    let connectors = fingerprint::connectors().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::UnsupportedFingerprint,
+            "fingerprint profiles are not verified in this process",
+        )
+    })?;
+    let fd = tcp.as_raw_fd();
+    let tcp = tcp
+        .try_into_poll_io()
+        .map_err(|(e, _)| error::internal(&format!("poll IO: {e}")))?;
+    let stream = fingerprint::handshake(connectors, profile, host, name, tcp)
+        .await
+        .map_err(|e| match e {
+            fingerprint::HandshakeError::Setup(s) => error::internal(&s),
+            fingerprint::HandshakeError::Tls(s) => error::tls_message(&s),
+        })?;
+    if fingerprint::is_h2(&stream) {
+        return Ok(Opened::H2(
+            H2Conn::start(stream, peer, Some(&profile.http2)).await?,
+        ));
+    }
+    Ok(Opened::Http1(Conn::boring(stream, fd, peer)))
+}
+
+/// Without the connector no profile is ever verified, so no request gets here.
+#[cfg(not(feature = "fingerprints"))]
+async fn connect_fingerprinted(
+    profile: &'static Profile,
+    _host: &str,
+    _name: rustls::pki_types::ServerName<'static>,
+    _tcp: monoio::net::TcpStream,
+    _peer: SocketAddr,
+) -> Result<Opened, ApiError> {
+    Err(ApiError::new(
+        ErrorCode::UnsupportedFingerprint,
+        format!(
+            "profile {}: {}",
+            profile.name,
+            fingerprint::UNAVAILABLE_REASON
+        ),
+    ))
 }
 
 /// A new or pooled connection, by the protocol it speaks.
@@ -563,6 +655,8 @@ pub(crate) struct Dial<'a> {
     /// The upstream proxy route and the chosen endpoint, when not direct.
     via: Option<(&'a ProxyRoute, usize)>,
     tenant: Tenant,
+    /// The browser profile of the connection, if any.
+    profile: Option<&'static Profile>,
 }
 
 impl<'a> Dial<'a> {
@@ -575,6 +669,7 @@ impl<'a> Dial<'a> {
             deadline: req.deadline,
             via,
             tenant: req.tenant,
+            profile: req.fingerprint,
         }
     }
 }

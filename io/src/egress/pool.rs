@@ -87,6 +87,8 @@ pub(crate) struct PoolKey {
     pub(crate) bind: Option<IpAddr>,
     /// The upstream proxy endpoint and username, for connections through one.
     pub(crate) via: Option<ViaKey>,
+    /// The browser profile of fingerprinted connections: never shared with ordinary ones.
+    pub(crate) profile: Option<&'static str>,
 }
 
 struct Idle {
@@ -245,6 +247,7 @@ mod tests {
             port: 80,
             bind: None,
             via: None,
+            profile: None,
         }
     }
 

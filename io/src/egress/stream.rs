@@ -6,6 +6,8 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
+#[cfg(feature = "fingerprints")]
+use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::buf::IoBufMut as _;
@@ -27,6 +29,10 @@ pub(crate) enum Transport {
     Tls(Box<ClientTlsStream<TcpStream>>),
     /// TLS to the destination inside TLS to an `https://` upstream proxy.
     TlsInTls(Box<ClientTlsStream<ClientTlsStream<TcpStream>>>),
+    /// A fingerprinted (BoringSSL) session on the socket in poll mode, when the destination
+    /// chose HTTP/1.1.
+    #[cfg(feature = "fingerprints")]
+    Boring(Box<super::fingerprint::BoringStream>),
 }
 
 /// An upstream connection.
@@ -67,6 +73,16 @@ impl Conn {
         peer: SocketAddr,
     ) -> Conn {
         Conn::new(Transport::TlsInTls(Box::new(stream)), fd, peer)
+    }
+
+    /// Wraps a fingerprinted TLS session; `fd` is the descriptor of its TCP stream.
+    #[cfg(feature = "fingerprints")]
+    pub(crate) fn boring(
+        stream: super::fingerprint::BoringStream,
+        fd: RawFd,
+        peer: SocketAddr,
+    ) -> Conn {
+        Conn::new(Transport::Boring(Box::new(stream)), fd, peer)
     }
 
     /// Replaces the address the policy is checked against on reuse.
@@ -116,6 +132,12 @@ impl Conn {
             Transport::Plain(s) => s.read(buf).await,
             Transport::Tls(s) => s.read(buf).await,
             Transport::TlsInTls(s) => s.read(buf).await,
+            #[cfg(feature = "fingerprints")]
+            Transport::Boring(s) => {
+                let mut buf = buf;
+                let res = poll_read_vec(s, &mut buf, 0, asked).await;
+                (res, buf)
+            }
         };
         self.buf = buf;
         match res {
@@ -145,10 +167,33 @@ impl Conn {
         let max = max.max(1);
         buf.reserve(max);
         let end = len.saturating_add(max).min(buf.capacity());
+        #[cfg(feature = "fingerprints")]
+        if let Transport::Boring(s) = &mut self.transport {
+            let res = poll_read_vec(s, &mut buf, len, end).await;
+            *out = buf;
+            return match res {
+                Ok(n) => {
+                    // BoringSSL may hold more decrypted bytes when the read filled the space.
+                    self.is_plaintext_drained = n < end - len;
+                    Ok(n)
+                }
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    self.is_plaintext_drained = true;
+                    Ok(0)
+                }
+                Err(e) => Err(e),
+            };
+        }
         let (res, slice) = match &mut self.transport {
             Transport::Plain(s) => s.read(buf.slice_mut(len..end)).await,
             Transport::Tls(s) => s.read(buf.slice_mut(len..end)).await,
             Transport::TlsInTls(s) => s.read(buf.slice_mut(len..end)).await,
+            #[cfg(feature = "fingerprints")]
+            // Returned above.
+            Transport::Boring(_) => (
+                Err(io::ErrorKind::Unsupported.into()),
+                buf.slice_mut(len..end),
+            ),
         };
         *out = slice.into_inner();
         match res {
@@ -176,12 +221,20 @@ impl Conn {
             Transport::Plain(s) => s.write_all(data).await,
             Transport::Tls(s) => s.write_all(data).await,
             Transport::TlsInTls(s) => s.write_all(data).await,
+            #[cfg(feature = "fingerprints")]
+            Transport::Boring(s) => (poll_write_all(s, &data).await.map(|()| data.len()), data),
         };
         res?;
         match &mut self.transport {
             Transport::Plain(_) => {}
             Transport::Tls(s) => s.flush().await?,
             Transport::TlsInTls(s) => s.flush().await?,
+            #[cfg(feature = "fingerprints")]
+            Transport::Boring(s) => {
+                let s = &mut **s;
+                std::future::poll_fn(|cx| tokio::io::AsyncWrite::poll_flush(Pin::new(&mut *s), cx))
+                    .await?
+            }
         }
         Ok(())
     }
@@ -203,6 +256,48 @@ impl Conn {
     pub(crate) fn idle_state(&self) -> PeerState {
         fd::peer_state(self.fd)
     }
+}
+
+/// One read of a poll-mode stream into `buf[start..end]` (zero-filled first; safe code cannot
+/// hand out uninitialised capacity); `buf` ends after the bytes read.
+#[cfg(feature = "fingerprints")]
+async fn poll_read_vec<S>(
+    s: &mut S,
+    buf: &mut Vec<u8>,
+    start: usize,
+    end: usize,
+) -> io::Result<usize>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    buf.resize(end.max(start), 0);
+    let res = std::future::poll_fn(|cx| {
+        let mut rb = tokio::io::ReadBuf::new(buf.get_mut(start..).unwrap_or_default());
+        tokio::io::AsyncRead::poll_read(Pin::new(&mut *s), cx, &mut rb)
+            .map_ok(|()| rb.filled().len())
+    })
+    .await;
+    buf.truncate(start + *res.as_ref().unwrap_or(&0));
+    res
+}
+
+/// Writes all of `data` to a poll-mode stream.
+#[cfg(feature = "fingerprints")]
+async fn poll_write_all<S>(s: &mut S, mut data: &[u8]) -> io::Result<()>
+where
+    S: tokio::io::AsyncWrite + Unpin,
+{
+    while !data.is_empty() {
+        let n = std::future::poll_fn(|cx| {
+            tokio::io::AsyncWrite::poll_write(Pin::new(&mut *s), cx, data)
+        })
+        .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        data = data.get(n..).unwrap_or_default();
+    }
+    Ok(())
 }
 
 impl AsRawFd for Conn {

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use monoio::net::TcpStream;
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
+use sortie_core::fingerprint::profile::Profile;
 use sortie_core::h1::{
     write_chunk_header, write_request_head, BodyDecoder, BodyLimits, OutgoingBody, ResponseFraming,
     CHUNK_DATA_END, LAST_CHUNK,
@@ -352,6 +353,39 @@ impl Egress {
         req: &StreamRequest<'_>,
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
+        self.open_inner(req, None, body).await
+    }
+
+    /// [`Egress::open`] on a fingerprinted connection: `profile`'s ClientHello and HTTP/2
+    /// start, the caller's headers in the profile's order (decision 082). `None` is
+    /// [`Egress::open`].
+    pub async fn open_fingerprinted<B: BodySource>(
+        &self,
+        req: &StreamRequest<'_>,
+        profile: Option<&'static Profile>,
+        body: &mut B,
+    ) -> Result<StreamedResponse, ApiError> {
+        let Some(p) = profile else {
+            return self.open_inner(req, None, body).await;
+        };
+        let order = p.order_headers(req.headers.iter().map(|(n, _)| *n));
+        let headers: Vec<(&str, &[u8])> = order
+            .iter()
+            .filter_map(|&i| req.headers.get(i).copied())
+            .collect();
+        let ordered = StreamRequest {
+            headers: &headers,
+            ..*req
+        };
+        self.open_inner(&ordered, Some(p), body).await
+    }
+
+    async fn open_inner<B: BodySource>(
+        &self,
+        req: &StreamRequest<'_>,
+        profile: Option<&'static Profile>,
+        body: &mut B,
+    ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
         let head = Bytes::from(stream_head(req, length)?);
         let started = Instant::now();
@@ -363,6 +397,7 @@ impl Egress {
             port: req.url.port,
             bind: req.bind_address,
             via: via.map(|(r, i)| r.key(i)),
+            profile: profile.map(|p| p.name),
         };
         let dial = Dial {
             url: req.url,
@@ -372,6 +407,7 @@ impl Egress {
             deadline: req.deadline,
             via,
             tenant: req.tenant,
+            profile,
         };
         let mut may_retry = req.is_replayable && length == BodyLength::None;
         let mut may_retry_unprocessed = true;
@@ -521,6 +557,7 @@ impl Egress {
             deadline,
             via: None,
             tenant,
+            profile: None,
         })
         .await
     }

@@ -102,11 +102,7 @@ impl std::error::Error for TlsConfigError {
 /// process default is consulted), the webpki roots plus the certificates of `extra_ca_file`
 /// (`[egress] ca_file`, PEM), ALPN `h2` and `http/1.1` in that order (the server picks).
 pub fn client_config(extra_ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
-    let mut roots = RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = extra_ca_file {
-        add_ca_file(&mut roots, path)?;
-    }
+    let roots = root_store(extra_ca_file)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -115,6 +111,52 @@ pub fn client_config(extra_ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, 
         .with_no_client_auth();
     config.alpn_protocols = vec![ALPN_H2.to_vec(), ALPN_HTTP11.to_vec()];
     Ok(Arc::new(config))
+}
+
+/// The webpki roots plus the certificates of `extra_ca_file`.
+fn root_store(extra_ca_file: Option<&Path>) -> Result<RootCertStore, TlsConfigError> {
+    let mut roots = RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca_file {
+        add_ca_file(&mut roots, path)?;
+    }
+    Ok(roots)
+}
+
+/// The certificate verifier of ordinary TLS (webpki roots plus `extra_ca_file`, ring), for the
+/// fingerprinted connector: both kinds of connection trust the same certificates.
+#[cfg(feature = "fingerprints")]
+pub(crate) fn server_verifier(
+    extra_ca_file: Option<&Path>,
+) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsConfigError> {
+    verifier_of(root_store(extra_ca_file)?)
+}
+
+/// The same verifier with one more trusted CA certificate (DER), for the self-test's capture
+/// server.
+#[cfg(feature = "fingerprints")]
+pub(crate) fn server_verifier_with(
+    extra_ca_der: Option<&[u8]>,
+) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsConfigError> {
+    let mut roots = root_store(None)?;
+    if let Some(der) = extra_ca_der {
+        roots
+            .add(rustls::pki_types::CertificateDer::from(der.to_vec()))
+            .map_err(|e| TlsConfigError::Provider(e.to_string()))?;
+    }
+    verifier_of(roots)
+}
+
+#[cfg(feature = "fingerprints")]
+fn verifier_of(
+    roots: RootCertStore,
+) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsConfigError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| TlsConfigError::Provider(e.to_string()))?;
+    Ok(verifier)
 }
 
 fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TlsConfigError> {

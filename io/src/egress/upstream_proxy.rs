@@ -442,6 +442,7 @@ impl Egress {
             deadline,
             via: Some((route, i)),
             tenant,
+            profile: None,
         };
         match self.tunnel_via(route, i, &req).await? {
             (Tunnel::Plain(tcp), peer, _) => Ok((tcp, peer)),
