@@ -598,6 +598,7 @@ pub(crate) async fn response_head(
             recv,
             _in_use: in_use,
             is_end: false,
+            left: declared,
         },
     })
 }
@@ -608,6 +609,8 @@ pub(crate) struct H2Body {
     recv: RecvStream,
     _in_use: InUse,
     is_end: bool,
+    /// Bytes still due by the response's `content-length`, when it declared one.
+    left: Option<u64>,
 }
 
 impl H2Body {
@@ -628,7 +631,23 @@ impl H2Body {
             Some(Some(Ok(data))) => {
                 // Only fails for a stream already closed, whose window no longer matters.
                 let _ = self.recv.flow_control().release_capacity(data.len());
+                if let Some(left) = self.left.as_mut() {
+                    *left = left.saturating_sub(data.len() as u64);
+                }
                 Ok(Some(data))
+            }
+            // A server that answered before reading the whole request body may end the stream
+            // with RST_STREAM(NO_ERROR) right after a complete response (RFC 9113 §8.1). The
+            // `http2` crate reports that reset instead of the end it followed; a body that
+            // already has every byte its content-length announced is complete.
+            Some(Some(Err(e)))
+                if self.left == Some(0)
+                    && e.is_remote()
+                    && e.is_reset()
+                    && e.reason() == Some(Reason::NO_ERROR) =>
+            {
+                self.is_end = true;
+                Ok(None)
             }
             Some(Some(Err(e))) => Err(map_error(&e, Stage::ResponseBody).error),
             Some(None) => {
