@@ -6,8 +6,11 @@
 //!
 //! Only the names of the header block's fields are needed, so the HPACK decoding here reads
 //! indexes and skips values (RFC 7541 §6); a field whose name is a Huffman-coded literal is not
-//! a pseudo-header of any client we know and ends the pseudo-header list. Untrusted input: every
-//! length is checked, nothing panics, and the input is bounded by [`MAX_PREFACE_BYTES`].
+//! a pseudo-header of any client we know and ends the pseudo-header list. A pseudo-header name
+//! that RFC 9113 does not define for requests makes the start malformed (§8.3), so only the
+//! letters of the defined names reach the fingerprint, never a `|` or `,` of the client's
+//! choosing. Untrusted input: every length is checked, nothing panics, and the input is bounded
+//! by [`MAX_PREFACE_BYTES`].
 
 use std::fmt::Write as _;
 
@@ -221,6 +224,10 @@ fn priority_fields(p: &[u8]) -> Result<(bool, u32, u16), Http2Error> {
     Ok((raw >> 31 == 1, raw & 0x7fff_ffff, u16::from(*w) + 1))
 }
 
+/// The request pseudo-header fields without the colon (RFC 9113 §8.3.1; `:protocol`, RFC 8441
+/// §4).
+const REQUEST_PSEUDO_HEADERS: [&str; 5] = ["authority", "method", "path", "scheme", "protocol"];
+
 /// HPACK static-table names of the pseudo-header fields (RFC 7541 Appendix A, indexes 1–7).
 fn static_name(index: usize) -> Option<&'static str> {
     match index {
@@ -278,7 +285,8 @@ fn pseudo_header_names(block: &[u8]) -> Result<Vec<String>, Http2Error> {
             name
         };
         match name.strip_prefix(':') {
-            Some(p) => out.push(p.to_string()),
+            Some(p) if REQUEST_PSEUDO_HEADERS.contains(&p) => out.push(p.to_string()),
+            Some(_) => return Err(bad("undefined request pseudo-header")),
             None => break,
         }
     }
@@ -416,6 +424,36 @@ mod tests {
         ));
         let start = parse(&b).unwrap();
         assert_eq!(start.akamai(), "1:65536|00|3:0:0:201,9:1:7:1|m,a,p,a,s");
+    }
+
+    /// A first flight whose header block is `:method GET` then a literal field `name: v`.
+    fn with_literal_field(name: &[u8]) -> Vec<u8> {
+        let mut block = vec![0x82, 0x00, name.len() as u8];
+        block.extend(name);
+        block.extend([1, b'v']);
+        let mut b = PREFACE.to_vec();
+        b.extend(frame_bytes(FRAME_SETTINGS, 0, 0, &settings(&[(1, 65536)])));
+        b.extend(frame_bytes(FRAME_HEADERS, FLAG_END_HEADERS, 1, &block));
+        b
+    }
+
+    #[test]
+    fn only_defined_request_pseudo_headers_reach_the_fingerprint() {
+        // Found by fuzzing: a literal `:|` put a separator of the client's choosing into the
+        // string (and `:` an empty letter).
+        for name in [&b":|"[..], b":", b":,m", b":status", b":\x06"] {
+            assert!(
+                matches!(
+                    parse(&with_literal_field(name)),
+                    Err(Http2Error::Malformed(_))
+                ),
+                "{name:?}"
+            );
+        }
+        let start = parse(&with_literal_field(b":protocol")).unwrap();
+        assert_eq!(start.akamai(), "1:65536|00|0|m,p");
+        let start = parse(&with_literal_field(b"x-custom")).unwrap();
+        assert_eq!(start.akamai(), "1:65536|00|0|m");
     }
 
     #[test]
