@@ -42,14 +42,50 @@ fn proxy_url(gw: &Gateway) -> String {
     format!("http://{}", gw.proxy.expect("proxy listener"))
 }
 
-/// Runs curl through the gateway's proxy with `args`; fails the test if curl is missing.
+const CURL_MISSING: &str = "curl must be installed (scripts/ci-deps.sh installs it)";
+
+/// A quiet curl through the gateway's proxy with a 30 s limit.
+fn curl_command(gw: &Gateway) -> Command {
+    let mut command = Command::new("curl");
+    command.args(["-s", "--max-time", "30", "-x", &proxy_url(gw)]);
+    command
+}
+
+/// Runs curl through the gateway's proxy with `args`, the response heads included in its
+/// output; fails the test if curl is missing.
 fn curl(gw: &Gateway, args: &[&str]) -> Output {
-    let proxy = proxy_url(gw);
-    Command::new("curl")
-        .args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
+    curl_command(gw)
+        .args(["-S", "-i"])
         .args(args)
         .output()
-        .expect("curl must be installed (scripts/ci-deps.sh installs it)")
+        .expect(CURL_MISSING)
+}
+
+/// [`curl`] with the test deployment's proxy credentials.
+fn curl_as_test(gw: &Gateway, args: &[&str]) -> Output {
+    let user = proxy_user();
+    let mut all = vec!["--proxy-user", user.as_str()];
+    all.extend_from_slice(args);
+    curl(gw, &all)
+}
+
+/// An echo upstream speaking TLS with a `localhost` certificate from `ca`.
+fn tls_upstream(ca: &TestCa) -> Upstream {
+    Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    )
+}
+
+/// The config section that makes the gateway's egress trust `ca`.
+fn trusting(ca: &TestCa) -> String {
+    format!(
+        "[egress]\nca_file = {:?}\n",
+        ca.ca_file().display().to_string()
+    )
 }
 
 /// curl's output as a response: the final head and its body, past any head that another
@@ -84,11 +120,9 @@ fn curl_absolute_form_routes_by_header_and_strips_proxy_fields() {
     let gw = Gateway::builder().workers(TWO_WORKERS).start();
     for (tag, source) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
         let route = format!("X-Service-Route-Tags: {tag}");
-        let out = curl(
+        let out = curl_as_test(
             &gw,
             &[
-                "--proxy-user",
-                &proxy_user(),
                 "-H",
                 &route,
                 "-H",
@@ -151,15 +185,14 @@ fn curl_streams_large_bodies_both_ways() {
     let body = upstream::pattern(6 * 1024 * 1024 + 11);
     std::fs::write(&file, &body).unwrap();
     let data = format!("@{}", file.display());
-    let user = proxy_user();
     let url = up.url("/upload");
     for framing in [None, Some("Transfer-Encoding: chunked")] {
-        let mut args = vec!["--proxy-user", &user, "--data-binary", &data];
+        let mut args = vec!["--data-binary", &data];
         if let Some(h) = framing {
             args.extend(["-H", h]);
         }
         args.push(&url);
-        let r = curl_response(&curl(&gw, &args));
+        let r = curl_response(&curl_as_test(&gw, &args));
         assert_eq!(r.status, 200);
         // The echo carries the request as the upstream read it: the head, then the body in
         // the client's framing (re-chunked by the gateway for a chunked upload).
@@ -192,20 +225,12 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
 #[test]
 fn curl_https_through_connect_with_the_test_ca() {
     let ca = TestCa::new();
-    let up = Upstream::start_with(
-        upstream::echo(),
-        Options {
-            tls: Some(ca.localhost_config()),
-            ..Options::default()
-        },
-    );
+    let up = tls_upstream(&ca);
     let gw = Gateway::builder().workers(TWO_WORKERS).start();
     let cacert = ca.ca_file().display().to_string();
-    let out = curl(
+    let out = curl_as_test(
         &gw,
         &[
-            "--proxy-user",
-            &proxy_user(),
             "--proxy-header",
             "X-Service-Route-Tags: three",
             "--cacert",
@@ -324,7 +349,7 @@ fn denied_destinations_and_bad_hints_answer_with_proxy_status() {
     let up = Upstream::start(upstream::echo());
     // The built-in snapshot opens no loopback range.
     let gw = Gateway::builder().snapshot(None).start();
-    let r = curl_response(&curl(&gw, &["--proxy-user", &proxy_user(), &up.url("/")]));
+    let r = curl_response(&curl_as_test(&gw, &[&up.url("/")]));
     assert_eq!(r.status, 403);
     assert_eq!(
         r.header("proxy-status"),
@@ -332,21 +357,15 @@ fn denied_destinations_and_bad_hints_answer_with_proxy_status() {
     );
     assert_eq!(r.json()["code"], "destination_denied");
     // Through CONNECT too.
-    let out = curl(&gw, &["--proxy-user", &proxy_user(), "-p", &up.url("/")]);
+    let out = curl_as_test(&gw, &["-p", &up.url("/")]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("HTTP/1.1 403"), "{text}");
     assert!(text.contains("details=\"destination_denied\""), "{text}");
     assert_eq!(up.requests(), 0);
 
-    let r = curl_response(&curl(
+    let r = curl_response(&curl_as_test(
         &gw,
-        &[
-            "--proxy-user",
-            &proxy_user(),
-            "-H",
-            "X-Service-Route-Country: ZZ",
-            &up.url("/"),
-        ],
+        &["-H", "X-Service-Route-Country: ZZ", &up.url("/")],
     ));
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["code"], "invalid_request");
@@ -355,15 +374,9 @@ fn denied_destinations_and_bad_hints_answer_with_proxy_status() {
         "routing.country: must be a two-letter ISO 3166-1 country code"
     );
     // A tag no worker advertises.
-    let r = curl_response(&curl(
+    let r = curl_response(&curl_as_test(
         &gw,
-        &[
-            "--proxy-user",
-            &proxy_user(),
-            "-H",
-            "X-Service-Route-Tags: nowhere",
-            &up.url("/"),
-        ],
+        &["-H", "X-Service-Route-Tags: nowhere", &up.url("/")],
     ));
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r
@@ -426,7 +439,7 @@ fn a_slow_destination_times_out_with_504() {
         "\"default_timeout_ms\":1000",
     );
     let gw = Gateway::builder().snapshot(Some(&snapshot)).start();
-    let r = curl_response(&curl(&gw, &["--proxy-user", &proxy_user(), &up.url("/")]));
+    let r = curl_response(&curl_as_test(&gw, &[&up.url("/")]));
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(r.json()["code"], "timeout_exceeded");
     assert_eq!(
@@ -444,17 +457,21 @@ fn an_operator_cancels_a_relayed_download_and_a_tunnel() {
         Duration::from_secs(25),
     ));
     let gw = Gateway::builder().start();
-    let proxy = proxy_url(&gw);
     let dir = support::gateway::temp_dir("proxy-cancel");
     let file = dir.join("partial");
     let file_arg = file.display().to_string();
-    let mut child = Command::new("curl")
-        .args(["-s", "-o", &file_arg, "--max-time", "30", "-x", &proxy])
-        .args(["--proxy-user", &proxy_user(), &up.url("/stall")])
+    let mut child = curl_command(&gw)
+        .args([
+            "-o",
+            &file_arg,
+            "--proxy-user",
+            &proxy_user(),
+            &up.url("/stall"),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("curl must be installed");
+        .expect(CURL_MISSING);
     // The first body bytes reached curl's file (past its write buffering): the body is being
     // relayed.
     wait_until(Duration::from_secs(10), "the first body bytes", || {
@@ -487,18 +504,8 @@ fn an_operator_cancels_a_relayed_download_and_a_tunnel() {
 
     // A tunnel is listed while open and closed by a cancel.
     let echo = Upstream::start(upstream::echo());
-    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = base64_basic(&proxy_user());
-    write!(
-        s,
-        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n",
-        port = echo.port()
-    )
-    .unwrap();
-    let mut head = [0u8; 19];
-    s.read_exact(&mut head).unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200 OK\r\nDa");
+    let (mut s, status) = open_tunnel(&gw, echo.port());
+    assert_eq!(status, "HTTP/1.1 200 OK");
     let items = admin_items(&gw, REQUESTS_PATH);
     assert_eq!(items.len(), 1, "{items:?}");
     let id = items[0]["request_id"].as_str().unwrap();
@@ -559,18 +566,9 @@ with requests.Session() as s:
 fn python_requests_through_the_proxy_plain_and_tls() {
     let ca = TestCa::new();
     let plain = Upstream::start(upstream::echo());
-    let tls = Upstream::start_with(
-        upstream::echo(),
-        Options {
-            tls: Some(ca.localhost_config()),
-            ..Options::default()
-        },
-    );
+    let tls = tls_upstream(&ca);
     let gw = Gateway::builder()
-        .workers(&format!(
-            "{TWO_WORKERS}\n[egress]\nca_file = {:?}\n",
-            ca.ca_file().display().to_string()
-        ))
+        .workers(&format!("{TWO_WORKERS}\n{}", trusting(&ca)))
         .start();
     let proxy = format!("http://{}@{}", proxy_user(), gw.proxy.unwrap());
     let ca_file = ca.ca_file().display().to_string();
@@ -610,14 +608,13 @@ fn chunked_and_close_delimited_responses_are_relayed_whole() {
         (upstream::close_delimited(want.clone()), false),
     ] {
         let up = Upstream::start(script);
-        let user = proxy_user();
         let url = up.url("/");
-        let mut args = vec!["--proxy-user", user.as_str()];
+        let mut args = Vec::new();
         if http10 {
             args.push("-0");
         }
         args.push(&url);
-        let out = curl(&gw, &args);
+        let out = curl_as_test(&gw, &args);
         assert!(
             out.status.success(),
             "{}",
@@ -640,19 +637,8 @@ fn chunked_and_close_delimited_responses_are_relayed_whole() {
 #[test]
 fn absolute_form_https_targets_use_tls_from_the_gateway() {
     let ca = TestCa::new();
-    let up = Upstream::start_with(
-        upstream::echo(),
-        Options {
-            tls: Some(ca.localhost_config()),
-            ..Options::default()
-        },
-    );
-    let gw = Gateway::builder()
-        .workers(&format!(
-            "[egress]\nca_file = {:?}\n",
-            ca.ca_file().display().to_string()
-        ))
-        .start();
+    let up = tls_upstream(&ca);
+    let gw = Gateway::builder().workers(&trusting(&ca)).start();
     let auth = base64_basic(&proxy_user());
     let url = up.https_url("localhost", "/tls-abs");
     let r = raw_exchange(

@@ -8,12 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sortie_core::destination::DestinationPolicy;
-use sortie_core::error::ErrorCode;
+use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
 use sortie_core::request::Method;
 use sortie_core::snapshot::{decode_snapshot, TemplateValues};
 use sortie_core::upstream_proxy::OutlierPolicy;
-use sortie_io::egress::{Egress, EgressRequest, HealthRegistry, ProxyPool, ProxyRoute};
+use sortie_io::egress::{
+    Egress, EgressRequest, EgressResponse, HealthRegistry, ProxyPool, ProxyRoute,
+};
 use support::proxies::{free_port, wait_for_log, Dante, Squid};
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
@@ -60,54 +62,87 @@ fn via(method: Method, url: &str, route: &ProxyRoute) -> EgressRequest {
     req
 }
 
-/// Runs `req` and returns its error, which must be `upstream_proxy_failure`.
-async fn proxy_failure(egress: &Egress, req: &EgressRequest) -> sortie_core::error::ApiError {
-    expect_code(egress.execute(req).await, ErrorCode::UpstreamProxyFailure)
+/// An `upstream_proxy` object with credentials: one endpoint (`url`) or several (`urls`).
+fn with_auth(id: &str, urls: &[&str], username_template: &str, password: &str) -> String {
+    let endpoints = match urls {
+        [one] => format!(r#""url":"{one}""#),
+        many => format!(r#""urls":{many:?}"#),
+    };
+    format!(
+        r#"{{"id":"{id}",{endpoints},"username_template":"{username_template}","password":"{password}"}}"#
+    )
 }
 
-fn tls_upstream(ca: &TestCa) -> Upstream {
-    Upstream::start_with(
+/// A `GET url` through `route`.
+async fn get(egress: &Egress, url: &str, route: &ProxyRoute) -> Result<EgressResponse, ApiError> {
+    egress.execute(&via(Method::Get, url, route)).await
+}
+
+/// A `GET url` through `route` whose error must be `upstream_proxy_failure`.
+async fn proxy_failure(egress: &Egress, url: &str, route: &ProxyRoute) -> ApiError {
+    expect_code(
+        get(egress, url, route).await,
+        ErrorCode::UpstreamProxyFailure,
+    )
+}
+
+/// An egress that keeps no idle connection: every request chooses an endpoint.
+fn unpooled_egress() -> Egress {
+    support::egress_with_pool(
+        None,
+        sortie_io::egress::PoolLimits {
+            max_idle_per_key: 0,
+            ..Default::default()
+        },
+    )
+}
+
+/// The destinations behind the proxies: a plain echo and a TLS echo with its test CA.
+struct Destinations {
+    ca: TestCa,
+    plain: Upstream,
+    secure: Upstream,
+}
+
+fn destinations() -> Destinations {
+    let ca = TestCa::new();
+    let secure = Upstream::start_with(
         upstream::echo(),
         Options {
             tls: Some(ca.localhost_config()),
             ..Options::default()
         },
-    )
+    );
+    Destinations {
+        ca,
+        plain: Upstream::start(upstream::echo()),
+        secure,
+    }
 }
 
 #[test]
 fn squid_carries_http_and_https_with_the_rendered_username() {
     let squid = Squid::start(&[("cust-US-sess-s1", "pw1")]);
-    let plain = Upstream::start(upstream::echo());
-    let ca = TestCa::new();
-    let secure = tls_upstream(&ca);
+    let Destinations { ca, plain, secure } = destinations();
     let health = HealthRegistry::default();
-    let pool = pool(
-        &format!(
-            r#"{{"id":"sq","url":"{}","username_template":"cust-{{country}}-sess-{{session}}","password":"pw1"}}"#,
-            squid.url()
-        ),
-        &health,
-    );
-    let r = route(&pool, "US", "s1");
+    let template = "cust-{country}-sess-{session}";
+    let proxy = with_auth("sq", &[&squid.url()], template, "pw1");
+    let r = route(&pool(&proxy, &health), "US", "s1");
     run(async {
         let egress = egress(Some(ca.ca_file()));
-        let resp = egress
-            .execute(&via(Method::Get, &plain.url("/plain"), &r))
+        let resp = get(&egress, &plain.url("/plain"), &r)
             .await
             .expect("http through squid");
         assert_eq!(resp.status, 200);
         assert!(resp.body.starts_with(b"GET /plain HTTP/1.1\r\n"));
         assert_eq!(resp.peer_addr.port(), squid.port(), "the peer is the proxy");
         // The tunnel is pooled under (endpoint, username, destination).
-        let again = egress
-            .execute(&via(Method::Get, &plain.url("/again"), &r))
+        let again = get(&egress, &plain.url("/again"), &r)
             .await
             .expect("reused");
         assert!(again.is_connection_reused);
         for host in ["localhost", "127.0.0.1"] {
-            let resp = egress
-                .execute(&via(Method::Get, &secure.https_url(host, "/tls"), &r))
+            let resp = get(&egress, &secure.https_url(host, "/tls"), &r)
                 .await
                 .unwrap_or_else(|e| panic!("https {host} through squid: {e:?}"));
             assert_eq!(resp.status, 200);
@@ -137,20 +172,14 @@ fn two_sessions_never_share_a_connection_and_one_session_keeps_its_username() {
     let up = Upstream::start(upstream::echo());
     let health = HealthRegistry::default();
     let pool = pool(
-        &format!(
-            r#"{{"id":"sq","url":"{}","username_template":"u-{{session}}","password":"pw"}}"#,
-            squid.url()
-        ),
+        &with_auth("sq", &[&squid.url()], "u-{session}", "pw"),
         &health,
     );
     let (a, b) = (route(&pool, "", "a"), route(&pool, "", "b"));
     run(async {
         let egress = egress(None);
         for (i, r) in [&a, &b, &a, &b].into_iter().enumerate() {
-            let resp = egress
-                .execute(&via(Method::Get, &up.url("/"), r))
-                .await
-                .expect("through squid");
+            let resp = get(&egress, &up.url("/"), r).await.expect("through squid");
             assert_eq!(resp.is_connection_reused, i >= 2, "request {i}");
         }
         assert_eq!(egress.idle_connections(), 2);
@@ -171,20 +200,8 @@ fn squid_failures_map_to_upstream_proxy_failure() {
     let up = Upstream::start(upstream::echo());
     let never = Upstream::start(upstream::echo());
     let health = HealthRegistry::default();
-    let wrong = pool(
-        &format!(
-            r#"{{"id":"sq","url":"{}","username_template":"user","password":"wrong"}}"#,
-            squid.url()
-        ),
-        &health,
-    );
-    let right = pool(
-        &format!(
-            r#"{{"id":"sq","url":"{}","username_template":"user","password":"right"}}"#,
-            squid.url()
-        ),
-        &health,
-    );
+    let wrong = pool(&with_auth("sq", &[&squid.url()], "user", "wrong"), &health);
+    let right = pool(&with_auth("sq", &[&squid.url()], "user", "right"), &health);
     let down = pool(
         &format!(
             r#"{{"id":"down","url":"http://127.0.0.1:{}"}}"#,
@@ -203,34 +220,22 @@ fn squid_failures_map_to_upstream_proxy_failure() {
     );
     run(async {
         let egress = egress(None);
-        let e = proxy_failure(
-            &egress,
-            &via(Method::Get, &up.url("/"), &route(&wrong, "", "")),
-        )
-        .await;
+        let e = proxy_failure(&egress, &up.url("/"), &route(&wrong, "", "")).await;
         assert_eq!(e.upstream_status, Some(407));
         assert_eq!(detail(&e, "fact"), Some("proxy_auth"));
         assert_eq!(e.http_status(), 502);
 
-        let e = proxy_failure(
-            &egress,
-            &via(Method::Get, &up.url("/"), &route(&down, "", "")),
-        )
-        .await;
+        let e = proxy_failure(&egress, &up.url("/"), &route(&down, "", "")).await;
         assert_eq!(detail(&e, "fact"), Some("proxy_connect"));
         assert_eq!(e.upstream_status, None);
 
-        let e = proxy_failure(
-            &egress,
-            &via(Method::Get, &up.url("/"), &route(&answers_502, "", "")),
-        )
-        .await;
+        let e = proxy_failure(&egress, &up.url("/"), &route(&answers_502, "", "")).await;
         assert_eq!(e.upstream_status, Some(502));
         assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
 
         // squid itself refusing the tunnel: the destination port is closed.
         let closed = format!("http://127.0.0.1:{}/", free_port());
-        let e = proxy_failure(&egress, &via(Method::Get, &closed, &route(&right, "", ""))).await;
+        let e = proxy_failure(&egress, &closed, &route(&right, "", "")).await;
         assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
         assert!(
             e.upstream_status.is_some_and(|s| s >= 500),
@@ -265,10 +270,7 @@ fn a_failing_endpoint_is_ejected_and_comes_back() {
     };
     let dead_url = format!("http://127.0.0.1:{dead_port}");
     let pool = proxy_pool(
-        &format!(
-            r#"{{"id":"pair","urls":["{dead_url}","{}"],"username_template":"u","password":"pw"}}"#,
-            live.url()
-        ),
+        &with_auth("pair", &[&dead_url, &live.url()], "u", "pw"),
         &health,
         outlier,
     );
@@ -282,16 +284,10 @@ fn a_failing_endpoint_is_ejected_and_comes_back() {
     };
     run(async {
         // No pooling: every request chooses an endpoint.
-        let egress = support::egress_with_pool(
-            None,
-            sortie_io::egress::PoolLimits {
-                max_idle_per_key: 0,
-                ..Default::default()
-            },
-        );
+        let egress = unpooled_egress();
         let mut failures = 0;
         for _ in 0..4 {
-            match egress.execute(&via(Method::Get, &up.url("/"), &r)).await {
+            match get(&egress, &up.url("/"), &r).await {
                 Ok(resp) => assert_eq!(resp.status, 200),
                 Err(e) => {
                     assert_eq!(detail(&e, "fact"), Some("proxy_connect"));
@@ -304,8 +300,7 @@ fn a_failing_endpoint_is_ejected_and_comes_back() {
         assert_eq!(endpoint(&dead_url).ejections_total, 1);
         let ejected_at = Instant::now();
         for _ in 0..6 {
-            let resp = egress
-                .execute(&via(Method::Get, &up.url("/"), &r))
+            let resp = get(&egress, &up.url("/"), &r)
                 .await
                 .expect("only the live endpoint is chosen while the other is ejected");
             assert_eq!(resp.status, 200);
@@ -318,8 +313,7 @@ fn a_failing_endpoint_is_ejected_and_comes_back() {
         })
         .await;
         for _ in 0..4 {
-            let resp = egress
-                .execute(&via(Method::Get, &up.url("/"), &r))
+            let resp = get(&egress, &up.url("/"), &r)
                 .await
                 .expect("both endpoints serve");
             assert_eq!(resp.status, 200);
@@ -338,28 +332,19 @@ fn a_failing_endpoint_is_ejected_and_comes_back() {
 #[test]
 fn dante_carries_http_and_https_with_the_rendered_username() {
     let dante = Dante::start(&[("st-s1", "pw1")]);
-    let plain = Upstream::start(upstream::echo());
-    let ca = TestCa::new();
-    let secure = tls_upstream(&ca);
+    let Destinations { ca, plain, secure } = destinations();
     let health = HealthRegistry::default();
     for scheme in ["socks5", "socks5h"] {
-        let pool = pool(
-            &format!(
-                r#"{{"id":"dt","url":"{scheme}://127.0.0.1:{}","username_template":"st-{{session}}","password":"pw1"}}"#,
-                dante.port()
-            ),
-            &health,
-        );
-        let r = route(&pool, "", "s1");
+        let url = format!("{scheme}://127.0.0.1:{}", dante.port());
+        let proxy = with_auth("dt", &[&url], "st-{session}", "pw1");
+        let r = route(&pool(&proxy, &health), "", "s1");
         run(async {
             let egress: Egress = egress(Some(ca.ca_file()));
-            let resp = egress
-                .execute(&via(Method::Get, &plain.url("/socks"), &r))
+            let resp = get(&egress, &plain.url("/socks"), &r)
                 .await
                 .unwrap_or_else(|e| panic!("{scheme} http: {e:?}"));
             assert_eq!(resp.status, 200);
-            let resp = egress
-                .execute(&via(Method::Get, &secure.https_url("localhost", "/s"), &r))
+            let resp = get(&egress, &secure.https_url("localhost", "/s"), &r)
                 .await
                 .unwrap_or_else(|e| panic!("{scheme} https: {e:?}"));
             assert_eq!(resp.status, 200);
@@ -377,27 +362,16 @@ fn dante_failures_map_to_upstream_proxy_failure() {
     let dante = Dante::start(&[("st-f1", "right")]);
     let up = Upstream::start(upstream::echo());
     let health = HealthRegistry::default();
-    let pool = |password: &str| {
-        pool(
-            &format!(
-                r#"{{"id":"dt","url":"socks5://127.0.0.1:{}","username_template":"st-f1","password":"{password}"}}"#,
-                dante.port()
-            ),
-            &health,
-        )
-    };
+    let url = format!("socks5://127.0.0.1:{}", dante.port());
+    let pool = |password: &str| pool(&with_auth("dt", &[&url], "st-f1", password), &health);
     let (wrong, right) = (pool("wrong"), pool("right"));
     run(async {
         let egress = egress(None);
-        let e = proxy_failure(
-            &egress,
-            &via(Method::Get, &up.url("/"), &route(&wrong, "", "")),
-        )
-        .await;
+        let e = proxy_failure(&egress, &up.url("/"), &route(&wrong, "", "")).await;
         assert_eq!(detail(&e, "fact"), Some("proxy_auth"));
         assert_eq!(e.upstream_status, None);
         let closed = format!("http://127.0.0.1:{}/", free_port());
-        let e = proxy_failure(&egress, &via(Method::Get, &closed, &route(&right, "", ""))).await;
+        let e = proxy_failure(&egress, &closed, &route(&right, "", "")).await;
         assert_eq!(detail(&e, "fact"), Some("proxy_tunnel"));
         assert!(detail(&e, "socks_reply").is_some(), "{e:?}");
     });
@@ -405,43 +379,36 @@ fn dante_failures_map_to_upstream_proxy_failure() {
 
 #[test]
 fn https_proxies_carry_http_and_https_and_are_verified() {
-    let ca = TestCa::new();
+    let Destinations { ca, plain, secure } = destinations();
     let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
     let squid = Squid::start_tls(&[("tls-user", "pw")], &cert, &key);
-    let plain = Upstream::start(upstream::echo());
-    let secure = tls_upstream(&ca);
     let health = HealthRegistry::default();
-    let pool = pool(
-        &format!(
-            r#"{{"id":"sq","url":"https://localhost:{}","username_template":"tls-user","password":"pw"}}"#,
-            squid.port()
-        ),
-        &health,
+    let url = format!("https://localhost:{}", squid.port());
+    let r = route(
+        &pool(&with_auth("sq", &[&url], "tls-user", "pw"), &health),
+        "",
+        "",
     );
-    let r = route(&pool, "", "");
     run(async {
         let egress = egress(Some(ca.ca_file()));
-        let resp = egress
-            .execute(&via(Method::Get, &plain.url("/p"), &r))
+        let resp = get(&egress, &plain.url("/p"), &r)
             .await
             .expect("http through an https proxy");
         assert_eq!(resp.status, 200);
         // TLS to the destination inside TLS to the proxy.
-        let resp = egress
-            .execute(&via(Method::Get, &secure.https_url("localhost", "/s"), &r))
+        let resp = get(&egress, &secure.https_url("localhost", "/s"), &r)
             .await
             .expect("https through an https proxy");
         assert_eq!(resp.status, 200);
         assert!(resp.body.starts_with(b"GET /s HTTP/1.1\r\n"));
-        let again = egress
-            .execute(&via(Method::Get, &secure.https_url("localhost", "/s2"), &r))
+        let again = get(&egress, &secure.https_url("localhost", "/s2"), &r)
             .await
             .expect("pooled");
         assert!(again.is_connection_reused);
         drop(egress);
         // Without the CA the proxy's certificate is refused: the TLS failure is the proxy's.
         let untrusting = support::egress(None);
-        let e = proxy_failure(&untrusting, &via(Method::Get, &plain.url("/"), &r)).await;
+        let e = proxy_failure(&untrusting, &plain.url("/"), &r).await;
         assert_eq!(detail(&e, "fact"), Some("proxy_tls"));
     });
     wait_for_log(&squid.access_log(), "two CONNECT lines", |t| {
@@ -457,27 +424,16 @@ fn a_session_keeps_its_endpoint() {
     let up = Upstream::start(upstream::echo());
     let health = HealthRegistry::default();
     let pool = pool(
-        &format!(
-            r#"{{"id":"pair","urls":["{}","{}"],"username_template":"s-{{session}}","password":"pw"}}"#,
-            one.url(),
-            two.url()
-        ),
+        &with_auth("pair", &[&one.url(), &two.url()], "s-{session}", "pw"),
         &health,
     );
     let sessions = ["a", "b", "c", "d"];
     run(async {
-        let egress = support::egress_with_pool(
-            None,
-            sortie_io::egress::PoolLimits {
-                max_idle_per_key: 0,
-                ..Default::default()
-            },
-        );
+        let egress = unpooled_egress();
         for _ in 0..3 {
             for s in sessions {
                 let r = session_route(&pool, s);
-                let resp = egress
-                    .execute(&via(Method::Get, &up.url("/"), &r))
+                let resp = get(&egress, &up.url("/"), &r)
                     .await
                     .expect("through a squid");
                 assert_eq!(resp.status, 200);
