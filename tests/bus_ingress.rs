@@ -643,3 +643,65 @@ fn receipt_bodies_on_a_remote_worker() {
         assert!(!text.contains("signature="), "signed URL in output: {text}");
     }
 }
+
+/// A relayed download through a remote worker: an operator's cancel cuts it (curl sees the
+/// truncated transfer) and the request leaves the active list; a second download is cut the
+/// same way when its worker is killed.
+#[test]
+fn relayed_downloads_end_on_cancel_and_when_their_worker_dies() {
+    let up = Upstream::start(upstream::slow_body(
+        4 << 20,
+        512 << 10,
+        Duration::from_secs(25),
+    ));
+    let (gw, _two, mut three) = control_and_two_workers("");
+    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
+    let dir = support::gateway::temp_dir("bus-proxy-cut");
+    let download = |tag: &str, name: &str| {
+        let file = dir.join(name);
+        let child = Command::new("curl")
+            .args(["-s", "-o", &file.display().to_string(), "--max-time", "30"])
+            .args(["-x", &proxy, "--proxy-user", &proxy_user()])
+            .args(["--proxy-header", &format!("X-Service-Route-Tags: {tag}")])
+            .arg(up.url("/stall"))
+            .spawn()
+            .expect("curl must be installed");
+        wait_until(Duration::from_secs(10), "the first body bytes", || {
+            std::fs::metadata(&file).is_ok_and(|m| m.len() >= 64 << 10)
+        });
+        child
+    };
+    let wait_exit = |child: &mut std::process::Child| {
+        let mut status = None;
+        wait_until(Duration::from_secs(10), "curl to see the cut", || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.unwrap().code()
+    };
+
+    let mut child = download("two", "cancelled");
+    let items = admin_items(&gw, "/api/v1/admin/requests");
+    assert_eq!(items.len(), 1, "{items:?}");
+    let id = items[0]["request_id"].as_str().unwrap();
+    let r = admin(
+        &gw,
+        "DELETE",
+        &format!("/api/v1/admin/requests/{id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    // curl reports the truncated transfer (exit 18, partial file).
+    assert_eq!(wait_exit(&mut child), Some(18));
+    wait_until(Duration::from_secs(5), "the list to empty", || {
+        admin_items(&gw, "/api/v1/admin/requests").is_empty()
+    });
+
+    let mut child = download("three", "killed");
+    three.kill9();
+    assert_eq!(wait_exit(&mut child), Some(18));
+    wait_until(Duration::from_secs(5), "the list to empty", || {
+        admin_items(&gw, "/api/v1/admin/requests").is_empty()
+    });
+}
