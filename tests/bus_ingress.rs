@@ -434,6 +434,18 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
         String::from_utf8_lossy(&back),
         format!("got {} bytes", payload.len())
     );
+    // The tunnel's bytes are counted when it ends, in both directions.
+    let counted = |direction: &str| {
+        let text = admin(&gw, "GET", "/metrics", &[], b"").text();
+        let prefix = format!("sortie_tunnel_bytes_total{{direction=\"{direction}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    wait_until(Duration::from_secs(5), "the tunnel's bytes counted", || {
+        counted("up") == payload.len() as u64 && counted("down") == back.len() as u64
+    });
 
     // Idle: nothing moves, the control closes the tunnel after the limit and the worker closes
     // the destination's connection.
