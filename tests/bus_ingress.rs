@@ -717,3 +717,41 @@ fn relayed_downloads_end_on_cancel_and_when_their_worker_dies() {
         admin_items(&gw, "/api/v1/admin/requests").is_empty()
     });
 }
+
+/// A remote worker advertises exactly the fingerprint profiles its startup self-test verified
+/// (decision 082): a build with feature `fingerprints` verifies every built-in profile and a
+/// request naming one is performed by the worker; a build without it advertises none and the
+/// control answers `unsupported_fingerprint`.
+#[test]
+fn a_remote_worker_advertises_the_profiles_its_self_test_verified() {
+    let gw = control("127.0.0.1:0", None).start();
+    let _w = start_worker("wf", gw.bus.expect("bus listener"), None, "");
+    let w = wait_worker(&gw, "wf", "connected");
+    let advertised: Vec<&str> = w["fingerprint_profiles"]
+        .as_array()
+        .expect("fingerprint_profiles")
+        .iter()
+        .filter_map(|p| p.as_str())
+        .collect();
+    let up = Upstream::start(upstream::echo());
+    let name = sortie_core::fingerprint::BUILTIN_PROFILES
+        .first()
+        .copied()
+        .expect("a built-in profile");
+    let r = request_at(
+        gw.api,
+        &json!({"method": "GET", "url": up.url("/fp"), "fingerprint_profile": name}),
+    );
+    if cfg!(feature = "fingerprints") {
+        let all: Vec<&str> = sortie_core::fingerprint::profile::PROFILES
+            .iter()
+            .map(|p| p.name)
+            .collect();
+        assert_eq!(advertised, all);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["status"], 200, "{}", r.text());
+    } else {
+        assert!(advertised.is_empty(), "{advertised:?}");
+        assert_eq!(r.json()["code"], "unsupported_fingerprint", "{}", r.text());
+    }
+}

@@ -104,7 +104,7 @@ fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegi
 
 /// Runs the fingerprint self-test of this process, logs each profile's outcome and returns
 /// the names of the profiles that passed.
-fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
+pub(crate) fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
     use crate::egress::fingerprint;
     if !fingerprint::IS_BUILT {
         tracing::info!(

@@ -142,6 +142,10 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         crate::egress::client_config(file.egress.ca_file.as_deref().map(std::path::Path::new))
             .map_err(|e| format!("egress.ca_file: {e}"))?;
     let resolver = ResolverPool::start().map_err(|e| e.to_string())?;
+    // The worker advertises exactly the profiles whose loopback self-test passed in this
+    // process, before it dials any control (decision 082).
+    let fingerprint_profiles =
+        crate::serve::verify_fingerprints(file.egress.ca_file.as_deref().map(std::path::Path::new));
     let n = crate::runtime::core_count(w.cores);
     let session = format!("s{}", hex(&crate::tokens::random_bytes::<12>()));
     let shared = Arc::new(Shared {
@@ -155,7 +159,7 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
             ip_type: w.ip_type.clone(),
             ingress: w.ingress.clone(),
             pools: w.pools.clone(),
-            fingerprint_profiles: Vec::new(),
+            fingerprint_profiles,
             capacity: w.capacity,
         },
         capacity: w.capacity,
@@ -725,6 +729,18 @@ async fn exchange(
         .collect();
     let is_proxy = a.ingress == 1;
     let tenant = crate::dns::tenant_of_id(&a.deployment_id);
+    // The control routes a named profile only to a worker advertising it, and this worker
+    // advertises only what it verified; a name it did not verify is refused, never sent with
+    // an ordinary ClientHello.
+    let fingerprint = match a.fingerprint_profile.as_deref() {
+        None => None,
+        Some(name) => Some(crate::egress::fingerprint::verified(name).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::UnsupportedFingerprint,
+                format!("worker {} did not verify profile {name}", shared.id),
+            )
+        })?),
+    };
     let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
     if let BodySource::Receipt {
         url: receipt_url,
@@ -746,7 +762,9 @@ async fn exchange(
             via,
             tenant,
         };
-        let mut resp = egress.open(&req, &mut src).await?;
+        let mut resp = egress
+            .open_fingerprinted(&req, fingerprint, &mut src)
+            .await?;
         resp.body.set_deadline(deadline);
         return send_response(wl, s, a, resp).await;
     }
@@ -780,7 +798,9 @@ async fn exchange(
         tenant,
     };
     let mut resp = if src.is_streamed {
-        egress.open(&req, &mut src).await?
+        egress
+            .open_fingerprinted(&req, fingerprint, &mut src)
+            .await?
     } else {
         // The request API's inline body arrives whole before the exchange starts (it is
         // bounded by the control's inline limit), so a replayable request can be re-sent.
@@ -788,7 +808,9 @@ async fn exchange(
         while let Some(c) = src.next_chunk().await? {
             whole.extend_from_slice(&c);
         }
-        egress.open(&req, &mut Bytes::from(whole)).await?
+        egress
+            .open_fingerprinted(&req, fingerprint, &mut Bytes::from(whole))
+            .await?
     };
     if is_proxy {
         // A relayed body's deadline is its idle limit alone, as for the local forward proxy.
