@@ -429,6 +429,12 @@ async fn handle_inner(
             };
             break (assigned_at, routed, assigned.decision, outcome, tracked);
         }
+        // Refused by remote workers, routed to a local one: the receipt goes back to
+        // `verified` before the local attempt takes it.
+        if let Some((h, _, _)) = remote_hold.take() {
+            h.release(sortie_core::receipt::ReceiptState::Verified)
+                .await;
+        }
         let decision = &assigned.decision;
         let slot = &assigned.slot;
         let via = assigned.via.as_ref();
@@ -612,8 +618,9 @@ pub(crate) struct Assigned {
 }
 
 /// Routes a request (spec, Routing rules 1-6) and takes capacity on the chosen worker: the
-/// forward proxy's step (a remote worker relays over the bus, decision 064). `fingerprint` is the request API's
-/// named profile, checked against the worker's advertisement (Request API rule 6).
+/// forward proxy's step (a remote worker relays over the bus, decision 064). `fingerprint` is
+/// the request API's named profile, checked against the worker's advertisement (Request API
+/// rule 6).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn assign(
     ctx: &ApiContext,
@@ -625,7 +632,7 @@ pub(crate) fn assign(
     fingerprint: Option<&str>,
     started: Instant,
 ) -> Result<Assigned, ApiError> {
-    let a = assign_excluding(
+    assign_excluding(
         ctx,
         active,
         deployment,
@@ -635,8 +642,7 @@ pub(crate) fn assign(
         fingerprint,
         started,
         &[],
-    )?;
-    Ok(a)
+    )
 }
 
 /// [`assign`] with workers that already refused this request counted as full.
