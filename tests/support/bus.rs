@@ -50,7 +50,9 @@ impl BusTls {
 /// A control builder with a bus on `bus_addr` (`127.0.0.1:0` for any port), plain TCP unless
 /// `tls` is given.
 pub fn control(bus_addr: &str, tls: Option<&BusTls>) -> GatewayBuilder {
-    control_with(bus_addr, tls, 200)
+    // Long enough that a loaded test machine does not miss three heartbeats in a row (a lane
+    // then closes under a running request); the heartbeat test sets its own.
+    control_with(bus_addr, tls, 500)
 }
 
 /// [`control`] with another heartbeat interval.
