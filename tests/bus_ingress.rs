@@ -755,3 +755,32 @@ fn a_remote_worker_advertises_the_profiles_its_self_test_verified() {
         assert_eq!(r.json()["code"], "unsupported_fingerprint", "{}", r.text());
     }
 }
+
+/// `control.bus.api_base_url` is where workers fetch receipt bodies: pointed at a closed port,
+/// the worker's fetch fails, the request answers `body_ref_unavailable` and the receipt is
+/// `verified` again for another attempt.
+#[test]
+fn the_configured_api_base_url_is_where_workers_fetch_receipts() {
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{}\"\nplaintext = true\napi_base_url = \"http://127.0.0.1:9\"\n",
+            support::bus::WORKER_TOKEN
+        ))
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
+        .start();
+    let _w = start_worker("wu", gw.bus.expect("bus listener"), None, "");
+    wait_worker(&gw, "wu", "connected");
+    let echo = Upstream::start(upstream::echo());
+    let body = upstream::pattern(64 * 1024);
+    let id = verified_receipt(&gw, &body);
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/x"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
+    assert_eq!(echo.connections(), 0);
+    assert_eq!(receipt_state(&gw, &id), "verified");
+}
