@@ -34,6 +34,9 @@ MODES=${MODES:-"absolute connect-new in-tunnel api"}
 # PROFILE=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and size
 # under `perf record`, and its top symbols by self time.
 PROFILE=${PROFILE:-0}
+# A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
+# the gateway's own pinning (one CPU per core thread).
+GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 
 RESULTS_FILE=""
 TUNNELBENCH=""
@@ -256,6 +259,12 @@ TOML
   start_bg sortie "$bin" serve --config "$dir/sortie.toml"
   GATEWAY_PID=${PID_OF[sortie]}
   wait_port "$PROXY_PORT" 30 "$GATEWAY_PID" || { cat "$WORK_DIR/sortie.log" >&2; die "sortie did not start"; }
+  if [ -n "$GATEWAY_AFFINITY" ]; then
+    # The core threads pin themselves to one CPU each; on a machine shared with other work a
+    # pinned thread waits for its CPU while the other is idle, where the peers (unpinned)
+    # move. GATEWAY_AFFINITY (a CPU list, e.g. 0-1) widens every thread of the gateway.
+    taskset -a -p -c "$GATEWAY_AFFINITY" "$GATEWAY_PID" >/dev/null || die "taskset failed"
+  fi
 }
 
 # Runs one measurement: $1 mode, $2 size, $3 label. Appends its result line (with cpu_s) to
@@ -338,7 +347,7 @@ main() {
   bin=$(gateway_binary)
   start_peers
   start_sortie "$bin"
-  say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES, wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
+  say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES${GATEWAY_AFFINITY:+ (affinity $GATEWAY_AFFINITY)}, wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
   local round mode size label
   for ((round = 1; round <= ROUNDS; round++)); do
     for mode in $MODES; do
@@ -399,11 +408,19 @@ profile_all() {
       local rec=$!
       measure "$mode" "$size" sortie
       wait "$rec" || { cat "$WORK_DIR/perf-record.log" >&2; die "perf record failed"; }
-      say "--- profile: $mode $size (top 12 by self time)"
-      perf report -i "$data" --stdio --no-children --sort sym -g none 2>/dev/null |
-        grep -E '^ +[0-9]' | awk 'NR <= 12' | tee -a "$RESULTS_FILE"
+      say "--- profile: $mode $size (top 12 by self time, $(perf_samples "$data") samples)"
+      # A profile without samples (the gateway starved of CPU) must not end the run.
+      perf report -i "$data" --stdio --no-children --sort sym -g none >"$WORK_DIR/perf-report.txt" 2>&1 || true
+      { grep -E '^ +[0-9]' "$WORK_DIR/perf-report.txt" || echo "(no samples)"; } |
+        awk 'NR <= 12' | tee -a "$RESULTS_FILE"
     done
   done
+}
+
+# Samples in the perf data file $1 (0 when unreadable).
+perf_samples() {
+  perf report -i "$1" --stdio --no-children --sort sym -g none 2>/dev/null |
+    awk '/^# Samples: / { print $3; found = 1; exit } END { if (!found) print 0 }'
 }
 
 us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.2f", us / 1000 }'; }

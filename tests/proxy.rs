@@ -288,6 +288,39 @@ fn open_tunnel(gw: &Gateway, port: u16) -> (TcpStream, String) {
     (s, status)
 }
 
+/// Bulk bytes both ways through a tunnel arrive whole and in order (each direction starts as
+/// a copy loop and splices once its reads fill the largest buffer), and the client's
+/// half-close reaches the destination while the other direction goes on.
+#[test]
+fn a_tunnel_carries_bulk_bytes_both_ways_and_the_half_close() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A raw echo destination: copies back until the end of stream, then closes its side.
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut r = s.try_clone().unwrap();
+        let n = std::io::copy(&mut r, &mut s).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        n
+    });
+    let gw = Gateway::builder().start();
+    let (mut s, status) = open_tunnel(&gw, port);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let payload = upstream::pattern(8 << 20);
+    let mut w = s.try_clone().unwrap();
+    let sent = payload.clone();
+    let writer = std::thread::spawn(move || {
+        w.write_all(&sent).unwrap();
+        w.shutdown(std::net::Shutdown::Write).unwrap();
+    });
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    writer.join().unwrap();
+    assert_eq!(echo.join().unwrap(), payload.len() as u64);
+    assert_eq!(got.len(), payload.len());
+    assert!(got == payload, "the echoed bytes differ");
+}
+
 #[test]
 fn tunnel_idle_timeout_and_limit_come_from_the_config() {
     let echo = Upstream::start(upstream::echo());

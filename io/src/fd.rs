@@ -1,7 +1,8 @@
 //! Socket operations the runtime does not offer on a connected stream: reading `SO_ERROR` after
 //! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver,
 //! checking an idle pooled connection or a client's connection for a close or unread bytes
-//! without consuming them or waiting, and duplicating a client's descriptor to wait on it.
+//! without consuming them or waiting, duplicating a client's descriptor to wait on it, and the
+//! pipe and non-waiting `splice` a tunnel moves its bytes with (decision 022).
 //!
 //! This is the only module of the io crate's network code with `unsafe` code: each operation
 //! borrows the raw descriptor of a stream the caller keeps open, for the length of one system
@@ -10,7 +11,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd as _, OwnedFd, RawFd};
 
 use socket2::SockRef;
 
@@ -33,6 +34,80 @@ pub(crate) fn take_error<S: AsRawFd>(stream: &S) -> io::Result<Option<io::Error>
 /// way); the epoll driver needs non-blocking ones.
 pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.set_nonblocking(false))
+}
+
+/// Sets `O_NONBLOCK` (the only file status flag a socket of ours carries), so that a `splice`
+/// from or to it returns `WouldBlock` instead of blocking the core's thread.
+pub(crate) fn set_nonblocking<S: AsRawFd>(stream: &S) -> io::Result<()> {
+    // SAFETY: the caller keeps the descriptor open for the call (it is borrowed from `stream`);
+    // F_SETFL takes an int argument.
+    if unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A pipe with both ends non-blocking, the kernel-side buffer of a spliced tunnel direction:
+/// bytes go socket → pipe → socket as page references, never through user space.
+#[derive(Debug)]
+pub(crate) struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+}
+
+impl Pipe {
+    /// A new pipe (`pipe2` with `O_NONBLOCK | O_CLOEXEC`), its capacity raised towards `bytes`
+    /// when the kernel allows it (it keeps its default of 64 KiB otherwise).
+    pub(crate) fn new(bytes: usize) -> io::Result<Pipe> {
+        let mut fds: [libc::c_int; 2] = [-1, -1];
+        // SAFETY: `fds` is a valid, writable array of two ints for the length of the call.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let [r, w] = fds;
+        // SAFETY: `pipe2` succeeded: both descriptors are open and owned by nobody else; each is
+        // wrapped exactly once, and the wrappers close them.
+        let pipe = unsafe {
+            Pipe {
+                read: OwnedFd::from_raw_fd(r),
+                write: OwnedFd::from_raw_fd(w),
+            }
+        };
+        let size = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the descriptor is open (owned by `pipe`); F_SETPIPE_SZ takes an int. A refusal
+        // (over the per-user pipe limit) leaves the default size, which works too.
+        let _ = unsafe { libc::fcntl(pipe.write.as_raw_fd(), libc::F_SETPIPE_SZ, size) };
+        Ok(pipe)
+    }
+
+    /// Moves up to `len` bytes from the socket `from` into the pipe without waiting: `Ok(0)` is
+    /// the socket's end of stream, `WouldBlock` means no bytes (or no room in the pipe).
+    pub(crate) fn fill_from<S: AsRawFd>(&self, from: &S, len: usize) -> io::Result<usize> {
+        splice(from.as_raw_fd(), self.write.as_raw_fd(), len)
+    }
+
+    /// Moves up to `len` bytes from the pipe to the socket `to` without waiting; `WouldBlock`
+    /// means the socket's send buffer is full.
+    pub(crate) fn drain_to<S: AsRawFd>(&self, to: &S, len: usize) -> io::Result<usize> {
+        splice(self.read.as_raw_fd(), to.as_raw_fd(), len)
+    }
+}
+
+/// `splice(2)` between two open descriptors, one of them a pipe, without waiting.
+fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+    // SAFETY: both descriptors are open for the length of the call (borrowed from owners the
+    // callers hold); null offsets are what a pipe and a socket require.
+    let n = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
 /// What a non-waiting poll found on a connection: a client's while its request is served, or
@@ -207,6 +282,55 @@ mod tests {
         let (c, s) = pair();
         drop(s);
         assert_eq!(settle_peer(&c), PeerState::Gone);
+    }
+
+    #[test]
+    fn a_pipe_splices_socket_to_socket_without_waiting() {
+        use std::io::Read as _;
+        let (mut src_peer, src) = pair();
+        let (dst, mut dst_peer) = pair();
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            dst_peer.read_to_end(&mut got).map(|_| got)
+        });
+        set_nonblocking(&src).unwrap();
+        set_nonblocking(&dst).unwrap();
+        let pipe = Pipe::new(256 * 1024).unwrap();
+        // Nothing sent yet: no bytes, and no wait.
+        let e = pipe.fill_from(&src, 4096).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        src_peer.write_all(&payload).unwrap();
+        src_peer.shutdown(Shutdown::Write).unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut moved = 0usize;
+        loop {
+            assert!(
+                std::time::Instant::now() < until,
+                "only {moved} bytes moved"
+            );
+            match pipe.fill_from(&src, 1 << 20) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let mut left = n;
+                    while left > 0 {
+                        match pipe.drain_to(&dst, left) {
+                            Ok(m) => left -= m,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                std::thread::yield_now()
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    moved += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(moved, payload.len());
+        dst.shutdown(Shutdown::Write).unwrap();
+        assert_eq!(reader.join().unwrap().unwrap(), payload);
     }
 
     #[test]

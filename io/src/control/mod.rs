@@ -11,4 +11,5 @@ pub mod proxy;
 pub mod receipts;
 pub mod state;
 mod streamed;
+mod tunnel;
 pub mod web;

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, OwnedWriteHalf, Splitable as _};
 use monoio::net::TcpStream;
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
@@ -35,16 +34,12 @@ use subtle::ConstantTimeEq as _;
 
 use super::api::{assign, ApiContext};
 use super::core::{ActiveGuard, Cancelled};
+use super::tunnel::relay;
 use crate::egress::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts};
 use crate::http::{
     Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
 };
 use crate::tokens::DeploymentRef;
-
-/// Bytes the first read of a tunnel direction asks for.
-const TUNNEL_BUFFER_BYTES: usize = 16 * 1024;
-/// The most one read of a tunnel direction asks for, once reads keep filling the buffer.
-const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Concurrent tunnels per deployment, shared by every core.
 pub struct TunnelCounts {
@@ -641,31 +636,25 @@ impl Tunnel for TunnelJob {
         early: Vec<u8>,
     ) -> Pin<Box<dyn Future<Output = ()>>> {
         Box::pin(async move {
-            let mut job = *self;
-            let (client_read, client_write) = client.into_split();
-            let (up_read, mut up_write) = job.upstream.into_split();
-            let up_bytes = Rc::new(Cell::new(0u64));
-            let down_bytes = Rc::new(Cell::new(0u64));
-            let upload = async {
-                if !early.is_empty() {
-                    up_bytes.set(early.len() as u64);
-                    let (res, _) = up_write.write_all(early).await;
-                    res?;
-                }
-                copy(client_read, up_write, &up_bytes).await
-            };
-            let download = copy(up_read, client_write, &down_bytes);
-            let both = async {
-                let (u, dl) = monoio::join!(upload, download);
-                u.and(dl)
-            };
+            let TunnelJob {
+                upstream,
+                mut cancelled,
+                _tracked,
+                _assigned,
+                _permit,
+                metrics,
+                core,
+                idle_timeout,
+            } = *self;
+            let up_bytes = Cell::new(0u64);
+            let down_bytes = Cell::new(0u64);
+            let relay = relay(client, upstream, early, &up_bytes, &down_bytes);
             let ended = monoio::select! {
-                r = both => if r.is_ok() { "closed" } else { "broken" },
-                _ = idle_watch(&up_bytes, &down_bytes, job.idle_timeout) => "idle",
-                _ = &mut job.cancelled => "cancelled",
+                r = relay => if r.is_ok() { "closed" } else { "broken" },
+                _ = idle_watch(&up_bytes, &down_bytes, idle_timeout) => "idle",
+                _ = &mut cancelled => "cancelled",
             };
-            job.metrics
-                .record_tunnel(job.core, up_bytes.get(), down_bytes.get());
+            metrics.record_tunnel(core, up_bytes.get(), down_bytes.get());
             tracing::debug!(
                 target: "sortie::proxy",
                 bytes_up = up_bytes.get(),
@@ -674,41 +663,6 @@ impl Tunnel for TunnelJob {
                 "tunnel ended"
             );
         })
-    }
-}
-
-/// Copies one direction of a tunnel until EOF, then half-closes the writer (by dropping it),
-/// counting the bytes in `counter`. The buffer starts at [`TUNNEL_BUFFER_BYTES`] and doubles, up to
-/// [`MAX_TUNNEL_BUFFER_BYTES`], whenever a read fills it: an interactive tunnel stays small, a
-/// bulk one moves large pieces. No timer per read: [`idle_watch`] watches the counters.
-async fn copy<R: AsyncReadRent>(
-    mut from: R,
-    mut to: OwnedWriteHalf<TcpStream>,
-    counter: &Cell<u64>,
-) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
-    loop {
-        let (res, back) = from.read(buf).await;
-        buf = back;
-        let n = res?;
-        if n == 0 {
-            // Returning drops `to`, and dropping a write half shuts the socket's write side
-            // (`shutdown(SHUT_WR)`): the half-close, without a second call of our own.
-            return Ok(());
-        }
-        counter.set(counter.get().saturating_add(n as u64));
-        let is_full = n == buf.capacity();
-        let (res, back) = to.write_all(buf).await;
-        res?;
-        buf = back;
-        buf.clear();
-        if is_full && buf.capacity() < MAX_TUNNEL_BUFFER_BYTES {
-            buf.reserve_exact(
-                buf.capacity()
-                    .saturating_mul(2)
-                    .min(MAX_TUNNEL_BUFFER_BYTES),
-            );
-        }
     }
 }
 

@@ -142,7 +142,10 @@ impl Conn {
         self.buf = buf;
         match res {
             Ok(n) => {
-                self.is_plaintext_drained = n < asked;
+                // Plain TCP buffers nothing in user space, whatever the read filled; rustls may
+                // hold more when the read filled what was asked.
+                self.is_plaintext_drained =
+                    matches!(self.transport, Transport::Plain(_)) || n < asked;
                 Ok(self.buf.get(..n).unwrap_or_default())
             }
             Err(e)
@@ -304,5 +307,47 @@ impl AsRawFd for Conn {
     /// The TCP descriptor, open for as long as the connection lives.
     fn as_raw_fd(&self) -> RawFd {
         self.fd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    /// A plain connection is drained after a read that fills the buffer exactly: there is no
+    /// user-space layer that could hold more, and a pooled connection must not be refused
+    /// (or read again) for it.
+    #[test]
+    fn a_plain_read_that_fills_the_buffer_leaves_nothing_behind() {
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let client = std::net::TcpStream::connect(addr).unwrap();
+            let (mut server, _) = listener.accept().unwrap();
+            // From a thread: the socket buffers may not take it all before the reads start.
+            let writer = std::thread::spawn(move || {
+                server.write_all(&vec![7u8; 2 * READ_BUF_BYTES]).unwrap();
+                server
+            });
+            // Wait (bounded) until a whole buffer's worth is queued, so that the read fills it.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut peek = vec![0u8; READ_BUF_BYTES];
+            while client.peek(&mut peek).unwrap() < READ_BUF_BYTES {
+                assert!(std::time::Instant::now() < until, "bytes not delivered");
+                std::thread::yield_now();
+            }
+            let mut conn = Conn::plain(TcpStream::from_std(client).unwrap(), addr);
+            let n = conn.read_some().await.unwrap().len();
+            assert_eq!(n, READ_BUF_BYTES);
+            assert!(conn.is_plaintext_drained());
+            let mut rest = READ_BUF_BYTES;
+            while rest > 0 {
+                let n = conn.read_some().await.unwrap().len();
+                assert!(n > 0, "early end");
+                rest = rest.saturating_sub(n);
+            }
+            drop(writer.join().unwrap());
+        });
     }
 }
