@@ -790,3 +790,47 @@ fn one_worker_serves_two_controls() {
     assert_eq!(wait_worker(&b, "w2", "connected")["session"], sb["session"]);
     drop(w);
 }
+
+#[test]
+fn a_response_head_beyond_the_bus_limits_fails_its_request_and_not_the_lane() {
+    let gw = control("127.0.0.1:0", None).start();
+    let w = start_worker("wh", gw.bus.unwrap(), None, "bind_address = \"127.0.0.1\"");
+    let session = wait_worker(&gw, "wh", "connected")["session"].clone();
+    // The bus carries header names of at most 256 bytes; HTTP/1.1 does not bound them.
+    let long_name = "x".repeat(300);
+    let up = Upstream::start(Arc::new(move |r: &Request| {
+        if r.target == "/long-name" {
+            vec![Step::Write(upstream::response(
+                200,
+                &[(&long_name, "1")],
+                b"no",
+            ))]
+        } else {
+            vec![
+                Step::Pause(Duration::from_millis(if r.target == "/slow" {
+                    800
+                } else {
+                    0
+                })),
+                Step::Write(upstream::response(200, &[], b"fine")),
+            ]
+        }
+    }));
+    let api = gw.api;
+    let slow_url = up.url("/slow");
+    let slow = std::thread::spawn(move || request_at(api, &get(&slow_url)));
+    let r = request_at(gw.api, &get(&up.url("/long-name")));
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["code"], "protocol_error", "{}", r.text());
+    let slow = slow.join().unwrap();
+    assert_eq!(
+        slow.status,
+        200,
+        "concurrent request on the same lane: {}",
+        slow.text()
+    );
+    let next = request_at(gw.api, &get(&up.url("/next")));
+    assert_eq!(next.status, 200, "{}", next.text());
+    assert_eq!(wait_worker(&gw, "wh", "connected")["session"], session);
+    drop(w);
+}

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 use sortie_core::bus::{
-    Assign, BodySource, Frame, Heartbeat, Hello, ResponseHead, StreamError, StreamId, Verdict,
-    WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Assign, BodySource, EncodeError, Frame, Heartbeat, Hello, ResponseHead, StreamError, StreamId,
+    Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use sortie_core::config::WorkerFile;
 use sortie_core::destination::DestinationPolicy;
@@ -375,10 +375,39 @@ struct WLane {
 }
 
 impl WLane {
-    fn send(&self, frame: &Frame) {
-        if self.out.push(frame).is_ok() {
-            self.proto.borrow_mut().sent(frame);
+    /// Queues a frame. A frame that cannot be encoded (a field over the codec's bounds) is not
+    /// sent and the caller is told, so that one stream fails rather than the lane.
+    fn send(&self, frame: &Frame) -> Result<(), EncodeError> {
+        if let Err(e) = self.out.push(frame) {
+            // A stream error carrying an oversized message or details still ends its stream,
+            // with the code alone.
+            if let Frame::StreamError(se) = frame {
+                let bare = Frame::StreamError(StreamError {
+                    stream: se.stream,
+                    code: se.code.clone(),
+                    message: "error details exceed the bus limits".into(),
+                    timeout_type: se.timeout_type.clone(),
+                    upstream_status: se.upstream_status,
+                    details: Vec::new(),
+                });
+                self.send(&bare)?;
+            }
+            return Err(e);
         }
+        self.proto.borrow_mut().sent(frame);
+        self.forget_if_done(frame);
+        Ok(())
+    }
+
+    /// Queues a frame whose fields are bounded by construction (heartbeats, credit, accept,
+    /// data within `MAX_DATA_BYTES`, ...), logging the impossible failure.
+    fn post(&self, frame: &Frame) {
+        if let Err(e) = self.send(frame) {
+            tracing::error!(frame = frame.name(), error = %e, "bus frame could not be encoded");
+        }
+    }
+
+    fn forget_if_done(&self, frame: &Frame) {
         if let Some(id) = frame.stream() {
             let ends = matches!(
                 frame,
@@ -490,7 +519,7 @@ async fn lane_session(
         monoio::spawn(async move {
             let mut has_said_goaway = false;
             while hb.get() {
-                wl.send(&Frame::Heartbeat(Heartbeat {
+                wl.post(&Frame::Heartbeat(Heartbeat {
                     active: shared.active.load(Ordering::Relaxed),
                     capacity: shared.capacity,
                 }));
@@ -499,7 +528,7 @@ async fn lane_session(
                 while hb.get() && Instant::now() < next {
                     if !has_said_goaway && shared.is_stopping.load(Ordering::Relaxed) {
                         has_said_goaway = true;
-                        wl.send(&Frame::GoAway {
+                        wl.post(&Frame::GoAway {
                             reason: "worker stopping".into(),
                         });
                     }
@@ -540,7 +569,7 @@ async fn lane_session(
                             .config
                             .store(Some(Arc::new(Applied::of(&s, &shared.health))));
                         shared.applied.fetch_max(p.version, Ordering::Relaxed);
-                        wl.send(&Frame::ConfigApplied { version: p.version });
+                        wl.post(&Frame::ConfigApplied { version: p.version });
                         tracing::info!(control = %addr, version = p.version, "configuration applied");
                     }
                     Err(e) => {
@@ -628,7 +657,7 @@ async fn serve_stream(
             shared.active.fetch_sub(1, Ordering::AcqRel);
         }
         let reason = if taken { "draining" } else { "capacity" };
-        wl.send(&Frame::Refuse {
+        wl.post(&Frame::Refuse {
             stream,
             reason: reason.into(),
         });
@@ -636,7 +665,7 @@ async fn serve_stream(
     }
     let _release = Release(shared.clone());
     let Some(config) = shared.config.load_full() else {
-        wl.send(&Frame::Refuse {
+        wl.post(&Frame::Refuse {
             stream,
             reason: "config".into(),
         });
@@ -644,7 +673,7 @@ async fn serve_stream(
     };
     // The pool must be one of the applied configuration (a push may be on its way).
     let Some(proxy) = config.pools.get(&a.pool) else {
-        wl.send(&Frame::Refuse {
+        wl.post(&Frame::Refuse {
             stream,
             reason: "pool".into(),
         });
@@ -657,7 +686,7 @@ async fn serve_stream(
     let via = proxy
         .as_ref()
         .map(|p| p.route_rendered(a.proxy_username.as_deref(), session));
-    wl.send(&Frame::Accept { stream });
+    wl.post(&Frame::Accept { stream });
     let work = async {
         match a.ingress {
             2 => tunnel(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
@@ -671,14 +700,14 @@ async fn serve_stream(
     match r {
         None => {
             if s.is_cancelled.get() {
-                wl.send(&Frame::StreamError(to_stream_error(
+                wl.post(&Frame::StreamError(to_stream_error(
                     stream,
                     &ApiError::new(ErrorCode::Cancelled, "cancelled by the control"),
                 )));
             }
         }
         Some(Ok(())) => {}
-        Some(Err(e)) => wl.send(&Frame::StreamError(to_stream_error(stream, &e))),
+        Some(Err(e)) => wl.post(&Frame::StreamError(to_stream_error(stream, &e))),
     }
 }
 
@@ -691,6 +720,16 @@ impl Drop for Release {
             .active
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1));
     }
+}
+
+/// `protocol_error` for a response head the bus cannot carry (the destination's fault).
+fn unsendable_head(e: EncodeError) -> ApiError {
+    ApiError::new(
+        ErrorCode::ProtocolError,
+        format!("the destination's response head exceeds the worker bus limits ({e})"),
+    )
+    .with_detail("side", "upstream")
+    .with_detail("reason", "head_exceeds_bus_limits")
 }
 
 fn to_stream_error(stream: StreamId, e: &ApiError) -> StreamError {
@@ -829,6 +868,8 @@ async fn send_response(
     a: &Assign,
     mut resp: crate::egress::StreamedResponse,
 ) -> Result<(), ApiError> {
+    // A destination may answer with headers beyond the bus's bounds (too many fields, a name
+    // over 256 bytes): that request fails, the lane and its other streams go on.
     wl.send(&Frame::ResponseHead(ResponseHead {
         stream: a.stream,
         status: resp.status,
@@ -837,7 +878,8 @@ async fn send_response(
             .iter()
             .map(|(n, v)| (n.to_vec(), v.to_vec()))
             .collect(),
-    }));
+    }))
+    .map_err(unsendable_head)?;
     let mut sent: u64 = 0;
     let mut piece = Vec::new();
     loop {
@@ -855,7 +897,7 @@ async fn send_response(
         }
         send_within_credit(wl, s, a.stream, &piece).await;
     }
-    wl.send(&Frame::Data {
+    wl.post(&Frame::Data {
         stream: a.stream,
         bytes: Vec::new(),
         end: true,
@@ -877,7 +919,7 @@ async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[
         let Some(piece) = bytes.get(at..at + n) else {
             return;
         };
-        wl.send(&Frame::Data {
+        wl.post(&Frame::Data {
             stream,
             bytes: piece.to_vec(),
             end: false,
@@ -910,7 +952,7 @@ impl EgressBody for BusBody<'_> {
             self.is_done = end;
             if !bytes.is_empty() {
                 if self.is_streamed {
-                    self.wl.send(&Frame::Credit {
+                    self.wl.post(&Frame::Credit {
                         stream: self.stream,
                         bytes: bytes.len() as u32,
                     });
@@ -955,7 +997,8 @@ async fn tunnel(
         stream: a.stream,
         status: 200,
         headers: Vec::new(),
-    }));
+    }))
+    .map_err(unsendable_head)?;
     let (mut from_up, to_up) = upstream.into_split();
     let stream = a.stream;
     // Destination → control, until the destination half-closes.
@@ -966,7 +1009,7 @@ async fn tunnel(
             buf = back;
             match r {
                 Ok(0) => {
-                    wl.send(&Frame::Data {
+                    wl.post(&Frame::Data {
                         stream,
                         bytes: Vec::new(),
                         end: true,
@@ -1001,7 +1044,7 @@ async fn tunnel(
                         format!("tunnel destination: {e}"),
                     ));
                 }
-                wl.send(&Frame::Credit {
+                wl.post(&Frame::Credit {
                     stream,
                     bytes: n as u32,
                 });
