@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::frame::{Assign, BodySource, Frame, Sender, StreamId};
-use super::{PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+use super::{INITIAL_UPLOAD_WINDOW, MAX_WINDOW, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
 /// Most streams open at once on one lane.
 pub const MAX_STREAMS_PER_LANE: usize = 65_536;
@@ -84,6 +84,9 @@ pub struct ControlLane {
     /// Of those, the ones whose worker → control direction has ended: the worker may still
     /// grant credit (or fail the stream) until the control ends its direction.
     half: HashSet<StreamId>,
+    /// Of the streamed and tunnel streams, the bytes the control may still send (the upload
+    /// window plus the worker's credit, minus what it sent).
+    sendable: HashMap<StreamId, u64>,
     next_stream: StreamId,
 }
 
@@ -102,6 +105,7 @@ impl ControlLane {
             cancelled: HashSet::new(),
             up_open: HashSet::new(),
             half: HashSet::new(),
+            sendable: HashMap::new(),
             next_stream: 1,
         }
     }
@@ -149,6 +153,7 @@ impl ControlLane {
         self.cancelled.clear();
         self.half.clear();
         self.up_open.clear();
+        self.sendable.clear();
         self.streams.drain().map(|(id, _)| id).collect()
     }
 
@@ -170,13 +175,21 @@ impl ControlLane {
                 );
                 if matches!(a.body, BodySource::Tunnel | BodySource::Stream { .. }) {
                     self.up_open.insert(a.stream);
+                    self.sendable
+                        .insert(a.stream, u64::from(INITIAL_UPLOAD_WINDOW));
                 }
             }
-            Frame::Data {
-                stream, end: true, ..
-            } => {
-                self.up_open.remove(stream);
-                self.half.remove(stream);
+            Frame::Data { stream, bytes, end } => {
+                if let Some(w) = self.sendable.get_mut(stream) {
+                    *w = w.saturating_sub(bytes.len() as u64);
+                }
+                if *end {
+                    self.up_open.remove(stream);
+                    self.half.remove(stream);
+                    if !self.streams.contains_key(stream) {
+                        self.sendable.remove(stream);
+                    }
+                }
             }
             Frame::Credit { stream, bytes } => {
                 if let Some(s) = self.streams.get_mut(stream) {
@@ -193,6 +206,7 @@ impl ControlLane {
                 // which is dropped anyway: it is not remembered as cancelled.
                 self.up_open.remove(stream);
                 self.half.remove(stream);
+                self.sendable.remove(stream);
                 let was_open = self.streams.remove(stream).is_some();
                 if was_open && self.cancelled.len() < MAX_CANCELLED {
                     self.cancelled.insert(*stream);
@@ -230,10 +244,11 @@ impl ControlLane {
         let Some(state) = self.streams.get(&stream).copied() else {
             if self.half.contains(&stream) {
                 return match frame {
-                    Frame::Credit { .. } => Ok(Verdict::Deliver),
+                    Frame::Credit { bytes, .. } => self.credit(frame, stream, *bytes),
                     Frame::StreamError(_) => {
                         self.half.remove(&stream);
                         self.up_open.remove(&stream);
+                        self.sendable.remove(&stream);
                         Ok(Verdict::Deliver)
                     }
                     _ => Err(violation(frame, "worker already ended its direction")),
@@ -274,6 +289,8 @@ impl ControlLane {
                     self.streams.remove(&stream);
                     if self.up_open.contains(&stream) {
                         self.half.insert(stream);
+                    } else {
+                        self.sendable.remove(&stream);
                     }
                 } else {
                     self.streams.insert(
@@ -287,11 +304,12 @@ impl ControlLane {
             // Credit for the request body or tunnel bytes the control sends.
             (
                 ControlStream::Accepted { .. } | ControlStream::Receiving { .. },
-                Frame::Credit { .. },
-            ) => {}
+                Frame::Credit { bytes, .. },
+            ) => return self.credit(frame, stream, *bytes),
             (_, Frame::StreamError(_)) | (ControlStream::Assigned { .. }, Frame::Refuse { .. }) => {
                 self.streams.remove(&stream);
                 self.up_open.remove(&stream);
+                self.sendable.remove(&stream);
             }
             (ControlStream::Assigned { .. }, _) => {
                 return Err(violation(frame, "stream not accepted yet"))
@@ -301,6 +319,25 @@ impl ControlLane {
             }
             _ => return Err(violation(frame, "out of order for its stream")),
         }
+        Ok(Verdict::Deliver)
+    }
+
+    /// Credit from the worker for the control's direction of a stream.
+    fn credit(
+        &mut self,
+        frame: &Frame,
+        stream: StreamId,
+        bytes: u32,
+    ) -> Result<Verdict, Violation> {
+        let Some(w) = self.sendable.get_mut(&stream) else {
+            // An inline or empty body is sent whole: credit for it has no use.
+            return Ok(Verdict::Ignore);
+        };
+        let raised = *w + u64::from(bytes);
+        if raised > MAX_WINDOW {
+            return Err(violation(frame, "credit beyond the maximum window"));
+        }
+        *w = raised;
         Ok(Verdict::Deliver)
     }
 }
@@ -316,6 +353,13 @@ struct WorkerStream {
     /// Whether the worker ended its own direction while the control's is still open (a
     /// tunnel's half-close, or an answer before the whole streamed body).
     is_worker_done: bool,
+    /// Streamed and tunnel bodies: the bytes the control may still send (the upload window
+    /// plus the credit the worker sent, minus what arrived). `None` for an inline body, which
+    /// `body_left` bounds.
+    receivable: Option<u64>,
+    /// The bytes the worker may still send (`Assign.window` plus the control's credit, minus
+    /// what it sent).
+    sendable: u64,
 }
 
 /// The worker's view of one lane.
@@ -358,6 +402,24 @@ impl WorkerLane {
     /// Records a frame the worker sends: ending frames finish its streams.
     pub fn sent(&mut self, frame: &Frame) {
         match frame {
+            Frame::Credit { stream, bytes } => {
+                if let Some(w) = self
+                    .streams
+                    .get_mut(stream)
+                    .and_then(|s| s.receivable.as_mut())
+                {
+                    *w = w.saturating_add(u64::from(*bytes));
+                }
+            }
+            Frame::Data {
+                stream,
+                bytes,
+                end: false,
+            } => {
+                if let Some(s) = self.streams.get_mut(stream) {
+                    s.sendable = s.sendable.saturating_sub(bytes.len() as u64);
+                }
+            }
             Frame::Refuse { stream, .. }
             | Frame::StreamError(crate::bus::StreamError { stream, .. }) => {
                 self.streams.remove(stream);
@@ -417,12 +479,33 @@ impl WorkerLane {
                 self.streams.remove(&stream);
                 Ok(Verdict::Deliver)
             }
-            Frame::Cancel { .. } | Frame::Credit { .. } => Ok(Verdict::Deliver),
+            Frame::Cancel { .. } => Ok(Verdict::Deliver),
+            Frame::Credit { bytes, .. } => {
+                let raised = state.sendable + u64::from(*bytes);
+                if raised > MAX_WINDOW {
+                    return Err(violation(frame, "credit beyond the maximum window"));
+                }
+                self.streams.insert(
+                    stream,
+                    WorkerStream {
+                        sendable: raised,
+                        ..state
+                    },
+                );
+                Ok(Verdict::Deliver)
+            }
             Frame::Data { bytes, end, .. } => {
                 if !state.body_open {
                     return Err(violation(frame, "data after the request body ended"));
                 }
                 let len = bytes.len() as u64;
+                let receivable = match state.receivable {
+                    Some(w) if len > w => {
+                        return Err(violation(frame, "flow-control window exceeded"))
+                    }
+                    Some(w) => Some(w - len),
+                    None => None,
+                };
                 let body_left = match state.body_left {
                     Some(left) if len > left => {
                         return Err(violation(frame, "more body bytes than announced"))
@@ -439,7 +522,8 @@ impl WorkerLane {
                     let s = WorkerStream {
                         body_left,
                         body_open: !*end,
-                        is_worker_done: state.is_worker_done,
+                        receivable,
+                        ..state
                     };
                     self.streams.insert(stream, s);
                 }
@@ -459,11 +543,15 @@ impl WorkerLane {
         if self.streams.len() >= MAX_STREAMS_PER_LANE {
             return Err(violation(frame, "too many streams"));
         }
-        let (body_left, body_open) = match a.body {
-            BodySource::Empty | BodySource::Receipt { .. } => (Some(0), false),
-            BodySource::Inline { len } => (Some(len), len > 0),
-            BodySource::Stream { len } => (len, true),
-            BodySource::Tunnel => (None, true),
+        if u64::from(a.window) > MAX_WINDOW {
+            return Err(violation(frame, "window beyond the maximum window"));
+        }
+        let upload = Some(u64::from(INITIAL_UPLOAD_WINDOW));
+        let (body_left, body_open, receivable) = match a.body {
+            BodySource::Empty | BodySource::Receipt { .. } => (Some(0), false, None),
+            BodySource::Inline { len } => (Some(len), len > 0, None),
+            BodySource::Stream { len } => (len, true, upload),
+            BodySource::Tunnel => (None, true, upload),
         };
         self.streams.insert(
             a.stream,
@@ -471,6 +559,8 @@ impl WorkerLane {
                 body_left,
                 body_open,
                 is_worker_done: false,
+                receivable,
+                sendable: u64::from(a.window),
             },
         );
         Ok(Verdict::Deliver)

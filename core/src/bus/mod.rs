@@ -14,6 +14,12 @@ pub use frame::{
 };
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 
+/// Most bytes one side may allow the other to send on one direction of a stream: the window
+/// of `Assign` (or the upload window) plus every `Credit`, minus the bytes sent. A `Credit`
+/// that would raise the window beyond it, or an `Assign.window` above it, is a protocol
+/// violation, so a peer cannot make the other side buffer without limit.
+pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
+
 /// The protocol version this build speaks best.
 pub const PROTOCOL_VERSION: u16 = 2;
 /// The oldest protocol version this build still speaks. Version 2 added the streamed body

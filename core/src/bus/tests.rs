@@ -628,3 +628,78 @@ fn version_2_assignment_seed_decodes() {
         Some(Frame::Data { stream: 2, end: true, bytes }) if bytes == b"hello"
     ));
 }
+
+/// A peer cannot make the other side buffer without limit: bytes beyond the window granted
+/// and credit beyond `MAX_WINDOW` are violations, on both lanes.
+#[test]
+fn flow_control_is_enforced_in_both_directions() {
+    let welcome = Frame::Welcome(Welcome {
+        version: 2,
+        control_id: "c".into(),
+        core: 0,
+        cores: 1,
+        heartbeat_ms: 1000,
+    });
+    let credit = |s, bytes| Frame::Credit { stream: s, bytes };
+    let upload = INITIAL_UPLOAD_WINDOW as usize;
+
+    // The worker: the control's streamed body stays within the upload window plus credit.
+    let mut w = WorkerLane::new();
+    w.receive(&welcome).unwrap();
+    w.receive(&assign(1, BodySource::Stream { len: None }, 100))
+        .unwrap();
+    assert_eq!(w.receive(&data(1, upload, false)), Ok(Verdict::Deliver));
+    w.sent(&credit(1, 10));
+    assert_eq!(w.receive(&data(1, 10, false)), Ok(Verdict::Deliver));
+    let over = w.receive(&data(1, 1, false)).unwrap_err();
+    assert_eq!(over.reason, "flow-control window exceeded");
+    // The control's credit may not raise the worker's window beyond the maximum.
+    let mut w = WorkerLane::new();
+    w.receive(&welcome).unwrap();
+    w.receive(&assign(2, BodySource::Empty, 100)).unwrap();
+    let limit = u32::try_from(MAX_WINDOW - 100).unwrap();
+    assert_eq!(w.receive(&credit(2, limit)), Ok(Verdict::Deliver));
+    let over = w.receive(&credit(2, 1)).unwrap_err();
+    assert_eq!(over.reason, "credit beyond the maximum window");
+    let mut w = WorkerLane::new();
+    w.receive(&welcome).unwrap();
+    w.receive(&assign(3, BodySource::Empty, 1)).unwrap();
+    assert!(w.receive(&credit(3, u32::MAX)).is_err(), "u32::MAX credit");
+    let mut w = WorkerLane::new();
+    w.receive(&welcome).unwrap();
+    let window = u32::try_from(MAX_WINDOW + 1).unwrap();
+    assert!(w.receive(&assign(4, BodySource::Empty, window)).is_err());
+
+    // The control: the worker's credit for a tunnel may not raise the control's window
+    // beyond the maximum; the window shrinks with what the control sends.
+    let mut c = ControlLane::new();
+    c.receive(&hello()).unwrap();
+    c.admit();
+    let s = c.next_stream().unwrap();
+    c.sent(&assign(s, BodySource::Tunnel, 100));
+    c.receive(&Frame::Accept { stream: s }).unwrap();
+    let room = u32::try_from(MAX_WINDOW).unwrap() - INITIAL_UPLOAD_WINDOW;
+    assert_eq!(c.receive(&credit(s, room)), Ok(Verdict::Deliver));
+    assert!(
+        c.receive(&credit(s, 1)).is_err(),
+        "one byte over the maximum"
+    );
+    let mut c = ControlLane::new();
+    c.receive(&hello()).unwrap();
+    c.admit();
+    let s = c.next_stream().unwrap();
+    c.sent(&assign(s, BodySource::Tunnel, 100));
+    c.receive(&Frame::Accept { stream: s }).unwrap();
+    c.sent(&data(s, upload, false));
+    assert_eq!(
+        c.receive(&credit(s, u32::try_from(MAX_WINDOW).unwrap())),
+        Ok(Verdict::Deliver),
+        "the bytes sent made room"
+    );
+    assert!(c.receive(&credit(s, u32::MAX)).is_err(), "u32::MAX credit");
+    // Credit for an inline body has no use and is dropped.
+    let s = c.next_stream().unwrap();
+    c.sent(&assign(s, BodySource::Inline { len: 3 }, 100));
+    c.receive(&Frame::Accept { stream: s }).unwrap();
+    assert_eq!(c.receive(&credit(s, u32::MAX)), Ok(Verdict::Ignore));
+}

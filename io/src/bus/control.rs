@@ -261,7 +261,7 @@ pub(crate) struct Lane {
     session: Box<str>,
     proto: RefCell<ControlLane>,
     streams: RefCell<HashMap<StreamId, Rc<StreamSlot>>>,
-    out: Outbox,
+    pub(super) out: Outbox,
     is_closed: Cell<bool>,
     stop: super::Notify,
     last_rx: Cell<Instant>,

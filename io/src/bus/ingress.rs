@@ -212,6 +212,10 @@ async fn send_credited(lane: &Lane, slot: &StreamSlot, stream: StreamId, bytes: 
         let Some(piece) = bytes.get(at..at + n) else {
             return false;
         };
+        lane.out.room().await;
+        if slot.is_over.get() {
+            return false;
+        }
         if !lane.send(&Frame::Data {
             stream,
             bytes: piece.to_vec(),

@@ -70,9 +70,33 @@ pub(crate) struct Outbox {
     writing: Cell<usize>,
     ready: Notify,
     is_closed: Cell<bool>,
+    /// Senders waiting for the queue to fall under `MAX_QUEUED_BYTES`.
+    drained: RefCell<Vec<Waker>>,
 }
 
 impl Outbox {
+    /// Waits while more than `MAX_QUEUED_BYTES` wait to be written (or until the outbox
+    /// closes): a peer that grants credit but stops reading cannot make this side queue
+    /// without limit. Stream data waits here; control frames do not.
+    pub(crate) async fn room(&self) {
+        std::future::poll_fn(|cx| {
+            if self.is_closed.get() || self.queued() <= MAX_QUEUED_BYTES {
+                Poll::Ready(())
+            } else {
+                self.drained.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    fn wake_drained(&self) {
+        let waiting = std::mem::take(&mut *self.drained.borrow_mut());
+        for w in waiting {
+            w.wake();
+        }
+    }
+
     /// Queues a frame.
     pub(crate) fn push(&self, frame: &Frame) -> Result<(), EncodeError> {
         if self.is_closed.get() {
@@ -92,6 +116,7 @@ impl Outbox {
     pub(crate) fn close(&self) {
         self.is_closed.set(true);
         self.ready.notify();
+        self.wake_drained();
     }
 
     /// The writer task: writes what is queued until the outbox closes or a write fails.
@@ -115,8 +140,10 @@ impl Outbox {
                     spare = back;
                     if r.is_err() {
                         self.is_closed.set(true);
+                        self.wake_drained();
                         return;
                     }
+                    self.wake_drained();
                 }
                 None if self.is_closed.get() => return,
                 None => self.ready.wait().await,

@@ -919,6 +919,7 @@ async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[
         let Some(piece) = bytes.get(at..at + n) else {
             return;
         };
+        wl.out.room().await;
         wl.post(&Frame::Data {
             stream,
             bytes: piece.to_vec(),
