@@ -755,8 +755,14 @@ fn a_lane_that_stops_draining_makes_new_requests_transport_unavailable() {
 /// requests from each over its own lanes, and keeps serving one when the other stops.
 #[test]
 fn one_worker_serves_two_controls() {
+    // Each control's destination policy holds for its own requests: a allows loopback, b
+    // allows only an address the upstream is not on.
     let a = control("127.0.0.1:0", None).start();
-    let b = control("127.0.0.1:0", None).start();
+    let b_policy = LOOPBACK_SNAPSHOT.replace(r#"["127.0.0.0/8","::1/128"]"#, r#"["10.9.9.9/32"]"#);
+    assert_ne!(b_policy, LOOPBACK_SNAPSHOT);
+    let b = control("127.0.0.1:0", None)
+        .snapshot(Some(&b_policy))
+        .start();
     let dir = temp_dir("worker-two-controls");
     let config = dir.join("worker.toml");
     std::fs::write(
@@ -774,18 +780,29 @@ fn one_worker_serves_two_controls() {
     let sb = wait_worker(&b, "w2", "connected");
     assert_eq!(sa["session"], sb["session"], "one process, one session");
     let (up, peers) = recording(Duration::ZERO);
-    for gw in [&a, &b] {
+    // Both orders, twice: a configuration pushed by one control never serves the other's.
+    for gw in [&a, &b, &a, &b] {
         let r = request_at(gw.api, &get(&up.url("/both")));
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(
-            peers.lock().unwrap().pop().unwrap().to_string(),
-            "127.0.0.2"
-        );
+        if gw.api == a.api {
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(
+                peers.lock().unwrap().pop().unwrap().to_string(),
+                "127.0.0.2"
+            );
+        } else {
+            assert_eq!(r.status, 403, "{}", r.text());
+            assert_eq!(r.json()["code"], "destination_denied", "{}", r.text());
+        }
     }
+    assert_eq!(
+        peers.lock().unwrap().len(),
+        0,
+        "b's requests never reached the upstream"
+    );
     drop(a);
     for _ in 0..3 {
         let r = request_at(b.api, &get(&up.url("/after")));
-        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.status, 403, "{}", r.text());
     }
     assert_eq!(wait_worker(&b, "w2", "connected")["session"], sb["session"]);
     drop(w);

@@ -53,8 +53,6 @@ struct Shared {
     caps: AdvertisedCapabilities,
     capacity: u32,
     active: AtomicU32,
-    /// The applied configuration: destination policy and pools (with their upstream proxies).
-    config: ArcSwapOption<Applied>,
     applied: AtomicU64,
     /// Upstream proxy endpoint health, kept across configurations (decision 071).
     health: HealthRegistry,
@@ -103,9 +101,17 @@ impl Applied {
     }
 }
 
+/// The configuration one control pushed, shared by that control's lanes on every core. Each
+/// control has its own: a worker serving two controls runs each one's requests under that
+/// control's destination policy and pools. Empty until the first push, and emptied by a push
+/// that does not decode, so assignments are refused (`config`) rather than run under a stale
+/// policy.
+type ControlConfig = Arc<ArcSwapOption<Applied>>;
+
 /// Ask a core to open one lane.
 struct OpenLane {
     addr: String,
+    config: ControlConfig,
     lane: u16,
     lanes: u16,
     stop: oneshot::Receiver<()>,
@@ -164,7 +170,6 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         },
         capacity: w.capacity,
         active: AtomicU32::new(0),
-        config: ArcSwapOption::empty(),
         applied: AtomicU64::new(0),
         health: HealthRegistry::default(),
         control_policy: DestinationPolicy::new(
@@ -285,6 +290,8 @@ fn jitter(base: Duration) -> Duration {
 async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
     let mut backoff = BACKOFF_MIN;
     loop {
+        // A new session starts without configuration: the control pushes its current one.
+        let config = ControlConfig::default();
         let (cores_tx, cores_rx) = oneshot::channel::<u16>();
         let (stop0_tx, stop0_rx) = oneshot::channel();
         let (end0_tx, end0_rx) = oneshot::channel();
@@ -292,6 +299,7 @@ async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
             shared.clone(),
             egress.clone(),
             addr.clone(),
+            config.clone(),
             0,
             0,
             stop0_rx,
@@ -308,6 +316,7 @@ async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
                 let (end_tx, end_rx) = oneshot::channel();
                 let open = OpenLane {
                     addr: addr.clone(),
+                    config: config.clone(),
                     lane,
                     lanes,
                     stop: stop_rx,
@@ -347,6 +356,7 @@ async fn open_lane(shared: Arc<Shared>, egress: Rc<Egress>, open: OpenLane) {
         shared,
         egress,
         open.addr,
+        open.config,
         open.lane,
         open.lanes,
         open.stop,
@@ -427,13 +437,24 @@ async fn run_lane(
     shared: Arc<Shared>,
     egress: Rc<Egress>,
     addr: String,
+    config: ControlConfig,
     lane: u16,
     lanes: u16,
     stop: oneshot::Receiver<()>,
     end: oneshot::Sender<LaneEnd>,
     learn_cores: Option<oneshot::Sender<u16>>,
 ) {
-    let r = lane_session(shared, egress, &addr, lane, lanes, stop, learn_cores).await;
+    let r = lane_session(
+        shared,
+        egress,
+        &addr,
+        config,
+        lane,
+        lanes,
+        stop,
+        learn_cores,
+    )
+    .await;
     let _ = end.send(r);
 }
 
@@ -459,10 +480,12 @@ async fn connect(shared: &Shared, addr: &str) -> Result<Conn<monoio::net::TcpStr
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn lane_session(
     shared: Arc<Shared>,
     egress: Rc<Egress>,
     addr: &str,
+    config: ControlConfig,
     lane: u16,
     lanes: u16,
     mut stop: oneshot::Receiver<()>,
@@ -565,15 +588,14 @@ async fn lane_session(
                 let mut bytes = p.payload;
                 match sortie_core::snapshot::decode_snapshot(&mut bytes) {
                     Ok(s) => {
-                        shared
-                            .config
-                            .store(Some(Arc::new(Applied::of(&s, &shared.health))));
+                        config.store(Some(Arc::new(Applied::of(&s, &shared.health))));
                         shared.applied.fetch_max(p.version, Ordering::Relaxed);
                         wl.post(&Frame::ConfigApplied { version: p.version });
                         tracing::info!(control = %addr, version = p.version, "configuration applied");
                     }
                     Err(e) => {
-                        tracing::warn!(control = %addr, error = %e, "configuration push does not validate")
+                        config.store(None);
+                        tracing::warn!(control = %addr, error = %e, "configuration push does not validate; refusing this control's assignments until a valid one")
                     }
                 }
                 if let Some(tx) = learn_cores.take() {
@@ -592,6 +614,7 @@ async fn lane_session(
                 monoio::spawn(serve_stream(
                     shared.clone(),
                     egress.clone(),
+                    config.load_full(),
                     wl.clone(),
                     s,
                     a,
@@ -641,6 +664,7 @@ async fn lane_session(
 async fn serve_stream(
     shared: Arc<Shared>,
     egress: Rc<Egress>,
+    config: Option<Arc<Applied>>,
     wl: Rc<WLane>,
     s: Rc<WStream>,
     a: Box<Assign>,
@@ -664,7 +688,7 @@ async fn serve_stream(
         return;
     }
     let _release = Release(shared.clone());
-    let Some(config) = shared.config.load_full() else {
+    let Some(config) = config else {
         wl.post(&Frame::Refuse {
             stream,
             reason: "config".into(),
