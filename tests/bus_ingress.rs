@@ -784,3 +784,53 @@ fn the_configured_api_base_url_is_where_workers_fetch_receipts() {
     assert_eq!(echo.connections(), 0);
     assert_eq!(receipt_state(&gw, &id), "verified");
 }
+
+/// A worker fetches receipt bodies only from the control it dialled: a receipt URL naming
+/// another host (here an `api_base_url` on 127.0.0.9 while the worker dials 127.0.0.1) is
+/// `body_ref_unavailable`, and nothing connects to that host.
+#[test]
+fn a_worker_fetches_receipts_only_from_the_control_it_dialled() {
+    let elsewhere = TcpListener::bind("127.0.0.9:0").expect("bind 127.0.0.9");
+    let other = elsewhere.local_addr().unwrap();
+    let reached = Arc::new(AtomicUsize::new(0));
+    {
+        let reached = reached.clone();
+        std::thread::spawn(move || {
+            for c in elsewhere.incoming().flatten() {
+                reached.fetch_add(1, Ordering::SeqCst);
+                drop(c);
+            }
+        });
+    }
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{}\"\nplaintext = true\napi_base_url = \"http://{other}\"\n",
+            support::bus::WORKER_TOKEN
+        ))
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
+        .start();
+    let _w = start_worker("wx", gw.bus.expect("bus listener"), None, "");
+    wait_worker(&gw, "wx", "connected");
+    let echo = Upstream::start(upstream::echo());
+    let id = verified_receipt(&gw, &upstream::pattern(1024));
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/x"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
+    assert!(
+        r.text().contains("does not name the control"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "the other host was contacted"
+    );
+    assert_eq!(echo.connections(), 0);
+    assert_eq!(receipt_state(&gw, &id), "verified");
+}

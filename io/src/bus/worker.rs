@@ -56,9 +56,6 @@ struct Shared {
     applied: AtomicU64,
     /// Upstream proxy endpoint health, kept across configurations (decision 071).
     health: HealthRegistry,
-    /// The policy of fetches from the control (receipt bodies): any address, since the
-    /// control's own address comes from the authenticated bus, not from a caller.
-    control_policy: DestinationPolicy,
     bind_address: Option<IpAddr>,
     /// Set by SIGTERM/SIGINT: lanes say `GoAway`, new assignments are refused.
     is_stopping: std::sync::atomic::AtomicBool,
@@ -172,13 +169,6 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         active: AtomicU32::new(0),
         applied: AtomicU64::new(0),
         health: HealthRegistry::default(),
-        control_policy: DestinationPolicy::new(
-            ["0.0.0.0/0", "::/0"]
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect(),
-            Vec::new(),
-        ),
         bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
         is_stopping: std::sync::atomic::AtomicBool::new(false),
         timeouts: Timeouts {
@@ -379,6 +369,10 @@ struct WStream {
 
 /// The worker's side of one lane.
 struct WLane {
+    /// The control as this lane reached it: the host of the `controls` entry and the address
+    /// connected to. Receipt bodies are fetched from there only.
+    control_host: String,
+    control_ip: Option<IpAddr>,
     out: Outbox,
     proto: RefCell<WorkerLane>,
     streams: RefCell<HashMap<StreamId, Rc<WStream>>>,
@@ -458,10 +452,22 @@ async fn run_lane(
     let _ = end.send(r);
 }
 
-async fn connect(shared: &Shared, addr: &str) -> Result<Conn<monoio::net::TcpStream>, String> {
+async fn connect(
+    shared: &Shared,
+    addr: &str,
+) -> Result<(Conn<monoio::net::TcpStream>, Option<IpAddr>), String> {
     let tcp = monoio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect {addr}: {e}"))?;
+    let peer = tcp.peer_addr().ok().map(|a| a.ip());
+    connect_tls(shared, addr, tcp).await.map(|c| (c, peer))
+}
+
+async fn connect_tls(
+    shared: &Shared,
+    addr: &str,
+    tcp: monoio::net::TcpStream,
+) -> Result<Conn<monoio::net::TcpStream>, String> {
     match &shared.tls {
         None => Ok(Conn::plain(tcp)),
         Some(cfg) => {
@@ -492,7 +498,7 @@ async fn lane_session(
     learn_cores: Option<oneshot::Sender<u16>>,
 ) -> LaneEnd {
     let setup = async {
-        let mut conn = connect(&shared, addr).await?;
+        let (mut conn, peer) = connect(&shared, addr).await?;
         let hello = Hello {
             version_min: PROTOCOL_VERSION_MIN,
             version_max: PROTOCOL_VERSION,
@@ -514,13 +520,13 @@ async fn lane_session(
             .await
             .map_err(|e| e.to_string())?
         {
-            Some(Frame::Welcome(w)) => Ok((conn, buf, w)),
+            Some(Frame::Welcome(w)) => Ok((conn, buf, w, peer)),
             Some(Frame::Reject(r)) => Err(format!("{}: {}", r.reason, r.message)),
             Some(f) => Err(format!("{} instead of welcome", f.name())),
             None => Err("closed before welcome".into()),
         }
     };
-    let (conn, buf, welcome) = match monoio::time::timeout(CONNECT_TIMEOUT, setup).await {
+    let (conn, buf, welcome, peer) = match monoio::time::timeout(CONNECT_TIMEOUT, setup).await {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => return LaneEnd::Failed(e),
         Err(_) => return LaneEnd::Failed("no welcome in time".into()),
@@ -528,6 +534,13 @@ async fn lane_session(
     let mut proto = WorkerLane::new();
     let _ = proto.receive(&Frame::Welcome(welcome.clone()));
     let wl = Rc::new(WLane {
+        control_host: addr
+            .rsplit_once(':')
+            .map_or(addr, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase(),
+        control_ip: peer,
         out: Outbox::default(),
         proto: RefCell::new(proto),
         streams: RefCell::new(HashMap::new()),
@@ -811,7 +824,8 @@ async fn exchange(
     } = &a.body
     {
         // A receipt body is fetched from the control as it is sent on (decision 065).
-        let mut src = fetch_receipt(shared, egress, receipt_url, *len, deadline, tenant).await?;
+        let mut src =
+            fetch_receipt(shared, egress, wl, receipt_url, *len, deadline, tenant).await?;
         let req = StreamRequest {
             method,
             url: &url,
@@ -1093,6 +1107,7 @@ async fn tunnel(
 async fn fetch_receipt(
     shared: &Shared,
     egress: &Egress,
+    wl: &WLane,
     url: &str,
     len: u64,
     deadline: Instant,
@@ -1101,6 +1116,23 @@ async fn fetch_receipt(
     let unavailable = |why: String| ApiError::new(ErrorCode::BodyRefUnavailable, why);
     let target = parse_target_url(url)
         .map_err(|_| unavailable("the receipt URL of the assignment is not valid".into()))?;
+    // Only the control this lane dialled serves receipt bodies: the URL must name its host
+    // (the `controls` entry or the address connected to), and the connection may go to that
+    // address alone, whatever the name resolves to.
+    let host = target.host_str().to_string();
+    let is_control =
+        host == wl.control_host || wl.control_ip.is_some_and(|ip| host == ip.to_string());
+    let Some(ip) = wl.control_ip.filter(|_| is_control) else {
+        return Err(unavailable(
+            "the receipt URL does not name the control this worker dialled".into(),
+        ));
+    };
+    let policy = DestinationPolicy::new(
+        std::iter::once(format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 }))
+            .filter_map(|c| c.parse().ok())
+            .collect(),
+        Vec::new(),
+    );
     let worker_id = ConfigId::parse(&shared.id)
         .map_err(|_| ApiError::new(ErrorCode::ExecutorInternalError, "worker id"))?;
     let req = StreamRequest {
@@ -1109,7 +1141,7 @@ async fn fetch_receipt(
         headers: &[],
         deadline,
         timeouts: shared.timeouts,
-        policy: &shared.control_policy,
+        policy: &policy,
         worker_id: &worker_id,
         bind_address: None,
         is_replayable: true,
