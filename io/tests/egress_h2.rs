@@ -305,3 +305,35 @@ fn a_response_over_the_limit_is_body_too_large() {
         assert!(r.is_connection_reused);
     });
 }
+
+/// The response header list is bounded on every HTTP/2 connection, also under a browser profile
+/// that does not announce SETTINGS_MAX_HEADER_LIST_SIZE (Firefox's), where the HTTP/2 library's
+/// own default would let megabytes through.
+#[test]
+fn a_response_header_list_over_the_limit_is_refused() {
+    let ca = TestCa::new();
+    let nginx = Nginx::start(&ca);
+    let url = nginx.url(Server::H2, "/big-head");
+    let e = run(async {
+        egress(Some(ca.ca_file()))
+            .execute(&request(Method::Get, &url))
+            .await
+    })
+    .expect_err("an 80 KiB header list is refused");
+    assert!(
+        matches!(e.code, ErrorCode::ProtocolError | ErrorCode::UpstreamReset),
+        "{e:?}"
+    );
+    #[cfg(feature = "fingerprints")]
+    {
+        use sortie_io::egress::fingerprint::{verified, verify_at_startup};
+        let results = verify_at_startup(Some(ca.ca_file())).expect("the self-test runs");
+        assert!(results.iter().all(|r| r.is_pass()), "self-test failed");
+        let mut req = request(Method::Get, &url);
+        req.fingerprint = Some(verified("firefox_133").expect("firefox_133 verified"));
+        let e = run(async { egress(Some(ca.ca_file())).execute(&req).await })
+            .expect_err("an 80 KiB header list is refused under firefox_133");
+        assert_eq!(e.code, ErrorCode::ProtocolError, "{e:?}");
+        assert_eq!(detail(&e, "reason"), Some("head_too_large"), "{e:?}");
+    }
+}

@@ -565,6 +565,21 @@ pub(crate) async fn response_head(
         }
     };
     let (parts, recv) = resp.into_parts();
+    // A profile that does not send SETTINGS_MAX_HEADER_LIST_SIZE (Firefox's) leaves the
+    // library's own, much larger, default in force; the ordinary limit holds for every
+    // connection all the same, counted as RFC 9113 §6.5.2 does.
+    let list_bytes = parts.headers.iter().fold(0usize, |n, (name, value)| {
+        n.saturating_add(name.as_str().len() + value.len() + 32)
+    });
+    if list_bytes > H2_MAX_HEADER_LIST_BYTES as usize {
+        return Err(H2Failure {
+            error: error::protocol_violation(
+                "head_too_large",
+                &format!("the response header list exceeds {H2_MAX_HEADER_LIST_BYTES} bytes"),
+            ),
+            retry: Retry::No,
+        });
+    }
     let status = parts.status.as_u16();
     let mut headers = Vec::with_capacity(parts.headers.len());
     let mut declared = None;

@@ -76,6 +76,10 @@ impl Nginx {
         std::fs::write(www.join("1k.bin"), super::upstream::pattern(1024)).expect("1k file");
         std::fs::write(www.join("8m.bin"), super::upstream::pattern(8 << 20)).expect("8m file");
         let ports: Vec<(Server, u16)> = SERVERS.iter().map(|s| (*s, free_port())).collect();
+        // A response header list of about 80 KiB, over the 64 KiB the egress accepts.
+        let big_head: String = (0..20)
+            .map(|i| format!("add_header X-Big-{i} {};", "b".repeat(4000)))
+            .collect();
         let mut servers = String::new();
         for (server, port) in &ports {
             let (listen, extra) = match server {
@@ -90,6 +94,7 @@ impl Nginx {
                    root {www};
                    location = /small {{ return 200 'small body'; }}
                    location = /reset {{ return 444; }}
+                   location = /big-head {{ {big_head} return 200 'big head'; }}
                    location = /upload {{ client_max_body_size 64m; return 200 'received'; }}
                    location /put/ {{ dav_methods PUT; client_max_body_size 64m;
                      client_body_temp_path {d}/body; }}
@@ -98,6 +103,7 @@ impl Nginx {
                 key = key.display(),
                 www = www.display(),
                 d = dir.path().display(),
+                big_head = big_head,
             ));
         }
         let d = dir.path().display();
