@@ -834,3 +834,38 @@ fn a_worker_fetches_receipts_only_from_the_control_it_dialled() {
     assert_eq!(echo.connections(), 0);
     assert_eq!(receipt_state(&gw, &id), "verified");
 }
+
+/// On a TLS bus without `control.bus.api_base_url` the default receipt URL would be plain
+/// HTTP: the signed URL would cross the network in clear, so receipt bodies on remote workers
+/// are refused with `body_ref_unavailable`, saying what to set; the receipt stays `verified`.
+#[test]
+fn a_tls_bus_without_an_api_base_url_refuses_remote_receipt_bodies() {
+    let tls = support::bus::BusTls::new(&support::gateway::temp_dir("bus-tls-receipts"));
+    let gw = control("127.0.0.1:0", Some(&tls))
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
+        .start();
+    let _w = start_worker("wt", gw.bus.expect("bus listener"), Some(&tls), "");
+    wait_worker(&gw, "wt", "connected");
+    let echo = Upstream::start(upstream::echo());
+    let id = verified_receipt(&gw, &upstream::pattern(1024));
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/x"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
+    assert!(
+        r.text().contains("https control.bus.api_base_url"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(echo.connections(), 0);
+    assert_eq!(receipt_state(&gw, &id), "verified");
+    // Inline bodies on the same TLS bus are unaffected.
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/y"),
+                "body": {"mode": "inline_base64", "data_base64": "aGVsbG8="}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -773,6 +773,20 @@ impl BusCore {
         }
     }
 
+    /// Why receipt bodies cannot go to remote workers, if they cannot: on a TLS bus without
+    /// `control.bus.api_base_url` the default base URL is plain HTTP, and the signed URL (a
+    /// bearer credential) would cross the network in clear (decision 066).
+    pub(crate) fn receipt_refusal(&self) -> Option<ApiError> {
+        let s = &self.shared.settings;
+        (s.tls.is_some() && s.api_base_url.is_none()).then(|| {
+            ApiError::new(
+                ErrorCode::BodyRefUnavailable,
+                "receipt bodies on remote workers over a TLS bus need an https \
+                 control.bus.api_base_url (the default base URL is plain HTTP)",
+            )
+        })
+    }
+
     /// The base URL at which `worker_id` reaches this control's API listener (decision 065):
     /// `control.bus.api_base_url`, else this core's lane address with the API port.
     pub(crate) fn api_base_url(&self, worker_id: &str) -> Option<String> {

@@ -299,6 +299,9 @@ async fn handle_inner(
                     let Some(receipts) = &ctx.receipts else {
                         return error_answer(&no_storage(), request_id);
                     };
+                    if let Some(e) = bus.receipt_refusal() {
+                        return error_answer(&e, request_id);
+                    }
                     if remote_hold.is_none() {
                         match streamed::take_receipt(receipts, deployment, id).await {
                             Ok((r, h)) => remote_hold = Some((h, r.receipt_id, r.size_bytes)),
