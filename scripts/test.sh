@@ -4,5 +4,8 @@
 # libclang). The build without the feature is what `cargo clippy` checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What the tests run that is not a crate (squid, dante, nginx, s3s-fs, Chromium, cmake, ...),
+# installed when missing; quiet and quick when everything is there.
+bash scripts/ci-deps.sh
 cargo test --workspace --all-targets --features fingerprints --no-fail-fast
 cargo test --workspace --doc --features fingerprints
