@@ -330,6 +330,17 @@ fn curl_through_the_control_to_remote_workers() {
         assert!(text.contains("GET /secure HTTP/1.1"), "{text}");
         assert!(text.contains(&format!("X-Peer: {ip}:")), "{text}");
     }
+    // A header name beyond the bus's bound is the client's error, named as such and found
+    // before any worker is asked (decision 067).
+    let served = up.requests();
+    let long = format!("X-{}: v", "n".repeat(300));
+    let out = curl(&gw, &["-H", &long, &up.url("/long-name")]);
+    let r = curl_response(&out);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["code"], "invalid_request", "{}", r.text());
+    assert!(r.text().contains("limit of 256 bytes"), "{}", r.text());
+    assert_eq!(up.requests(), served, "the destination was not reached");
+
     wait_until(Duration::from_secs(10), "tunnels counted", || {
         admin(&gw, "GET", "/metrics", &[], b"")
             .text()
@@ -342,6 +353,112 @@ fn curl_through_the_control_to_remote_workers() {
         ),
         "{metrics}"
     );
+}
+
+/// The worker is the authority on its own capacity (decision 067): a worker serving two
+/// controls, full with one's requests, refuses the other's forward-proxy assignments, and that
+/// control routes the absolute-form request (its body whole) and the CONNECT tunnel to the next
+/// eligible worker; it answers `executor_capacity_exhausted` only when no candidate is left.
+#[test]
+fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
+    let a = control("127.0.0.1:0", None).start();
+    let b = control("127.0.0.1:0", None).start();
+    let dir = support::gateway::temp_dir("bus-proxy-refused");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[worker]\nid = \"wa\"\ncontrols = [\"{}\", \"{}\"]\ntoken = \"{}\"\n\
+             plaintext = true\ncores = 1\ncapacity = 2\ntags = [\"shared\"]\n\
+             bind_address = \"127.0.0.2\"\n",
+            a.bus.unwrap(),
+            b.bus.unwrap(),
+            support::bus::WORKER_TOKEN
+        ),
+    )
+    .unwrap();
+    let _wa = support::bus::spawn_worker("wa", config);
+    let _wb = start_worker(
+        "wb",
+        a.bus.unwrap(),
+        None,
+        "capacity = 1\nbind_address = \"127.0.0.3\"",
+    );
+    wait_worker(&a, "wa", "connected");
+    wait_worker(&a, "wb", "connected");
+    wait_worker(&b, "wa", "connected");
+
+    // wa's two places go to b's requests, held by a slow destination.
+    let slow = Upstream::start(upstream::slow_head(Duration::from_secs(15)));
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let (api, url) = (b.api, slow.url(&format!("/held-{i}")));
+            std::thread::spawn(move || request_at(api, &json!({"method": "GET", "url": url})))
+        })
+        .collect();
+    wait_until(Duration::from_secs(10), "wa full with b's requests", || {
+        wait_worker(&b, "wa", "connected")["capacity"]["active"] == 2
+    });
+    assert_eq!(wait_worker(&a, "wa", "connected")["capacity"]["active"], 0);
+
+    // On a, wa has the most room (2 against wb's 1), is chosen first and refuses: the request
+    // goes to wb with its whole body, past the first upload window.
+    let echo = Upstream::start(upstream::echo());
+    let body = upstream::pattern(300 * 1024 + 1);
+    let file = dir.join("body.bin");
+    std::fs::write(&file, &body).unwrap();
+    let data = format!("@{}", file.display());
+    let out = curl(&a, &["--data-binary", &data, &echo.url("/refused-first")]);
+    let r = curl_response(&out);
+    assert_eq!(
+        r.status,
+        200,
+        "{} {}",
+        r.text(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let peer = r.header("X-Peer").unwrap_or_default();
+    assert!(peer.starts_with("127.0.0.3:"), "{peer}");
+    let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
+    assert!(r.body[end..] == body[..], "the body differs");
+    // A CONNECT tunnel the same way.
+    let out = curl(&a, &["-p", &echo.url("/tunnelled")]);
+    let r = curl_response(&out);
+    assert_eq!(
+        r.status,
+        200,
+        "{} {}",
+        r.text(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let peer = r.header("X-Peer").unwrap_or_default();
+    assert!(peer.starts_with("127.0.0.3:"), "{peer}");
+
+    // Only wa is eligible: its refusal leaves no candidate, for either form.
+    let out = curl(
+        &a,
+        &[
+            "--proxy-header",
+            "X-Service-Route-Tags: shared",
+            &echo.url("/no-one-left"),
+        ],
+    );
+    let r = curl_response(&out);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json()["code"],
+        "executor_capacity_exhausted",
+        "{}",
+        r.text()
+    );
+    let (_s, status) = open_tunnel(&a, echo.port(), "shared");
+    assert!(status.starts_with("HTTP/1.1 503"), "{status}");
+    assert_eq!(echo.requests(), 2, "only the two relayed requests arrived");
+
+    for t in held {
+        let r = t.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
 }
 
 /// Opens a tunnel to `port` through the control and returns the stream and the status line.

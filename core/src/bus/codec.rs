@@ -36,6 +36,8 @@ const MAX_DETAILS: usize = 32;
 /// Most header fields of an assignment or a response head (a proxied request or a response is
 /// not bound by the request API's 64).
 const MAX_FIELDS: usize = 512;
+/// Longest header name.
+const MAX_FIELD_NAME_BYTES: usize = 256;
 /// Longest header value.
 const MAX_FIELD_VALUE_BYTES: usize = 64 * 1024;
 /// Largest configuration payload: the admin API's body limit.
@@ -291,7 +293,7 @@ impl<'a> Reader<'a> {
         let n = self.count(field, max)?;
         let mut v = Vec::with_capacity(n);
         for _ in 0..n {
-            let name = self.short_bytes(field, limits::MAX_HEADER_NAME_BYTES.max(256))?;
+            let name = self.short_bytes(field, MAX_FIELD_NAME_BYTES)?;
             let value = self.bytes(field, MAX_FIELD_VALUE_BYTES)?;
             v.push((name, value));
         }
@@ -382,6 +384,46 @@ impl<'a> Reader<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{0}: too long to encode")]
 pub struct EncodeError(pub &'static str);
+
+/// Checks that a request head fits the bounds of an `Assign` before anything is assigned: the
+/// error names the first field over its bound and the bound, as a message for the client
+/// (the forward proxy relays heads that HTTP/1.1 itself does not bound).
+pub fn check_request_head(method: &str, url: &str, headers: &[Field]) -> Result<(), String> {
+    if method.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "the method exceeds the worker bus limit of {MAX_NAME_BYTES} bytes"
+        ));
+    }
+    if url.len() > MAX_URL_BYTES {
+        return Err(format!(
+            "the request target exceeds the worker bus limit of {MAX_URL_BYTES} bytes"
+        ));
+    }
+    if headers.len() > MAX_FIELDS {
+        return Err(format!(
+            "{} header fields exceed the worker bus limit of {MAX_FIELDS} fields",
+            headers.len()
+        ));
+    }
+    for (name, value) in headers {
+        if name.len() > MAX_FIELD_NAME_BYTES {
+            return Err(format!(
+                "a header field name of {} bytes exceeds the worker bus limit of \
+                 {MAX_FIELD_NAME_BYTES} bytes",
+                name.len()
+            ));
+        }
+        if value.len() > MAX_FIELD_VALUE_BYTES {
+            return Err(format!(
+                "the value of header field {} ({} bytes) exceeds the worker bus limit of \
+                 {MAX_FIELD_VALUE_BYTES} bytes",
+                String::from_utf8_lossy(name),
+                value.len()
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Appends the encoding of `frame` to `out`. On error `out` is left as it was.
 pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
@@ -615,7 +657,7 @@ impl Writer<'_> {
         }
         self.u16(v.len() as u16);
         for (n, val) in v {
-            self.short_bytes(n, limits::MAX_HEADER_NAME_BYTES.max(256), field)?;
+            self.short_bytes(n, MAX_FIELD_NAME_BYTES, field)?;
             self.bytes(val, MAX_FIELD_VALUE_BYTES, field)?;
         }
         Ok(())

@@ -7,7 +7,10 @@ mod codec;
 mod frame;
 mod lane;
 
-pub use codec::{decode, encode, Decoded, EncodeError, FrameError, HEADER_BYTES, MAX_TOKEN_BYTES};
+pub use codec::{
+    check_request_head, decode, encode, Decoded, EncodeError, FrameError, HEADER_BYTES,
+    MAX_TOKEN_BYTES,
+};
 pub use frame::{
     Assign, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, Reject, ResponseHead, Sender,
     StreamError, StreamId, Welcome,

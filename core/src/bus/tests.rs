@@ -703,3 +703,35 @@ fn flow_control_is_enforced_in_both_directions() {
     c.receive(&Frame::Accept { stream: s }).unwrap();
     assert_eq!(c.receive(&credit(s, u32::MAX)), Ok(Verdict::Ignore));
 }
+
+/// `check_request_head` names the bound a forward-proxy head exceeds, and accepts exactly what
+/// the codec encodes.
+#[test]
+fn request_heads_beyond_the_bus_bounds_are_named_before_encoding() {
+    let with_name = |len: usize| {
+        let mut f = assign(1, BodySource::Empty, 1);
+        if let Frame::Assign(a) = &mut f {
+            a.headers = vec![(vec![b'x'; len], b"v".to_vec())];
+        }
+        f
+    };
+    for (len, fits) in [(256, true), (257, false)] {
+        let f = with_name(len);
+        let Frame::Assign(a) = &f else { unreachable!() };
+        let checked = check_request_head(&a.method, &a.url, &a.headers);
+        assert_eq!(checked.is_ok(), fits, "{checked:?}");
+        assert_eq!(encode(&f, &mut Vec::new()).is_ok(), fits);
+        if let Err(why) = checked {
+            assert!(why.contains("header field name of 257 bytes"), "{why}");
+            assert!(why.contains("limit of 256 bytes"), "{why}");
+        }
+    }
+    let many: Vec<Field> = (0..513)
+        .map(|i| (format!("x-{i}").into_bytes(), vec![]))
+        .collect();
+    let why = check_request_head("GET", "http://a/", &many).unwrap_err();
+    assert!(why.contains("limit of 512 fields"), "{why}");
+    let long_url = format!("http://a/{}", "p".repeat(16 * 1024));
+    let why = check_request_head("GET", &long_url, &[]).unwrap_err();
+    assert!(why.contains("request target"), "{why}");
+}

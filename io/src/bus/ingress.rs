@@ -76,8 +76,88 @@ fn bus_of(ctx: &ApiContext) -> Result<&Rc<BusCore>, ApiError> {
     })
 }
 
-/// The forward proxy's dispatch to a remote worker for an absolute-form request: the request
-/// keeps its capacity and place in the active list until the response body ends.
+/// What the forward proxy needs to route a request again when a remote worker refuses it
+/// (the worker is the authority on its own capacity): routing runs once more without the
+/// workers that refused, as the request API does (decision 062).
+pub(crate) struct Reroute<'a> {
+    pub(crate) active: &'a crate::control::state::Active,
+    pub(crate) hints: &'a sortie_core::routing::RouteHints,
+    pub(crate) ingress: sortie_core::routing::Ingress,
+    pub(crate) host: &'a str,
+    pub(crate) started: Instant,
+}
+
+impl Reroute<'_> {
+    fn assign(
+        &self,
+        ctx: &ApiContext,
+        deployment: &str,
+        excluded: &[sortie_core::routing::WorkerIndex],
+    ) -> Result<Assigned, ApiError> {
+        crate::control::api::assign_excluding(
+            ctx,
+            self.active,
+            deployment,
+            self.hints,
+            self.ingress,
+            self.host,
+            None,
+            self.started,
+            excluded,
+        )
+    }
+}
+
+/// How a forward-proxy request dispatched to remote workers ended.
+pub(crate) enum Dispatched<K> {
+    /// A remote worker answered, or the request failed.
+    Answered(Result<Response, ApiError>),
+    /// The remote workers refused and routing chose a local worker: the caller runs the
+    /// request locally with what it handed over (the assignment now names the local worker).
+    Local(K),
+}
+
+/// What one refusal leaves: the next worker to try, or the answer.
+enum Next {
+    Remote(Assigned),
+    Local(Assigned),
+    Failed(ApiError),
+}
+
+/// After `assigned`'s worker refused: routes again without every worker that refused.
+fn after_refusal(
+    ctx: &ApiContext,
+    deployment: &str,
+    route: &Reroute<'_>,
+    excluded: &mut Vec<sortie_core::routing::WorkerIndex>,
+    assigned: Assigned,
+    reason: &str,
+) -> Next {
+    tracing::debug!(
+        target: "sortie::proxy",
+        worker = %assigned.decision.worker_id.as_str(),
+        %reason,
+        "assignment refused; routing again"
+    );
+    if excluded.len() >= crate::control::api::MAX_REMOTE_ATTEMPTS {
+        return Next::Failed(ApiError::new(
+            ErrorCode::ExecutorCapacityExhausted,
+            "every eligible worker refused the assignment",
+        ));
+    }
+    excluded.push(assigned.decision.worker);
+    // The refused worker's unit of capacity goes back before routing runs again.
+    drop(assigned);
+    match route.assign(ctx, deployment, excluded) {
+        Ok(a) if a.is_remote => Next::Remote(a),
+        Ok(a) => Next::Local(a),
+        Err(e) => Next::Failed(e),
+    }
+}
+
+/// The forward proxy's dispatch to remote workers for an absolute-form request: the request
+/// keeps its capacity and place in the active list until the response body ends. A worker's
+/// refusal routes the request again; the client's body is not read before a worker accepted.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn relay<B: BodySource>(
     ctx: &ApiContext,
@@ -88,53 +168,112 @@ pub(crate) async fn relay<B: BodySource>(
     target: &str,
     forwarded: &[(&str, &[u8])],
     body: &mut B,
+    route: &Reroute<'_>,
     (tracked, cancelled, assigned): (ActiveGuard, Cancelled, Assigned),
-) -> Result<Response, ApiError> {
-    let bus = bus_of(ctx)?;
-    let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
-    let worker_id = assigned.decision.worker_id.as_str().to_string();
-    let headers = forwarded
+) -> Dispatched<(ActiveGuard, Cancelled, Assigned)> {
+    let bus = match bus_of(ctx) {
+        Ok(b) => b,
+        Err(e) => return Dispatched::Answered(Err(e)),
+    };
+    let headers: Vec<Field> = forwarded
         .iter()
         .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
         .collect();
-    let keep: Vec<Box<dyn Any>> = vec![Box::new(tracked), Box::new(assigned)];
-    bus.relay(
-        &worker_id,
-        &a,
-        method,
-        target.to_string(),
-        headers,
-        body,
-        cancelled,
-        keep,
-    )
-    .await
+    // A head the bus cannot carry is the client's error, found before any worker is asked.
+    if let Err(why) = sortie_core::bus::check_request_head(method, target, &headers) {
+        return Dispatched::Answered(Err(ApiError::new(ErrorCode::InvalidRequest, why)));
+    }
+    let mut cancelled = cancelled;
+    let mut assigned = assigned;
+    let mut excluded = Vec::new();
+    loop {
+        let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
+        let worker_id = assigned.decision.worker_id.as_str().to_string();
+        let opened = bus
+            .relay(
+                &worker_id,
+                &a,
+                method,
+                target.to_string(),
+                headers.clone(),
+                body,
+                &mut cancelled,
+            )
+            .await;
+        match opened {
+            Ok(open) => {
+                let keep: Vec<Box<dyn Any>> = vec![Box::new(tracked), Box::new(assigned)];
+                return Dispatched::Answered(Ok(open.into_response(method, cancelled, keep)));
+            }
+            Err(RemoteFailure::Refused(reason)) => {
+                match after_refusal(ctx, deployment, route, &mut excluded, assigned, &reason) {
+                    Next::Remote(a) => assigned = a,
+                    Next::Local(a) => return Dispatched::Local((tracked, cancelled, a)),
+                    Next::Failed(e) => return Dispatched::Answered(Err(e)),
+                }
+            }
+            Err(f) => return Dispatched::Answered(Err(to_api_error(f, &worker_id))),
+        }
+    }
 }
 
-/// The forward proxy's dispatch to a remote worker for a CONNECT tunnel; `permit` (the
-/// deployment's tunnel count) is held as long as the tunnel.
+/// The forward proxy's dispatch to remote workers for a CONNECT tunnel; `permit` (the
+/// deployment's tunnel count) is held as long as the tunnel. A worker's refusal routes the
+/// tunnel again.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn connect<P: 'static>(
     ctx: &ApiContext,
     request_id: &str,
     deployment: &str,
     deadline: Instant,
     target: &str,
+    route: &Reroute<'_>,
     (tracked, cancelled, assigned, permit): (ActiveGuard, Cancelled, Assigned, P),
-) -> Result<Response, ApiError> {
-    let bus = bus_of(ctx)?;
-    let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
-    let worker_id = assigned.decision.worker_id.as_str().to_string();
-    let keep: Vec<Box<dyn Any>> = vec![Box::new(tracked), Box::new(assigned), Box::new(permit)];
-    bus.tunnel(
-        &worker_id,
-        &a,
-        target.to_string(),
-        cancelled,
-        ctx.state.limits.tunnel_idle_timeout,
-        ctx.metrics.clone(),
-        keep,
-    )
-    .await
+) -> Dispatched<(ActiveGuard, Cancelled, Assigned, P)> {
+    let bus = match bus_of(ctx) {
+        Ok(b) => b,
+        Err(e) => return Dispatched::Answered(Err(e)),
+    };
+    if let Err(why) = sortie_core::bus::check_request_head("CONNECT", target, &[]) {
+        return Dispatched::Answered(Err(ApiError::new(ErrorCode::InvalidRequest, why)));
+    }
+    let mut cancelled = cancelled;
+    let mut assigned = assigned;
+    let mut excluded = Vec::new();
+    loop {
+        let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
+        let worker_id = assigned.decision.worker_id.as_str().to_string();
+        match bus
+            .tunnel(&worker_id, &a, target.to_string(), &mut cancelled)
+            .await
+        {
+            Ok((guard, slot)) => {
+                let keep: Vec<Box<dyn Any>> =
+                    vec![Box::new(tracked), Box::new(assigned), Box::new(permit)];
+                let mut r = Response::new(200);
+                r.body = ResponseBody::Tunnel(Box::new(RemoteTunnel {
+                    guard,
+                    slot,
+                    cancelled,
+                    idle_timeout: ctx.state.limits.tunnel_idle_timeout,
+                    metrics: ctx.metrics.clone(),
+                    core: bus.core(),
+                    _keep: keep,
+                }));
+                return Dispatched::Answered(Ok(r));
+            }
+            Err(RemoteFailure::Refused(reason)) => {
+                match after_refusal(ctx, deployment, route, &mut excluded, assigned, &reason) {
+                    Next::Remote(a) => assigned = a,
+                    Next::Local(a) => {
+                        return Dispatched::Local((tracked, cancelled, a, permit));
+                    }
+                    Next::Failed(e) => return Dispatched::Answered(Err(e)),
+                }
+            }
+            Err(f) => return Dispatched::Answered(Err(to_api_error(f, &worker_id))),
+        }
+    }
 }
 
 impl ProxyAssignment<'_> {
@@ -272,69 +411,26 @@ async fn head(
     }
 }
 
-impl BusCore {
-    /// Relays one absolute-form request through a remote worker: the head and the streamed
-    /// body go out, the response comes back as a streamed body. `keep` is held until the
-    /// response body ends (the request's capacity and place in the active list).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn relay<B: BodySource>(
-        &self,
-        worker_id: &str,
-        a: &ProxyAssignment<'_>,
+/// An absolute-form request a remote worker accepted and answered with a head; its body
+/// follows on the stream.
+pub(super) struct Opened {
+    guard: StreamGuard,
+    slot: Rc<StreamSlot>,
+    head: sortie_core::bus::ResponseHead,
+    is_upload_done: bool,
+}
+
+impl Opened {
+    /// The client's response: the head's fields without hop-by-hop ones, the body relayed as
+    /// it arrives. `keep` is held until the response body ends (the request's capacity and
+    /// place in the active list).
+    fn into_response(
+        self,
         method: &str,
-        url: String,
-        headers: Vec<Field>,
-        body: &mut B,
         cancelled: Cancelled,
         keep: Vec<Box<dyn Any>>,
-    ) -> Result<Response, ApiError> {
-        let kind = match body.length() {
-            BodyLength::None => Body::Empty,
-            BodyLength::Known(n) => Body::Stream { len: Some(n) },
-            BodyLength::Chunked => Body::Stream { len: None },
-        };
-        let has_body = !matches!(kind, Body::Empty);
-        let assign = a.assign(1, method, url, headers, kind);
-        let (mut guard, slot) = self
-            .open(worker_id, assign)
-            .map_err(|f| to_api_error(f, worker_id))?;
-        let (lane, stream) = (guard.lane.clone(), guard.stream);
-        let deadline = a.deadline;
-        let mut cancelled = cancelled;
-        let (h, is_upload_done) = {
-            let answer = async {
-                self.accepted(worker_id, &mut guard, &slot, deadline)
-                    .await?;
-                head(&slot, worker_id, deadline).await
-            };
-            let mut answer = pin!(answer);
-            let mut is_upload_done = !has_body;
-            let got = if has_body {
-                let mut up = pin!(upload(&lane, &slot, stream, body));
-                monoio::select! {
-                    h = &mut answer => Some(h),
-                    u = &mut up => {
-                        is_upload_done = true;
-                        match u {
-                            Err(e) if !slot.is_over.get() => return Err(e),
-                            _ => None,
-                        }
-                    },
-                    _ = &mut cancelled => return Err(cancelled_error()),
-                }
-            } else {
-                None
-            };
-            let h = match got {
-                Some(h) => h,
-                None => monoio::select! {
-                    h = &mut answer => h,
-                    _ = &mut cancelled => return Err(cancelled_error()),
-                },
-            }
-            .map_err(|f| to_api_error(f, worker_id))?;
-            (h, is_upload_done)
-        };
+    ) -> Response {
+        let h = self.head;
         let tokens = connection_tokens(&h.headers);
         let field = |name: &[u8]| {
             h.headers
@@ -370,36 +466,93 @@ impl BusCore {
             })
             .collect();
         out.body = ResponseBody::Stream(Box::new(RemoteBody {
-            guard,
-            slot,
+            guard: self.guard,
+            slot: self.slot,
             length,
             cancelled,
             is_ended: false,
-            is_upload_done,
+            is_upload_done: self.is_upload_done,
             _keep: keep,
         }));
-        Ok(out)
+        out
+    }
+}
+
+impl BusCore {
+    /// Sends one absolute-form request to a remote worker: the head, then, once the worker
+    /// accepted, the streamed body, until the response head comes back. Nothing of the body
+    /// is read before `Accept`, so a refusal leaves it whole for the next worker.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn relay<B: BodySource>(
+        &self,
+        worker_id: &str,
+        a: &ProxyAssignment<'_>,
+        method: &str,
+        url: String,
+        headers: Vec<Field>,
+        body: &mut B,
+        cancelled: &mut Cancelled,
+    ) -> Result<Opened, RemoteFailure> {
+        let kind = match body.length() {
+            BodyLength::None => Body::Empty,
+            BodyLength::Known(n) => Body::Stream { len: Some(n) },
+            BodyLength::Chunked => Body::Stream { len: None },
+        };
+        let has_body = !matches!(kind, Body::Empty);
+        let assign = a.assign(1, method, url, headers, kind);
+        let (mut guard, slot) = self.open(worker_id, assign)?;
+        let (lane, stream) = (guard.lane.clone(), guard.stream);
+        let deadline = a.deadline;
+        monoio::select! {
+            r = self.accepted(worker_id, &mut guard, &slot, deadline) => r?,
+            _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+        }
+        let mut is_upload_done = !has_body;
+        let h = {
+            let mut answer = pin!(head(&slot, worker_id, deadline));
+            let got = if has_body {
+                let mut up = pin!(upload(&lane, &slot, stream, body));
+                monoio::select! {
+                    h = &mut answer => Some(h),
+                    u = &mut up => {
+                        is_upload_done = true;
+                        match u {
+                            Err(e) if !slot.is_over.get() => return Err(RemoteFailure::Error(e)),
+                            _ => None,
+                        }
+                    },
+                    _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+                }
+            } else {
+                None
+            };
+            match got {
+                Some(h) => h,
+                None => monoio::select! {
+                    h = &mut answer => h,
+                    _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+                },
+            }?
+        };
+        Ok(Opened {
+            guard,
+            slot,
+            head: h,
+            is_upload_done,
+        })
     }
 
     /// Opens a CONNECT tunnel through a remote worker: the worker dials (directly or through
-    /// the pool's upstream proxy) and answers `200`, or a registry error. `keep` lives as long
-    /// as the tunnel.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn tunnel(
+    /// the pool's upstream proxy) and answers `200`, or a registry error.
+    pub(super) async fn tunnel(
         &self,
         worker_id: &str,
         a: &ProxyAssignment<'_>,
         authority: String,
-        cancelled: Cancelled,
-        idle_timeout: Duration,
-        metrics: Arc<crate::metrics::Metrics>,
-        keep: Vec<Box<dyn Any>>,
-    ) -> Result<Response, ApiError> {
+        cancelled: &mut Cancelled,
+    ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
         let assign = a.assign(2, "CONNECT", authority, Vec::new(), Body::Tunnel);
-        let (mut guard, slot) = self
-            .open(worker_id, assign)
-            .map_err(|f| to_api_error(f, worker_id))?;
-        let mut cancelled = cancelled;
+        let (mut guard, slot) = self.open(worker_id, assign)?;
         let h = {
             let answer = async {
                 self.accepted(worker_id, &mut guard, &slot, a.deadline)
@@ -407,28 +560,20 @@ impl BusCore {
                 head(&slot, worker_id, a.deadline).await
             };
             monoio::select! {
-                h = answer => h.map_err(|f| to_api_error(f, worker_id))?,
-                _ = &mut cancelled => return Err(cancelled_error()),
+                h = answer => h?,
+                _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
             }
         };
         if !(200..300).contains(&h.status) {
-            return Err(ApiError::new(
-                ErrorCode::ProtocolError,
-                format!("worker {worker_id} answered the tunnel with {}", h.status),
-            )
-            .with_detail("side", "worker"));
+            return Err(RemoteFailure::Error(
+                ApiError::new(
+                    ErrorCode::ProtocolError,
+                    format!("worker {worker_id} answered the tunnel with {}", h.status),
+                )
+                .with_detail("side", "worker"),
+            ));
         }
-        let mut r = Response::new(200);
-        r.body = ResponseBody::Tunnel(Box::new(RemoteTunnel {
-            guard,
-            slot,
-            cancelled,
-            idle_timeout,
-            metrics,
-            core: self.core(),
-            _keep: keep,
-        }));
-        Ok(r)
+        Ok((guard, slot))
     }
 }
 

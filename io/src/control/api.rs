@@ -602,7 +602,7 @@ async fn handle_inner(
 }
 
 /// Most workers one request may be offered to after refusals.
-const MAX_REMOTE_ATTEMPTS: usize = 3;
+pub(crate) const MAX_REMOTE_ATTEMPTS: usize = 3;
 
 /// A request that routing placed on a local worker, holding one unit of its capacity until
 /// dropped.

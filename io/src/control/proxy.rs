@@ -35,6 +35,7 @@ use subtle::ConstantTimeEq as _;
 use super::api::{assign, ApiContext};
 use super::core::{ActiveGuard, Cancelled};
 use super::tunnel::relay;
+use crate::bus::ingress::{Dispatched, Reroute};
 use crate::egress::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts};
 use crate::http::{
     Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
@@ -352,7 +353,7 @@ impl ProxyHandler {
             None,
             started,
         )?;
-        let (tracked, mut cancelled) = self.ctx.active.track(request_id, deployment);
+        let (tracked, cancelled) = self.ctx.active.track(request_id, deployment);
 
         let fields: Vec<(&str, &[u8])> = req.headers().collect();
         let tokens = connection_tokens(&fields);
@@ -366,9 +367,16 @@ impl ProxyHandler {
             BodyFraming::ContentLength(n) => BodyLength::Known(n),
             BodyFraming::Chunked => BodyLength::Chunked,
         };
-        if assigned.is_remote {
+        let (tracked, mut cancelled, assigned) = if assigned.is_remote {
             let mut source = ClientBody { body, length };
-            return crate::bus::ingress::relay(
+            let route = Reroute {
+                active: &active,
+                hints: &hints,
+                ingress: Ingress::Proxy,
+                host: &url.host_str(),
+                started,
+            };
+            match crate::bus::ingress::relay(
                 &self.ctx,
                 request_id,
                 deployment,
@@ -377,10 +385,18 @@ impl ProxyHandler {
                 req.target(),
                 &forwarded,
                 &mut source,
+                &route,
                 (tracked, cancelled, assigned),
             )
-            .await;
-        }
+            .await
+            {
+                Dispatched::Answered(r) => return r,
+                // Refused by the remote workers: routing chose a local one.
+                Dispatched::Local(held) => held,
+            }
+        } else {
+            (tracked, cancelled, assigned)
+        };
         let stream_req = StreamRequest {
             method,
             url: &url,
@@ -533,23 +549,38 @@ impl ProxyHandler {
                 ),
             )
         })?;
-        let (tracked, mut cancelled) = self.ctx.active.track(request_id, deployment);
-        let (bind, connect_limit) = (
-            assigned.slot.bind_address(),
-            self.ctx.state.limits.egress_timeouts.connect,
-        );
+        let (tracked, cancelled) = self.ctx.active.track(request_id, deployment);
         let deadline = self.deadline(started);
-        if assigned.is_remote {
-            return crate::bus::ingress::connect(
+        let (tracked, mut cancelled, assigned, permit) = if assigned.is_remote {
+            let route = Reroute {
+                active: &active,
+                hints: &hints,
+                ingress: Ingress::Connect,
+                host: &host_text,
+                started,
+            };
+            match crate::bus::ingress::connect(
                 &self.ctx,
                 request_id,
                 deployment,
                 deadline,
                 req.target(),
+                &route,
                 (tracked, cancelled, assigned, permit),
             )
-            .await;
-        }
+            .await
+            {
+                Dispatched::Answered(r) => return r,
+                // Refused by the remote workers: routing chose a local one.
+                Dispatched::Local(held) => held,
+            }
+        } else {
+            (tracked, cancelled, assigned, permit)
+        };
+        let (bind, connect_limit) = (
+            assigned.slot.bind_address(),
+            self.ctx.state.limits.egress_timeouts.connect,
+        );
         let tenant = Some(d.index());
         let egress = &self.ctx.egress;
         // A pool behind an upstream proxy tunnels through it (decision 072).
