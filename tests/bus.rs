@@ -428,7 +428,12 @@ fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(&hello("silent")).unwrap();
     let mut buf = Vec::new();
-    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(w) if w.heartbeat_ms == 200));
+    // Version 3: the welcome announces the receipt port (the API listener's here) and the
+    // forward proxy's idle limit (decision 068).
+    let api_port = gw.api.port();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(w)
+        if w.heartbeat_ms == 200 && w.version == 3
+            && w.settings.is_some_and(|l| l.receipt_port == api_port && l.proxy_idle_ms == 60_000)));
     wait_worker(&gw, "silent", "connected");
     let since = Instant::now();
     wait_worker(&gw, "silent", "disconnected");
@@ -445,6 +450,130 @@ fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
 
 fn hello(id: &str) -> Vec<u8> {
     hello_with_capacity(id, 4)
+}
+
+/// A worker of an earlier build speaks version 2 only: its welcome is a version 2 one,
+/// without the lane settings of version 3 (decision 068), and it registers.
+#[test]
+fn a_version_2_worker_gets_a_version_2_welcome() {
+    let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
+    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut v2 = hello("older");
+    // The hello's version range is its first four payload bytes: 2..=2.
+    v2[5..9].copy_from_slice(&[0, 2, 0, 2]);
+    s.write_all(&v2).unwrap();
+    let mut buf = Vec::new();
+    match next_frame(&mut s, &mut buf) {
+        Frame::Welcome(w) => {
+            assert_eq!(w.version, 2);
+            assert_eq!(w.settings, None);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::ConfigPush(_)));
+    wait_worker(&gw, "older", "connected");
+}
+
+/// The worker side of decision 068, against a scripted control that misbehaves: a receipt URL
+/// on the dialled host but not on the receipt port the welcome announced is refused with
+/// `body_ref_unavailable`, and nothing connects to that port.
+#[test]
+fn a_worker_fetches_receipts_only_on_the_announced_port() {
+    use sortie_core::bus::{Assign, BodySource, ConfigPush, LaneSettings, Welcome};
+    let bus = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    let reached = Arc::new(AtomicUsize::new(0));
+    {
+        let reached = reached.clone();
+        std::thread::spawn(move || {
+            for c in other.incoming().flatten() {
+                reached.fetch_add(1, Ordering::SeqCst);
+                drop(c);
+            }
+        });
+    }
+    let _w = start_worker("wp", bus.local_addr().unwrap(), None, "");
+    let (mut s, _) = bus.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    match next_frame(&mut s, &mut buf) {
+        Frame::Hello(h) => assert_eq!(h.version_max, 3),
+        other => panic!("{other:?}"),
+    }
+    let send = |s: &mut TcpStream, f: Frame| {
+        let mut out = Vec::new();
+        encode(&f, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+    };
+    send(
+        &mut s,
+        Frame::Welcome(Welcome {
+            version: 3,
+            control_id: "scripted".into(),
+            core: 0,
+            cores: 1,
+            heartbeat_ms: 10_000,
+            settings: Some(LaneSettings {
+                // Not the port of the receipt URL below.
+                receipt_port: other_port.wrapping_add(1),
+                proxy_idle_ms: 60_000,
+            }),
+        }),
+    );
+    send(
+        &mut s,
+        Frame::ConfigPush(ConfigPush {
+            version: 1,
+            payload: LOOPBACK_SNAPSHOT.as_bytes().to_vec(),
+        }),
+    );
+    loop {
+        if let Frame::ConfigApplied { version: 1 } = next_frame(&mut s, &mut buf) {
+            break;
+        }
+    }
+    send(
+        &mut s,
+        Frame::Assign(Box::new(Assign {
+            stream: 1,
+            request_id: "req_port".into(),
+            deployment_id: "dep_test".into(),
+            deadline_ms: 10_000,
+            is_replayable: false,
+            ingress: 0,
+            method: "POST".into(),
+            url: "http://127.0.0.1:9/x".into(),
+            headers: vec![],
+            body: BodySource::Receipt {
+                url: format!(
+                    "http://127.0.0.1:{other_port}/api/v1/receipt-objects/r?deployment_id=dep_test"
+                ),
+                len: 10,
+            },
+            pool: "direct".into(),
+            provider_session: None,
+            proxy_username: None,
+            fingerprint_profile: None,
+            max_response_bytes: 1 << 20,
+            window: 1 << 16,
+        })),
+    );
+    let error = loop {
+        match next_frame(&mut s, &mut buf) {
+            Frame::StreamError(e) => break e,
+            Frame::Heartbeat(_) | Frame::Accept { .. } => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(error.code, "body_ref_unavailable", "{error:?}");
+    assert!(error.message.contains("receipt port"), "{error:?}");
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "the other port was contacted"
+    );
 }
 
 fn hello_with_capacity(id: &str, capacity: u32) -> Vec<u8> {

@@ -461,6 +461,53 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     }
 }
 
+/// A relayed body through a remote worker runs under the control's forward-proxy idle limit,
+/// as a local relay does, not under the worker's `[egress]` one (decision 068): with the
+/// control at 4 s and the worker at 1 s, a destination that pauses 2 s mid-body is relayed
+/// whole, and one that pauses 8 s is cut after about 4 s.
+#[test]
+fn relayed_bodies_run_under_the_controls_proxy_idle_limit() {
+    let gw = control("127.0.0.1:0", None)
+        .section("[control.proxy]\nidle_timeout_ms = 4000")
+        .start();
+    let _w = start_worker(
+        "wi",
+        gw.bus.unwrap(),
+        None,
+        "\n[egress]\nidle_timeout_ms = 1000",
+    );
+    wait_worker(&gw, "wi", "connected");
+    let total = 64 * 1024;
+    for (pause, is_whole) in [
+        (Duration::from_secs(2), true),
+        (Duration::from_secs(8), false),
+    ] {
+        let up = Upstream::start(upstream::slow_body(total, 16 * 1024, pause));
+        let started = Instant::now();
+        let out = curl(&gw, &[&up.url("/paused")]);
+        let took = started.elapsed();
+        if is_whole {
+            assert!(
+                out.status.success(),
+                "{pause:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let r = curl_response(&out);
+            assert!(
+                r.body == upstream::pattern(total),
+                "{pause:?}: body differs"
+            );
+        } else {
+            // curl: the transfer ended short of its Content-Length.
+            assert_eq!(out.status.code(), Some(18), "{pause:?} after {took:?}");
+            assert!(
+                took >= Duration::from_millis(3500) && took < Duration::from_millis(7500),
+                "cut after {took:?}"
+            );
+        }
+    }
+}
+
 /// Opens a tunnel to `port` through the control and returns the stream and the status line.
 fn open_tunnel(gw: &Gateway, port: u16, tag: &str) -> (TcpStream, String) {
     let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();

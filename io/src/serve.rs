@@ -510,6 +510,15 @@ fn bus_shared(
         };
         Some(crate::bus::conn::server_config(cert, key).map_err(ServeError::Config)?)
     };
+    // Workers fetch receipt bodies on this port only (decision 068).
+    let receipt_port = match b.api_base_url.as_deref() {
+        Some(u) => {
+            sortie_core::request::parse_target_url(u)
+                .map_err(|e| ServeError::Config(format!("control.bus.api_base_url: {e}")))?
+                .port
+        }
+        None => api_port,
+    };
     Ok(crate::bus::control::BusShared::new(
         crate::bus::control::BusSettings {
             token: token.into_bytes(),
@@ -523,6 +532,8 @@ fn bus_shared(
                 .as_deref()
                 .map(|u| u.trim_end_matches('/').to_string()),
             api_port,
+            receipt_port,
+            proxy_idle_ms: u32::try_from(config.control.proxy.idle_timeout_ms).unwrap_or(u32::MAX),
         },
     ))
 }

@@ -107,13 +107,30 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
     };
     let frame = match ty {
         0x01 => Frame::Hello(Box::new(r.hello()?)),
-        0x02 => Frame::Welcome(Welcome {
-            version: r.u16("welcome.version")?,
-            control_id: r.str("welcome.control_id", MAX_NAME_BYTES)?,
-            core: r.u16("welcome.core")?,
-            cores: r.u16("welcome.cores")?,
-            heartbeat_ms: r.u32("welcome.heartbeat_ms")?,
-        }),
+        0x02 => {
+            let version = r.u16("welcome.version")?;
+            let control_id = r.str("welcome.control_id", MAX_NAME_BYTES)?;
+            let core = r.u16("welcome.core")?;
+            let cores = r.u16("welcome.cores")?;
+            let heartbeat_ms = r.u32("welcome.heartbeat_ms")?;
+            // Version 3 appends the lane settings; a version 2 welcome ends here.
+            let settings = if version >= 3 {
+                Some(LaneSettings {
+                    receipt_port: r.u16("welcome.receipt_port")?,
+                    proxy_idle_ms: r.u32("welcome.proxy_idle_ms")?,
+                })
+            } else {
+                None
+            };
+            Frame::Welcome(Welcome {
+                version,
+                control_id,
+                core,
+                cores,
+                heartbeat_ms,
+                settings,
+            })
+        }
         0x03 => Frame::Reject(Reject {
             reason: r.str("reject.reason", MAX_NAME_BYTES)?,
             message: r.str("reject.message", MAX_TEXT_BYTES)?,
@@ -467,6 +484,15 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
             w.u16(x.core);
             w.u16(x.cores);
             w.u32(x.heartbeat_ms);
+            match (x.version >= 3, &x.settings) {
+                (true, Some(l)) => {
+                    w.u16(l.receipt_port);
+                    w.u32(l.proxy_idle_ms);
+                }
+                (false, None) => {}
+                // The settings travel with version 3 and later only.
+                _ => return Err(EncodeError("welcome.settings")),
+            }
         }
         Frame::Reject(x) => {
             w.str(&x.reason, MAX_NAME_BYTES, "reject.reason")?;

@@ -45,6 +45,20 @@ pub struct Welcome {
     pub cores: u16,
     /// How often the worker must send a heartbeat, in milliseconds.
     pub heartbeat_ms: u32,
+    /// Present exactly when `version` is 3 or later (decision 068).
+    pub settings: Option<LaneSettings>,
+}
+
+/// What a version 3 `Welcome` adds: settings of the control that its worker applies to the
+/// assignments of this lane (decision 068).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneSettings {
+    /// The port of the control's receipt URLs (its `control.bus.api_base_url`, or its API
+    /// listener): a worker fetches receipt bodies on this port only.
+    pub receipt_port: u16,
+    /// `control.proxy.idle_timeout_ms`: the idle limit of the forward proxy's relayed
+    /// requests, which a worker applies to them instead of its own `[egress]` one.
+    pub proxy_idle_ms: u32,
 }
 
 /// Control → worker: the lane is refused; the control closes it after this frame.

@@ -12,8 +12,8 @@ pub use codec::{
     MAX_TOKEN_BYTES,
 };
 pub use frame::{
-    Assign, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, Reject, ResponseHead, Sender,
-    StreamError, StreamId, Welcome,
+    Assign, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, LaneSettings, Reject,
+    ResponseHead, Sender, StreamError, StreamId, Welcome,
 };
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 
@@ -23,8 +23,10 @@ pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREA
 /// violation, so a peer cannot make the other side buffer without limit.
 pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
 
-/// The protocol version this build speaks best.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The protocol version this build speaks best. Version 3 adds the lane settings of
+/// `Welcome` (decision 068); nothing else changed, so a build also speaks version 2 with a
+/// peer that knows no better.
+pub const PROTOCOL_VERSION: u16 = 3;
 /// The oldest protocol version this build still speaks. Version 2 added the streamed body
 /// kind, the upstream proxy username of `Assign` and tunnel half-close; a version 1 peer is
 /// refused with `unsupported_version` rather than misread.

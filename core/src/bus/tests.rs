@@ -65,13 +65,20 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
                 capacity: r.next() as u32,
             },
         })),
-        1 => Frame::Welcome(Welcome {
-            version: r.next() as u16,
-            control_id: r.string(30),
-            core: r.next() as u16,
-            cores: r.next() as u16,
-            heartbeat_ms: r.next() as u32,
-        }),
+        1 => {
+            let version = r.next() as u16;
+            Frame::Welcome(Welcome {
+                version,
+                control_id: r.string(30),
+                core: r.next() as u16,
+                cores: r.next() as u16,
+                heartbeat_ms: r.next() as u32,
+                settings: (version >= 3).then(|| LaneSettings {
+                    receipt_port: r.next() as u16,
+                    proxy_idle_ms: r.next() as u32,
+                }),
+            })
+        }
         2 => Frame::Reject(Reject {
             reason: r.string(20),
             message: r.string(200),
@@ -267,10 +274,11 @@ fn encoding_refuses_fields_the_peer_would_reject() {
 
 #[test]
 fn version_negotiation_picks_the_highest_common_version() {
-    assert_eq!(negotiate(2, 2), Some(2));
+    assert_eq!(negotiate(2, 2), Some(2), "a version 2 peer is still served");
+    assert_eq!(negotiate(2, 3), Some(3));
     assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
     assert_eq!(negotiate(1, 1), None, "version 1 is no longer spoken");
-    assert_eq!(negotiate(3, 9), None);
+    assert_eq!(negotiate(4, 9), None);
     assert_eq!(negotiate(0, 0), None);
     assert_eq!(negotiate(3, 1), None);
 }
@@ -439,6 +447,7 @@ fn worker_lane_checks_bodies_against_their_announced_length() {
         core: 0,
         cores: 1,
         heartbeat_ms: 1000,
+        settings: None,
     });
     assert_eq!(lane.receive(&welcome), Ok(Verdict::Deliver));
     assert!(lane.receive(&welcome).is_err());
@@ -509,6 +518,7 @@ fn tunnels_half_close_in_either_order() {
         core: 0,
         cores: 1,
         heartbeat_ms: 1000,
+        settings: None,
     });
     let head = |s| {
         Frame::ResponseHead(ResponseHead {
@@ -639,6 +649,7 @@ fn flow_control_is_enforced_in_both_directions() {
         core: 0,
         cores: 1,
         heartbeat_ms: 1000,
+        settings: None,
     });
     let credit = |s, bytes| Frame::Credit { stream: s, bytes };
     let upload = INITIAL_UPLOAD_WINDOW as usize;
@@ -702,6 +713,49 @@ fn flow_control_is_enforced_in_both_directions() {
     c.sent(&assign(s, BodySource::Inline { len: 3 }, 100));
     c.receive(&Frame::Accept { stream: s }).unwrap();
     assert_eq!(c.receive(&credit(s, u32::MAX)), Ok(Verdict::Ignore));
+}
+
+/// A version 3 welcome carries the lane settings and a version 2 one does not; each decodes as
+/// it was sent, and a welcome whose settings disagree with its version is never sent.
+#[test]
+fn welcome_settings_follow_the_version() {
+    let settings = Some(LaneSettings {
+        receipt_port: 8443,
+        proxy_idle_ms: 90_000,
+    });
+    let welcome = |version, settings| {
+        Frame::Welcome(Welcome {
+            version,
+            control_id: "c".into(),
+            core: 0,
+            cores: 2,
+            heartbeat_ms: 500,
+            settings,
+        })
+    };
+    let mut sizes = Vec::new();
+    for (version, settings) in [(2, None), (3, settings)] {
+        let f = welcome(version, settings);
+        let mut out = Vec::new();
+        encode(&f, &mut out).unwrap();
+        match decode(&out) {
+            Ok(Decoded::Frame(g, n)) => {
+                assert_eq!(n, out.len());
+                assert_eq!(g, f);
+            }
+            other => panic!("{other:?}"),
+        }
+        sizes.push(out.len());
+    }
+    assert_eq!(sizes[1] - sizes[0], 6, "a u16 port and a u32 limit");
+    for (version, settings) in [(2, settings), (3, None)] {
+        let mut out = Vec::new();
+        assert_eq!(
+            encode(&welcome(version, settings), &mut out),
+            Err(EncodeError("welcome.settings"))
+        );
+        assert!(out.is_empty());
+    }
 }
 
 /// `check_request_head` names the bound a forward-proxy head exceeds, and accepts exactly what

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sortie_core::bus::{
-    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, Hello, Reject,
-    ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES, PROTOCOL_VERSION,
+    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, Hello, LaneSettings,
+    Reject, ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES,
+    PROTOCOL_VERSION,
 };
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use subtle::ConstantTimeEq as _;
@@ -53,6 +54,12 @@ pub struct BusSettings {
     pub api_base_url: Option<String>,
     /// The API listener's bound port: with the lane's local address, the default base URL.
     pub api_port: u16,
+    /// The port of the receipt URLs (`api_base_url`'s, else `api_port`), announced to
+    /// version 3 workers, which fetch receipt bodies on it only (decision 068).
+    pub receipt_port: u16,
+    /// `control.proxy.idle_timeout_ms`, announced to version 3 workers for the forward
+    /// proxy's relayed requests (decision 068).
+    pub proxy_idle_ms: u32,
 }
 
 struct SessionEntry {
@@ -502,6 +509,10 @@ impl BusCore {
             core: self.core as u16,
             cores: s.cores as u16,
             heartbeat_ms: s.heartbeat_ms,
+            settings: (version >= 3).then_some(LaneSettings {
+                receipt_port: s.receipt_port,
+                proxy_idle_ms: s.proxy_idle_ms,
+            }),
         }));
         if hello.lane == 0 {
             // The worker applies the configuration before it opens its other lanes.

@@ -373,6 +373,9 @@ struct WLane {
     /// connected to. Receipt bodies are fetched from there only.
     control_host: String,
     control_ip: Option<IpAddr>,
+    /// What the control's welcome announced (version 3 and later, decision 068): the port of
+    /// its receipt URLs and the forward proxy's idle limit.
+    settings: Option<sortie_core::bus::LaneSettings>,
     out: Outbox,
     proto: RefCell<WorkerLane>,
     streams: RefCell<HashMap<StreamId, Rc<WStream>>>,
@@ -541,6 +544,7 @@ async fn lane_session(
             .trim_end_matches(']')
             .to_ascii_lowercase(),
         control_ip: peer,
+        settings: welcome.settings,
         out: Outbox::default(),
         proto: RefCell::new(proto),
         streams: RefCell::new(HashMap::new()),
@@ -874,6 +878,16 @@ async fn exchange(
         via,
         tenant,
     };
+    // A relayed request runs under the control's forward-proxy idle limit, as a local relay
+    // does, when the control announced it (decision 068); otherwise the worker's own.
+    let timeouts = match wl.settings.filter(|s| is_proxy && s.proxy_idle_ms > 0) {
+        Some(s) => Timeouts {
+            idle: Duration::from_millis(u64::from(s.proxy_idle_ms)),
+            ..shared.timeouts
+        },
+        None => shared.timeouts,
+    };
+    let req = StreamRequest { timeouts, ..req };
     let mut resp = if src.is_streamed {
         egress
             .open_fingerprinted(&req, fingerprint, &mut src)
@@ -1127,6 +1141,16 @@ async fn fetch_receipt(
             "the receipt URL does not name the control this worker dialled".into(),
         ));
     };
+    // The port too, when the control announced it (decision 068); a version 2 control does
+    // not, and only its host is checked.
+    if let Some(s) = wl.settings {
+        if target.port != s.receipt_port {
+            return Err(unavailable(format!(
+                "the receipt URL's port is not the control's receipt port {}",
+                s.receipt_port
+            )));
+        }
+    }
     let policy = DestinationPolicy::new(
         std::iter::once(format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 }))
             .filter_map(|c| c.parse().ok())
