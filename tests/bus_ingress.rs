@@ -359,6 +359,7 @@ fn curl_through_the_control_to_remote_workers() {
 /// controls, full with one's requests, refuses the other's forward-proxy assignments, and that
 /// control routes the absolute-form request (its body whole) and the CONNECT tunnel to the next
 /// eligible worker; it answers `executor_capacity_exhausted` only when no candidate is left.
+/// The busy worker's own load shows in that control's `/metrics` (decision 069).
 #[test]
 fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     let a = control("127.0.0.1:0", None).start();
@@ -455,10 +456,26 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     assert!(status.starts_with("HTTP/1.1 503"), "{status}");
     assert_eq!(echo.requests(), 2, "only the two relayed requests arrived");
 
+    // a counts none of b's requests on wa, but wa's heartbeats report its own load.
+    wait_until(Duration::from_secs(10), "wa's reported load", || {
+        admin(&a, "GET", "/metrics", &[], b"")
+            .text()
+            .contains("sortie_worker_reported_active_requests{worker=\"wa\"} 2")
+    });
+    let metrics = admin(&a, "GET", "/metrics", &[], b"").text();
+    assert!(
+        metrics.contains("sortie_worker_active_requests{worker=\"wa\"} 0"),
+        "{metrics}"
+    );
     for t in held {
         let r = t.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
     }
+    wait_until(Duration::from_secs(10), "wa's load back to 0", || {
+        admin(&a, "GET", "/metrics", &[], b"")
+            .text()
+            .contains("sortie_worker_reported_active_requests{worker=\"wa\"} 0")
+    });
 }
 
 /// A relayed body through a remote worker runs under the control's forward-proxy idle limit,

@@ -203,22 +203,38 @@ impl Metrics {
         let _ = writeln!(out, "sortie_config_revision {}", active.revision);
         // The text format wants all samples of a family in one group after its TYPE line, so
         // the per-worker values are collected first and written family by family.
-        let workers: Vec<(String, u32, u32)> = state.with_registry(|reg, slots| {
+        let workers: Vec<(String, u32, u32, Option<u32>)> = state.with_registry(|reg, slots| {
             reg.iter()
                 .map(|w| {
-                    let n = slots.get(w.id().as_str()).map_or(0, |s| s.active());
-                    (escape(w.id().as_str()), n, w.capacity(n).max)
+                    let slot = slots.get(w.id().as_str());
+                    let n = slot.map_or(0, |s| s.active());
+                    // A remote worker's own load, while its session is connected.
+                    let reported = slot
+                        .and_then(|s| s.reported())
+                        .filter(|_| w.state() == sortie_core::worker::WorkerState::Connected);
+                    (escape(w.id().as_str()), n, w.capacity(n).max, reported)
                 })
                 .collect()
         });
-        let all_active: u64 = workers.iter().map(|(_, n, _)| u64::from(*n)).sum();
+        let all_active: u64 = workers.iter().map(|(_, n, _, _)| u64::from(*n)).sum();
         out.push_str("# HELP sortie_worker_active_requests Requests in flight per worker.\n# TYPE sortie_worker_active_requests gauge\n");
-        for (id, n, _) in &workers {
+        for (id, n, _, _) in &workers {
             let _ = writeln!(out, "sortie_worker_active_requests{{worker=\"{id}\"}} {n}");
         }
         out.push_str("# HELP sortie_worker_capacity Advertised capacity per worker.\n# TYPE sortie_worker_capacity gauge\n");
-        for (id, _, max) in &workers {
+        for (id, _, max, _) in &workers {
             let _ = writeln!(out, "sortie_worker_capacity{{worker=\"{id}\"}} {max}");
+        }
+        // The heartbeat's load: a worker serving several controls counts all their requests,
+        // where `sortie_worker_active_requests` counts this control's (decision 069).
+        out.push_str("# HELP sortie_worker_reported_active_requests Requests in flight on a connected remote worker as its last heartbeat reported, across every control it serves.\n# TYPE sortie_worker_reported_active_requests gauge\n");
+        for (id, _, _, reported) in &workers {
+            if let Some(n) = reported {
+                let _ = writeln!(
+                    out,
+                    "sortie_worker_reported_active_requests{{worker=\"{id}\"}} {n}"
+                );
+            }
         }
         out.push_str("# HELP sortie_active_requests Requests in flight.\n# TYPE sortie_active_requests gauge\n");
         let _ = writeln!(out, "sortie_active_requests {all_active}");

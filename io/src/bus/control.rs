@@ -579,10 +579,14 @@ impl BusCore {
         let queue = |id: StreamId| lane.streams.borrow().get(&id).cloned();
         let remove = |id: StreamId| lane.streams.borrow_mut().remove(&id);
         match frame {
-            Frame::Heartbeat(_) => {
+            Frame::Heartbeat(h) => {
                 if lane.index == 0 {
-                    self.state
-                        .touch(&lane.worker_id, &lane.session, crate::clock::unix_ms());
+                    self.state.touch(
+                        &lane.worker_id,
+                        &lane.session,
+                        crate::clock::unix_ms(),
+                        h.active,
+                    );
                 }
             }
             Frame::ConfigApplied { version } => {

@@ -61,7 +61,13 @@ pub struct WorkerSlot {
     bind_address: Option<IpAddr>,
     /// The config revision a remote worker acknowledged last (0: none yet).
     applied: AtomicU64,
+    /// Requests in flight on a remote worker as its last heartbeat reported them, across every
+    /// control it serves; `NOT_REPORTED` until its session sent one (decision 069).
+    reported: AtomicU64,
 }
+
+/// [`WorkerSlot::reported`] before a heartbeat.
+const NOT_REPORTED: u64 = u64::MAX;
 
 impl WorkerSlot {
     /// The worker id.
@@ -92,6 +98,17 @@ impl WorkerSlot {
     /// The config revision the worker acknowledged last.
     pub fn applied(&self) -> u64 {
         self.applied.load(Ordering::Relaxed)
+    }
+
+    /// A remote worker's own count of requests in flight from its last heartbeat (all its
+    /// controls'), if its session sent one.
+    pub fn reported(&self) -> Option<u32> {
+        u32::try_from(self.reported.load(Ordering::Relaxed)).ok()
+    }
+
+    /// Records a remote worker's own count of requests in flight from its heartbeat.
+    pub fn set_reported(&self, active: u32) {
+        self.reported.store(u64::from(active), Ordering::Relaxed);
     }
 
     /// Records a revision the worker acknowledged.
@@ -203,6 +220,7 @@ impl ControlState {
                     active: AtomicU32::new(0),
                     bind_address,
                     applied: AtomicU64::new(0),
+                    reported: AtomicU64::new(NOT_REPORTED),
                 }),
             );
         }
@@ -336,11 +354,13 @@ impl ControlState {
                     active: AtomicU32::new(0),
                     bind_address: None,
                     applied: AtomicU64::new(0),
+                    reported: AtomicU64::new(NOT_REPORTED),
                 })
             })
             .clone();
-        // A new session has applied nothing yet.
+        // A new session has applied and reported nothing yet.
         slot.applied.store(0, Ordering::Relaxed);
+        slot.reported.store(NOT_REPORTED, Ordering::Relaxed);
         let cur = self.active.load_full();
         self.active.store(Arc::new(Self::build(
             &w,
@@ -364,9 +384,15 @@ impl ControlState {
         }
     }
 
-    /// Records a heartbeat: `last_seen` only, routing is unchanged.
-    pub fn touch(&self, id: &str, session: &str, now_unix_ms: u64) {
-        self.writer().registry.heartbeat(id, session, now_unix_ms);
+    /// Records a heartbeat: `last_seen` and the load the worker reported (for `/metrics`);
+    /// routing is unchanged.
+    pub fn touch(&self, id: &str, session: &str, now_unix_ms: u64, active: u32) {
+        let w = &mut *self.writer();
+        if w.registry.heartbeat(id, session, now_unix_ms) {
+            if let Some(slot) = w.slots.get(id) {
+                slot.set_reported(active);
+            }
+        }
     }
 
     /// Reads the worker registry.
