@@ -53,6 +53,11 @@ fi
 if ! command -v openssl >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq openssl
 fi
+# The record store and shared-store tests start a private PostgreSQL cluster (initdb and postgres
+# from Debian's package, in /usr/lib/postgresql/<version>/bin).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq postgresql
+fi
 # The persistence tests fill a tmpfs (mount, umount) and make SQLite's log immutable (chattr).
 if ! command -v chattr >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq e2fsprogs

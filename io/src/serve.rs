@@ -30,8 +30,40 @@ use crate::http::{self, ServerConfig, ShutdownTrigger};
 use crate::metrics::Metrics;
 use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
 use crate::store::objects::Objects;
-use crate::store::{ColdThread, RecordStore as _, SqliteStore, COMMAND_QUEUE_CAPACITY};
+use crate::store::{
+    ColdThread, PostgresConfig, PostgresStore, RecordStore, SqliteStore, COMMAND_QUEUE_CAPACITY,
+};
 use crate::tokens;
+
+/// On a store shared by several controls, startup recovery moves only receipts untouched for
+/// this long: longer than any request may hold a receipt (the largest `max_timeout_ms`, one
+/// hour) or a verification may take, so a receipt another live control is working on is never
+/// taken from it (decision 093).
+const SHARED_RECOVERY_AGE_MS: u64 = 2 * 3_600_000;
+
+/// Opens the configured record store. PostgreSQL (`store.backend = "postgres"`) also returns
+/// its settings, for the follower's listening connection; the URL is never printed.
+fn open_store(
+    config: &Config,
+    data_dir: &Path,
+) -> Result<(Box<dyn RecordStore + Send>, Option<PostgresConfig>), ServeError> {
+    match config.store.backend {
+        StoreBackend::Sqlite => {
+            let store = SqliteStore::open(data_dir).map_err(|e| ioe(format!("store: {e}")))?;
+            Ok((Box::new(store), None))
+        }
+        StoreBackend::Postgres => {
+            let name = config.store.url_env.as_deref().unwrap_or_default();
+            let pg = PostgresConfig::from_env(name).map_err(|e| ioe(format!("store: {e}")))?;
+            let store = PostgresStore::open(&pg).map_err(|e| ioe(format!("store: {e}")))?;
+            let o = &config.object_storage;
+            if o.enabled && o.backend == sortie_core::config::ObjectBackend::Fs {
+                tracing::warn!("store.backend is postgres but object_storage.backend is fs: receipt payloads stay on this host, so other controls cannot serve them; use s3 for several controls");
+            }
+            Ok((Box::new(store), Some(pg)))
+        }
+    }
+}
 
 /// How long in-flight requests may run after SIGTERM/SIGINT before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -57,7 +89,10 @@ fn ensure_data_dir(dir: &Path) -> Result<(), ServeError> {
     Ok(())
 }
 
-fn local_registry(config: &Config, store: &mut SqliteStore) -> Result<WorkerRegistry, ServeError> {
+fn local_registry(
+    config: &Config,
+    store: &mut dyn RecordStore,
+) -> Result<WorkerRegistry, ServeError> {
     let mut registry = WorkerRegistry::new();
     let now = crate::clock::unix_ms();
     // Local workers advertise the profiles whose loopback self-test passed in this process
@@ -161,11 +196,6 @@ fn bind(
 
 /// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
 pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
-    if config.store.backend == StoreBackend::Postgres {
-        return Err(ServeError::Config(
-            "store.backend: postgres is not available in this build; use sqlite".into(),
-        ));
-    }
     // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
     // right after its banner) is a graceful stop rather than the default, abrupt termination.
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
@@ -179,7 +209,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         }
     };
 
-    let mut store = SqliteStore::open(&data_dir).map_err(|e| ioe(format!("store: {e}")))?;
+    let (mut store, shared) = open_store(&config, &data_dir)?;
     let record = store
         .bootstrap(&bootstrap_json(&config)?, &crate::clock::now_rfc3339())
         .map_err(|e| ioe(format!("store: {e}")))?;
@@ -194,10 +224,19 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             latest.revision
         ))
     })?;
-    let registry = local_registry(&config, &mut store)?;
-    // Crash recovery of receipts (decision 034) before anything can read them.
+    let registry = local_registry(&config, &mut *store)?;
+    // Crash recovery of receipts (decision 034) before anything can read them. On a shared
+    // store only receipts no live control can still be working on (decision 093).
+    let now_ms = crate::clock::unix_ms();
+    let untouched_since = match shared {
+        Some(_) => now_ms.saturating_sub(SHARED_RECOVERY_AGE_MS),
+        None => now_ms,
+    };
     let recovered = store
-        .recover_receipts(&crate::clock::now_rfc3339())
+        .recover_receipts(
+            &crate::clock::rfc3339(now_ms),
+            &crate::clock::rfc3339(untouched_since),
+        )
         .map_err(|e| ioe(format!("store: {e}")))?;
     if recovered > 0 {
         tracing::info!(
@@ -211,9 +250,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         None
     };
     let has_objects = objects.is_some();
-    let (cold, cold_thread) =
-        ColdThread::start_with(Box::new(store), objects, COMMAND_QUEUE_CAPACITY)
-            .map_err(|e| ioe(format!("store: {e}")))?;
+    let (cold, cold_thread) = ColdThread::start_with(store, objects, COMMAND_QUEUE_CAPACITY)
+        .map_err(|e| ioe(format!("store: {e}")))?;
     let receipts = if has_objects {
         check_objects(&cold)?;
         let r = Receipts::new(cold.clone(), &config.object_storage, &data_dir)
@@ -616,6 +654,17 @@ fn print_banner(
             "tls"
         };
         println!("  bus:       {scheme}://{b}  (listening)");
+    }
+    match config.store.backend {
+        StoreBackend::Sqlite => println!(
+            "  store:     sqlite, {}/{}",
+            config.control.data_dir,
+            crate::store::DATABASE_FILE_NAME
+        ),
+        StoreBackend::Postgres => println!(
+            "  store:     postgres, url from ${}",
+            config.store.url_env.as_deref().unwrap_or_default()
+        ),
     }
     let o = &config.object_storage;
     match (o.enabled, o.backend) {

@@ -1,8 +1,10 @@
-//! The SQLite schema, as an ordered list of migrations versioned in code through
-//! `PRAGMA user_version`.
+//! The schemas of both backends, as ordered lists of migrations versioned in code: SQLite's
+//! through `PRAGMA user_version`, PostgreSQL's in the one-row table `sortie_schema`.
 //!
 //! Migration `i` (0-based) moves the database from version `i` to version `i + 1`. Entries are
-//! append-only: once released, a migration is never edited, only followed by a new one.
+//! append-only: once released, a migration is never edited, only followed by a new one. The two
+//! lists hold the same tables and columns; PostgreSQL's adds `config_head`, the revision
+//! counter its compare-and-set updates (decision 091).
 
 /// The schema migrations in order. A fresh database runs all of them.
 pub(crate) const MIGRATIONS: &[&str] = &[
@@ -56,6 +58,63 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
 // An empty list would make version 0 "current" and skip creating the tables.
 const _: () = assert!(!MIGRATIONS.is_empty());
+
+/// The PostgreSQL schema migrations in order. Text columns compare with the database's
+/// collation; queries that promise byte order say `COLLATE "C"`.
+pub(crate) const POSTGRES_MIGRATIONS: &[&str] = &[
+    // Version 1: the config history with its revision counter, the worker settings, receipts
+    // and their parts (the same shape as SQLite's versions 1 and 2).
+    "CREATE TABLE config_records (
+         revision   BIGINT PRIMARY KEY CHECK (revision > 0),
+         snapshot   TEXT NOT NULL,
+         actor      TEXT NOT NULL,
+         action     TEXT NOT NULL,
+         created_at TEXT NOT NULL
+     );
+     CREATE TABLE config_head (
+         id       SMALLINT PRIMARY KEY CHECK (id = 1),
+         revision BIGINT NOT NULL CHECK (revision >= 0)
+     );
+     INSERT INTO config_head (id, revision) VALUES (1, 0);
+     CREATE TABLE worker_settings (
+         worker_id  TEXT PRIMARY KEY NOT NULL,
+         enabled    BOOLEAN NOT NULL,
+         draining   BOOLEAN NOT NULL,
+         revision   BIGINT NOT NULL CHECK (revision > 0),
+         updated_at TEXT NOT NULL,
+         actor      TEXT NOT NULL
+     );
+     CREATE TABLE receipts (
+         receipt_id      TEXT PRIMARY KEY NOT NULL,
+         deployment_id   TEXT NOT NULL,
+         direction       TEXT NOT NULL CHECK (direction IN ('request', 'response')),
+         state           TEXT NOT NULL,
+         size_bytes      BIGINT NOT NULL CHECK (size_bytes >= 0),
+         sha256_hex      TEXT NOT NULL,
+         idempotency_key TEXT,
+         created_at      TEXT NOT NULL,
+         updated_at      TEXT NOT NULL,
+         expires_at      TEXT NOT NULL,
+         expires_unix_ms BIGINT NOT NULL,
+         failure         TEXT
+     );
+     CREATE UNIQUE INDEX receipts_idempotency ON receipts (deployment_id, idempotency_key)
+         WHERE idempotency_key IS NOT NULL;
+     CREATE INDEX receipts_expiry ON receipts (expires_unix_ms);
+     CREATE TABLE receipt_parts (
+         receipt_id TEXT NOT NULL REFERENCES receipts (receipt_id) ON DELETE CASCADE,
+         number     INTEGER NOT NULL CHECK (number > 0),
+         size_bytes BIGINT NOT NULL CHECK (size_bytes >= 0),
+         sha256_hex TEXT NOT NULL,
+         object_key TEXT NOT NULL,
+         PRIMARY KEY (receipt_id, number)
+     );",
+];
+
+/// The PostgreSQL schema version this build writes and understands.
+pub const POSTGRES_SCHEMA_VERSION: u32 = POSTGRES_MIGRATIONS.len() as u32;
+
+const _: () = assert!(!POSTGRES_MIGRATIONS.is_empty());
 
 #[cfg(test)]
 mod tests {

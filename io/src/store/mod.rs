@@ -2,7 +2,8 @@
 //! trait, and the cold thread that owns the store so that no hot core ever waits on disk.
 //!
 //! The split: [`RecordStore`] is a plain synchronous interface with one implementation per
-//! backend ([`SqliteStore`] today, PostgreSQL later). Only the cold thread calls it once the
+//! backend: [`SqliteStore`] for one control, [`PostgresStore`] for several controls sharing one
+//! database (decision 091). Only the cold thread calls it once the
 //! gateway runs; hot cores hold a [`ColdHandle`] whose async methods send the operation over a
 //! bounded channel and await a one-shot reply. Startup code may use a store directly (to
 //! bootstrap the first config before any core runs) and then hand it to [`ColdThread::start`].
@@ -11,6 +12,7 @@ mod cold;
 mod error;
 mod migrations;
 pub mod objects;
+mod postgres;
 mod record;
 mod sqlite;
 
@@ -19,7 +21,10 @@ pub use cold::{
     READINESS_STALE_AFTER,
 };
 pub use error::StoreError;
-pub use migrations::SCHEMA_VERSION;
+pub use migrations::{POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION};
+pub use postgres::{
+    PostgresConfig, PostgresStore, CALL_TIMEOUT, CONFIG_CHANNEL, CONNECT_TIMEOUT, WORKERS_CHANNEL,
+};
 pub use record::{ConfigRecord, PartRecord, ReceiptRecord, WorkerSettings};
 pub use sqlite::{AccessMode, SqliteOptions, SqliteStore, DATABASE_FILE_NAME};
 
@@ -47,6 +52,12 @@ pub const BOOTSTRAP_ACTION: &str = "bootstrap";
 pub trait RecordStore {
     /// The newest config record, or `None` when the history is empty.
     fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError>;
+
+    /// The newest config revision ever written (0 before the first), cheaper than reading the
+    /// newest snapshot: what a control following a shared store polls (decision 092).
+    fn latest_revision(&mut self) -> Result<u64, StoreError> {
+        self.latest_config().map(|r| r.map_or(0, |r| r.revision))
+    }
 
     /// Whether the store answers and holds a configuration: the readiness probe the cold
     /// thread runs periodically. Backends override it with a query cheaper than reading the
@@ -147,6 +158,13 @@ pub trait RecordStore {
 
     /// Crash recovery at startup (decision 034): `verifying` goes back to `uploading` (its
     /// parts are still stored; the client repeats complete) and `assigned` back to `verified`
-    /// (the attempt died with the process). Returns how many receipts moved.
-    fn recover_receipts(&mut self, updated_at: &str) -> Result<usize, StoreError>;
+    /// (the attempt died with the process), for receipts last changed at or before
+    /// `untouched_since` (RFC 3339, same format as the stored times). One control passes the
+    /// current time; controls sharing a store pass a time old enough that no live control can
+    /// still be working on such a receipt (decision 093). Returns how many receipts moved.
+    fn recover_receipts(
+        &mut self,
+        updated_at: &str,
+        untouched_since: &str,
+    ) -> Result<usize, StoreError>;
 }

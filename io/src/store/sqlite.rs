@@ -542,7 +542,11 @@ impl RecordStore for SqliteStore {
             .map_err(map_error)
     }
 
-    fn recover_receipts(&mut self, updated_at: &str) -> Result<usize, StoreError> {
+    fn recover_receipts(
+        &mut self,
+        updated_at: &str,
+        untouched_since: &str,
+    ) -> Result<usize, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -554,8 +558,9 @@ impl RecordStore for SqliteStore {
         ] {
             moved += tx
                 .execute(
-                    "UPDATE receipts SET state = ?1, updated_at = ?2 WHERE state = ?3",
-                    [to.as_str(), updated_at, from.as_str()],
+                    "UPDATE receipts SET state = ?1, updated_at = ?2 WHERE state = ?3 \
+                     AND updated_at <= ?4",
+                    [to.as_str(), updated_at, from.as_str(), untouched_since],
                 )
                 .map_err(map_error)?;
         }
@@ -565,6 +570,10 @@ impl RecordStore for SqliteStore {
 
     fn latest_config(&mut self) -> Result<Option<ConfigRecord>, StoreError> {
         latest_config_in(&self.conn)
+    }
+
+    fn latest_revision(&mut self) -> Result<u64, StoreError> {
+        current_config_revision(&self.conn)
     }
 
     fn probe(&mut self) -> Result<bool, StoreError> {

@@ -7,6 +7,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod nginx;
+pub mod postgres;
 pub mod proxies;
 pub mod tls;
 pub mod upstream;

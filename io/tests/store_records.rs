@@ -1,0 +1,786 @@
+//! Integration tests of the record stores: every behaviour of the `RecordStore` contract runs
+//! against both backends, SQLite on real database files in temporary data directories and
+//! PostgreSQL on a real server the tests start (a private cluster, one database per test);
+//! then what only one backend has (SQLite's file, WAL mode and read-only opening; PostgreSQL's
+//! connection failures).
+
+#[path = "support/postgres.rs"]
+mod pg;
+
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+use sortie_core::receipt::ReceiptState;
+use sortie_io::store::{
+    AccessMode, ConfigRecord, PartRecord, PostgresConfig, PostgresStore, ReceiptRecord,
+    RecordStore, SqliteOptions, SqliteStore, StoreError, BOOTSTRAP_ACTION, BOOTSTRAP_ACTOR,
+    DATABASE_FILE_NAME, HISTORY_LIMIT, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
+};
+
+const T0: &str = "2026-01-01T00:00:00.000Z";
+const T1: &str = "2026-01-01T00:00:01.000Z";
+const T2: &str = "2026-01-01T00:00:02.000Z";
+const DEFAULT_SNAPSHOT: &str = r#"{"default_timeout_ms":60000}"#;
+
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temporary directory")
+}
+
+fn open(dir: &Path) -> SqliteStore {
+    SqliteStore::open(dir).expect("store opens")
+}
+
+/// One database of one backend; every `open` is a new connection to it, as another process
+/// (or another control) would open.
+trait Backend {
+    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError>;
+    fn open(&self) -> Box<dyn RecordStore + Send> {
+        self.try_open().expect("store opens")
+    }
+    /// Marks the database as written by a newer schema than this build's.
+    fn set_newer_schema(&self) -> u32;
+    /// The newest schema version this build knows, for this backend.
+    fn supported(&self) -> u32;
+}
+
+struct Sqlite(tempfile::TempDir);
+
+impl Backend for Sqlite {
+    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError> {
+        Ok(Box::new(SqliteStore::open(self.0.path())?))
+    }
+    fn set_newer_schema(&self) -> u32 {
+        let conn =
+            rusqlite::Connection::open(self.0.path().join(DATABASE_FILE_NAME)).expect("open");
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .expect("set version");
+        SCHEMA_VERSION + 1
+    }
+    fn supported(&self) -> u32 {
+        SCHEMA_VERSION
+    }
+}
+
+struct Postgres(String);
+
+impl Postgres {
+    fn config(&self) -> PostgresConfig {
+        PostgresConfig::parse(&self.0).expect("test URL")
+    }
+}
+
+impl Backend for Postgres {
+    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError> {
+        Ok(Box::new(PostgresStore::open(&self.config())?))
+    }
+    fn set_newer_schema(&self) -> u32 {
+        let mut c = self.config().connect().expect("connect");
+        c.execute(
+            "UPDATE sortie_schema SET version = $1",
+            &[&i32::try_from(POSTGRES_SCHEMA_VERSION + 1).expect("small")],
+        )
+        .expect("set version");
+        POSTGRES_SCHEMA_VERSION + 1
+    }
+    fn supported(&self) -> u32 {
+        POSTGRES_SCHEMA_VERSION
+    }
+}
+
+/// Runs each named contract test against both backends: `sqlite::NAME` and `postgres::NAME`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test]
+            fn $name() {
+                super::$name(&super::Sqlite(super::temp_dir()));
+            })*
+        }
+        mod postgres {
+            $(#[test]
+            fn $name() {
+                let url = super::pg::cluster().fresh_database(stringify!($name));
+                super::$name(&super::Postgres(url));
+            })*
+        }
+    };
+}
+
+on_both_backends!(
+    append_checks_the_expected_revision_and_increments_it,
+    a_stale_or_future_expected_revision_is_a_conflict_and_writes_nothing,
+    history_is_newest_first_and_honours_the_limit,
+    history_is_pruned_to_the_bound_and_revisions_keep_growing,
+    bootstrap_creates_revision_one_once,
+    worker_settings_use_optimistic_concurrency_per_worker,
+    all_worker_settings_are_ordered_by_id_bytes,
+    reopening_preserves_history_and_worker_settings,
+    a_database_from_a_newer_schema_is_refused_with_a_clear_error,
+    a_second_connection_sees_committed_writes_and_conflicts_across_processes_are_detected,
+    racing_writers_on_one_revision_have_exactly_one_winner,
+    receipts_follow_their_compare_and_set_transitions,
+    recovery_moves_only_receipts_untouched_since_the_cutoff,
+);
+
+fn snapshot(n: u64) -> String {
+    format!(r#"{{"default_timeout_ms":{n}}}"#)
+}
+
+/// Appends `count` records on top of whatever is stored, each naming its own revision.
+fn append_many(store: &mut dyn RecordStore, count: u64) -> u64 {
+    let mut revision = store
+        .latest_config()
+        .expect("latest")
+        .map_or(0, |r| r.revision);
+    for _ in 0..count {
+        revision = store
+            .append_config(revision, &snapshot(revision + 1), "alice", "update", T1)
+            .expect("append")
+            .revision;
+    }
+    revision
+}
+
+fn revisions(records: &[ConfigRecord]) -> Vec<u64> {
+    records.iter().map(|r| r.revision).collect()
+}
+
+#[test]
+fn open_creates_the_data_dir_and_the_database_file() {
+    let dir = temp_dir();
+    let data_dir = dir.path().join("nested").join("sortie-data");
+    let mut store = open(&data_dir);
+    assert_eq!(store.path(), data_dir.join(DATABASE_FILE_NAME));
+    assert!(store.path().is_file());
+    assert_eq!(store.latest_config(), Ok(None));
+    assert_eq!(store.history(10), Ok(Vec::new()));
+}
+
+#[test]
+fn the_database_file_is_in_wal_mode_at_the_current_schema_version() {
+    let dir = temp_dir();
+    let store = open(dir.path());
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path().join(DATABASE_FILE_NAME)).expect("open");
+    let mode: String = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .expect("journal_mode");
+    assert_eq!(mode, "wal", "WAL is persistent in the file");
+    let version: u32 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("user_version");
+    assert_eq!(version, SCHEMA_VERSION);
+}
+
+fn append_checks_the_expected_revision_and_increments_it(b: &dyn Backend) {
+    let mut store = b.open();
+    let first = store
+        .append_config(0, DEFAULT_SNAPSHOT, "alice", "update", T0)
+        .expect("first append on an empty history");
+    assert_eq!(
+        first,
+        ConfigRecord {
+            revision: 1,
+            snapshot_json: DEFAULT_SNAPSHOT.into(),
+            actor: "alice".into(),
+            action: "update".into(),
+            created_at: T0.into(),
+        }
+    );
+    let second = store
+        .append_config(1, &snapshot(2), "bob", "rollback", T1)
+        .expect("second append");
+    assert_eq!(second.revision, 2);
+    assert_eq!(store.latest_config(), Ok(Some(second.clone())));
+    assert_eq!(store.config_at(1), Ok(Some(first)));
+    assert_eq!(store.config_at(2), Ok(Some(second)));
+    assert_eq!(store.config_at(3), Ok(None));
+    assert_eq!(store.config_at(0), Ok(None));
+    assert_eq!(store.config_at(u64::MAX), Ok(None));
+}
+
+fn a_stale_or_future_expected_revision_is_a_conflict_and_writes_nothing(b: &dyn Backend) {
+    let mut store = b.open();
+    append_many(&mut *store, 3);
+    let before = store.history(HISTORY_LIMIT).expect("history");
+    for expected in [0, 1, 2, 4, 99, u64::MAX] {
+        assert_eq!(
+            store.append_config(expected, &snapshot(9), "mallory", "update", T1),
+            Err(StoreError::RevisionConflict { current: 3 }),
+            "expected revision {expected}"
+        );
+    }
+    assert_eq!(store.history(HISTORY_LIMIT), Ok(before));
+}
+
+fn history_is_newest_first_and_honours_the_limit(b: &dyn Backend) {
+    let mut store = b.open();
+    append_many(&mut *store, 5);
+    let all = store.history(100).expect("history");
+    assert_eq!(revisions(&all), [5, 4, 3, 2, 1]);
+    for record in &all {
+        assert_eq!(record.snapshot_json, snapshot(record.revision));
+    }
+    assert_eq!(revisions(&store.history(2).expect("history")), [5, 4]);
+    assert_eq!(store.history(0), Ok(Vec::new()));
+    assert_eq!(store.history(usize::MAX).expect("history").len(), 5);
+}
+
+fn history_is_pruned_to_the_bound_and_revisions_keep_growing(b: &dyn Backend) {
+    let mut store = b.open();
+    let bound = HISTORY_LIMIT as u64;
+    let latest = append_many(&mut *store, bound + 50);
+    assert_eq!(latest, bound + 50);
+
+    let kept = store.history(usize::MAX).expect("history");
+    let expected: Vec<u64> = (51..=bound + 50).rev().collect();
+    assert_eq!(revisions(&kept), expected, "the newest {bound} are kept");
+    assert_eq!(store.config_at(50), Ok(None), "pruned");
+    assert_eq!(store.config_at(1), Ok(None), "pruned");
+    assert!(store.config_at(51).expect("read").is_some());
+
+    // A pruned revision number is never handed out again.
+    let next = store
+        .append_config(latest, &snapshot(latest + 1), "alice", "update", T1)
+        .expect("append after pruning");
+    assert_eq!(next.revision, latest + 1);
+    assert_eq!(
+        store.history(usize::MAX).expect("history").len(),
+        HISTORY_LIMIT
+    );
+}
+
+fn bootstrap_creates_revision_one_once(b: &dyn Backend) {
+    let mut store = b.open();
+    let first = store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    assert_eq!(
+        first,
+        ConfigRecord {
+            revision: 1,
+            snapshot_json: DEFAULT_SNAPSHOT.into(),
+            actor: BOOTSTRAP_ACTOR.into(),
+            action: BOOTSTRAP_ACTION.into(),
+            created_at: T0.into(),
+        }
+    );
+    assert_eq!(store.bootstrap(&snapshot(1), T1), Ok(first.clone()));
+    assert_eq!(store.history(10), Ok(vec![first]));
+
+    // Once the history has moved on, bootstrap answers the newest record and adds nothing.
+    let update = store
+        .append_config(1, &snapshot(2), "alice", "update", T1)
+        .expect("append");
+    assert_eq!(store.bootstrap(DEFAULT_SNAPSHOT, T1), Ok(update));
+    assert_eq!(store.history(10).expect("history").len(), 2);
+}
+
+fn worker_settings_use_optimistic_concurrency_per_worker(b: &dyn Backend) {
+    let mut store = b.open();
+    assert_eq!(store.worker_settings("w1"), Ok(None));
+
+    // No record yet: the current revision is 0.
+    assert_eq!(
+        store.update_worker_settings("w1", 1, true, true, "alice", T0),
+        Err(StoreError::RevisionConflict { current: 0 })
+    );
+    let created = store
+        .update_worker_settings("w1", 0, true, true, "alice", T0)
+        .expect("create");
+    assert_eq!(created.revision, 1);
+    assert!(created.is_enabled && created.is_draining);
+    assert_eq!(created.actor, "alice");
+    assert_eq!(created.updated_at, T0);
+
+    assert_eq!(
+        store.update_worker_settings("w1", 0, false, false, "bob", T1),
+        Err(StoreError::RevisionConflict { current: 1 })
+    );
+    assert_eq!(store.worker_settings("w1"), Ok(Some(created.clone())));
+
+    let updated = store
+        .update_worker_settings("w1", 1, false, true, "bob", T1)
+        .expect("update");
+    assert_eq!(updated.revision, 2);
+    assert!(!updated.is_enabled && updated.is_draining);
+    assert_eq!(store.worker_settings("w1"), Ok(Some(updated.clone())));
+
+    // Another worker's revisions are independent.
+    let other = store
+        .update_worker_settings("w0", 0, true, false, "carol", T1)
+        .expect("other worker");
+    assert_eq!(other.revision, 1);
+    assert_eq!(store.all_worker_settings(), Ok(vec![other, updated]));
+}
+
+fn all_worker_settings_are_ordered_by_id_bytes(b: &dyn Backend) {
+    let mut store = b.open();
+    for id in ["local-b", "Local-Z", "local-a", "w10", "w2", "é"] {
+        store
+            .update_worker_settings(id, 0, true, false, "alice", T0)
+            .expect("create");
+    }
+    let ids: Vec<String> = store
+        .all_worker_settings()
+        .expect("list")
+        .into_iter()
+        .map(|w| w.worker_id)
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+    assert_eq!(ids, ["Local-Z", "local-a", "local-b", "w10", "w2", "é"]);
+}
+
+fn reopening_preserves_history_and_worker_settings(b: &dyn Backend) {
+    let (history, workers) = {
+        let mut store = b.open();
+        store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+        append_many(&mut *store, 7);
+        store
+            .update_worker_settings("w1", 0, false, true, "alice", T1)
+            .expect("worker");
+        (
+            store.history(HISTORY_LIMIT).expect("history"),
+            store.all_worker_settings().expect("workers"),
+        )
+    };
+    let mut store = b.open();
+    assert_eq!(store.history(HISTORY_LIMIT), Ok(history.clone()));
+    assert_eq!(store.all_worker_settings(), Ok(workers));
+    assert_eq!(
+        store.latest_config().expect("latest").map(|r| r.revision),
+        Some(8)
+    );
+    assert_eq!(
+        history.last().map(|r| r.action.as_str()),
+        Some(BOOTSTRAP_ACTION)
+    );
+    // Appending continues from the reopened state.
+    let next = store
+        .append_config(8, &snapshot(9), "alice", "update", T1)
+        .expect("append after reopen");
+    assert_eq!(next.revision, 9);
+}
+
+fn a_database_from_a_newer_schema_is_refused_with_a_clear_error(b: &dyn Backend) {
+    drop(b.open());
+    let newer = b.set_newer_schema();
+    let err = b.try_open().err().expect("a newer schema is refused");
+    assert_eq!(
+        err,
+        StoreError::NewerSchema {
+            found: newer,
+            supported: b.supported()
+        }
+    );
+    let message = err.to_string();
+    assert!(message.contains(&newer.to_string()), "{message}");
+    assert!(message.contains("newer"), "{message}");
+}
+
+#[test]
+fn a_read_only_open_refuses_a_newer_schema_too() {
+    let backend = Sqlite(temp_dir());
+    drop(backend.open());
+    let newer = backend.set_newer_schema();
+    let read_only = SqliteOptions {
+        access: AccessMode::ReadOnly,
+        ..SqliteOptions::default()
+    };
+    assert_eq!(
+        SqliteStore::open_with(backend.0.path(), read_only).map(|_| ()),
+        Err(StoreError::NewerSchema {
+            found: newer,
+            supported: SCHEMA_VERSION
+        })
+    );
+}
+
+#[test]
+fn a_read_only_store_refuses_writes_and_keeps_its_data() {
+    let dir = temp_dir();
+    let latest = {
+        let mut store = open(dir.path());
+        store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+        append_many(&mut store, 2);
+        store
+            .update_worker_settings("w1", 0, true, false, "alice", T0)
+            .expect("worker");
+        store.latest_config().expect("latest")
+    };
+    let options = SqliteOptions {
+        access: AccessMode::ReadOnly,
+        ..SqliteOptions::default()
+    };
+    let mut store = SqliteStore::open_with(dir.path(), options).expect("read-only open");
+    assert_eq!(
+        store.append_config(3, &snapshot(4), "alice", "update", T1),
+        Err(StoreError::ReadOnly)
+    );
+    assert_eq!(
+        store.update_worker_settings("w1", 1, false, false, "alice", T1),
+        Err(StoreError::ReadOnly)
+    );
+    assert_eq!(store.latest_config(), Ok(latest));
+    assert_eq!(
+        store
+            .worker_settings("w1")
+            .expect("read")
+            .map(|w| w.revision),
+        Some(1)
+    );
+    drop(store);
+    let mut store = open(dir.path());
+    assert_eq!(
+        store.latest_config().expect("latest").map(|r| r.revision),
+        Some(3)
+    );
+}
+
+#[test]
+fn a_read_only_open_of_a_missing_database_fails_without_creating_it() {
+    let dir = temp_dir();
+    let options = SqliteOptions {
+        access: AccessMode::ReadOnly,
+        ..SqliteOptions::default()
+    };
+    let err = SqliteStore::open_with(dir.path(), options).expect_err("nothing to open");
+    assert!(
+        matches!(err, StoreError::Database(ref m) if m.contains(DATABASE_FILE_NAME)),
+        "{err:?}"
+    );
+    assert!(!dir.path().join(DATABASE_FILE_NAME).exists());
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_reported_as_corrupt() {
+    let dir = temp_dir();
+    std::fs::write(
+        dir.path().join(DATABASE_FILE_NAME),
+        b"this is not an SQLite database, just some text that is long enough to be a header",
+    )
+    .expect("write");
+    let err = SqliteStore::open(dir.path()).expect_err("garbage refused");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+}
+
+#[test]
+fn a_data_dir_that_is_a_file_is_an_io_error() {
+    let dir = temp_dir();
+    let file = dir.path().join("occupied");
+    std::fs::write(&file, b"x").expect("write");
+    let err = SqliteStore::open(&file.join("data")).expect_err("cannot create");
+    assert!(matches!(err, StoreError::Io(_)), "{err:?}");
+}
+
+fn a_second_connection_sees_committed_writes_and_conflicts_across_processes_are_detected(
+    backend: &dyn Backend,
+) {
+    // Two stores on one database stand in for two processes (two controls) sharing it: the
+    // compare-and-set is atomic between them.
+    let mut a = backend.open();
+    let mut b = backend.open();
+    a.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    assert_eq!(
+        b.latest_config().expect("read").map(|r| r.revision),
+        Some(1)
+    );
+    a.append_config(1, &snapshot(2), "alice", "update", T1)
+        .expect("a appends");
+    assert_eq!(
+        b.append_config(1, &snapshot(2), "bob", "update", T1),
+        Err(StoreError::RevisionConflict { current: 2 })
+    );
+}
+
+fn racing_writers_on_one_revision_have_exactly_one_winner(backend: &dyn Backend) {
+    // Several connections append on the same revision at the same moment, as several controls
+    // taking one admin write each would: one commits, every other gets the conflict naming
+    // the winner's revision, and the history holds exactly one new record.
+    const WRITERS: usize = 6;
+    let mut first = backend.open();
+    first.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    let stores: Vec<_> = (0..WRITERS).map(|_| backend.open()).collect();
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let threads: Vec<_> = stores
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut store)| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                store.append_config(1, &snapshot(100 + i as u64), &format!("w{i}"), "update", T1)
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads
+        .into_iter()
+        .map(|t| t.join().expect("writer thread"))
+        .collect();
+    let winners: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for r in &results {
+        match r {
+            Ok(rec) => assert_eq!(rec.revision, 2),
+            Err(e) => assert_eq!(*e, StoreError::RevisionConflict { current: 2 }),
+        }
+    }
+    let history = first.history(10).expect("history");
+    assert_eq!(revisions(&history), [2, 1]);
+    assert_eq!(
+        history.first().map(|r| &r.actor),
+        winners.first().map(|w| &w.actor)
+    );
+}
+
+fn receipt(id: &str, key: Option<&str>) -> ReceiptRecord {
+    ReceiptRecord {
+        receipt_id: id.into(),
+        deployment_id: "dep".into(),
+        direction: "request".into(),
+        state: ReceiptState::Uploading,
+        size_bytes: 10,
+        sha256_hex: "ab".repeat(32),
+        idempotency_key: key.map(str::to_owned),
+        parts: Vec::new(),
+        created_at: T0.into(),
+        updated_at: T0.into(),
+        expires_at: T2.into(),
+        expires_unix_ms: 2_000,
+        failure: None,
+    }
+}
+
+fn part(number: u32, key: &str) -> PartRecord {
+    PartRecord {
+        number,
+        size_bytes: 5,
+        sha256_hex: "cd".repeat(32),
+        object_key: key.into(),
+    }
+}
+
+fn receipts_follow_their_compare_and_set_transitions(backend: &dyn Backend) {
+    let mut a = backend.open();
+    let mut b = backend.open();
+    let created = a
+        .create_receipt(&receipt("rcpt_1", Some("k1")))
+        .expect("create");
+    assert_eq!(created, receipt("rcpt_1", Some("k1")));
+    // The same idempotency key from another connection answers the stored receipt.
+    let again = b
+        .create_receipt(&receipt("rcpt_2", Some("k1")))
+        .expect("retry");
+    assert_eq!(again.receipt_id, "rcpt_1");
+    assert_eq!(b.receipt("dep", "rcpt_2"), Ok(None));
+    assert_eq!(
+        b.receipt("other", "rcpt_1"),
+        Ok(None),
+        "scoped to its deployment"
+    );
+
+    assert_eq!(
+        b.put_receipt_part("dep", "rcpt_1", &part(2, "o2"), T1),
+        Ok(true)
+    );
+    assert_eq!(
+        a.put_receipt_part("dep", "rcpt_1", &part(1, "o1"), T1),
+        Ok(true)
+    );
+    // A replaced part keeps one row, pointing at the new object.
+    assert_eq!(
+        a.put_receipt_part("dep", "rcpt_1", &part(1, "o1b"), T1),
+        Ok(true)
+    );
+    let stored = b.receipt("dep", "rcpt_1").expect("read").expect("exists");
+    let keys: Vec<_> = stored
+        .parts
+        .iter()
+        .map(|p| (p.number, p.object_key.as_str()))
+        .collect();
+    assert_eq!(keys, [(1, "o1b"), (2, "o2")]);
+    assert_eq!(stored.updated_at, T1);
+
+    // The state moves only from the state named; the loser writes nothing.
+    assert_eq!(
+        a.set_receipt_state(
+            "dep",
+            "rcpt_1",
+            ReceiptState::Uploading,
+            ReceiptState::Verifying,
+            T2,
+            None
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        b.set_receipt_state(
+            "dep",
+            "rcpt_1",
+            ReceiptState::Uploading,
+            ReceiptState::Verifying,
+            T2,
+            None
+        ),
+        Ok(false)
+    );
+    assert_eq!(
+        b.put_receipt_part("dep", "rcpt_1", &part(3, "o3"), T2),
+        Ok(false),
+        "no part once verification started"
+    );
+    assert_eq!(
+        b.set_receipt_state(
+            "dep",
+            "rcpt_1",
+            ReceiptState::Verifying,
+            ReceiptState::Rejected,
+            T2,
+            Some("checksum mismatch")
+        ),
+        Ok(true)
+    );
+    let rejected = a.receipt("dep", "rcpt_1").expect("read").expect("exists");
+    assert_eq!(rejected.state, ReceiptState::Rejected);
+    assert_eq!(rejected.failure.as_deref(), Some("checksum mismatch"));
+    assert_eq!(rejected.parts.len(), 2);
+
+    // Expiry: due once the time has come, never while assigned.
+    a.create_receipt(&receipt("rcpt_3", None)).expect("create");
+    let mut due = a.due_receipts(2_000, 10).expect("due");
+    due.sort();
+    assert_eq!(
+        due,
+        [
+            ("dep".to_string(), "rcpt_1".to_string()),
+            ("dep".into(), "rcpt_3".into())
+        ]
+    );
+    assert_eq!(a.due_receipts(1_999, 10), Ok(Vec::new()));
+    assert_eq!(a.due_receipts(2_000, 1).expect("due").len(), 1);
+}
+
+fn recovery_moves_only_receipts_untouched_since_the_cutoff(backend: &dyn Backend) {
+    let mut store = backend.open();
+    for (id, state, at) in [
+        ("rcpt_old_verifying", ReceiptState::Verifying, T0),
+        ("rcpt_old_assigned", ReceiptState::Assigned, T0),
+        ("rcpt_new_assigned", ReceiptState::Assigned, T2),
+        ("rcpt_old_verified", ReceiptState::Verified, T0),
+    ] {
+        let mut r = receipt(id, None);
+        r.state = state;
+        r.updated_at = at.into();
+        store.create_receipt(&r).expect("create");
+    }
+    assert_eq!(store.recover_receipts(T2, T1), Ok(2));
+    let state = |store: &mut Box<dyn RecordStore + Send>, id: &str| {
+        store
+            .receipt("dep", id)
+            .expect("read")
+            .expect("exists")
+            .state
+    };
+    assert_eq!(
+        state(&mut store, "rcpt_old_verifying"),
+        ReceiptState::Uploading
+    );
+    assert_eq!(
+        state(&mut store, "rcpt_old_assigned"),
+        ReceiptState::Verified
+    );
+    assert_eq!(
+        state(&mut store, "rcpt_new_assigned"),
+        ReceiptState::Assigned,
+        "a live one is left alone"
+    );
+    assert_eq!(
+        state(&mut store, "rcpt_old_verified"),
+        ReceiptState::Verified
+    );
+    // One control: everything up to now.
+    assert_eq!(store.recover_receipts(T2, T2), Ok(1));
+}
+
+#[test]
+fn postgres_schema_is_at_the_current_version_and_migrating_twice_is_a_no_op() {
+    let url = pg::cluster().fresh_database("schema");
+    let backend = Postgres(url);
+    // Two controls starting at once: both open, one migrates, the other finds it done.
+    let opened: Vec<_> = (0..2)
+        .map(|_| {
+            let config = backend.config();
+            std::thread::spawn(move || PostgresStore::open(&config).map(|_| ()))
+        })
+        .collect();
+    for t in opened {
+        assert_eq!(t.join().expect("thread"), Ok(()));
+    }
+    let mut c = backend.config().connect().expect("connect");
+    let version: i32 = c
+        .query_one("SELECT version FROM sortie_schema", &[])
+        .expect("version")
+        .get(0);
+    assert_eq!(u32::try_from(version), Ok(POSTGRES_SCHEMA_VERSION));
+}
+
+#[test]
+fn an_unreachable_postgres_fails_fast_with_a_one_line_reason() {
+    // A loopback port nobody listens on (the kernel just handed it out and it was closed).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let config = PostgresConfig::parse(&format!(
+        "postgres://sortie:secret-password@127.0.0.1:{port}/x"
+    ))
+    .expect("URL");
+    let started = std::time::Instant::now();
+    let err = PostgresStore::open(&config).expect_err("nothing listens");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let text = err.to_string();
+    assert!(text.contains(&format!("127.0.0.1:{port}/x")), "{text}");
+    assert!(text.contains("cannot connect"), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+    assert!(!text.contains("secret-password"), "{text}");
+}
+
+#[test]
+fn a_postgres_store_reconnects_after_its_connection_is_killed() {
+    let url = pg::cluster().fresh_database("reconnect");
+    let backend = Postgres(url);
+    let mut store = backend.open();
+    store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    // The server ends every session of this database but the killer's own, as a restart or a
+    // failover does.
+    let mut killer = backend.config().connect().expect("connect");
+    let killed: i64 = killer
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .expect("terminate")
+        .get(0);
+    assert!(killed >= 1);
+    // The call that meets the dead connection may fail; the store then reconnects.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match store.latest_revision() {
+            Ok(revision) => {
+                assert_eq!(revision, 1);
+                break;
+            }
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "no reconnection within 20 s: {e}"
+            ),
+        }
+    }
+    assert_eq!(
+        store
+            .append_config(1, &snapshot(2), "alice", "update", T1)
+            .map(|r| r.revision),
+        Ok(2)
+    );
+}
