@@ -8,72 +8,18 @@ mod support;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::gateway::{
     http, parse_response, temp_dir, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
 };
+use support::s3::{S3Server, BUCKET};
 use support::upstream::{self, Upstream};
 
 const OTHER_TOKEN: &str = "other-deployment-token-0123456789";
-const S3_INSTALL: &str = "cargo install s3s-fs@0.14.1 --features binary --locked";
-const BUCKET: &str = "receipts";
 const MIB: usize = 1024 * 1024;
-
-/// A real S3-compatible server on a kernel-chosen loopback port, its data in a temp dir.
-struct S3Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn s3s_fs_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("s3s-fs"))
-            .find(|p| p.is_file())
-    });
-    let in_cargo = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cargo/bin/s3s-fs"))
-        .filter(|p| p.is_file());
-    on_path.or(in_cargo).unwrap_or_else(|| {
-        panic!("s3s-fs is missing: install it with `{S3_INSTALL}` (scripts/ci-deps.sh does)")
-    })
-}
-
-impl S3Server {
-    fn start() -> S3Server {
-        let bin = s3s_fs_binary();
-        let dir = temp_dir("s3");
-        std::fs::create_dir_all(dir.join(BUCKET)).expect("bucket dir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let child = Command::new(bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", "AKTEST", "--secret-key", "SKTEST"])
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn s3s-fs");
-        let server = S3Server { child, port, dir };
-        wait_until(Duration::from_secs(20), "s3s-fs listens", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        server
-    }
-}
 
 /// Where the suite stores objects.
 enum Backend {
@@ -92,12 +38,7 @@ impl Backend {
     fn config(&self, extra: &str) -> String {
         match self {
             Backend::Fs => format!("[object_storage]\nenabled = true\nbackend = \"fs\"\n{extra}"),
-            Backend::S3(s) => format!(
-                "[object_storage]\nenabled = true\nbackend = \"s3\"\nbucket = \"{BUCKET}\"\n\
-                 endpoint = \"http://127.0.0.1:{}\"\nregion = \"us-east-1\"\nforce_path_style = true\n\
-                 access_key_env = \"TEST_S3_AK\"\nsecret_key_env = \"TEST_S3_SK\"\n{extra}",
-                s.port
-            ),
+            Backend::S3(s) => s.section(extra),
         }
     }
 

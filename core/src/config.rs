@@ -409,6 +409,9 @@ pub struct ObjectStorageConfig {
     /// `object_storage.receipt_ttl_seconds`: lifetime of a receipt from its creation
     /// (decision 031).
     pub receipt_ttl_seconds: u64,
+    /// Environment variable holding the key that signs worker URLs (64 hex digits), shared by
+    /// every control of a deployment (decision 093). Unset: a key file in `data_dir`.
+    pub signing_key_env: Option<String>,
 }
 
 /// Largest `object_storage.receipt_ttl_seconds`: 30 days.
@@ -430,6 +433,7 @@ impl Default for ObjectStorageConfig {
             access_key_env: None,
             secret_key_env: None,
             receipt_ttl_seconds: DEFAULT_RECEIPT_TTL_SECONDS,
+            signing_key_env: None,
         }
     }
 }
@@ -700,6 +704,12 @@ impl Config {
                     return Err(err(k, "is required with backend = \"s3\""));
                 }
             }
+        }
+        if o.signing_key_env.as_deref() == Some("") {
+            return Err(err(
+                "object_storage.signing_key_env",
+                "must name an environment variable",
+            ));
         }
         if self.store.backend == StoreBackend::Postgres
             && self.store.url_env.as_deref().is_none_or(str::is_empty)
@@ -1194,6 +1204,7 @@ bind_address = "127.0.0.2"
             ("[object_storage]\nenabled = true\nbackend = \"s3\"", "object_storage.bucket"),
             ("[store]\nbackend = \"postgres\"", "store.url_env"),
             ("[store]\nbackend = \"mysql\"", "line 2"),
+            ("[object_storage]\nsigning_key_env = \"\"", "object_storage.signing_key_env"),
             ("[control.server]\nheader_timeout_ms = 5", "control.server.header_timeout_ms"),
             ("[control.request]\nmax_in_flight_body_bytes = 1000", "control.request.max_in_flight_body_bytes"),
             ("[control.request]\nmax_concurrent_per_deployment = 0", "control.request.max_concurrent_per_deployment"),

@@ -60,6 +60,9 @@ fn open_store(
             if o.enabled && o.backend == sortie_core::config::ObjectBackend::Fs {
                 tracing::warn!("store.backend is postgres but object_storage.backend is fs: receipt payloads stay on this host, so other controls cannot serve them; use s3 for several controls");
             }
+            if o.enabled && o.signing_key_env.is_none() {
+                tracing::warn!("store.backend is postgres without object_storage.signing_key_env: worker URLs signed here will not verify on other controls");
+            }
             Ok((Box::new(store), Some(pg)))
         }
     }
@@ -297,6 +300,20 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         latest.revision,
         Arc::new(snapshot),
     ));
+    // With a shared store, revisions and worker settings committed by the other controls
+    // become active here too (decision 092).
+    let follower = match &shared {
+        Some(pg) => Some(
+            crate::control::follow::Follower::start(
+                state.clone(),
+                cold.clone(),
+                Some(pg.clone()),
+                crate::control::follow::POLL_INTERVAL,
+            )
+            .map_err(|e| ioe(format!("store follower: {e}")))?,
+        ),
+        None => None,
+    };
     let bus_shared = match &listeners.bus {
         Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),
         None => None,
@@ -511,6 +528,9 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         if h.is_finished() {
             let _ = h.join();
         }
+    }
+    if let Some(f) = follower {
+        f.stop();
     }
     cold.shutdown();
     let _ = cold_thread.join();

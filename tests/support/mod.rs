@@ -5,8 +5,11 @@
 pub mod bus;
 pub mod gate;
 pub mod gateway;
+#[path = "../../io/tests/support/postgres.rs"]
+pub mod postgres;
 #[path = "../../io/tests/support/proxies.rs"]
 pub mod proxies;
+pub mod s3;
 #[path = "../../io/tests/support/tls.rs"]
 pub mod tls;
 #[path = "../../io/tests/support/upstream.rs"]

@@ -355,8 +355,9 @@ async fn commit_and_activate(
     {
         Ok(record) => {
             let payload = snapshot.to_json();
-            ctx.state.activate(record.revision, Arc::new(snapshot));
-            crate::bus::control::push_config(&ctx.state, record.revision, payload);
+            if ctx.state.activate(record.revision, Arc::new(snapshot)) {
+                crate::bus::control::push_config(&ctx.state, record.revision, payload);
+            }
             tracing::info!(revision = record.revision, actor = %record.actor, action = %record.action, "configuration activated");
             AdminAnswer::json(200, record_json(&record)).with_etag(record.revision)
         }

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod api;
 pub mod core;
 pub mod dashboard;
+pub mod follow;
 pub mod openapi;
 pub mod proxy;
 pub mod receipts;

@@ -195,14 +195,18 @@ pub fn admit(
 }
 
 impl Receipts {
-    /// The receipt service over the cold thread, reading (or creating) the signing key in
-    /// `data_dir`.
+    /// The receipt service over the cold thread, with the signing key from
+    /// `object_storage.signing_key_env` when set (shared by several controls, decision 093),
+    /// else read (or created) in `data_dir`.
     pub fn new(
         cold: ColdHandle,
         config: &sortie_core::config::ObjectStorageConfig,
         data_dir: &Path,
     ) -> Result<Receipts, String> {
-        let key = load_signing_key(data_dir)?;
+        let key = match &config.signing_key_env {
+            Some(name) => signing_key_from_env(name)?,
+            None => load_signing_key(data_dir)?,
+        };
         Ok(Receipts {
             cold,
             max_object_bytes: config.max_object_bytes,
@@ -975,6 +979,16 @@ pub fn load_signing_key(data_dir: &Path) -> Result<[u8; 32], String> {
         }
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+/// Reads the HMAC key from the environment variable `name` (64 hex digits, the format of the
+/// key file). The error names the variable, never its value.
+pub fn signing_key_from_env(name: &str) -> Result<[u8; 32], String> {
+    let what = format!("object_storage.signing_key_env: the environment variable {name}");
+    let text = std::env::var(name).map_err(|_| format!("{what} is not set"))?;
+    decode_hex(text.trim())
+        .and_then(|v| <[u8; 32]>::try_from(v).ok())
+        .ok_or_else(|| format!("{what} must hold 64 hex digits (32 bytes)"))
 }
 
 /// Wraps a signing key for tests and tools that sign worker URLs themselves.

@@ -306,11 +306,18 @@ impl ControlState {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Publishes a new snapshot (already committed to the store) to every core.
-    pub fn activate(&self, revision: u64, snapshot: Arc<ValidatedSnapshot>) {
+    /// Publishes a new snapshot (already committed to the store) to every core, unless a newer
+    /// revision is active already: with several controls the follower (decision 092) and a
+    /// local commit may publish in either order, and the newest revision must win. Returns
+    /// whether `revision` is now the active one.
+    pub fn activate(&self, revision: u64, snapshot: Arc<ValidatedSnapshot>) -> bool {
         let w = self.writer();
+        if self.active.load().revision > revision {
+            return false;
+        }
         self.active
             .store(Arc::new(Self::build(&w, revision, snapshot)));
+        true
     }
 
     /// Runs `f` on the worker registry, then republishes the routing table so that every core

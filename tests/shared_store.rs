@@ -1,0 +1,453 @@
+//! Several controls on one PostgreSQL record store (decisions 091–093), black-box: real
+//! `sortie serve` and `sortie control` processes on loopback sharing a real PostgreSQL server
+//! the tests start (a private cluster, a database per test) and, for receipts, a real
+//! S3-compatible server. A revision committed on one control becomes active on the other; the
+//! admin API answers from the store on either; a receipt created on one is read and used on the
+//! other with a worker URL signed by the first; an outage of the database leaves the request
+//! path serving the last applied snapshot; a bad store setting stops the start with one line.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::bus::{request_at, start_worker, wait_worker, WORKER_TOKEN};
+use support::gateway::{
+    admin, admin_items, http, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
+    DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
+};
+use support::postgres::cluster;
+use support::s3::S3Server;
+use support::upstream::{self, Upstream};
+
+/// The variable the test controls read their PostgreSQL URL from.
+const URL_ENV: &str = "SORTIE_TEST_STORE_URL";
+/// The variable holding the receipt signing key both controls share.
+const KEY_ENV: &str = "SORTIE_TEST_SIGNING_KEY";
+/// How long a revision committed on one control may take to be active on the other: the
+/// notification normally brings it at once; the poll interval (2 s) bounds a lost one.
+const FOLLOW_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A control builder on the shared database `url`.
+fn on_store(b: GatewayBuilder, url: &str) -> GatewayBuilder {
+    b.section(&format!(
+        "[store]\nbackend = \"postgres\"\nurl_env = \"{URL_ENV}\"\n"
+    ))
+    .env(URL_ENV, url)
+}
+
+fn etag(r: &Resp) -> String {
+    r.header("ETag")
+        .expect("ETag")
+        .trim_matches('"')
+        .to_string()
+}
+
+/// The revision a control has active: its rollouts answer.
+fn active_revision(gw: &Gateway) -> u64 {
+    let r = admin(gw, "GET", "/api/v1/admin/rollouts", &[], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["config_version"].as_u64().expect("config_version")
+}
+
+fn put_config(gw: &Gateway, if_match: &str, snapshot: &str) -> Resp {
+    admin(
+        gw,
+        "PUT",
+        "/api/v1/admin/config",
+        &[
+            ("If-Match", if_match),
+            ("Content-Type", "application/json"),
+            ("X-Service-Actor", "ops"),
+        ],
+        snapshot.as_bytes(),
+    )
+}
+
+/// The error code a request to a closed loopback port gets: `destination_denied` once the
+/// snapshot denies loopback, a connection failure while it allows it.
+fn loopback_code(gw: &Gateway) -> String {
+    let r = request_at(
+        gw.api,
+        &json!({"method": "GET", "url": "http://127.0.0.1:9/", "timeout_ms": 5000}),
+    );
+    r.json()["code"].as_str().unwrap_or_default().to_string()
+}
+
+/// The loopback snapshot with loopback denied again (no destination allowed).
+fn closed_snapshot() -> String {
+    LOOPBACK_SNAPSHOT.replace(r#""allow":["127.0.0.0/8","::1/128"]"#, r#""allow":[]"#)
+}
+
+#[test]
+fn an_activation_on_one_control_reaches_the_other() {
+    let url = cluster().fresh_database("activation");
+    let a = on_store(Gateway::builder(), &url).start();
+    let b = on_store(Gateway::builder(), &url).start();
+
+    // One bootstrap record, seen by both.
+    for gw in [&a, &b] {
+        let r = admin(gw, "GET", "/api/v1/admin/config", &[], b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(etag(&r), "1");
+        assert_eq!(r.json()["revision"], 1);
+        assert_eq!(active_revision(gw), 1);
+    }
+    assert_ne!(loopback_code(&b), "destination_denied");
+
+    // A commits revision 2; B applies it on its cores, not only in its answers.
+    let put = put_config(&a, "\"1\"", &closed_snapshot());
+    assert_eq!(put.status, 200, "{}", put.text());
+    assert_eq!(etag(&put), "2");
+    wait_until(FOLLOW_DEADLINE, "B to activate revision 2", || {
+        active_revision(&b) == 2
+    });
+    assert_eq!(loopback_code(&b), "destination_denied");
+
+    // GET config and history answer from the store on either control.
+    let on_b = admin(&b, "GET", "/api/v1/admin/config", &[], b"");
+    assert_eq!(etag(&on_b), "2");
+    assert_eq!(on_b.json()["actor"], "ops");
+    assert_eq!(
+        on_b.json()["snapshot"],
+        put_config_snapshot(&a),
+        "the same snapshot"
+    );
+    let history = |gw: &Gateway| -> Vec<u64> {
+        admin_items(gw, "/api/v1/admin/config/history")
+            .iter()
+            .map(|r| r["revision"].as_u64().expect("revision"))
+            .collect()
+    };
+    assert_eq!(history(&a), [2, 1]);
+    assert_eq!(history(&b), [2, 1]);
+
+    // B's stale write loses exactly as a local one would.
+    let stale = put_config(&b, "\"1\"", LOOPBACK_SNAPSHOT);
+    assert_eq!(stale.status, 409, "{}", stale.text());
+    assert_eq!(stale.json()["error"], "revision_conflict");
+
+    // B rolls back to revision 1 (as revision 3); A follows.
+    let rollback = admin(
+        &b,
+        "POST",
+        "/api/v1/admin/config/rollback",
+        &[
+            ("If-Match", "2"),
+            ("Content-Type", "application/json"),
+            ("X-Service-Actor", "ops"),
+        ],
+        br#"{"config_version":1}"#,
+    );
+    assert_eq!(rollback.status, 200, "{}", rollback.text());
+    assert_eq!(etag(&rollback), "3");
+    wait_until(FOLLOW_DEADLINE, "A to activate revision 3", || {
+        active_revision(&a) == 3
+    });
+    assert_ne!(loopback_code(&a), "destination_denied");
+
+    // Worker settings follow too: B drains the local worker, A lists it draining.
+    let drain = admin(
+        &b,
+        "POST",
+        "/api/v1/admin/workers/local/drain",
+        &[("If-Match", "0"), ("X-Service-Actor", "ops")],
+        b"",
+    );
+    assert_eq!(drain.status, 200, "{}", drain.text());
+    wait_until(FOLLOW_DEADLINE, "A to see the worker draining", || {
+        worker_item(&admin_items(&a, "/api/v1/admin/workers"), "local")["draining"] == true
+    });
+    // And A's next action on it names B's revision.
+    let stale = admin(
+        &a,
+        "POST",
+        "/api/v1/admin/workers/local/undrain",
+        &[("If-Match", "0"), ("X-Service-Actor", "ops")],
+        b"",
+    );
+    assert_eq!(stale.status, 409, "{}", stale.text());
+    let undrain = admin(
+        &a,
+        "POST",
+        "/api/v1/admin/workers/local/undrain",
+        &[("If-Match", "1"), ("X-Service-Actor", "ops")],
+        b"",
+    );
+    assert_eq!(undrain.status, 200, "{}", undrain.text());
+}
+
+/// The snapshot of the config record a control answers.
+fn put_config_snapshot(gw: &Gateway) -> serde_json::Value {
+    admin(gw, "GET", "/api/v1/admin/config", &[], b"").json()["snapshot"].clone()
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn receipts_call(gw: &Gateway, method: &str, path: &str, body: &[u8]) -> Resp {
+    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+    let mut headers = vec![("Authorization", auth.as_str())];
+    if method == "POST" && !body.is_empty() {
+        headers.push(("Content-Type", "application/json"));
+    }
+    http(gw.api, method, path, &headers, body)
+}
+
+fn receipt_state(gw: &Gateway, id: &str) -> String {
+    let r = receipts_call(gw, "GET", &format!("/api/v1/receipts/{id}"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["state"].as_str().unwrap_or_default().to_string()
+}
+
+/// A receipt created, uploaded and completed on control A is read on control B; a request on
+/// A sends it through a remote worker attached to A, whose signed URL (signed by A) points at
+/// B's API (`control.bus.api_base_url`): B verifies A's signature with the shared key and
+/// streams the payload from the shared bucket. The receipt is then consumed for both.
+#[test]
+fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
+    let url = cluster().fresh_database("receipts");
+    let s3 = S3Server::start();
+    let key: String = (0..32u8).map(|i| format!("{:02x}", i * 7 + 3)).collect();
+    let objects = s3.section(&format!("signing_key_env = \"{KEY_ENV}\"\n"));
+    let shared = |b: GatewayBuilder| {
+        on_store(b, &url)
+            .section(&objects)
+            .env("TEST_S3_AK", "AKTEST")
+            .env("TEST_S3_SK", "SKTEST")
+            .env(KEY_ENV, &key)
+    };
+    let b = shared(Gateway::builder()).start();
+    let a = shared(
+        Gateway::builder()
+            .control_mode()
+            .control("bus_listen = \"127.0.0.1:0\"")
+            .section(&format!(
+                "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 500\n\
+                 api_base_url = \"http://{}\"\n",
+                b.api
+            )),
+    )
+    .start();
+    let _worker = start_worker("wa", a.bus.expect("bus listener"), None, "");
+    wait_worker(&a, "wa", "connected");
+
+    let body = upstream::pattern(300 * 1024 + 11);
+    let create = json!({"direction": "request", "size_bytes": body.len(),
+                        "sha256_hex": sha256_hex(&body)});
+    let r = receipts_call(
+        &a,
+        "POST",
+        "/api/v1/receipts",
+        create.to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["receipt_id"].as_str().expect("id").to_string();
+    // Parts may go to either control: the parts table and the bucket are shared.
+    let half = body.len() / 2;
+    let r = receipts_call(
+        &a,
+        "PUT",
+        &format!("/api/v1/receipts/{id}/parts/1"),
+        &body[..half],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = receipts_call(
+        &b,
+        "PUT",
+        &format!("/api/v1/receipts/{id}/parts/2"),
+        &body[half..],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = receipts_call(&a, "POST", &format!("/api/v1/receipts/{id}/complete"), b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Read on B: the same receipt, verified, both parts.
+    let on_b = receipts_call(&b, "GET", &format!("/api/v1/receipts/{id}"), b"");
+    assert_eq!(on_b.status, 200, "{}", on_b.text());
+    let v = on_b.json();
+    assert_eq!(v["state"], "verified", "{v}");
+    assert_eq!(v["sha256_hex"], sha256_hex(&body));
+    assert_eq!(v["parts"].as_array().map(Vec::len), Some(2), "{v}");
+
+    // Used through A's worker, fetched from B with A's signature.
+    let echo = Upstream::start(upstream::echo());
+    let r = request_at(
+        a.api,
+        &json!({"method": "POST", "url": echo.url("/shared"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], 200, "{v}");
+    let echoed = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(v["body"]["data_base64"].as_str().expect("inline body"))
+            .expect("base64")
+    };
+    let end = echoed
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("echoed head")
+        + 4;
+    assert!(echoed[end..] == body[..], "the receipt body differs");
+    assert_eq!(receipt_state(&b, &id), "consumed");
+    assert_eq!(receipt_state(&a, &id), "consumed");
+    for line in a.stdout.try_iter().chain(b.stdout.try_iter()) {
+        assert!(
+            !line.contains("signature="),
+            "a signed URL was printed: {line}"
+        );
+        assert!(!line.contains(&key), "the signing key was printed: {line}");
+    }
+}
+
+/// While the database refuses this control, requests keep being served on the last applied
+/// snapshot, admin reads fail with a store diagnostic and readiness reports it; once the
+/// database is back, a revision committed meanwhile by another control is applied.
+#[test]
+fn an_unreachable_store_leaves_the_request_path_serving_the_last_snapshot() {
+    let url = cluster().fresh_database("outage");
+    let db = url.rsplit('/').next().expect("database name").to_string();
+    let gw = on_store(Gateway::builder(), &url).start();
+    let echo = Upstream::start(upstream::echo());
+    let ok = |gw: &Gateway| {
+        request_at(gw.api, &json!({"method": "GET", "url": echo.url("/up")})).status == 200
+    };
+    assert!(ok(&gw));
+
+    let mut admin_db = cluster().admin();
+    let cut = |admin_db: &mut postgres::Client, allow: bool| {
+        admin_db
+            .batch_execute(&format!(
+                "ALTER DATABASE {db} WITH ALLOW_CONNECTIONS {allow}"
+            ))
+            .expect("alter database");
+        if !allow {
+            admin_db
+                .execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                    &[&db],
+                )
+                .expect("terminate sessions");
+        }
+    };
+    cut(&mut admin_db, false);
+    wait_until(
+        Duration::from_secs(20),
+        "readiness to report the store",
+        || admin(&gw, "GET", "/readyz", &[], b"").status == 503,
+    );
+    let r = admin(&gw, "GET", "/api/v1/admin/config", &[], b"");
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(r.text().contains("store"), "{}", r.text());
+    assert!(!r.text().contains(URL_ENV), "{}", r.text());
+    for _ in 0..20 {
+        assert!(ok(&gw), "the request path stopped during the outage");
+    }
+
+    // Meanwhile another writer commits revision 2 (connected before the cut would not help:
+    // it writes directly, as a control on another network path would).
+    cut(&mut admin_db, true);
+    let mut other = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let revision: i64 = other
+        .query_one(
+            "UPDATE config_head SET revision = 2 WHERE id = 1 AND revision = 1 RETURNING revision",
+            &[],
+        )
+        .expect("move head")
+        .get(0);
+    assert_eq!(revision, 2);
+    other
+        .execute(
+            "INSERT INTO config_records (revision, snapshot, actor, action, created_at) \
+             VALUES (2, $1, 'ops', 'update', '2026-01-01T00:00:00.000Z')",
+            &[&closed_snapshot()],
+        )
+        .expect("insert");
+    // No notification was sent: the periodic check brings it.
+    wait_until(FOLLOW_DEADLINE, "the control to catch up", || {
+        admin(&gw, "GET", "/readyz", &[], b"").status == 200 && active_revision(&gw) == 2
+    });
+    assert_eq!(loopback_code(&gw), "destination_denied");
+}
+
+/// Runs `sortie serve` on a config with a PostgreSQL store and returns its exit code and
+/// stderr, failing if it does not exit within 20 s.
+fn failed_start(dir: &Path, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let config = dir.join("sortie.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[control]\napi_listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n\n[store]\n\
+             backend = \"postgres\"\nurl_env = \"{URL_ENV}\"\n",
+            dir.join("data").display().to_string()
+        ),
+    )
+    .expect("config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env_remove(URL_ENV)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sortie");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sortie did not exit on a bad store");
+        }
+        std::thread::park_timeout(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut err);
+    }
+    (status.code(), err)
+}
+
+#[test]
+fn a_missing_url_or_an_unreachable_server_stops_the_start_with_one_line() {
+    let dir = temp_dir("pgstart");
+    let (code, err) = failed_start(&dir, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(line.starts_with("sortie: store:"), "{err}");
+    assert!(line.contains(URL_ENV) && line.contains("not set"), "{err}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let url = format!("postgres://sortie:pg-secret-word@127.0.0.1:{port}/sortie");
+    let started = Instant::now();
+    let (code, err) = failed_start(&dir, &[(URL_ENV, &url)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(15), "not fast");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{port}/sortie"
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("pg-secret-word"),
+        "the password was printed: {err}"
+    );
+}
