@@ -148,7 +148,8 @@ fn an_activation_on_one_control_reaches_the_other() {
     });
     assert_ne!(loopback_code(&a), "destination_denied");
 
-    // Worker settings follow too: B drains the local worker, A lists it draining.
+    // Worker settings: B drains the local worker. An action on A judges If-Match against the
+    // store at once (A's follower may not have run yet): "0" is stale, "1" is current.
     let drain = admin(
         &b,
         "POST",
@@ -157,10 +158,6 @@ fn an_activation_on_one_control_reaches_the_other() {
         b"",
     );
     assert_eq!(drain.status, 200, "{}", drain.text());
-    wait_until(FOLLOW_DEADLINE, "A to see the worker draining", || {
-        worker_item(&admin_items(&a, "/api/v1/admin/workers"), "local")["draining"] == true
-    });
-    // And A's next action on it names B's revision.
     let stale = admin(
         &a,
         "POST",
@@ -169,14 +166,25 @@ fn an_activation_on_one_control_reaches_the_other() {
         b"",
     );
     assert_eq!(stale.status, 409, "{}", stale.text());
-    let undrain = admin(
+    let disable = admin(
         &a,
         "POST",
-        "/api/v1/admin/workers/local/undrain",
+        "/api/v1/admin/workers/local/disable",
         &[("If-Match", "1"), ("X-Service-Actor", "ops")],
         b"",
     );
-    assert_eq!(undrain.status, 200, "{}", undrain.text());
+    assert_eq!(disable.status, 200, "{}", disable.text());
+    assert_eq!(etag(&disable), "2");
+    // Both flags reach B by the follower: drained here, disabled there.
+    wait_until(FOLLOW_DEADLINE, "B to see the worker disabled", || {
+        let w = worker_item(&admin_items(&b, "/api/v1/admin/workers"), "local").clone();
+        w["enabled"] == false && w["draining"] == true
+    });
+    let on_a = worker_item(&admin_items(&a, "/api/v1/admin/workers"), "local").clone();
+    assert_eq!(
+        (on_a["enabled"].clone(), on_a["draining"].clone()),
+        (json!(false), json!(true))
+    );
 }
 
 /// The snapshot of the config record a control answers.

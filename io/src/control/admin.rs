@@ -594,6 +594,15 @@ async fn worker_action(
     // and what follows the commit cannot fail. Worker settings change only here, under the
     // mutation lock, so the plan still holds when it is applied.
     let _serial = ctx.mutation.lock().await;
+    // The store holds the truth: another control sharing it may have changed this worker a
+    // moment ago, before this control's follower applied it (decision 092). Apply a newer
+    // stored record first, so that an If-Match read anywhere is judged against it.
+    match ctx.store.worker_settings(id).await {
+        Ok(stored) => {
+            crate::control::follow::apply_worker_settings(&ctx.state, stored.into_iter().collect());
+        }
+        Err(e) => return store_error(&e),
+    }
     let plan = ctx
         .state
         .with_registry(|reg, _| reg.plan_action(&worker_id, action, expected));

@@ -18,7 +18,10 @@ use sortie_core::snapshot::{decode_snapshot, ConfigId};
 use sortie_core::worker::WorkerSettings as CoreSettings;
 
 use crate::control::state::ControlState;
-use crate::store::{ColdHandle, PostgresConfig, StoreError, CONFIG_CHANNEL, WORKERS_CHANNEL};
+use crate::store::{
+    ColdHandle, PostgresConfig, StoreError, WorkerSettings as StoredSettings, CONFIG_CHANNEL,
+    WORKERS_CHANNEL,
+};
 
 /// The longest a committed revision takes to reach this control when its notification is lost.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -196,6 +199,14 @@ fn sync_config(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreError
 
 fn sync_workers(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreError> {
     let stored = cold.call_blocking(|s| s.all_worker_settings())?;
+    apply_worker_settings(state, stored);
+    Ok(())
+}
+
+/// Applies each stored settings record whose revision is newer than this control's (another
+/// control committed it); older or equal ones, and ids that are not valid, are left alone.
+/// Rebuilds the routing table only when something changed.
+pub(crate) fn apply_worker_settings(state: &ControlState, stored: Vec<StoredSettings>) {
     let newer: Vec<_> = state.with_registry(|reg, _| {
         stored
             .into_iter()
@@ -208,7 +219,7 @@ fn sync_workers(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreErro
             .collect()
     });
     if newer.is_empty() {
-        return Ok(());
+        return;
     }
     state.update_registry(|reg| {
         for s in newer {
@@ -233,5 +244,4 @@ fn sync_workers(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreErro
             tracing::info!(worker = %s.worker_id, revision = s.revision, "worker settings followed from the shared store");
         }
     });
-    Ok(())
 }
