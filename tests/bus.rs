@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::bus::{
-    control, control_with, request_at, start_worker, wait_worker, BusTls, WORKER_TOKEN,
+    control, control_with, request_at, start_worker, wait_worker, BusTls, Load, WORKER_TOKEN,
 };
 use support::gateway::{
     admin, admin_items, http, temp_dir, wait_until, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
@@ -157,33 +157,9 @@ fn capacity_exhaustion_and_drain_under_load() {
     );
     wait_worker(&gw, "wb", "connected");
     let (up, peers) = recording(Duration::from_millis(5));
-    let failures = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicUsize::new(0));
-    let mut threads = Vec::new();
-    for _ in 0..4 {
-        let (failures, done, count, url) = (
-            failures.clone(),
-            done.clone(),
-            count.clone(),
-            up.url("/load"),
-        );
-        threads.push(std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let r = request_at(api, &get(&url));
-                count.fetch_add(1, Ordering::Relaxed);
-                if r.status != 200 {
-                    // Capacity of wa is 1: a refusal is re-routed, never a failure here,
-                    // because wb has room.
-                    failures.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("failed: {}", r.text());
-                }
-            }
-        }));
-    }
-    wait_until(Duration::from_secs(10), "load running", || {
-        count.load(Ordering::Relaxed) > 20
-    });
+    // Capacity of wa is 1: a refusal is re-routed, never a failure here, because wb has room.
+    let load = Load::start(api, &up.url("/load"), 4);
+    load.wait_for(20, "load running");
     let etag = wait_worker(&gw, "wa", "connected")["etag"]
         .as_str()
         .unwrap()
@@ -201,15 +177,8 @@ fn capacity_exhaustion_and_drain_under_load() {
         wait_worker(&gw, "wa", "connected")["capacity"]["active"] == 0
     });
     let mark = peers.lock().unwrap().len();
-    let at = count.load(Ordering::Relaxed);
-    wait_until(Duration::from_secs(10), "more load after the drain", || {
-        count.load(Ordering::Relaxed) > at + 20
-    });
-    done.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "no request failed");
+    load.wait_for(20, "more load after the drain");
+    assert_eq!(load.stop(), 0, "no request failed");
     let after: Vec<IpAddr> = peers.lock().unwrap()[mark..].to_vec();
     assert!(!after.is_empty());
     assert!(
@@ -383,17 +352,7 @@ fn cancel_reaches_the_worker_and_aborts_the_upstream_request() {
         "the upstream has the request",
         || got.load(Ordering::SeqCst),
     );
-    let items = admin_items(&gw, "/api/v1/admin/requests");
-    assert_eq!(items.len(), 1, "{items:?}");
-    let id = items[0]["request_id"].as_str().unwrap().to_string();
-    let r = admin(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/admin/requests/{id}"),
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 204, "{}", r.text());
+    support::gateway::cancel_the_only_request(&gw);
     let r = t.join().unwrap();
     assert_eq!(r.json()["code"], "cancelled", "{}", r.text());
     wait_until(
@@ -742,32 +701,8 @@ fn a_stopping_worker_finishes_its_requests_under_load() {
     wait_worker(&gw, "wa", "connected");
     wait_worker(&gw, "wb", "connected");
     let (up, _) = recording(Duration::from_millis(30));
-    let api = gw.api;
-    let failures = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let count = Arc::new(AtomicUsize::new(0));
-    let mut threads = Vec::new();
-    for _ in 0..6 {
-        let (failures, done, count, url) = (
-            failures.clone(),
-            done.clone(),
-            count.clone(),
-            up.url("/load"),
-        );
-        threads.push(std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                let r = request_at(api, &get(&url));
-                count.fetch_add(1, Ordering::Relaxed);
-                if r.status != 200 {
-                    failures.fetch_add(1, Ordering::Relaxed);
-                    eprintln!("failed: {}", r.text());
-                }
-            }
-        }));
-    }
-    wait_until(Duration::from_secs(10), "load running", || {
-        count.load(Ordering::Relaxed) > 30
-    });
+    let load = Load::start(gw.api, &up.url("/load"), 6);
+    load.wait_for(30, "load running");
     let status = std::process::Command::new("kill")
         .args(["-TERM", &a.child.id().to_string()])
         .status()
@@ -782,15 +717,8 @@ fn a_stopping_worker_finishes_its_requests_under_load() {
         std::thread::park_timeout(Duration::from_millis(20));
     };
     assert!(exit.success(), "{exit:?}");
-    let at = count.load(Ordering::Relaxed);
-    wait_until(Duration::from_secs(10), "more load after the stop", || {
-        count.load(Ordering::Relaxed) > at + 30
-    });
-    done.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "no request failed");
+    load.wait_for(30, "more load after the stop");
+    assert_eq!(load.stop(), 0, "no request failed");
     wait_worker(&gw, "wa", "disconnected");
 }
 

@@ -6,38 +6,28 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Command, Output};
+use std::net::{Shutdown, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
 use support::bus::{control, request_at, start_worker, start_worker_env, wait_worker};
 use support::gateway::{
-    admin, admin_items, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+    admin, admin_items, cancel_the_only_request, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
 };
 use support::proxies::{wait_for_log, Squid};
+use support::proxy::{
+    curl_as_test, curl_command, curl_ok, curl_response, dechunk, find, open_tunnel_with,
+    proxy_user, session, CURL_MISSING,
+};
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
 
 const PASSWORD_VAR: &str = "SORTIE_TEST_BUS_PROXY_PASSWORD";
 const PASSWORD: &str = "worker-only-secret";
-
-/// The provider session routing derives for the test deployment in pool `acme` (decision 011).
-fn session(country: &str, sticky: &str) -> String {
-    let s = ProviderSession::derive(&ProviderSessionInputs {
-        deployment_id: "dep_test",
-        pool_id: "acme",
-        upstream_proxy_id: "acme",
-        country: sortie_core::routing::CountryCode::parse(country),
-        region: None,
-        ip_type: None,
-        sticky_session_id: sticky,
-    });
-    String::from_utf8(s.to_hex().to_vec()).expect("hex")
-}
+/// The routing header that picks a worker by tag.
+const ROUTE_TAGS: &str = "X-Service-Route-Tags";
 
 /// A pool behind squid: the control renders the username, the worker resolves `password_env`
 /// from its own environment (the control's has no such variable), squid authenticates the
@@ -94,15 +84,7 @@ fn a_remote_worker_egresses_through_its_pools_upstream_proxy() {
         vec!["-p".to_string(), up.url("/tunnel")],
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = curl(&gw, &args);
-        let r = curl_response(&out);
-        assert_eq!(
-            r.status,
-            200,
-            "{} {}",
-            r.text(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let r = curl_ok(&gw, &args);
         assert!(r.text().contains("GET /"), "{}", r.text());
     }
     // Squid logs a CONNECT when its tunnel closes: stop the worker, whose pool holds them.
@@ -166,55 +148,6 @@ fn a_remote_worker_without_the_password_variable_fails_with_proxy_credentials() 
     assert_eq!(up.connections(), 0);
 }
 
-fn proxy_user() -> String {
-    format!("dep_test:{DEPLOYMENT_TOKEN}")
-}
-
-/// Runs curl through the control's forward proxy with `args`.
-fn curl(gw: &Gateway, args: &[&str]) -> Output {
-    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
-    Command::new("curl")
-        .args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
-        .args(["--proxy-user", &proxy_user()])
-        .args(args)
-        .output()
-        .expect("curl must be installed (scripts/ci-deps.sh installs it)")
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// curl's output as a response: the final head and its body, past a CONNECT's `200` or a
-/// `100 Continue` that another head follows.
-fn curl_response(out: &Output) -> Resp {
-    let mut raw = &out.stdout[..];
-    while let Some(end) = find(raw, b"\r\n\r\n") {
-        if raw[end + 4..].starts_with(b"HTTP/1.") {
-            raw = &raw[end + 4..];
-        } else {
-            break;
-        }
-    }
-    parse_response(raw)
-}
-
-/// The data of a chunked body (no extensions or trailers expected).
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = find(raw, b"\r\n").expect("chunk-size line");
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16)
-            .expect("hex chunk size");
-        if size == 0 {
-            return out;
-        }
-        let data = &raw[line_end + 2..];
-        out.extend_from_slice(&data[..size]);
-        raw = &data[size + 2..];
-    }
-}
-
 /// A control with two remote workers sending from distinct loopback addresses, told apart by
 /// tag.
 fn control_and_two_workers(
@@ -248,15 +181,7 @@ fn curl_through_the_control_to_remote_workers() {
     let (gw, _two, _three) = control_and_two_workers("");
     for (tag, ip) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
         let route = format!("X-Service-Route-Tags: {tag}");
-        let out = curl(&gw, &["--proxy-header", &route, &up.url("/plain")]);
-        let r = curl_response(&out);
-        assert_eq!(
-            r.status,
-            200,
-            "{} {}",
-            r.text(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let r = curl_ok(&gw, &["--proxy-header", &route, &up.url("/plain")]);
         let text = String::from_utf8_lossy(&r.body).into_owned();
         assert!(text.starts_with("GET /plain HTTP/1.1"), "{text}");
         let peer = r.header("X-Peer").unwrap_or_default();
@@ -284,7 +209,7 @@ fn curl_through_the_control_to_remote_workers() {
             args.extend(["-H", h]);
         }
         args.push(&url);
-        let out = curl(&gw, &args);
+        let out = curl_as_test(&gw, &args);
         let r = curl_response(&out);
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&out.stderr));
         let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
@@ -310,7 +235,7 @@ fn curl_through_the_control_to_remote_workers() {
     let cacert = ca.ca_file().display().to_string();
     for (tag, ip) in [("two", "127.0.0.2"), ("three", "127.0.0.3")] {
         let route = format!("X-Service-Route-Tags: {tag}");
-        let out = curl(
+        let out = curl_as_test(
             &gw,
             &[
                 "--proxy-header",
@@ -334,7 +259,7 @@ fn curl_through_the_control_to_remote_workers() {
     // before any worker is asked (decision 067).
     let served = up.requests();
     let long = format!("X-{}: v", "n".repeat(300));
-    let out = curl(&gw, &["-H", &long, &up.url("/long-name")]);
+    let out = curl_as_test(&gw, &["-H", &long, &up.url("/long-name")]);
     let r = curl_response(&out);
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["code"], "invalid_request", "{}", r.text());
@@ -409,34 +334,18 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     let file = dir.join("body.bin");
     std::fs::write(&file, &body).unwrap();
     let data = format!("@{}", file.display());
-    let out = curl(&a, &["--data-binary", &data, &echo.url("/refused-first")]);
-    let r = curl_response(&out);
-    assert_eq!(
-        r.status,
-        200,
-        "{} {}",
-        r.text(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let r = curl_ok(&a, &["--data-binary", &data, &echo.url("/refused-first")]);
     let peer = r.header("X-Peer").unwrap_or_default();
     assert!(peer.starts_with("127.0.0.3:"), "{peer}");
     let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
     assert!(r.body[end..] == body[..], "the body differs");
     // A CONNECT tunnel the same way.
-    let out = curl(&a, &["-p", &echo.url("/tunnelled")]);
-    let r = curl_response(&out);
-    assert_eq!(
-        r.status,
-        200,
-        "{} {}",
-        r.text(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let r = curl_ok(&a, &["-p", &echo.url("/tunnelled")]);
     let peer = r.header("X-Peer").unwrap_or_default();
     assert!(peer.starts_with("127.0.0.3:"), "{peer}");
 
     // Only wa is eligible: its refusal leaves no candidate, for either form.
-    let out = curl(
+    let out = curl_as_test(
         &a,
         &[
             "--proxy-header",
@@ -452,7 +361,7 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
         "{}",
         r.text()
     );
-    let (_s, status) = open_tunnel(&a, echo.port(), "shared");
+    let (_s, status) = open_tunnel_with(&a, echo.port(), &[(ROUTE_TAGS, "shared")]);
     assert!(status.starts_with("HTTP/1.1 503"), "{status}");
     assert_eq!(echo.requests(), 2, "only the two relayed requests arrived");
 
@@ -501,7 +410,7 @@ fn relayed_bodies_run_under_the_controls_proxy_idle_limit() {
     ] {
         let up = Upstream::start(upstream::slow_body(total, 16 * 1024, pause));
         let started = Instant::now();
-        let out = curl(&gw, &[&up.url("/paused")]);
+        let out = curl_as_test(&gw, &[&up.url("/paused")]);
         let took = started.elapsed();
         if is_whole {
             assert!(
@@ -523,30 +432,6 @@ fn relayed_bodies_run_under_the_controls_proxy_idle_limit() {
             );
         }
     }
-}
-
-/// Opens a tunnel to `port` through the control and returns the stream and the status line.
-fn open_tunnel(gw: &Gateway, port: u16, tag: &str) -> (TcpStream, String) {
-    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
-    use base64::Engine as _;
-    let auth = base64::engine::general_purpose::STANDARD.encode(proxy_user());
-    write!(
-        s,
-        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\nX-Service-Route-Tags: {tag}\r\n\r\n"
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let status = text.lines().next().unwrap_or_default().to_string();
-    (s, status)
 }
 
 /// A destination for raw tunnels: each connection reads until the client's end of stream,
@@ -604,7 +489,7 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
     // Half-close: the client ends its side; the destination sees the end, answers, closes;
     // the answer and then the end reach the client.
     let answering = TunnelEnd::start(true);
-    let (mut s, status) = open_tunnel(&gw, answering.port, "two");
+    let (mut s, status) = open_tunnel_with(&gw, answering.port, &[(ROUTE_TAGS, "two")]);
     assert_eq!(status, "HTTP/1.1 200 OK");
     let payload = upstream::pattern(700 * 1024);
     s.write_all(&payload).unwrap();
@@ -631,7 +516,7 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
     // Idle: nothing moves, the control closes the tunnel after the limit and the worker closes
     // the destination's connection.
     let holding = TunnelEnd::start(false);
-    let (mut s, status) = open_tunnel(&gw, holding.port, "two");
+    let (mut s, status) = open_tunnel_with(&gw, holding.port, &[(ROUTE_TAGS, "two")]);
     assert_eq!(status, "HTTP/1.1 200 OK");
     let opened = Instant::now();
     let mut rest = Vec::new();
@@ -648,23 +533,13 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
     );
 
     // Cancel: listed while open, closed by DELETE; the worker closes the destination side.
-    let (mut s, status) = open_tunnel(&gw, holding.port, "two");
+    let (mut s, status) = open_tunnel_with(&gw, holding.port, &[(ROUTE_TAGS, "two")]);
     assert_eq!(status, "HTTP/1.1 200 OK");
     wait_until(Duration::from_secs(5), "destination connected", || {
         holding.accepted.load(Ordering::SeqCst) == 2
     });
-    let items = admin_items(&gw, "/api/v1/admin/requests");
-    assert_eq!(items.len(), 1, "{items:?}");
-    let id = items[0]["request_id"].as_str().unwrap();
     let cancelled_at = Instant::now();
-    let r = admin(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/admin/requests/{id}"),
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 204, "{}", r.text());
+    cancel_the_only_request(&gw);
     let _ = s.read_to_end(&mut rest);
     assert!(
         cancelled_at.elapsed() < Duration::from_millis(1500),
@@ -681,7 +556,7 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
 
     // A worker killed mid-tunnel: bytes flowed, then the client's connection closes.
     let echo = Upstream::start(upstream::echo());
-    let (mut s, status) = open_tunnel(&gw, echo.port(), "three");
+    let (mut s, status) = open_tunnel_with(&gw, echo.port(), &[(ROUTE_TAGS, "three")]);
     assert_eq!(status, "HTTP/1.1 200 OK");
     write!(s, "GET /t HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let mut first = [0u8; 12];
@@ -848,17 +723,16 @@ fn relayed_downloads_end_on_cancel_and_when_their_worker_dies() {
         Duration::from_secs(25),
     ));
     let (gw, _two, mut three) = control_and_two_workers("");
-    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
     let dir = support::gateway::temp_dir("bus-proxy-cut");
     let download = |tag: &str, name: &str| {
         let file = dir.join(name);
-        let child = Command::new("curl")
-            .args(["-s", "-o", &file.display().to_string(), "--max-time", "30"])
-            .args(["-x", &proxy, "--proxy-user", &proxy_user()])
+        let child = curl_command(&gw)
+            .args(["-o", &file.display().to_string()])
+            .args(["--proxy-user", &proxy_user()])
             .args(["--proxy-header", &format!("X-Service-Route-Tags: {tag}")])
             .arg(up.url("/stall"))
             .spawn()
-            .expect("curl must be installed");
+            .expect(CURL_MISSING);
         wait_until(Duration::from_secs(10), "the first body bytes", || {
             std::fs::metadata(&file).is_ok_and(|m| m.len() >= 64 << 10)
         });
@@ -874,17 +748,7 @@ fn relayed_downloads_end_on_cancel_and_when_their_worker_dies() {
     };
 
     let mut child = download("two", "cancelled");
-    let items = admin_items(&gw, "/api/v1/admin/requests");
-    assert_eq!(items.len(), 1, "{items:?}");
-    let id = items[0]["request_id"].as_str().unwrap();
-    let r = admin(
-        &gw,
-        "DELETE",
-        &format!("/api/v1/admin/requests/{id}"),
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 204, "{}", r.text());
+    cancel_the_only_request(&gw);
     // curl reports the truncated transfer (exit 18, partial file).
     assert_eq!(wait_exit(&mut child), Some(18));
     wait_until(Duration::from_secs(5), "the list to empty", || {
@@ -937,33 +801,53 @@ fn a_remote_worker_advertises_the_profiles_its_self_test_verified() {
     }
 }
 
+/// A control with fs object storage whose `control.bus.api_base_url` is `base`.
+fn control_with_api_base_url(base: &str) -> Gateway {
+    Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{}\"\nplaintext = true\napi_base_url = \"{base}\"\n",
+            support::bus::WORKER_TOKEN
+        ))
+        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
+        .start()
+}
+
+/// Starts worker `id` on `gw`'s bus (over `tls` when given) and sends a request whose body is
+/// a new verified receipt of `len` bytes: it must be refused with `body_ref_unavailable`, the
+/// message containing `says`, the destination never reached and the receipt `verified` again.
+/// Returns the destination and the worker.
+fn assert_receipt_refused(
+    gw: &Gateway,
+    tls: Option<&support::bus::BusTls>,
+    id: &str,
+    len: usize,
+    says: &str,
+) -> (Upstream, support::bus::Worker) {
+    let w = start_worker(id, gw.bus.expect("bus listener"), tls, "");
+    wait_worker(gw, id, "connected");
+    let echo = Upstream::start(upstream::echo());
+    let receipt = verified_receipt(gw, &upstream::pattern(len));
+    let r = request_at(
+        gw.api,
+        &json!({"method": "POST", "url": echo.url("/x"),
+                "body": {"mode": "receipt", "receipt_id": receipt}}),
+    );
+    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
+    assert!(r.text().contains(says), "{}", r.text());
+    assert_eq!(echo.connections(), 0);
+    assert_eq!(receipt_state(gw, &receipt), "verified");
+    (echo, w)
+}
+
 /// `control.bus.api_base_url` is where workers fetch receipt bodies: pointed at a closed port,
 /// the worker's fetch fails, the request answers `body_ref_unavailable` and the receipt is
 /// `verified` again for another attempt.
 #[test]
 fn the_configured_api_base_url_is_where_workers_fetch_receipts() {
-    let gw = Gateway::builder()
-        .control_mode()
-        .control("bus_listen = \"127.0.0.1:0\"")
-        .section(&format!(
-            "[control.bus]\ntoken = \"{}\"\nplaintext = true\napi_base_url = \"http://127.0.0.1:9\"\n",
-            support::bus::WORKER_TOKEN
-        ))
-        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
-        .start();
-    let _w = start_worker("wu", gw.bus.expect("bus listener"), None, "");
-    wait_worker(&gw, "wu", "connected");
-    let echo = Upstream::start(upstream::echo());
-    let body = upstream::pattern(64 * 1024);
-    let id = verified_receipt(&gw, &body);
-    let r = request_at(
-        gw.api,
-        &json!({"method": "POST", "url": echo.url("/x"),
-                "body": {"mode": "receipt", "receipt_id": id}}),
-    );
-    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
-    assert_eq!(echo.connections(), 0);
-    assert_eq!(receipt_state(&gw, &id), "verified");
+    let gw = control_with_api_base_url("http://127.0.0.1:9");
+    assert_receipt_refused(&gw, None, "wu", 64 * 1024, "");
 }
 
 /// A worker fetches receipt bodies only from the control it dialled: a receipt URL naming
@@ -983,37 +867,13 @@ fn a_worker_fetches_receipts_only_from_the_control_it_dialled() {
             }
         });
     }
-    let gw = Gateway::builder()
-        .control_mode()
-        .control("bus_listen = \"127.0.0.1:0\"")
-        .section(&format!(
-            "[control.bus]\ntoken = \"{}\"\nplaintext = true\napi_base_url = \"http://{other}\"\n",
-            support::bus::WORKER_TOKEN
-        ))
-        .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
-        .start();
-    let _w = start_worker("wx", gw.bus.expect("bus listener"), None, "");
-    wait_worker(&gw, "wx", "connected");
-    let echo = Upstream::start(upstream::echo());
-    let id = verified_receipt(&gw, &upstream::pattern(1024));
-    let r = request_at(
-        gw.api,
-        &json!({"method": "POST", "url": echo.url("/x"),
-                "body": {"mode": "receipt", "receipt_id": id}}),
-    );
-    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
-    assert!(
-        r.text().contains("does not name the control"),
-        "{}",
-        r.text()
-    );
+    let gw = control_with_api_base_url(&format!("http://{other}"));
+    assert_receipt_refused(&gw, None, "wx", 1024, "does not name the control");
     assert_eq!(
         reached.load(Ordering::SeqCst),
         0,
         "the other host was contacted"
     );
-    assert_eq!(echo.connections(), 0);
-    assert_eq!(receipt_state(&gw, &id), "verified");
 }
 
 /// On a TLS bus without `control.bus.api_base_url` the default receipt URL would be plain
@@ -1025,23 +885,13 @@ fn a_tls_bus_without_an_api_base_url_refuses_remote_receipt_bodies() {
     let gw = control("127.0.0.1:0", Some(&tls))
         .section("[object_storage]\nenabled = true\nbackend = \"fs\"")
         .start();
-    let _w = start_worker("wt", gw.bus.expect("bus listener"), Some(&tls), "");
-    wait_worker(&gw, "wt", "connected");
-    let echo = Upstream::start(upstream::echo());
-    let id = verified_receipt(&gw, &upstream::pattern(1024));
-    let r = request_at(
-        gw.api,
-        &json!({"method": "POST", "url": echo.url("/x"),
-                "body": {"mode": "receipt", "receipt_id": id}}),
+    let (echo, _w) = assert_receipt_refused(
+        &gw,
+        Some(&tls),
+        "wt",
+        1024,
+        "https control.bus.api_base_url",
     );
-    assert_eq!(r.json()["code"], "body_ref_unavailable", "{}", r.text());
-    assert!(
-        r.text().contains("https control.bus.api_base_url"),
-        "{}",
-        r.text()
-    );
-    assert_eq!(echo.connections(), 0);
-    assert_eq!(receipt_state(&gw, &id), "verified");
     // Inline bodies on the same TLS bus are unaffected.
     let r = request_at(
         gw.api,

@@ -7,12 +7,16 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::gateway::{
     admin, admin_items, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
     LOOPBACK_SNAPSHOT,
+};
+use support::proxy::{
+    base64_basic, curl, curl_as_test, curl_command, curl_response, dechunk, find, open_tunnel,
+    proxy_user, CURL_MISSING,
 };
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
@@ -34,41 +38,6 @@ tags = ["three"]
 bind_address = "127.0.0.3"
 "#;
 
-fn proxy_user() -> String {
-    format!("dep_test:{DEPLOYMENT_TOKEN}")
-}
-
-fn proxy_url(gw: &Gateway) -> String {
-    format!("http://{}", gw.proxy.expect("proxy listener"))
-}
-
-const CURL_MISSING: &str = "curl must be installed (scripts/ci-deps.sh installs it)";
-
-/// A quiet curl through the gateway's proxy with a 30 s limit.
-fn curl_command(gw: &Gateway) -> Command {
-    let mut command = Command::new("curl");
-    command.args(["-s", "--max-time", "30", "-x", &proxy_url(gw)]);
-    command
-}
-
-/// Runs curl through the gateway's proxy with `args`, the response heads included in its
-/// output; fails the test if curl is missing.
-fn curl(gw: &Gateway, args: &[&str]) -> Output {
-    curl_command(gw)
-        .args(["-S", "-i"])
-        .args(args)
-        .output()
-        .expect(CURL_MISSING)
-}
-
-/// [`curl`] with the test deployment's proxy credentials.
-fn curl_as_test(gw: &Gateway, args: &[&str]) -> Output {
-    let user = proxy_user();
-    let mut all = vec!["--proxy-user", user.as_str()];
-    all.extend_from_slice(args);
-    curl(gw, &all)
-}
-
 /// An echo upstream speaking TLS with a `localhost` certificate from `ca`.
 fn tls_upstream(ca: &TestCa) -> Upstream {
     Upstream::start_with(
@@ -86,24 +55,6 @@ fn trusting(ca: &TestCa) -> String {
         "[egress]\nca_file = {:?}\n",
         ca.ca_file().display().to_string()
     )
-}
-
-/// curl's output as a response: the final head and its body, past any head that another
-/// follows at once (a CONNECT's `200`, a `100 Continue`).
-fn curl_response(out: &Output) -> Resp {
-    let mut raw = &out.stdout[..];
-    while let Some(end) = find(raw, b"\r\n\r\n") {
-        if raw[end + 4..].starts_with(b"HTTP/1.") {
-            raw = &raw[end + 4..];
-        } else {
-            break;
-        }
-    }
-    parse_response(raw)
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn header<'a>(raw: &'a str, name: &str) -> Vec<&'a str> {
@@ -206,22 +157,6 @@ fn curl_streams_large_bodies_both_ways() {
     }
 }
 
-/// The data of a chunked body (no extensions or trailers expected).
-fn dechunk(mut raw: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = find(raw, b"\r\n").expect("chunk-size line");
-        let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16)
-            .expect("hex chunk size");
-        if size == 0 {
-            return out;
-        }
-        let data = &raw[line_end + 2..];
-        out.extend_from_slice(&data[..size]);
-        raw = &data[size + 2..];
-    }
-}
-
 #[test]
 fn curl_https_through_connect_with_the_test_ca() {
     let ca = TestCa::new();
@@ -263,29 +198,6 @@ fn curl_https_through_connect_with_the_test_ca() {
         ),
         "{metrics}"
     );
-}
-
-/// Opens a tunnel to `port` through the gateway and returns the stream and the status line.
-fn open_tunnel(gw: &Gateway, port: u16) -> (TcpStream, String) {
-    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let auth = base64_basic(&proxy_user());
-    write!(
-        s,
-        "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
-    )
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => break,
-        }
-    }
-    let text = String::from_utf8_lossy(&head).into_owned();
-    let status = text.lines().next().unwrap_or_default().to_string();
-    (s, status)
 }
 
 /// Bulk bytes both ways through a tunnel arrive whole and in order (each direction starts as
@@ -554,11 +466,6 @@ fn an_operator_cancels_a_relayed_download_and_a_tunnel() {
         "the tunnel to leave the list",
         || admin_items(&gw, REQUESTS_PATH).is_empty(),
     );
-}
-
-fn base64_basic(s: &str) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 /// Runs a Python `requests` script; fails naming what to install when `requests` is missing.

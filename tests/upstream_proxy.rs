@@ -8,9 +8,9 @@ mod support;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use sortie_core::provider_session::{ProviderSession, ProviderSessionInputs};
 use support::gateway::{admin, request_api, Gateway, DEPLOYMENT_TOKEN};
 use support::proxies::{free_port, wait_for_log, Squid};
+use support::proxy::session;
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
 
@@ -30,20 +30,6 @@ fn snapshot(proxy: Value) -> String {
 
 fn workers(country: &str) -> String {
     format!("[[workers]]\nid = \"w\"\ncountry = \"{country}\"\npools = [\"acme\"]\n")
-}
-
-/// The provider session routing derives for the test deployment (decision 011).
-fn session(country: &str, sticky: &str) -> String {
-    let s = ProviderSession::derive(&ProviderSessionInputs {
-        deployment_id: "dep_test",
-        pool_id: "acme",
-        upstream_proxy_id: "acme",
-        country: sortie_core::routing::CountryCode::parse(country),
-        region: None,
-        ip_type: None,
-        sticky_session_id: sticky,
-    });
-    String::from_utf8(s.to_hex().to_vec()).expect("hex")
 }
 
 #[test]

@@ -5,11 +5,13 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::gateway::{
-    admin_items, http, temp_dir, Gateway, GatewayBuilder, Resp, DEPLOYMENT_TOKEN,
+    admin_items, http, temp_dir, wait_until, Gateway, GatewayBuilder, Resp, DEPLOYMENT_TOKEN,
 };
 
 pub const WORKER_TOKEN: &str = "test-worker-token-0123456789";
@@ -200,4 +202,61 @@ pub fn request_at(api: SocketAddr, envelope: &serde_json::Value) -> Resp {
         ],
         envelope.to_string().as_bytes(),
     )
+}
+
+/// Request API calls in a loop from several threads, each a GET of one URL, until stopped: a
+/// load that must see no failure while the workers change under it.
+pub struct Load {
+    done: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts `threads` threads calling `api` with a GET of `url`.
+    pub fn start(api: SocketAddr, url: &str, threads: usize) -> Load {
+        let done = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(AtomicUsize::new(0));
+        let threads = (0..threads)
+            .map(|_| {
+                let (done, count, failures) = (done.clone(), count.clone(), failures.clone());
+                let get = serde_json::json!({"method": "GET", "url": url});
+                std::thread::spawn(move || {
+                    while !done.load(Ordering::Relaxed) {
+                        let r = request_at(api, &get);
+                        count.fetch_add(1, Ordering::Relaxed);
+                        if r.status != 200 {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("failed: {}", r.text());
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load {
+            done,
+            count,
+            failures,
+            threads,
+        }
+    }
+
+    /// Waits until more than `more` requests were answered since this call.
+    pub fn wait_for(&self, more: usize, what: &str) {
+        let at = self.count.load(Ordering::Relaxed);
+        wait_until(Duration::from_secs(10), what, || {
+            self.count.load(Ordering::Relaxed) > at + more
+        });
+    }
+
+    /// Stops the load and returns how many requests failed.
+    pub fn stop(self) -> usize {
+        self.done.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        self.failures.load(Ordering::Relaxed)
+    }
 }

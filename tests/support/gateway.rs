@@ -394,6 +394,22 @@ pub fn admin_items(gw: &Gateway, path: &str) -> Vec<serde_json::Value> {
     r.json()["items"].as_array().expect("items").clone()
 }
 
+/// Cancels the one request the gateway lists as active (`DELETE /api/v1/admin/requests/{id}`,
+/// which must answer 204); fails when not exactly one is listed.
+pub fn cancel_the_only_request(gw: &Gateway) {
+    let items = admin_items(gw, "/api/v1/admin/requests");
+    assert_eq!(items.len(), 1, "{items:?}");
+    let id = items[0]["request_id"].as_str().unwrap();
+    let r = admin(
+        gw,
+        "DELETE",
+        &format!("/api/v1/admin/requests/{id}"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+}
+
 /// The entry of `worker_id` in a workers list; panics when it is not listed.
 pub fn worker_item<'a>(items: &'a [serde_json::Value], id: &str) -> &'a serde_json::Value {
     items

@@ -9,6 +9,7 @@ pub mod gateway;
 pub mod postgres;
 #[path = "../../io/tests/support/proxies.rs"]
 pub mod proxies;
+pub mod proxy;
 pub mod s3;
 #[path = "../../io/tests/support/tls.rs"]
 pub mod tls;

@@ -317,6 +317,33 @@ fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
     }))
 }
 
+/// A control's welcome to a one-core lane.
+fn welcome() -> Frame {
+    Frame::Welcome(Welcome {
+        version: 2,
+        control_id: "c".into(),
+        core: 0,
+        cores: 1,
+        heartbeat_ms: 1000,
+        settings: None,
+    })
+}
+
+/// A control lane that admitted the worker's hello.
+fn admitted_control() -> ControlLane {
+    let mut lane = ControlLane::new();
+    lane.receive(&hello()).unwrap();
+    lane.admit();
+    lane
+}
+
+/// A worker lane the control welcomed.
+fn welcomed_worker() -> WorkerLane {
+    let mut lane = WorkerLane::new();
+    lane.receive(&welcome()).unwrap();
+    lane
+}
+
 fn data(stream: StreamId, n: usize, end: bool) -> Frame {
     Frame::Data {
         stream,
@@ -344,9 +371,7 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
         lane.receive(&Frame::Accept { stream: 1 }).is_err(),
         "before admission"
     );
-    let mut lane = ControlLane::new();
-    lane.receive(&hello()).unwrap();
-    lane.admit();
+    let mut lane = admitted_control();
     assert!(lane.is_open());
     assert!(lane.receive(&hello()).is_err(), "second hello");
     let s = lane.next_stream().unwrap();
@@ -375,9 +400,7 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
         lane.receive(&data(s, 1, false)).is_err(),
         "window exhausted"
     );
-    let mut lane2 = ControlLane::new();
-    lane2.receive(&hello()).unwrap();
-    lane2.admit();
+    let mut lane2 = admitted_control();
     let s = lane2.next_stream().unwrap();
     lane2.sent(&assign(s, BodySource::Empty, 10));
     lane2.receive(&Frame::Accept { stream: s }).unwrap();
@@ -404,9 +427,7 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
 
 #[test]
 fn control_lane_drops_frames_of_cancelled_streams_until_their_end() {
-    let mut lane = ControlLane::new();
-    lane.receive(&hello()).unwrap();
-    lane.admit();
+    let mut lane = admitted_control();
     let s = lane.next_stream().unwrap();
     lane.sent(&assign(s, BodySource::Empty, 100));
     lane.receive(&Frame::Accept { stream: s }).unwrap();
@@ -441,14 +462,7 @@ fn worker_lane_checks_bodies_against_their_announced_length() {
         lane.receive(&assign(1, BodySource::Empty, 1)).is_err(),
         "before welcome"
     );
-    let welcome = Frame::Welcome(Welcome {
-        version: 1,
-        control_id: "c".into(),
-        core: 0,
-        cores: 1,
-        heartbeat_ms: 1000,
-        settings: None,
-    });
+    let welcome = welcome();
     assert_eq!(lane.receive(&welcome), Ok(Verdict::Deliver));
     assert!(lane.receive(&welcome).is_err());
     assert!(
@@ -512,14 +526,6 @@ fn control_frames_seed_decodes() {
 /// granting credit for the control's bytes, and the control may end first and keep receiving.
 #[test]
 fn tunnels_half_close_in_either_order() {
-    let welcome = Frame::Welcome(Welcome {
-        version: 2,
-        control_id: "c".into(),
-        core: 0,
-        cores: 1,
-        heartbeat_ms: 1000,
-        settings: None,
-    });
     let head = |s| {
         Frame::ResponseHead(ResponseHead {
             stream: s,
@@ -532,11 +538,8 @@ fn tunnels_half_close_in_either_order() {
         bytes: 10,
     };
     // The worker ends first.
-    let mut c = ControlLane::new();
-    c.receive(&hello()).unwrap();
-    c.admit();
-    let mut w = WorkerLane::new();
-    w.receive(&welcome).unwrap();
+    let mut c = admitted_control();
+    let mut w = welcomed_worker();
     let s = c.next_stream().unwrap();
     let a = assign(s, BodySource::Tunnel, 100);
     c.sent(&a);
@@ -643,20 +646,11 @@ fn version_2_assignment_seed_decodes() {
 /// and credit beyond `MAX_WINDOW` are violations, on both lanes.
 #[test]
 fn flow_control_is_enforced_in_both_directions() {
-    let welcome = Frame::Welcome(Welcome {
-        version: 2,
-        control_id: "c".into(),
-        core: 0,
-        cores: 1,
-        heartbeat_ms: 1000,
-        settings: None,
-    });
     let credit = |s, bytes| Frame::Credit { stream: s, bytes };
     let upload = INITIAL_UPLOAD_WINDOW as usize;
 
     // The worker: the control's streamed body stays within the upload window plus credit.
-    let mut w = WorkerLane::new();
-    w.receive(&welcome).unwrap();
+    let mut w = welcomed_worker();
     w.receive(&assign(1, BodySource::Stream { len: None }, 100))
         .unwrap();
     assert_eq!(w.receive(&data(1, upload, false)), Ok(Verdict::Deliver));
@@ -665,27 +659,22 @@ fn flow_control_is_enforced_in_both_directions() {
     let over = w.receive(&data(1, 1, false)).unwrap_err();
     assert_eq!(over.reason, "flow-control window exceeded");
     // The control's credit may not raise the worker's window beyond the maximum.
-    let mut w = WorkerLane::new();
-    w.receive(&welcome).unwrap();
+    let mut w = welcomed_worker();
     w.receive(&assign(2, BodySource::Empty, 100)).unwrap();
     let limit = u32::try_from(MAX_WINDOW - 100).unwrap();
     assert_eq!(w.receive(&credit(2, limit)), Ok(Verdict::Deliver));
     let over = w.receive(&credit(2, 1)).unwrap_err();
     assert_eq!(over.reason, "credit beyond the maximum window");
-    let mut w = WorkerLane::new();
-    w.receive(&welcome).unwrap();
+    let mut w = welcomed_worker();
     w.receive(&assign(3, BodySource::Empty, 1)).unwrap();
     assert!(w.receive(&credit(3, u32::MAX)).is_err(), "u32::MAX credit");
-    let mut w = WorkerLane::new();
-    w.receive(&welcome).unwrap();
+    let mut w = welcomed_worker();
     let window = u32::try_from(MAX_WINDOW + 1).unwrap();
     assert!(w.receive(&assign(4, BodySource::Empty, window)).is_err());
 
     // The control: the worker's credit for a tunnel may not raise the control's window
     // beyond the maximum; the window shrinks with what the control sends.
-    let mut c = ControlLane::new();
-    c.receive(&hello()).unwrap();
-    c.admit();
+    let mut c = admitted_control();
     let s = c.next_stream().unwrap();
     c.sent(&assign(s, BodySource::Tunnel, 100));
     c.receive(&Frame::Accept { stream: s }).unwrap();
@@ -695,9 +684,7 @@ fn flow_control_is_enforced_in_both_directions() {
         c.receive(&credit(s, 1)).is_err(),
         "one byte over the maximum"
     );
-    let mut c = ControlLane::new();
-    c.receive(&hello()).unwrap();
-    c.admit();
+    let mut c = admitted_control();
     let s = c.next_stream().unwrap();
     c.sent(&assign(s, BodySource::Tunnel, 100));
     c.receive(&Frame::Accept { stream: s }).unwrap();
