@@ -459,6 +459,10 @@ pub struct StoreConfig {
     /// Environment variable with the PostgreSQL URL.
     #[serde(default)]
     pub url_env: Option<String>,
+    /// PEM file of CA certificates trusted for the PostgreSQL server, in addition to the
+    /// webpki roots, when the URL asks for TLS (`sslmode=require`; decision 091).
+    #[serde(default)]
+    pub ca_file: Option<String>,
 }
 
 /// `[egress]`.
@@ -718,6 +722,9 @@ impl Config {
                 "store.url_env",
                 "is required with backend = \"postgres\"",
             ));
+        }
+        if self.store.ca_file.as_deref() == Some("") {
+            return Err(err("store.ca_file", "must not be empty"));
         }
         if let Some(f) = &self.egress.ca_file {
             if f.is_empty() {
@@ -1204,6 +1211,7 @@ bind_address = "127.0.0.2"
             ("[object_storage]\nenabled = true\nbackend = \"s3\"", "object_storage.bucket"),
             ("[store]\nbackend = \"postgres\"", "store.url_env"),
             ("[store]\nbackend = \"mysql\"", "line 2"),
+            ("[store]\nca_file = \"\"", "store.ca_file"),
             ("[object_storage]\nsigning_key_env = \"\"", "object_storage.signing_key_env"),
             ("[control.server]\nheader_timeout_ms = 5", "control.server.header_timeout_ms"),
             ("[control.request]\nmax_in_flight_body_bytes = 1000", "control.request.max_in_flight_body_bytes"),

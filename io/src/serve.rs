@@ -54,7 +54,9 @@ fn open_store(
         }
         StoreBackend::Postgres => {
             let name = config.store.url_env.as_deref().unwrap_or_default();
-            let pg = PostgresConfig::from_env(name).map_err(|e| ioe(format!("store: {e}")))?;
+            let ca_file = config.store.ca_file.as_deref().map(Path::new);
+            let pg =
+                PostgresConfig::from_env(name, ca_file).map_err(|e| ioe(format!("store: {e}")))?;
             let store = PostgresStore::open(&pg).map_err(|e| ioe(format!("store: {e}")))?;
             let o = &config.object_storage;
             if o.enabled && o.backend == sortie_core::config::ObjectBackend::Fs {
@@ -378,6 +380,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         },
         n,
         open_files,
+        shared.as_ref().is_some_and(PostgresConfig::is_tls),
     );
     if let Some(limit) = open_files {
         // A request in flight holds a client and an upstream descriptor.
@@ -641,6 +644,7 @@ fn print_banner(
     addrs: ListenAddrs,
     cores: usize,
     open_files: Option<u64>,
+    is_store_tls: bool,
 ) {
     let source = config_path.map_or_else(
         || "embedded defaults".to_string(),
@@ -682,8 +686,9 @@ fn print_banner(
             crate::store::DATABASE_FILE_NAME
         ),
         StoreBackend::Postgres => println!(
-            "  store:     postgres, url from ${}",
-            config.store.url_env.as_deref().unwrap_or_default()
+            "  store:     postgres, url from ${}{}",
+            config.store.url_env.as_deref().unwrap_or_default(),
+            if is_store_tls { " (tls)" } else { "" }
         ),
     }
     let o = &config.object_storage;

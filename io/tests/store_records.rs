@@ -65,7 +65,7 @@ struct Postgres(String);
 
 impl Postgres {
     fn config(&self) -> PostgresConfig {
-        PostgresConfig::parse(&self.0).expect("test URL")
+        PostgresConfig::parse(&self.0, None).expect("test URL")
     }
 }
 
@@ -731,10 +731,8 @@ fn an_unreachable_postgres_fails_fast_with_a_one_line_reason() {
         .and_then(|l| l.local_addr())
         .expect("port")
         .port();
-    let config = PostgresConfig::parse(&format!(
-        "postgres://sortie:secret-password@127.0.0.1:{port}/x"
-    ))
-    .expect("URL");
+    let url = format!("postgres://sortie:secret-password@127.0.0.1:{port}/x");
+    let config = PostgresConfig::parse(&url, None).expect("URL");
     let started = std::time::Instant::now();
     let err = PostgresStore::open(&config).expect_err("nothing listens");
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
@@ -783,4 +781,41 @@ fn a_postgres_store_reconnects_after_its_connection_is_killed() {
             .map(|r| r.revision),
         Ok(2)
     );
+}
+
+#[test]
+fn postgres_over_tls_verifies_the_server_certificate() {
+    let url = pg::cluster().fresh_database("tls");
+    let tls_url = format!("{url}?sslmode=require");
+    let ca = pg::cluster().ca.clone();
+    let config = PostgresConfig::parse(&tls_url, Some(&ca)).expect("URL");
+    assert!(config.is_tls());
+    let mut store = PostgresStore::open(&config).expect("opens over TLS");
+    assert_eq!(
+        store.bootstrap(DEFAULT_SNAPSHOT, T0).map(|r| r.revision),
+        Ok(1)
+    );
+    let is_tls = |config: &PostgresConfig| -> bool {
+        config
+            .connect()
+            .expect("connect")
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .expect("pg_stat_ssl")
+            .get(0)
+    };
+    assert!(is_tls(&config), "the session is not encrypted");
+
+    // Without the CA the server's certificate is not trusted: the start fails, in one line.
+    let untrusted = PostgresConfig::parse(&tls_url, None).expect("URL");
+    let err = PostgresStore::open(&untrusted).expect_err("an unknown issuer");
+    let text = err.to_string();
+    assert!(text.contains("cannot connect to PostgreSQL"), "{text}");
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    assert!(!text.contains('\n'), "{text}");
+
+    // The default (`prefer`) stays on plain TCP, as before TLS was supported.
+    assert!(!is_tls(&PostgresConfig::parse(&url, None).expect("URL")));
 }

@@ -11,13 +11,16 @@
 //!
 //! The connection URL holds a password: it is never logged or put in an error message.
 
+use std::path::Path;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use postgres::config::SslMode;
 use postgres::error::SqlState;
 use postgres::{Client, GenericClient, NoTls, Row};
 use sortie_core::receipt::ReceiptState;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::migrations::POSTGRES_MIGRATIONS;
 use super::{
@@ -48,10 +51,12 @@ const STATEMENT_TIMEOUT_MS: u32 = 10_000;
 /// same moment ("sortie" in ASCII).
 const MIGRATION_LOCK: i64 = 0x736f_7274_6965;
 
-/// The connection settings, parsed from the URL and completed with our timeouts.
+/// The connection settings, parsed from the URL and completed with our timeouts, and the TLS
+/// connector when the URL asks for TLS.
 #[derive(Clone)]
 pub struct PostgresConfig {
     config: postgres::Config,
+    tls: Option<MakeRustlsConnect>,
 }
 
 impl std::fmt::Debug for PostgresConfig {
@@ -64,9 +69,11 @@ impl std::fmt::Debug for PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// Parses a `postgres://` URL or a `key=value` connection string. The error names what is
-    /// wrong without repeating the string, which holds a password.
-    pub fn parse(url: &str) -> Result<Self, StoreError> {
+    /// Parses a `postgres://` URL or a `key=value` connection string, over plain TCP unless it
+    /// says `sslmode=require` (then TLS with the server's certificate and name verified against
+    /// the webpki roots plus `ca_file`). The error names what is wrong without repeating the
+    /// string, which holds a password.
+    pub fn parse(url: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
         let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
             StoreError::Database(format!("the PostgreSQL URL is not valid: {e}"))
         })?;
@@ -81,13 +88,26 @@ impl PostgresConfig {
         if config.get_application_name().is_none() {
             config.application_name("sortie");
         }
-        Ok(Self { config })
+        let tls = match (config.get_ssl_mode(), ca_file) {
+            (SslMode::Require, _) => Some(tls_connector(ca_file)?),
+            // `prefer` (the default) and `disable` stay on plain TCP: trying TLS first would
+            // make a server with a self-signed certificate fail where it worked before.
+            (_, Some(_)) => {
+                return Err(StoreError::Database(
+                    "store.ca_file is set but the PostgreSQL URL does not ask for TLS \
+                     (add sslmode=require)"
+                        .into(),
+                ))
+            }
+            (_, None) => None,
+        };
+        Ok(Self { config, tls })
     }
 
     /// Reads the URL from the environment variable `name` (`store.url_env`).
-    pub fn from_env(name: &str) -> Result<Self, StoreError> {
+    pub fn from_env(name: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
         match std::env::var(name) {
-            Ok(url) if !url.is_empty() => Self::parse(&url),
+            Ok(url) if !url.is_empty() => Self::parse(&url, ca_file),
             Ok(_) => Err(StoreError::Database(format!(
                 "store.url_env: the environment variable {name} is empty"
             ))),
@@ -113,9 +133,18 @@ impl PostgresConfig {
         format!("{host}:{port}/{db}")
     }
 
+    /// Whether connections use TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// Opens one connection.
     pub fn connect(&self) -> Result<Client, StoreError> {
-        self.config.connect(NoTls).map_err(|e| {
+        let connected = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone()),
+            None => self.config.connect(NoTls),
+        };
+        connected.map_err(|e| {
             StoreError::Database(format!(
                 "cannot connect to PostgreSQL at {}: {}",
                 self.target(),
@@ -123,6 +152,16 @@ impl PostgresConfig {
             ))
         })
     }
+}
+
+/// The rustls connector (ring, as everywhere else): the egress roots (webpki plus `ca_file`)
+/// and ALPN `postgresql`, which servers that check ALPN require.
+fn tls_connector(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError> {
+    let base = crate::egress::client_config(ca_file)
+        .map_err(|e| StoreError::Database(format!("store.ca_file: {e}")))?;
+    let mut config = rustls::ClientConfig::clone(&base);
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(MakeRustlsConnect::new(config))
 }
 
 /// One unit of work for the connection thread.
@@ -916,7 +955,7 @@ mod tests {
 
     #[test]
     fn the_url_is_parsed_and_its_password_never_printed() {
-        let c = PostgresConfig::parse("postgres://sortie:hunter2@db.internal:6543/gateway")
+        let c = PostgresConfig::parse("postgres://sortie:hunter2@db.internal:6543/gateway", None)
             .expect("valid URL");
         assert_eq!(c.target(), "db.internal:6543/gateway");
         assert!(!format!("{c:?}").contains("hunter2"));
@@ -924,17 +963,30 @@ mod tests {
 
     #[test]
     fn a_bad_url_is_refused_without_repeating_it() {
-        let err =
-            PostgresConfig::parse("postgres://u:hunter2@host:notaport/db").expect_err("bad port");
+        let err = PostgresConfig::parse("postgres://u:hunter2@host:notaport/db", None)
+            .expect_err("bad port");
         let text = err.to_string();
         assert!(text.contains("not valid"), "{text}");
         assert!(!text.contains("hunter2"), "{text}");
     }
 
     #[test]
+    fn tls_is_used_only_when_the_url_requires_it() {
+        let plain = PostgresConfig::parse("postgres://u@h/db", None).expect("plain");
+        assert!(!plain.is_tls());
+        let prefer = PostgresConfig::parse("postgres://u@h/db?sslmode=prefer", None).expect("ok");
+        assert!(!prefer.is_tls());
+        let tls = PostgresConfig::parse("postgres://u@h/db?sslmode=require", None).expect("tls");
+        assert!(tls.is_tls());
+        let err = PostgresConfig::parse("postgres://u@h/db", Some(Path::new("/ca.pem")))
+            .expect_err("a CA without TLS");
+        assert!(err.to_string().contains("sslmode=require"), "{err}");
+    }
+
+    #[test]
     fn a_missing_or_empty_variable_is_named() {
         let name = "SORTIE_TEST_PG_URL_SURELY_UNSET";
-        let err = PostgresConfig::from_env(name).expect_err("unset");
+        let err = PostgresConfig::from_env(name, None).expect_err("unset");
         assert!(err.to_string().contains(name), "{err}");
         assert!(err.to_string().contains("not set"), "{err}");
     }

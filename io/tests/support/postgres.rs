@@ -31,6 +31,9 @@ pub const USER: &str = "sortie";
 pub struct PgCluster {
     /// The loopback port the server listens on.
     pub port: u16,
+    /// The CA that signed the server's certificate (for `localhost` and `127.0.0.1`): the
+    /// server takes TLS (`sslmode=require`) as well as plain connections.
+    pub ca: PathBuf,
     dir: PathBuf,
     /// The write end of the keeper's pipe; dropped only when the process ends.
     _keeper: Mutex<(Child, ChildStdin)>,
@@ -108,6 +111,41 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Writes a test CA (`ca.pem`) and a server certificate and key signed by it into `dir`,
+/// readable by the server's user only, and returns the CA's path.
+fn write_certificates(dir: &Path, user: Option<(u32, u32)>) -> PathBuf {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use std::os::unix::fs::PermissionsExt as _;
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "sortie test PostgreSQL CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&ca_key).expect("CA");
+    let key = KeyPair::generate().expect("server key");
+    let cert = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .expect("server params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("server certificate");
+    let files = [
+        ("ca.pem", ca.pem()),
+        ("server.crt", cert.pem()),
+        ("server.key", key.serialize_pem()),
+    ];
+    for (name, text) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write certificate");
+        // PostgreSQL refuses a key file others may read.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod certificate");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown certificate");
+        }
+    }
+    dir.join("ca.pem")
+}
+
 impl PgCluster {
     fn start() -> PgCluster {
         let bin = bin_dir();
@@ -154,13 +192,15 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        let ca = write_certificates(&dir, user);
         let port = free_port();
         // The keeper: starts the server, waits for the test process's pipe to close, then stops
         // the server and removes everything.
         let script = r#"
 "$1/postgres" -D "$2/data" -p "$3" -c listen_addresses=127.0.0.1 \
   -c unix_socket_directories= -c fsync=off -c synchronous_commit=off \
-  -c full_page_writes=off -c max_connections=300 >"$2/server.log" 2>&1 &
+  -c full_page_writes=off -c max_connections=300 -c ssl=on \
+  -c ssl_cert_file="$2/server.crt" -c ssl_key_file="$2/server.key" >"$2/server.log" 2>&1 &
 server=$!
 read -r _
 kill -INT "$server" 2>/dev/null
@@ -182,6 +222,7 @@ rm -rf "$2"
         let stdin = child.stdin.take().expect("keeper stdin");
         let cluster = PgCluster {
             port,
+            ca,
             dir,
             _keeper: Mutex::new((child, stdin)),
         };
