@@ -1,10 +1,15 @@
-//! Integration tests of the cold thread: a real SQLite store behind `ColdHandle`, driven from
-//! monoio runtimes on one and on several threads, with a full queue, a read-only store and
-//! shutdown.
+//! Integration tests of the cold thread: a real store behind `ColdHandle` (SQLite, and
+//! PostgreSQL on the test cluster), driven from monoio runtimes on one and on several threads,
+//! with a full queue, a read-only store and shutdown.
+
+#[path = "support/postgres.rs"]
+mod pg;
+#[path = "support/store_backends.rs"]
+#[macro_use]
+mod store_backends;
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::path::Path;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -13,6 +18,7 @@ use sortie_io::store::{
     AccessMode, ColdHandle, ColdThread, RecordStore, SqliteOptions, SqliteStore, StoreError,
     HISTORY_LIMIT,
 };
+use store_backends::Backend;
 
 const T0: &str = "2026-01-01T00:00:00Z";
 const T1: &str = "2026-01-01T00:00:01Z";
@@ -22,10 +28,19 @@ const DEFAULT_SNAPSHOT: &str = r#"{"default_timeout_ms":60000}"#;
 /// cold thread, and fails the test instead of hanging it.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn start(dir: &Path) -> (ColdHandle, std::thread::JoinHandle<()>) {
-    let store = SqliteStore::open(dir).expect("store opens");
-    ColdThread::start(Box::new(store)).expect("cold thread starts")
+fn start(b: &dyn Backend) -> (ColdHandle, std::thread::JoinHandle<()>) {
+    ColdThread::start(b.open()).expect("cold thread starts")
 }
+
+// The cold thread's contract holds on both backends (PostgreSQL adds a connection thread
+// between the cold thread and the database).
+on_both_backends!(
+    every_operation_answers_inside_a_monoio_runtime,
+    two_monoio_threads_append_concurrently_without_losing_a_write,
+    a_full_queue_answers_busy_at_once_instead_of_blocking,
+    shutdown_serves_queued_work_then_every_call_is_unavailable,
+    a_handle_works_from_many_clones_on_many_threads,
+);
 
 /// Runs `fut` to completion on a fresh monoio runtime, the kind a hot core runs.
 fn block_on<F: Future>(fut: F) -> F::Output {
@@ -75,10 +90,8 @@ fn hold_cold_thread(
     (release_tx, join)
 }
 
-#[test]
-fn every_operation_answers_inside_a_monoio_runtime() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (handle, join) = start(dir.path());
+fn every_operation_answers_inside_a_monoio_runtime(b: &dyn Backend) {
+    let (handle, join) = start(b);
     block_on(async {
         assert_eq!(within_deadline(handle.latest_config()).await, Ok(None));
         let boot = within_deadline(handle.bootstrap(DEFAULT_SNAPSHOT.into(), T0))
@@ -173,12 +186,10 @@ fn append_with_retries(handle: ColdHandle, thread: u32, count: u32) -> Vec<u64> 
     })
 }
 
-#[test]
-fn two_monoio_threads_append_concurrently_without_losing_a_write() {
+fn two_monoio_threads_append_concurrently_without_losing_a_write(b: &dyn Backend) {
     const THREADS: u32 = 2;
     const APPENDS: u32 = 200;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (handle, join) = start(dir.path());
+    let (handle, join) = start(b);
     handle
         .call_blocking(|store| store.bootstrap(DEFAULT_SNAPSHOT, T0))
         .expect("bootstrap");
@@ -230,11 +241,8 @@ fn two_monoio_threads_append_concurrently_without_losing_a_write() {
     join.join().expect("cold thread");
 }
 
-#[test]
-fn a_full_queue_answers_busy_at_once_instead_of_blocking() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path()).expect("store");
-    let (handle, join) = ColdThread::start_with_capacity(Box::new(store), 1).expect("start");
+fn a_full_queue_answers_busy_at_once_instead_of_blocking(b: &dyn Backend) {
+    let (handle, join) = ColdThread::start_with_capacity(b.open(), 1).expect("start");
     let (release, holder) = hold_cold_thread(&handle);
 
     block_on(async {
@@ -295,10 +303,8 @@ fn a_failing_store_answers_errors_and_keeps_the_latest_config() {
     join.join().expect("cold thread");
 }
 
-#[test]
-fn shutdown_serves_queued_work_then_every_call_is_unavailable() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (handle, join) = start(dir.path());
+fn shutdown_serves_queued_work_then_every_call_is_unavailable(b: &dyn Backend) {
+    let (handle, join) = start(b);
     let (release, holder) = hold_cold_thread(&handle);
 
     block_on(async {
@@ -325,7 +331,7 @@ fn shutdown_serves_queued_work_then_every_call_is_unavailable() {
         Err(StoreError::Unavailable)
     );
     // The store was closed cleanly with the queued writes committed.
-    let mut reopened = SqliteStore::open(dir.path()).expect("reopen");
+    let mut reopened = b.open();
     assert_eq!(
         reopened
             .latest_config()
@@ -335,10 +341,8 @@ fn shutdown_serves_queued_work_then_every_call_is_unavailable() {
     );
 }
 
-#[test]
-fn a_handle_works_from_many_clones_on_many_threads() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (handle, join) = start(dir.path());
+fn a_handle_works_from_many_clones_on_many_threads(b: &dyn Backend) {
+    let (handle, join) = start(b);
     let readers: Vec<_> = (0..4)
         .map(|i| {
             let handle = handle.clone();

@@ -6,6 +6,9 @@
 
 #[path = "support/postgres.rs"]
 mod pg;
+#[path = "support/store_backends.rs"]
+#[macro_use]
+mod store_backends;
 
 use std::path::Path;
 use std::sync::{Arc, Barrier};
@@ -16,6 +19,7 @@ use sortie_io::store::{
     RecordStore, SqliteOptions, SqliteStore, StoreError, BOOTSTRAP_ACTION, BOOTSTRAP_ACTOR,
     DATABASE_FILE_NAME, HISTORY_LIMIT, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
 };
+use store_backends::{Backend, Postgres, Sqlite};
 
 const T0: &str = "2026-01-01T00:00:00.000Z";
 const T1: &str = "2026-01-01T00:00:01.000Z";
@@ -28,82 +32,6 @@ fn temp_dir() -> tempfile::TempDir {
 
 fn open(dir: &Path) -> SqliteStore {
     SqliteStore::open(dir).expect("store opens")
-}
-
-/// One database of one backend; every `open` is a new connection to it, as another process
-/// (or another control) would open.
-trait Backend {
-    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError>;
-    fn open(&self) -> Box<dyn RecordStore + Send> {
-        self.try_open().expect("store opens")
-    }
-    /// Marks the database as written by a newer schema than this build's.
-    fn set_newer_schema(&self) -> u32;
-    /// The newest schema version this build knows, for this backend.
-    fn supported(&self) -> u32;
-}
-
-struct Sqlite(tempfile::TempDir);
-
-impl Backend for Sqlite {
-    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError> {
-        Ok(Box::new(SqliteStore::open(self.0.path())?))
-    }
-    fn set_newer_schema(&self) -> u32 {
-        let conn =
-            rusqlite::Connection::open(self.0.path().join(DATABASE_FILE_NAME)).expect("open");
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
-            .expect("set version");
-        SCHEMA_VERSION + 1
-    }
-    fn supported(&self) -> u32 {
-        SCHEMA_VERSION
-    }
-}
-
-struct Postgres(String);
-
-impl Postgres {
-    fn config(&self) -> PostgresConfig {
-        PostgresConfig::parse(&self.0, None).expect("test URL")
-    }
-}
-
-impl Backend for Postgres {
-    fn try_open(&self) -> Result<Box<dyn RecordStore + Send>, StoreError> {
-        Ok(Box::new(PostgresStore::open(&self.config())?))
-    }
-    fn set_newer_schema(&self) -> u32 {
-        let mut c = self.config().connect().expect("connect");
-        c.execute(
-            "UPDATE sortie_schema SET version = $1",
-            &[&i32::try_from(POSTGRES_SCHEMA_VERSION + 1).expect("small")],
-        )
-        .expect("set version");
-        POSTGRES_SCHEMA_VERSION + 1
-    }
-    fn supported(&self) -> u32 {
-        POSTGRES_SCHEMA_VERSION
-    }
-}
-
-/// Runs each named contract test against both backends: `sqlite::NAME` and `postgres::NAME`.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[test]
-            fn $name() {
-                super::$name(&super::Sqlite(super::temp_dir()));
-            })*
-        }
-        mod postgres {
-            $(#[test]
-            fn $name() {
-                let url = super::pg::cluster().fresh_database(stringify!($name));
-                super::$name(&super::Postgres(url));
-            })*
-        }
-    };
 }
 
 on_both_backends!(
