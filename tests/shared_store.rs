@@ -362,28 +362,70 @@ fn an_unreachable_store_leaves_the_request_path_serving_the_last_snapshot() {
         assert!(ok(&gw), "the request path stopped during the outage");
     }
 
-    // Meanwhile another writer commits revision 2 (connected before the cut would not help:
-    // it writes directly, as a control on another network path would).
+    // Meanwhile another writer commits revision 2, without a notification.
     cut(&mut admin_db, true);
-    let mut other = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
-    let revision: i64 = other
-        .query_one(
-            "UPDATE config_head SET revision = 2 WHERE id = 1 AND revision = 1 RETURNING revision",
-            &[],
-        )
-        .expect("move head")
-        .get(0);
-    assert_eq!(revision, 2);
-    other
-        .execute(
-            "INSERT INTO config_records (revision, snapshot, actor, action, created_at) \
-             VALUES (2, $1, 'ops', 'update', '2026-01-01T00:00:00.000Z')",
-            &[&closed_snapshot()],
-        )
-        .expect("insert");
+    write_revision(&url, 2, &closed_snapshot(), false);
     // No notification was sent: the periodic check brings it.
     wait_until(FOLLOW_DEADLINE, "the control to catch up", || {
         admin(&gw, "GET", "/readyz", &[], b"").status == 200 && active_revision(&gw) == 2
+    });
+    assert_eq!(loopback_code(&gw), "destination_denied");
+}
+
+/// Commits revision `revision` (the head must be at `revision - 1`) as another control would,
+/// with its notification or, to exercise the periodic check, without.
+fn write_revision(url: &str, revision: i64, snapshot: &str, notify: bool) {
+    let mut other = postgres::Client::connect(url, postgres::NoTls).expect("connect");
+    let mut tx = other.transaction().expect("begin");
+    let moved = tx
+        .execute(
+            "UPDATE config_head SET revision = $1 WHERE id = 1 AND revision = $2",
+            &[&revision, &(revision - 1)],
+        )
+        .expect("move head");
+    assert_eq!(moved, 1, "the head is not at {}", revision - 1);
+    tx.execute(
+        "INSERT INTO config_records (revision, snapshot, actor, action, created_at) \
+         VALUES ($1, $2, 'ops', 'update', '2026-01-01T00:00:00.000Z')",
+        &[&revision, &snapshot],
+    )
+    .expect("insert");
+    if notify {
+        tx.execute(
+            "SELECT pg_notify('sortie_config', $1)",
+            &[&revision.to_string()],
+        )
+        .expect("notify");
+    }
+    tx.commit().expect("commit");
+}
+
+/// A revision this build does not accept (as a newer control's could be) is not applied: the
+/// control keeps its snapshot, and applies the next valid revision.
+#[test]
+fn a_revision_that_does_not_validate_here_is_skipped() {
+    let url = cluster().fresh_database("invalid");
+    let gw = on_store(Gateway::builder(), &url).start();
+    write_revision(
+        &url,
+        2,
+        r#"{"default_timeout_ms":60000,"from_the_future":true}"#,
+        true,
+    );
+    // The store answers it; the control keeps serving revision 1.
+    wait_until(FOLLOW_DEADLINE, "the store to answer revision 2", || {
+        etag(&admin(&gw, "GET", "/api/v1/admin/config", &[], b"")) == "2"
+    });
+    wait_until(FOLLOW_DEADLINE, "the follower to log the refusal", || {
+        gw.stdout
+            .try_iter()
+            .any(|l| l.contains("does not validate here"))
+    });
+    assert_eq!(active_revision(&gw), 1);
+    assert_ne!(loopback_code(&gw), "destination_denied");
+    write_revision(&url, 3, &closed_snapshot(), true);
+    wait_until(FOLLOW_DEADLINE, "revision 3 to be active", || {
+        active_revision(&gw) == 3
     });
     assert_eq!(loopback_code(&gw), "destination_denied");
 }

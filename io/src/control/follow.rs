@@ -26,6 +26,9 @@ use crate::store::{
 /// The longest a committed revision takes to reach this control when its notification is lost.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long [`Follower::stop`] waits for the thread before leaving it to end with the process.
+pub const STOP_WAIT: Duration = Duration::from_secs(3);
+
 /// The running follower; dropping it (or [`Follower::stop`]) ends the thread within one
 /// interval.
 #[derive(Debug)]
@@ -53,14 +56,22 @@ impl Follower {
         })
     }
 
-    /// Stops the thread and waits for it.
+    /// Stops the thread, waiting for it at most [`STOP_WAIT`]: during a database outage it may
+    /// be inside a store call, and a stopping process need not wait for that.
     pub fn stop(mut self) {
         self.halt();
     }
 
     fn halt(&mut self) {
         drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
+        let Some(t) = self.thread.take() else {
+            return;
+        };
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while !t.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        if t.is_finished() {
             let _ = t.join();
         }
     }
@@ -87,6 +98,8 @@ fn run(
     let mut listener: Option<postgres::Client> = None;
     // Log a lost database once per outage, not at every interval.
     let mut is_degraded = false;
+    // The newest revision that failed validation here, logged once.
+    let mut rejected = 0;
     loop {
         if is_stopped(stopped) {
             return;
@@ -106,7 +119,7 @@ fn run(
         if waited.is_err() {
             listener = None;
         }
-        let synced = sync(state, cold);
+        let synced = sync(state, cold, &mut rejected);
         match (waited.and(synced), is_degraded) {
             (Err(e), false) => {
                 tracing::warn!(error = %e, "cannot follow the shared store; serving the last applied configuration");
@@ -166,14 +179,18 @@ fn wait_notification(client: &mut postgres::Client, interval: Duration) -> Resul
 
 /// Publishes the store's newest config revision if it is newer than the active one, and the
 /// worker settings whose revision is newer than this control's.
-fn sync(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreError> {
-    sync_config(state, cold)?;
+fn sync(state: &ControlState, cold: &ColdHandle, rejected: &mut u64) -> Result<(), StoreError> {
+    sync_config(state, cold, rejected)?;
     sync_workers(state, cold)
 }
 
-fn sync_config(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreError> {
+fn sync_config(
+    state: &ControlState,
+    cold: &ColdHandle,
+    rejected: &mut u64,
+) -> Result<(), StoreError> {
     let head = cold.call_blocking(|s| s.latest_revision())?;
-    if head <= state.active().revision {
+    if head <= state.active().revision || head == *rejected {
         return Ok(());
     }
     let Some(record) = cold.call_blocking(|s| s.latest_config())? else {
@@ -184,7 +201,8 @@ fn sync_config(state: &ControlState, cold: &ColdHandle) -> Result<(), StoreError
         Ok(s) => s,
         Err(e) => {
             // Another control accepted it, this build does not (a mixed-version cluster): keep
-            // serving the last snapshot this build understands.
+            // serving the last snapshot this build understands, and say so once.
+            *rejected = record.revision;
             tracing::error!(revision = record.revision, error = %e, "a revision committed by another control does not validate here; keeping the active one");
             return Ok(());
         }
