@@ -191,7 +191,9 @@ impl BusConfig {
                     && r.len() <= 2048
                     && r.bytes().all(|b| b.is_ascii_graphic())
                     && !r.contains(['?', '#', '@'])
-            });
+            }) && crate::request::parse_target_url(u).is_ok();
+            // Parsed as workers parse the receipt URLs built on it: its port is the receipt
+            // port announced to them (decision 068).
             if !is_valid {
                 return Err(err(
                     "control.bus.api_base_url",
@@ -1102,11 +1104,20 @@ mod tests {
                 "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\nheartbeat_ms = 5\n",
                 "control.bus.heartbeat_ms",
             ),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\napi_base_url = \"http://a:99999\"\n",
+                "control.bus.api_base_url",
+            ),
         ];
         for (extra, path) in cases {
             let e = Config::from_toml(&format!("{base}{extra}")).unwrap_err();
             assert_eq!(e.path, path, "{extra}");
         }
+        let with_base = format!(
+            "{base}[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\n\
+             api_base_url = \"https://control.example/sortie\"\n"
+        );
+        assert!(Config::from_toml(&with_base).is_ok());
         let ok = format!("{base}[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\n");
         let c = Config::from_toml_control(&ok).unwrap();
         assert!(c.workers.is_empty(), "control mode implies no local worker");
