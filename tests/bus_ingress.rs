@@ -283,11 +283,19 @@ fn curl_through_the_control_to_remote_workers() {
 /// The worker is the authority on its own capacity (decision 067): a worker serving two
 /// controls, full with one's requests, refuses the other's forward-proxy assignments, and that
 /// control routes the absolute-form request (its body whole) and the CONNECT tunnel to the next
-/// eligible worker; it answers `executor_capacity_exhausted` only when no candidate is left.
-/// The busy worker's own load shows in that control's `/metrics` (decision 069).
+/// eligible worker, remote or local; it answers `executor_capacity_exhausted` only when no
+/// candidate is left. The busy worker's own load shows in that control's `/metrics` (decision
+/// 069).
 #[test]
 fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
-    let a = control("127.0.0.1:0", None).start();
+    // a: a gateway with a local worker `wl` (tag `l`) whose bus the remote `wa` (tags `r`
+    // and `l`, serving b too) and `wb` (tag `r`) join.
+    let a = support::bus::serve_with_bus()
+        .workers(
+            "[[workers]]\nid = \"wl\"\ncapacity = 1\ntags = [\"l\"]\n\
+             bind_address = \"127.0.0.4\"\n",
+        )
+        .start();
     let b = control("127.0.0.1:0", None).start();
     let dir = support::gateway::temp_dir("bus-proxy-refused");
     let config = dir.join("worker.toml");
@@ -295,7 +303,7 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
         &config,
         format!(
             "[worker]\nid = \"wa\"\ncontrols = [\"{}\", \"{}\"]\ntoken = \"{}\"\n\
-             plaintext = true\ncores = 1\ncapacity = 2\ntags = [\"shared\"]\n\
+             plaintext = true\ncores = 1\ncapacity = 2\ntags = [\"shared\", \"r\", \"l\"]\n\
              bind_address = \"127.0.0.2\"\n",
             a.bus.unwrap(),
             b.bus.unwrap(),
@@ -308,7 +316,7 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
         "wb",
         a.bus.unwrap(),
         None,
-        "capacity = 1\nbind_address = \"127.0.0.3\"",
+        "capacity = 1\ntags = [\"r\"]\nbind_address = \"127.0.0.3\"",
     );
     wait_worker(&a, "wa", "connected");
     wait_worker(&a, "wb", "connected");
@@ -327,22 +335,37 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     });
     assert_eq!(wait_worker(&a, "wa", "connected")["capacity"]["active"], 0);
 
-    // On a, wa has the most room (2 against wb's 1), is chosen first and refuses: the request
-    // goes to wb with its whole body, past the first upload window.
+    // On a, wa has the most room (2 against 1), is chosen first and refuses: the request goes
+    // to the other candidate with its whole body, past the first upload window; with tag `r`
+    // that is the remote wb, with tag `l` the local wl. A CONNECT tunnel goes the same way.
     let echo = Upstream::start(upstream::echo());
     let body = upstream::pattern(300 * 1024 + 1);
     let file = dir.join("body.bin");
     std::fs::write(&file, &body).unwrap();
     let data = format!("@{}", file.display());
-    let r = curl_ok(&a, &["--data-binary", &data, &echo.url("/refused-first")]);
-    let peer = r.header("X-Peer").unwrap_or_default();
-    assert!(peer.starts_with("127.0.0.3:"), "{peer}");
-    let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
-    assert!(r.body[end..] == body[..], "the body differs");
-    // A CONNECT tunnel the same way.
-    let r = curl_ok(&a, &["-p", &echo.url("/tunnelled")]);
-    let peer = r.header("X-Peer").unwrap_or_default();
-    assert!(peer.starts_with("127.0.0.3:"), "{peer}");
+    for (tag, ip) in [("r", "127.0.0.3:"), ("l", "127.0.0.4:")] {
+        let route = format!("{ROUTE_TAGS}: {tag}");
+        let r = curl_ok(
+            &a,
+            &[
+                "--proxy-header",
+                &route,
+                "--data-binary",
+                &data,
+                &echo.url("/refused-first"),
+            ],
+        );
+        let peer = r.header("X-Peer").unwrap_or_default();
+        assert!(peer.starts_with(ip), "{tag}: {peer}");
+        let end = find(&r.body, b"\r\n\r\n").expect("echoed head") + 4;
+        assert!(r.body[end..] == body[..], "{tag}: the body differs");
+        let r = curl_ok(
+            &a,
+            &["--proxy-header", &route, "-p", &echo.url("/tunnelled")],
+        );
+        let peer = r.header("X-Peer").unwrap_or_default();
+        assert!(peer.starts_with(ip), "{tag}: {peer}");
+    }
 
     // Only wa is eligible: its refusal leaves no candidate, for either form.
     let out = curl_as_test(
@@ -363,7 +386,7 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
     );
     let (_s, status) = open_tunnel_with(&a, echo.port(), &[(ROUTE_TAGS, "shared")]);
     assert!(status.starts_with("HTTP/1.1 503"), "{status}");
-    assert_eq!(echo.requests(), 2, "only the two relayed requests arrived");
+    assert_eq!(echo.requests(), 4, "only the four relayed requests arrived");
 
     // a counts none of b's requests on wa, but wa's heartbeats report its own load.
     wait_until(Duration::from_secs(10), "wa's reported load", || {

@@ -73,6 +73,16 @@ pub fn control_with(bus_addr: &str, tls: Option<&BusTls>, heartbeat_ms: u32) -> 
         .section(&bus)
 }
 
+/// A `sortie serve` builder (its local workers run in-process) whose bus also listens on
+/// loopback, plain TCP, so remote workers join the embedded gateway.
+pub fn serve_with_bus() -> GatewayBuilder {
+    Gateway::builder()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 500\n"
+        ))
+}
+
 pub struct Worker {
     pub child: Child,
     pub id: String,
