@@ -776,3 +776,25 @@ fn request_heads_beyond_the_bus_bounds_are_named_before_encoding() {
     let why = check_request_head("GET", &long_url, &[]).unwrap_err();
     assert!(why.contains("request target"), "{why}");
 }
+
+/// The fuzz seed of a version 3 welcome (written from the layout in `docs/bus-protocol.md`, not
+/// with this codec) decodes to the settings it describes.
+#[test]
+fn version_3_welcome_seed_decodes() {
+    let seed = include_bytes!("../../../fuzz/corpus/bus_frame/welcome_v3");
+    match decode(seed) {
+        Ok(Decoded::Frame(Frame::Welcome(w), n)) => {
+            assert_eq!(n, seed.len());
+            assert_eq!((w.version, w.control_id.as_str()), (3, "c1"));
+            assert_eq!((w.core, w.cores, w.heartbeat_ms), (1, 2, 1000));
+            assert_eq!(
+                w.settings,
+                Some(LaneSettings {
+                    receipt_port: 8443,
+                    proxy_idle_ms: 60_000,
+                })
+            );
+        }
+        other => panic!("seed does not decode: {other:?}"),
+    }
+}
