@@ -233,15 +233,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     // Crash recovery of receipts (decision 034) before anything can read them. On a shared
     // store only receipts no live control can still be working on (decision 093).
     let now_ms = crate::clock::unix_ms();
-    let untouched_since = match shared {
-        Some(_) => now_ms.saturating_sub(SHARED_RECOVERY_AGE_MS),
-        None => now_ms,
-    };
+    let untouched_since = shared
+        .as_ref()
+        .map(|_| crate::clock::rfc3339(now_ms.saturating_sub(SHARED_RECOVERY_AGE_MS)));
     let recovered = store
-        .recover_receipts(
-            &crate::clock::rfc3339(now_ms),
-            &crate::clock::rfc3339(untouched_since),
-        )
+        .recover_receipts(&crate::clock::rfc3339(now_ms), untouched_since.as_deref())
         .map_err(|e| ioe(format!("store: {e}")))?;
     if recovered > 0 {
         tracing::info!(

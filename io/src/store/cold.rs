@@ -497,7 +497,7 @@ mod tests {
         fn due_receipts(&mut self, _: u64, _: usize) -> Result<Vec<(String, String)>, StoreError> {
             Ok(Vec::new())
         }
-        fn recover_receipts(&mut self, _: &str, _: &str) -> Result<usize, StoreError> {
+        fn recover_receipts(&mut self, _: &str, _: Option<&str>) -> Result<usize, StoreError> {
             Ok(0)
         }
     }

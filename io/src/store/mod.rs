@@ -158,13 +158,14 @@ pub trait RecordStore {
 
     /// Crash recovery at startup (decision 034): `verifying` goes back to `uploading` (its
     /// parts are still stored; the client repeats complete) and `assigned` back to `verified`
-    /// (the attempt died with the process), for receipts last changed at or before
-    /// `untouched_since` (RFC 3339, same format as the stored times). One control passes the
-    /// current time; controls sharing a store pass a time old enough that no live control can
-    /// still be working on such a receipt (decision 093). Returns how many receipts moved.
+    /// (the attempt died with the process). With `untouched_since` (RFC 3339, the stored
+    /// times' format) only receipts last changed at or before it: controls sharing a store
+    /// pass a time old enough that no live control can still be working on such a receipt
+    /// (decision 093); one control alone on its store passes `None`. Returns how many receipts
+    /// moved.
     fn recover_receipts(
         &mut self,
         updated_at: &str,
-        untouched_since: &str,
+        untouched_since: Option<&str>,
     ) -> Result<usize, StoreError>;
 }

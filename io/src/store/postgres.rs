@@ -927,9 +927,10 @@ impl RecordStore for PostgresStore {
     fn recover_receipts(
         &mut self,
         updated_at: &str,
-        untouched_since: &str,
+        untouched_since: Option<&str>,
     ) -> Result<usize, StoreError> {
-        let (updated_at, untouched_since) = (updated_at.to_owned(), untouched_since.to_owned());
+        let (updated_at, untouched_since) =
+            (updated_at.to_owned(), untouched_since.map(str::to_owned));
         self.call(move |c| {
             let mut tx = c.transaction()?;
             let mut moved = 0;
@@ -939,7 +940,7 @@ impl RecordStore for PostgresStore {
             ] {
                 moved += tx.execute(
                     "UPDATE receipts SET state = $1, updated_at = $2 WHERE state = $3 \
-                     AND updated_at <= $4",
+                     AND ($4::TEXT IS NULL OR updated_at <= $4)",
                     &[&to.as_str(), &updated_at, &from.as_str(), &untouched_since],
                 )?;
             }

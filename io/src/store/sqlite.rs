@@ -545,7 +545,7 @@ impl RecordStore for SqliteStore {
     fn recover_receipts(
         &mut self,
         updated_at: &str,
-        untouched_since: &str,
+        untouched_since: Option<&str>,
     ) -> Result<usize, StoreError> {
         let tx = self
             .conn
@@ -559,8 +559,8 @@ impl RecordStore for SqliteStore {
             moved += tx
                 .execute(
                     "UPDATE receipts SET state = ?1, updated_at = ?2 WHERE state = ?3 \
-                     AND updated_at <= ?4",
-                    [to.as_str(), updated_at, from.as_str(), untouched_since],
+                     AND (?4 IS NULL OR updated_at <= ?4)",
+                    rusqlite::params![to.as_str(), updated_at, from.as_str(), untouched_since],
                 )
                 .map_err(map_error)?;
         }

@@ -188,7 +188,9 @@ impl PgCluster {
         let out = initdb.output().expect("run initdb");
         assert!(
             out.status.success(),
-            "initdb failed: {}{}",
+            "initdb failed in {} (as root the tests run it as the postgres user, who must be able \
+             to reach that directory: set TMPDIR to a directory it can): {}{}",
+            dir.display(),
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
