@@ -89,7 +89,7 @@ fn check_config(file: &PathBuf) -> ExitCode {
     match Config::from_toml(&text) {
         Ok(c) => {
             println!(
-                "{}: ok ({} deployment(s), {} worker(s), admin {}, object storage {})",
+                "{}: ok ({} deployment(s), {} worker(s), admin {}, object storage {}, store {})",
                 file.display(),
                 c.deployments.len(),
                 c.workers.len(),
@@ -102,6 +102,10 @@ fn check_config(file: &PathBuf) -> ExitCode {
                     "enabled"
                 } else {
                     "disabled"
+                },
+                match c.store.backend {
+                    sortie_core::config::StoreBackend::Sqlite => "sqlite",
+                    sortie_core::config::StoreBackend::Postgres => "postgres",
                 },
             );
             ExitCode::SUCCESS

@@ -475,6 +475,17 @@ fn failed_start(dir: &Path, env: &[(&str, &str)]) -> (Option<i32>, String) {
 fn a_missing_url_or_an_unreachable_server_stops_the_start_with_one_line() {
     let dir = temp_dir("pgstart");
     let (code, err) = failed_start(&dir, &[]);
+    // The file itself is valid: the variable is read at start, not by check-config.
+    let checked = Command::new(env!("CARGO_BIN_EXE_sortie"))
+        .arg("check-config")
+        .arg(dir.join("sortie.toml"))
+        .output()
+        .expect("run check-config");
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        checked.status.success() && said.contains("store postgres"),
+        "{said}"
+    );
     assert_eq!(code, Some(1), "{err}");
     let line = err.lines().last().unwrap_or_default();
     assert!(line.starts_with("sortie: store:"), "{err}");
