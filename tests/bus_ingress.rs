@@ -13,14 +13,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::bus::{control, request_at, start_worker, start_worker_env, wait_worker};
-use support::gateway::{
-    admin, admin_items, cancel_the_only_request, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
-};
+use support::gateway::{admin, admin_items, cancel_the_only_request, wait_until, Gateway};
 use support::proxies::{wait_for_log, Squid};
 use support::proxy::{
     curl_as_test, curl_command, curl_ok, curl_response, dechunk, find, open_tunnel_with,
     proxy_user, session, CURL_MISSING,
 };
+use support::receipts::{receipt_state, receipts_call, sha256_hex, verified_receipt};
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
 
@@ -595,51 +594,6 @@ fn tunnels_half_close_idle_out_cancel_and_die_with_their_worker() {
     wait_until(Duration::from_secs(5), "the tunnel left the list", || {
         admin_items(&gw, "/api/v1/admin/requests").is_empty()
     });
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, data)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// `/api/v1/receipts…` on the control's API listener with the test deployment's token.
-fn receipts_call(gw: &Gateway, method: &str, path: &str, body: &[u8]) -> Resp {
-    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
-    let mut headers = vec![("Authorization", auth.as_str())];
-    if method == "POST" && !body.is_empty() {
-        headers.push(("Content-Type", "application/json"));
-    }
-    support::gateway::http(gw.api, method, path, &headers, body)
-}
-
-/// Creates a request receipt, uploads it in two parts and completes it.
-fn verified_receipt(gw: &Gateway, body: &[u8]) -> String {
-    let create = json!({"direction": "request", "size_bytes": body.len(),
-                        "sha256_hex": sha256_hex(body)});
-    let r = receipts_call(
-        gw,
-        "POST",
-        "/api/v1/receipts",
-        create.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
-    let id = r.json()["receipt_id"].as_str().expect("id").to_string();
-    let half = body.len() / 2;
-    for (n, part) in [(1, &body[..half]), (2, &body[half..])] {
-        let r = receipts_call(gw, "PUT", &format!("/api/v1/receipts/{id}/parts/{n}"), part);
-        assert_eq!(r.status, 200, "part {n}: {}", r.text());
-    }
-    let r = receipts_call(gw, "POST", &format!("/api/v1/receipts/{id}/complete"), b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    id
-}
-
-fn receipt_state(gw: &Gateway, id: &str) -> String {
-    let r = receipts_call(gw, "GET", &format!("/api/v1/receipts/{id}"), b"");
-    r.json()["state"].as_str().unwrap_or_default().to_string()
 }
 
 /// Receipt bodies on a remote worker with fs object storage: the worker fetches the request

@@ -15,6 +15,7 @@ use serde_json::json;
 use support::gateway::{
     http, parse_response, temp_dir, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
 };
+use support::receipts::sha256_hex;
 use support::s3::{S3Server, BUCKET};
 use support::upstream::{self, Upstream};
 
@@ -75,14 +76,6 @@ impl Backend {
         }
         b.start()
     }
-}
-
-fn sha256_hex(data: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, data)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Deterministic bytes that differ per seed.

@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::bus::{request_at, start_worker, wait_worker, WORKER_TOKEN};
 use support::gateway::{
-    admin, admin_items, http, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
-    DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
+    admin, admin_items, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
+    LOOPBACK_SNAPSHOT,
 };
 use support::postgres::cluster;
+use support::receipts::{
+    complete, create_request_receipt, put_part, receipt_state, receipts_call, sha256_hex,
+};
 use support::s3::S3Server;
 use support::upstream::{self, Upstream};
 
@@ -192,29 +195,6 @@ fn put_config_snapshot(gw: &Gateway) -> serde_json::Value {
     admin(gw, "GET", "/api/v1/admin/config", &[], b"").json()["snapshot"].clone()
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, data)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn receipts_call(gw: &Gateway, method: &str, path: &str, body: &[u8]) -> Resp {
-    let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
-    let mut headers = vec![("Authorization", auth.as_str())];
-    if method == "POST" && !body.is_empty() {
-        headers.push(("Content-Type", "application/json"));
-    }
-    http(gw.api, method, path, &headers, body)
-}
-
-fn receipt_state(gw: &Gateway, id: &str) -> String {
-    let r = receipts_call(gw, "GET", &format!("/api/v1/receipts/{id}"), b"");
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["state"].as_str().unwrap_or_default().to_string()
-}
-
 /// A receipt created, uploaded and completed on control A is read on control B; a request on
 /// A sends it through a remote worker attached to A, whose signed URL (signed by A) points at
 /// B's API (`control.bus.api_base_url`): B verifies A's signature with the shared key and
@@ -248,34 +228,12 @@ fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
     wait_worker(&a, "wa", "connected");
 
     let body = upstream::pattern(300 * 1024 + 11);
-    let create = json!({"direction": "request", "size_bytes": body.len(),
-                        "sha256_hex": sha256_hex(&body)});
-    let r = receipts_call(
-        &a,
-        "POST",
-        "/api/v1/receipts",
-        create.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
-    let id = r.json()["receipt_id"].as_str().expect("id").to_string();
+    let id = create_request_receipt(&a, &body);
     // Parts may go to either control: the parts table and the bucket are shared.
     let half = body.len() / 2;
-    let r = receipts_call(
-        &a,
-        "PUT",
-        &format!("/api/v1/receipts/{id}/parts/1"),
-        &body[..half],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let r = receipts_call(
-        &b,
-        "PUT",
-        &format!("/api/v1/receipts/{id}/parts/2"),
-        &body[half..],
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let r = receipts_call(&a, "POST", &format!("/api/v1/receipts/{id}/complete"), b"");
-    assert_eq!(r.status, 200, "{}", r.text());
+    put_part(&a, &id, 1, &body[..half]);
+    put_part(&b, &id, 2, &body[half..]);
+    complete(&a, &id);
 
     // Read on B: the same receipt, verified, both parts.
     let on_b = receipts_call(&b, "GET", &format!("/api/v1/receipts/{id}"), b"");

@@ -10,6 +10,7 @@ pub mod postgres;
 #[path = "../../io/tests/support/proxies.rs"]
 pub mod proxies;
 pub mod proxy;
+pub mod receipts;
 pub mod s3;
 #[path = "../../io/tests/support/tls.rs"]
 pub mod tls;
