@@ -1,6 +1,12 @@
 //! `/readyz` is answered from the cold thread's periodic probe: with the cold thread stuck and
 //! its queue full, readiness checks still answer at once and queue nothing, so a flood of them
-//! cannot take the queue slots that admin writes need.
+//! cannot take the queue slots that admin writes need. On both record stores.
+
+#[path = "support/postgres.rs"]
+mod pg;
+#[path = "support/store_backends.rs"]
+#[macro_use]
+mod store_backends;
 
 use std::future::Future;
 use std::pin::pin;
@@ -13,8 +19,9 @@ use sortie_core::snapshot::{decode_snapshot, DEFAULT_SNAPSHOT_JSON};
 use sortie_core::worker::WorkerRegistry;
 use sortie_io::control::admin::{handle, AdminContext, AdminRequest};
 use sortie_io::control::state::ControlState;
-use sortie_io::store::{ColdHandle, ColdThread, RecordStore, SqliteStore};
+use sortie_io::store::{ColdHandle, ColdThread};
 use sortie_io::tokens::Authenticator;
+use store_backends::Backend;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -56,14 +63,14 @@ fn block_on<F: Future>(fut: F) -> F::Output {
     })
 }
 
-#[test]
-fn readiness_is_answered_without_the_cold_queue() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut store = SqliteStore::open(dir.path()).expect("store");
+on_both_backends!(readiness_is_answered_without_the_cold_queue);
+
+fn readiness_is_answered_without_the_cold_queue(b: &dyn Backend) {
+    let mut store = b.open();
     store
         .bootstrap(DEFAULT_SNAPSHOT_JSON, "2026-01-01T00:00:00Z")
         .expect("bootstrap");
-    let (cold, join) = ColdThread::start_with_capacity(Box::new(store), 1).expect("start");
+    let (cold, join) = ColdThread::start_with_capacity(store, 1).expect("start");
     // One round trip: the thread has run its first probe.
     cold.call_blocking(|_| Ok(())).expect("cold thread answers");
     let ctx = context(cold.clone());

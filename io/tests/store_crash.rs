@@ -1,24 +1,33 @@
-//! Crash safety of the SQLite store: a child process appends configs in a loop and is killed
+//! Crash safety of the record stores: a child process appends configs in a loop and is killed
 //! with SIGKILL at a random moment, several times; after each kill the database must open,
 //! hold every write the child saw committed, and contain only whole records with contiguous
-//! revisions.
+//! revisions. On SQLite the kill lands inside the database file's writer; on PostgreSQL it cuts
+//! the client mid-transaction, which the server must roll back.
 //!
 //! A SIGKILL shows that commits are atomic (WAL) and that a reopened database is consistent;
 //! it cannot show durability against a power cut, which rests on `synchronous=FULL`.
 //!
-//! The child is this test binary re-executed with `CHILD_DIR_ENV` set, running only
-//! `crash_writer_child`; without the variable that test does nothing.
+//! The child is this test binary re-executed with `CHILD_DIR_ENV` set (to a data directory or
+//! a database URL), running only `crash_writer_child`; without the variable that test does
+//! nothing.
+
+#[path = "support/postgres.rs"]
+mod pg;
+#[path = "support/store_backends.rs"]
+#[macro_use]
+mod store_backends;
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sortie_io::store::{RecordStore, SqliteStore, DATABASE_FILE_NAME, HISTORY_LIMIT};
+use sortie_io::store::HISTORY_LIMIT;
+use store_backends::{open_locator, Backend};
 
-/// Names the data directory the child writes to; its presence selects the writer mode.
+/// Names the database the child writes to (a data directory or a URL); its presence selects
+/// the writer mode.
 const CHILD_DIR_ENV: &str = "SORTIE_STORE_CRASH_WRITER_DIR";
 
 /// Kill rounds per test run.
@@ -58,10 +67,10 @@ fn check_snapshot(revision: u64, snapshot_json: &str) {
 /// The writer mode: appends forever, announcing each commit on stdout, until killed.
 #[test]
 fn crash_writer_child() {
-    let Some(dir) = std::env::var_os(CHILD_DIR_ENV) else {
+    let Ok(locator) = std::env::var(CHILD_DIR_ENV) else {
         return;
     };
-    let mut store = SqliteStore::open(Path::new(&dir)).expect("child opens the store");
+    let mut store = open_locator(&locator);
     let mut latest = store
         .latest_config()
         .expect("latest")
@@ -124,8 +133,8 @@ fn forward_commits(stdout: std::process::ChildStdout) -> crossbeam_channel::Rece
 }
 
 /// Opens the store after a kill and checks every invariant; returns the latest revision.
-fn verify_after_kill(dir: &Path, last_seen: (u64, u64), previous_latest: u64) -> u64 {
-    let mut store = SqliteStore::open(dir).expect("the database opens after SIGKILL");
+fn verify_after_kill(b: &dyn Backend, last_seen: (u64, u64), previous_latest: u64) -> u64 {
+    let mut store = b.open();
     let history = store.history(usize::MAX).expect("history");
     let latest = history.first().map_or(0, |r| r.revision);
     assert!(
@@ -157,18 +166,13 @@ fn verify_after_kill(dir: &Path, last_seen: (u64, u64), previous_latest: u64) ->
         .expect("written at least once");
     assert!(worker.revision >= last_seen.1);
     drop(store);
-
-    let conn = rusqlite::Connection::open(dir.join(DATABASE_FILE_NAME)).expect("raw open");
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-        .expect("integrity_check");
-    assert_eq!(check, "ok");
+    b.check_integrity();
     latest
 }
 
-#[test]
-fn sigkill_mid_write_leaves_whole_contiguous_records() {
-    let dir = tempfile::tempdir().expect("temp dir");
+on_both_backends!(sigkill_mid_write_leaves_whole_contiguous_records);
+
+fn sigkill_mid_write_leaves_whole_contiguous_records(b: &dyn Backend) {
     let exe = std::env::current_exe().expect("test binary path");
     let mut latest = 0;
     for round in 0..ROUNDS {
@@ -179,7 +183,7 @@ fn sigkill_mid_write_leaves_whole_contiguous_records() {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env(CHILD_DIR_ENV, dir.path())
+            .env(CHILD_DIR_ENV, b.locator())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -203,7 +207,7 @@ fn sigkill_mid_write_leaves_whole_contiguous_records() {
         while let Ok(pair) = commits.recv_timeout(DEADLINE.saturating_sub(started.elapsed())) {
             last_seen = pair;
         }
-        latest = verify_after_kill(dir.path(), last_seen, latest);
+        latest = verify_after_kill(b, last_seen, latest);
     }
     assert!(
         latest > HISTORY_LIMIT as u64,

@@ -23,6 +23,21 @@ pub trait Backend {
     fn set_newer_schema(&self) -> u32;
     /// The newest schema version this build knows, for this backend.
     fn supported(&self) -> u32;
+    /// Where the database is, as [`open_locator`] takes it: a data directory or a URL (for a
+    /// child process that opens the same database).
+    fn locator(&self) -> String;
+    /// The backend's own consistency check of the database, beyond what the store reads.
+    fn check_integrity(&self) {}
+}
+
+/// Opens the store a [`Backend::locator`] names: a `postgres://` URL or a data directory.
+pub fn open_locator(locator: &str) -> Box<dyn RecordStore + Send> {
+    if locator.starts_with("postgres://") {
+        let config = PostgresConfig::parse(locator, None).expect("test URL");
+        Box::new(PostgresStore::open(&config).expect("store opens"))
+    } else {
+        Box::new(SqliteStore::open(std::path::Path::new(locator)).expect("store opens"))
+    }
 }
 
 /// A SQLite data directory, removed when dropped.
@@ -41,6 +56,17 @@ impl Backend for Sqlite {
     }
     fn supported(&self) -> u32 {
         SCHEMA_VERSION
+    }
+    fn locator(&self) -> String {
+        self.0.path().display().to_string()
+    }
+    fn check_integrity(&self) {
+        let conn =
+            rusqlite::Connection::open(self.0.path().join(DATABASE_FILE_NAME)).expect("raw open");
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .expect("integrity_check");
+        assert_eq!(check, "ok");
     }
 }
 
@@ -68,6 +94,9 @@ impl Backend for Postgres {
     }
     fn supported(&self) -> u32 {
         POSTGRES_SCHEMA_VERSION
+    }
+    fn locator(&self) -> String {
+        self.0.clone()
     }
 }
 
