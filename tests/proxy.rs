@@ -352,28 +352,93 @@ fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Resp {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(bytes).unwrap();
+    parse_response(&read_one(&mut s).0)
+}
+
+/// Reads one response from `s`, up to the end of its `Content-Length` body or of the
+/// connection: its bytes, and whether the connection ended first.
+fn read_one(s: &mut TcpStream) -> (Vec<u8>, bool) {
     let mut raw = Vec::new();
-    let mut buf = [0u8; 4096];
+    let mut buf = [0u8; 65536];
     loop {
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                raw.extend_from_slice(&buf[..n]);
-                if let Some(end) = find(&raw, b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-                    let len = head
-                        .split("\r\n")
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .and_then(|v| v.trim().parse::<usize>().ok());
-                    if len.is_some_and(|l| raw.len() >= end + 4 + l) {
-                        break;
-                    }
-                }
+        if let Some(end) = find(&raw, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+            let len = head
+                .split("\r\n")
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if len.is_some_and(|l| raw.len() >= end + 4 + l) {
+                return (raw, false);
             }
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return (raw, true),
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
             Err(e) => panic!("read: {e}"),
         }
     }
-    parse_response(&raw)
+}
+
+/// An absolute-form GET of `url` for the test deployment.
+fn proxied_get(url: &str, port: u16) -> String {
+    let auth = base64_basic(&proxy_user());
+    format!(
+        "GET {url} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+    )
+}
+
+#[test]
+fn large_bodies_go_socket_to_socket_and_both_connections_stay_open() {
+    // Past its first piece, a large `Content-Length` body is spliced from the destination's
+    // socket to the client's (decision 025): every byte arrives, and both connections carry
+    // the next request.
+    let len = 3 * 1024 * 1024 + 5;
+    let up = Upstream::start(upstream::large(len));
+    let gw = Gateway::builder().start();
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..3 {
+        s.write_all(proxied_get(&up.url(&format!("/{i}")), up.port()).as_bytes())
+            .unwrap();
+        let (raw, ended) = read_one(&mut s);
+        assert!(!ended, "response {i}: the connection ended");
+        let r = parse_response(&raw);
+        assert_eq!(r.status, 200, "response {i}");
+        assert!(
+            r.body == upstream::pattern(len),
+            "response {i}: body differs"
+        );
+    }
+    assert_eq!(up.requests(), 3);
+    assert_eq!(up.connections(), 1, "the destination connection was reused");
+}
+
+#[test]
+fn a_destination_that_stops_mid_body_ends_the_client_connection_short() {
+    // The status and length are sent before the body: a destination closing mid-body can only
+    // be told by a truncated body and a closed connection, spliced or not.
+    let (total, sent) = (2 * 1024 * 1024, 300 * 1024);
+    let up = Upstream::start(std::sync::Arc::new(move |_: &upstream::Request| {
+        let mut first = format!("HTTP/1.1 200 OK\r\nContent-Length: {total}\r\n\r\n").into_bytes();
+        first.extend_from_slice(&upstream::pattern(sent));
+        vec![upstream::Step::Write(first), upstream::Step::Close]
+    }));
+    let gw = Gateway::builder().start();
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(proxied_get(&up.url("/cut"), up.port()).as_bytes())
+        .unwrap();
+    let (raw, ended) = read_one(&mut s);
+    assert!(ended, "the connection stayed open");
+    let end = find(&raw, b"\r\n\r\n").expect("a head") + 4;
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains(&format!("content-length: {total}")), "{head}");
+    assert_eq!(
+        &raw[end..],
+        &upstream::pattern(sent)[..],
+        "the bytes that came"
+    );
 }
 
 #[test]

@@ -11,5 +11,6 @@ pub mod http;
 pub mod metrics;
 pub mod runtime;
 pub mod serve;
+mod splice;
 pub mod store;
 pub mod tokens;

@@ -155,6 +155,19 @@ impl BodyDecoder {
         }
     }
 
+    /// Counts `n` bytes of a `Content-Length` body that were moved without passing through the
+    /// decoder (spliced from socket to socket). Refused, changing nothing, for any other
+    /// framing and for more bytes than remain.
+    pub fn count_moved(&mut self, n: u64) -> Result<(), H1Error> {
+        match &mut self.reader {
+            Reader::Length(body) if n <= body.remaining => {
+                body.remaining -= n;
+                Ok(())
+            }
+            _ => Err(H1Error::BodyTooLarge),
+        }
+    }
+
     /// Whether the body is complete if the peer closes the connection now. When it is not, the
     /// message was truncated (RFC 9112 §8: "A message that uses a valid Content-Length is
     /// incomplete if the size of the message body received ... is less than the value given by
@@ -170,6 +183,19 @@ mod tests {
     use super::*;
 
     const LIMITS: BodyLimits = BodyLimits::with_max_body(100);
+
+    #[test]
+    fn moved_bytes_count_only_against_a_length() {
+        let mut d = BodyDecoder::for_response(ResponseFraming::ContentLength(10), LIMITS).unwrap();
+        assert_eq!(d.count_moved(11), Err(H1Error::BodyTooLarge));
+        assert_eq!(d.remaining(), Some(10));
+        d.count_moved(4).unwrap();
+        assert_eq!(d.remaining(), Some(6));
+        d.count_moved(6).unwrap();
+        assert!(d.is_done());
+        let mut chunked = BodyDecoder::for_response(ResponseFraming::Chunked, LIMITS).unwrap();
+        assert_eq!(chunked.count_moved(1), Err(H1Error::BodyTooLarge));
+    }
 
     fn run(decoder: &mut BodyDecoder, input: &[u8]) -> Result<(Vec<u8>, DecodeProgress), H1Error> {
         let mut data = Vec::new();

@@ -510,6 +510,23 @@ impl StreamBody for RelayedBody {
     fn take_ready(&mut self) -> Option<Bytes> {
         self.reader.take_early()
     }
+
+    fn can_splice(&self) -> bool {
+        !self.cancelled.is_set() && self.reader.can_splice()
+    }
+
+    fn splice_into<'a>(
+        &'a mut self,
+        client: &'a TcpStream,
+        write_timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<u64>> + 'a>> {
+        Box::pin(async move {
+            monoio::select! {
+                r = self.reader.splice_into(client, write_timeout) => r,
+                _ = &mut self.cancelled => Err(std::io::Error::other("cancelled by operator")),
+            }
+        })
+    }
 }
 
 impl ProxyHandler {

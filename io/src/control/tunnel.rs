@@ -4,79 +4,28 @@
 //! grows from 16 to 64 KiB while reads fill it: small exchanges cost two operations each and
 //! no extra system call. A direction whose read fills the largest buffer carries bulk data and
 //! switches to `splice` (socket → pipe → socket): the kernel hands page references along and
-//! the core never touches the bytes. Splices never wait (the sockets are switched to
-//! non-blocking); readiness comes from the runtime (an io_uring poll, or epoll) on duplicates
-//! of the descriptors, so a quiet tunnel costs no thread. Pipes come from a small free list
-//! per core.
+//! the core never touches the bytes (`crate::splice`). Splices never wait (the sockets are
+//! switched to non-blocking); readiness comes from the runtime (an io_uring poll, or epoll) on
+//! duplicates of the descriptors, so a quiet tunnel costs no thread.
 //!
 //! On the per-tunnel path: no locks; a failed switch is logged at debug and the direction
 //! keeps copying.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd as _, RawFd};
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, OwnedWriteHalf, Splitable as _};
 use monoio::net::TcpStream;
 
-use crate::fd::{self, Pipe};
+use crate::fd;
+use crate::splice::{self, PooledPipe};
 
 /// Bytes the first read of a tunnel direction asks for.
 const TUNNEL_BUFFER_BYTES: usize = 16 * 1024;
 /// The most one read of a tunnel direction asks for; a read that fills it switches the
 /// direction to splicing.
 const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
-
-/// Capacity asked for each pipe, and the most one splice moves: a 64 KiB response arriving
-/// as many small segments still fits in one round (each segment takes a slot of the pipe,
-/// and the default pipe has 16).
-const PIPE_BYTES: usize = 256 * 1024;
-/// Empty pipes a core keeps for its next tunnels.
-const FREE_PIPES_PER_CORE: usize = 64;
-
-thread_local! {
-    /// This core's empty pipes.
-    static FREE_PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A pipe of this core's free list (or a new one), and how many bytes it holds now. Given
-/// back to the list on drop when empty; a pipe still holding bytes (a direction cut
-/// mid-piece) is closed instead: its bytes belong to a dead tunnel.
-struct PooledPipe {
-    pipe: Option<Pipe>,
-    held: usize,
-}
-
-impl PooledPipe {
-    fn take() -> io::Result<PooledPipe> {
-        let free = FREE_PIPES.try_with(|f| f.borrow_mut().pop()).ok().flatten();
-        let pipe = match free {
-            Some(p) => p,
-            None => Pipe::new(PIPE_BYTES)?,
-        };
-        Ok(PooledPipe {
-            pipe: Some(pipe),
-            held: 0,
-        })
-    }
-}
-
-impl Drop for PooledPipe {
-    fn drop(&mut self) {
-        if self.held != 0 {
-            return;
-        }
-        if let Some(p) = self.pipe.take() {
-            // During thread exit the list may be gone: the pipe just closes.
-            let _ = FREE_PIPES.try_with(|f| {
-                let mut f = f.borrow_mut();
-                if f.len() < FREE_PIPES_PER_CORE {
-                    f.push(p);
-                }
-            });
-        }
-    }
-}
 
 /// Relays a tunnel until both directions ended: first `early` (the bytes the client sent
 /// behind its CONNECT head), then client → upstream counted in `up_bytes` and upstream →
@@ -181,54 +130,19 @@ impl Spliced {
         Ok(Spliced { from, to, pipe })
     }
 
+    /// Splices until `from` ends (entered after a read that filled the buffer: more is likely
+    /// queued). No limit of its own: the tunnel's idle watch ends a quiet tunnel.
     async fn pump(mut self, counter: &Cell<u64>) -> io::Result<()> {
-        pump(&self.from, &self.to, &mut self.pipe, counter).await
-    }
-}
-
-/// Splices `from` → pipe → `to` until `from` ends. A fill that took all it asked for is followed by another at once (more is likely
-/// queued); otherwise the next fill waits for readiness first, which spares the system call
-/// that would only find the socket empty.
-async fn pump(
-    from: &TcpStream,
-    to: &TcpStream,
-    pipe: &mut PooledPipe,
-    counter: &Cell<u64>,
-) -> io::Result<()> {
-    let PooledPipe { pipe: slot, held } = pipe;
-    let p = slot
-        .as_ref()
-        .ok_or_else(|| io::Error::other("tunnel pipe gone"))?;
-    // Entered after a read that filled the buffer: more is likely queued.
-    let mut wait_first = false;
-    loop {
-        if wait_first {
-            from.readable(false).await?;
-        }
-        let n = match p.fill_from(from, PIPE_BYTES) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_first = true;
-                continue;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                wait_first = false;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        wait_first = n < PIPE_BYTES;
-        *held = held.saturating_add(n);
-        counter.set(counter.get().saturating_add(n as u64));
-        while *held > 0 {
-            match p.drain_to(to, *held) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(m) => *held = held.saturating_sub(m),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => to.writable(false).await?,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        splice::pump(
+            &self.from,
+            &self.to,
+            &mut self.pipe,
+            None,
+            || None,
+            None,
+            counter,
+        )
+        .await
+        .map_err(io::Error::from)
     }
 }

@@ -186,7 +186,7 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     };
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
     let mut buf = Vec::new();
-    let mut head = match within(at, read_head(conn, x.method, &mut buf)).await {
+    let mut head = match within(at, read_head(conn, x.method, &mut buf, READ_BUF_BYTES)).await {
         Some(head) => head?,
         None => {
             return Err(Failure::during_response(error::timeout(
@@ -311,6 +311,7 @@ pub(crate) async fn read_head(
     conn: &mut Conn,
     method: Method,
     buf: &mut Vec<u8>,
+    read_bytes: usize,
 ) -> Result<Head, Failure> {
     let mut interim = 0usize;
     let mut received_any = false;
@@ -377,7 +378,7 @@ pub(crate) async fn read_head(
             }
         }
         // Straight into the head buffer: no copy out of the connection's.
-        match conn.read_append(buf, READ_BUF_BYTES).await {
+        match conn.read_append(buf, read_bytes).await {
             Ok(0) => {
                 return Err(Failure {
                     error: error::reset(

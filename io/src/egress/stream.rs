@@ -51,6 +51,8 @@ pub(crate) struct Conn {
     /// further decrypted bytes (its reader copies until the caller's buffer or its own queue is
     /// exhausted). Always true for plain TCP, which buffers nothing in user space.
     is_plaintext_drained: bool,
+    /// Whether the socket was switched to non-blocking mode for `splice`.
+    is_nonblocking: bool,
 }
 
 impl Conn {
@@ -105,12 +107,33 @@ impl Conn {
             // Allocated by the first read, and given back whenever the connection idles.
             buf: Vec::new(),
             is_plaintext_drained: true,
+            is_nonblocking: monoio::utils::is_legacy(),
         }
     }
 
     /// The address connected to.
     pub(crate) fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Whether the connection is plain TCP.
+    pub(crate) fn is_plain(&self) -> bool {
+        matches!(self.transport, Transport::Plain(_))
+    }
+
+    /// The TCP stream of a plain connection, switched to non-blocking mode for `splice`
+    /// (`crate::splice`); `None` for TLS, whose bytes must pass through user space.
+    pub(crate) fn plain_for_splice(&mut self) -> io::Result<Option<&TcpStream>> {
+        let Transport::Plain(stream) = &self.transport else {
+            return Ok(None);
+        };
+        if !self.is_nonblocking {
+            // Kept for the connection's life: io_uring's receive and send operations wait
+            // through their own poll whatever the flag, and the epoll driver sets it anyway.
+            fd::set_nonblocking(stream)?;
+            self.is_nonblocking = true;
+        }
+        Ok(Some(stream))
     }
 
     /// Whether the TLS layer holds no decrypted bytes that were not handed out yet.

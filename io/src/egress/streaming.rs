@@ -36,6 +36,7 @@ use super::pool::PoolKey;
 use super::stream::{Conn, READ_BUF_BYTES};
 use super::{retry_h2, Dial, Egress, Inner, Opened, ProxyRoute, Timeouts};
 use crate::dns::Tenant;
+use crate::splice;
 
 /// How a streamed request body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +131,16 @@ pub struct StreamedResponse {
     /// The body.
     pub body: ResponseBodyReader,
 }
+
+/// A `Content-Length` body with at least this many bytes left after its head is spliced to a
+/// plain client connection instead of being read and written (decision 025): below it, the
+/// two system calls a splice adds cost more than the copies they save.
+pub(crate) const SPLICE_MIN_BYTES: u64 = 16 * 1024;
+
+/// Bytes asked for by each read of a streamed response head on a plain connection: most heads
+/// and small bodies fit, and the rest of a large body stays in the socket for
+/// [`ResponseBodyReader::splice_into`].
+const STREAM_HEAD_READ_BYTES: usize = 4 * 1024;
 
 /// Reads the body of a streamed response. Dropping it before the end closes the connection.
 pub struct ResponseBodyReader {
@@ -323,6 +334,87 @@ impl ResponseBodyReader {
                 .decode(chunk, &mut |d: &[u8]| out.extend_from_slice(d))
                 .map_err(error::protocol_error)?;
             self.has_leftover = progress.consumed < chunk.len();
+        }
+    }
+
+    /// Whether [`ResponseBodyReader::splice_into`] can move the rest of the body: a plain
+    /// HTTP/1.1 connection and a `Content-Length` body with at least [`SPLICE_MIN_BYTES`] left,
+    /// none of it held in user space (after [`ResponseBodyReader::take_early`]).
+    pub fn can_splice(&self) -> bool {
+        !self.is_finished
+            && self.h2.is_none()
+            && self.early.is_empty()
+            && !self.has_leftover
+            && matches!(self.framing, ResponseFraming::ContentLength(_))
+            && self
+                .decoder
+                .remaining()
+                .is_some_and(|r| r >= SPLICE_MIN_BYTES)
+            && self.conn.as_ref().is_some_and(Conn::is_plain)
+    }
+
+    /// Moves the rest of the body straight from the destination's socket to `client` with
+    /// `splice(2)` (`crate::splice`), never reading a byte past it; returns the bytes that
+    /// reached `client`. Each wait for the destination is bounded by the idle limit and the
+    /// deadline, each wait for `client` by `write_timeout`. At the end a reusable connection
+    /// goes back to the pool, as after [`ResponseBodyReader::read_into`]; on an error it is
+    /// closed. Only when [`ResponseBodyReader::can_splice`] says so; `Ok(0)` otherwise.
+    pub async fn splice_into(
+        &mut self,
+        client: &TcpStream,
+        write_timeout: std::time::Duration,
+    ) -> std::io::Result<u64> {
+        if !self.can_splice() {
+            return Ok(0);
+        }
+        let left = self.decoder.remaining().unwrap_or(0);
+        let (idle, deadline) = (self.idle, self.deadline);
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(0);
+        };
+        let moved = std::cell::Cell::new(0u64);
+        let outcome = match (conn.plain_for_splice(), splice::PooledPipe::take()) {
+            (Ok(Some(from)), Ok(mut pipe)) => {
+                let read_until = || {
+                    let idle_end = Instant::now().checked_add(idle);
+                    Some(limit(idle_end, TimeoutType::Idle, deadline).0)
+                };
+                splice::pump(
+                    from,
+                    client,
+                    &mut pipe,
+                    Some(left),
+                    read_until,
+                    Some(write_timeout),
+                    &moved,
+                )
+                .await
+            }
+            (Ok(None), _) => return Ok(0),
+            (Err(e), _) | (_, Err(e)) => Err(splice::MoveError::Source(e)),
+        };
+        let moved = moved.get();
+        match outcome {
+            Ok(()) => {
+                self.decoder
+                    .count_moved(moved)
+                    .map_err(|e| std::io::Error::other(e.as_str()))?;
+                self.finish(false);
+                Ok(moved)
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(match e {
+                    splice::MoveError::Source(e) => {
+                        std::io::Error::other(format!("destination response body: {e}"))
+                    }
+                    splice::MoveError::SourceTimeout => std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "destination response body: no byte within the idle limit",
+                    ),
+                    splice::MoveError::Sink(e) => e,
+                })
+            }
         }
     }
 
@@ -678,7 +770,19 @@ async fn exchange_head<B: BodySource>(
         .and_then(|t| sent_at.checked_add(t));
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
     let mut buf = Vec::new();
-    match within(at, client::read_head(conn, req.method, &mut buf)).await {
+    // On a plain connection, a small first read: what it leaves of a large body can be
+    // spliced on without passing through user space (decision 025).
+    let read_bytes = if conn.is_plain() {
+        STREAM_HEAD_READ_BYTES
+    } else {
+        READ_BUF_BYTES
+    };
+    match within(
+        at,
+        client::read_head(conn, req.method, &mut buf, read_bytes),
+    )
+    .await
+    {
         Some(head) => {
             let mut head = head?;
             let early = std::mem::take(&mut head.rest);

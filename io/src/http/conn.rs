@@ -54,6 +54,8 @@ pub(crate) struct ConnIo {
     buf: Vec<u8>,
     pos: usize,
     pub(crate) cfg: Rc<ServerConfig>,
+    /// Whether the socket was switched to non-blocking mode for `splice`.
+    is_nonblocking: bool,
 }
 
 impl ConnIo {
@@ -63,7 +65,19 @@ impl ConnIo {
             buf: Vec::with_capacity(INITIAL_READ_BUFFER_BYTES),
             pos: 0,
             cfg,
+            is_nonblocking: monoio::utils::is_legacy(),
         }
+    }
+
+    /// The socket, switched to non-blocking mode for `splice` (kept for the connection's life:
+    /// io_uring's receive and send operations wait through their own poll whatever the flag,
+    /// and the epoll driver sets it anyway).
+    fn nonblocking_stream(&mut self) -> io::Result<&TcpStream> {
+        if !self.is_nonblocking {
+            crate::fd::set_nonblocking(&self.stream)?;
+            self.is_nonblocking = true;
+        }
+        Ok(&self.stream)
     }
 
     /// Bytes received and not yet consumed.
@@ -579,6 +593,21 @@ async fn write_stream(
                 io.write_head_and_body_timed(buf, first).await?
             };
             head_len = 0;
+        }
+        if stream.can_splice() {
+            // The rest goes socket to socket: the head (and what came with it) first.
+            if head_len > 0 {
+                buf = io.write_all_timed_from(buf, 0).await?;
+                head_len = 0;
+            }
+            let write_timeout = io.cfg.write_timeout;
+            let client = io.nonblocking_stream()?;
+            let moved = stream.splice_into(client, write_timeout).await?;
+            if let Some(left) = &mut declared_left {
+                *left = left
+                    .checked_sub(moved)
+                    .ok_or_else(|| io::Error::other("stream body longer than its length"))?;
+            }
         }
     }
     loop {

@@ -45,6 +45,24 @@ pub trait StreamBody {
     fn take_ready(&mut self) -> Option<Bytes> {
         None
     }
+
+    /// Whether [`StreamBody::splice_into`] can move the rest of the body (false by default).
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// Moves the rest of the body straight to `client` with `splice(2)`, socket to socket, and
+    /// returns the bytes moved; each wait for `client` lasts at most `write_timeout`. Called
+    /// only when [`StreamBody::can_splice`] said so, after [`StreamBody::take_ready`], for a
+    /// body sent as it is (not chunk-framed); `client` is non-blocking by then. What it did not
+    /// move still comes from [`StreamBody::read_into`].
+    fn splice_into<'a>(
+        &'a mut self,
+        _client: &'a TcpStream,
+        _write_timeout: std::time::Duration,
+    ) -> Pin<Box<dyn Future<Output = io::Result<u64>> + 'a>> {
+        Box::pin(std::future::ready(Ok(0)))
+    }
 }
 
 /// What takes over a connection after a `2xx` answer to `CONNECT`: the client's socket and the

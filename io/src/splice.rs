@@ -1,0 +1,180 @@
+//! Moving bulk bytes socket → pipe → socket with `splice(2)`: the kernel hands page references
+//! along and the core never touches the bytes. Used by CONNECT tunnel directions that carry
+//! bulk data (decision 024) and by the rest of a large `Content-Length` response body on the
+//! forward proxy (decision 025).
+//!
+//! Splices never wait: both sockets are non-blocking while they splice, and readiness comes from
+//! the runtime (an io_uring poll, or epoll). Pipes come from a small free list per core.
+//!
+//! On the per-request path: no locks, no allocation once a core has its pipes, no logging.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::time::{Duration, Instant};
+
+use monoio::net::TcpStream;
+
+use crate::fd::Pipe;
+
+/// Capacity asked for each pipe, and the most one splice moves: a 64 KiB body arriving as many
+/// small segments still fits in one round (each segment takes a slot of the pipe, and the
+/// default pipe has 16).
+pub(crate) const PIPE_BYTES: usize = 256 * 1024;
+/// Empty pipes a core keeps for its next splices.
+const FREE_PIPES_PER_CORE: usize = 64;
+
+thread_local! {
+    /// This core's empty pipes.
+    static FREE_PIPES: RefCell<Vec<Pipe>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A pipe of this core's free list (or a new one), and how many bytes it holds now. Given
+/// back to the list on drop when empty; a pipe still holding bytes (a move cut mid-piece) is
+/// closed instead: its bytes belong to a dead exchange.
+pub(crate) struct PooledPipe {
+    pub(crate) pipe: Option<Pipe>,
+    /// Bytes spliced into the pipe and not yet out of it.
+    pub(crate) held: usize,
+}
+
+impl PooledPipe {
+    /// A pipe from this core's free list, or a new one.
+    pub(crate) fn take() -> io::Result<PooledPipe> {
+        let free = FREE_PIPES.try_with(|f| f.borrow_mut().pop()).ok().flatten();
+        let pipe = match free {
+            Some(p) => p,
+            None => Pipe::new(PIPE_BYTES)?,
+        };
+        Ok(PooledPipe {
+            pipe: Some(pipe),
+            held: 0,
+        })
+    }
+}
+
+impl Drop for PooledPipe {
+    fn drop(&mut self) {
+        if self.held != 0 {
+            return;
+        }
+        if let Some(p) = self.pipe.take() {
+            // During thread exit the list may be gone: the pipe just closes.
+            let _ = FREE_PIPES.try_with(|f| {
+                let mut f = f.borrow_mut();
+                if f.len() < FREE_PIPES_PER_CORE {
+                    f.push(p);
+                }
+            });
+        }
+    }
+}
+
+/// How [`pump`] stopped short.
+#[derive(Debug)]
+pub(crate) enum MoveError {
+    /// Reading the source failed, or it ended before the last byte it owed.
+    Source(io::Error),
+    /// The source sent nothing before its read limit.
+    SourceTimeout,
+    /// Writing to the destination failed, or it accepted nothing for the write timeout.
+    Sink(io::Error),
+}
+
+impl From<MoveError> for io::Error {
+    fn from(e: MoveError) -> io::Error {
+        match e {
+            MoveError::Source(e) | MoveError::Sink(e) => e,
+            MoveError::SourceTimeout => io::ErrorKind::TimedOut.into(),
+        }
+    }
+}
+
+/// Splices `from` → `pipe` → `to`: exactly `len` bytes when given (never a byte past them:
+/// what follows on `from` is the next message; an end of `from` before them is an error),
+/// otherwise until `from` ends. Adds each byte that reached `to` to `moved`. Both sockets must
+/// be non-blocking.
+///
+/// Each wait for `from` ends at `read_until()` when it gives an instant (asked before every
+/// wait, so an idle limit restarts with each piece); each wait for `to` lasts at most
+/// `write_timeout` when given. The first fill does not wait (callers come here when bytes are
+/// likely queued); after that, a fill that took all it asked for is followed by another at
+/// once, and otherwise the next one waits for readiness first, which spares the system call
+/// that would only find the socket empty.
+pub(crate) async fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    pipe: &mut PooledPipe,
+    len: Option<u64>,
+    read_until: impl Fn() -> Option<Instant>,
+    write_timeout: Option<Duration>,
+    moved: &Cell<u64>,
+) -> Result<(), MoveError> {
+    let PooledPipe { pipe: slot, held } = pipe;
+    let p = slot
+        .as_ref()
+        .ok_or_else(|| MoveError::Source(io::Error::other("splice pipe gone")))?;
+    let mut left = len;
+    let mut wait_first = false;
+    while left != Some(0) {
+        if wait_first {
+            let ready = from.readable(false);
+            match read_until() {
+                None => ready.await.map_err(MoveError::Source)?,
+                Some(at) => {
+                    let at = monoio::time::Instant::from_std(at);
+                    match monoio::time::timeout_at(at, ready).await {
+                        Ok(r) => r.map_err(MoveError::Source)?,
+                        Err(_) => return Err(MoveError::SourceTimeout),
+                    }
+                }
+            }
+        }
+        let want = left.map_or(PIPE_BYTES, |l| {
+            usize::try_from(l).map_or(PIPE_BYTES, |l| l.min(PIPE_BYTES))
+        });
+        let n = match p.fill_from(from, want) {
+            Ok(0) if left.is_none() => return Ok(()),
+            Ok(0) => {
+                return Err(MoveError::Source(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed before the body was complete",
+                )))
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                wait_first = true;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                wait_first = false;
+                continue;
+            }
+            Err(e) => return Err(MoveError::Source(e)),
+        };
+        wait_first = n < want;
+        left = left.map(|l| l.saturating_sub(n as u64));
+        *held = held.saturating_add(n);
+        while *held > 0 {
+            match p.drain_to(to, *held) {
+                Ok(0) => return Err(MoveError::Sink(io::ErrorKind::WriteZero.into())),
+                Ok(m) => {
+                    *held = held.saturating_sub(m);
+                    moved.set(moved.get().saturating_add(m as u64));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let room = to.writable(false);
+                    let waited = match write_timeout {
+                        None => room.await,
+                        Some(t) => monoio::time::timeout(t, room)
+                            .await
+                            .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+                    };
+                    waited.map_err(MoveError::Sink)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(MoveError::Sink(e)),
+            }
+        }
+    }
+    Ok(())
+}
