@@ -191,6 +191,21 @@ fn an_activation_on_one_control_reaches_the_other() {
 }
 
 /// The snapshot of the config record a control answers.
+/// The receipt signing key the controls of a test share.
+fn shared_key() -> String {
+    (0..32u8).map(|i| format!("{:02x}", i * 7 + 3)).collect()
+}
+
+/// A control builder on the shared database `url` with receipts in the shared bucket `s3`,
+/// signed with the shared `key`.
+fn with_receipts(b: GatewayBuilder, url: &str, s3: &S3Server, key: &str) -> GatewayBuilder {
+    on_store(b, url)
+        .section(&s3.section(&format!("signing_key_env = \"{KEY_ENV}\"\n")))
+        .env("TEST_S3_AK", "AKTEST")
+        .env("TEST_S3_SK", "SKTEST")
+        .env(KEY_ENV, key)
+}
+
 fn put_config_snapshot(gw: &Gateway) -> serde_json::Value {
     admin(gw, "GET", "/api/v1/admin/config", &[], b"").json()["snapshot"].clone()
 }
@@ -203,15 +218,8 @@ fn put_config_snapshot(gw: &Gateway) -> serde_json::Value {
 fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
     let url = cluster().fresh_database("receipts");
     let s3 = S3Server::start();
-    let key: String = (0..32u8).map(|i| format!("{:02x}", i * 7 + 3)).collect();
-    let objects = s3.section(&format!("signing_key_env = \"{KEY_ENV}\"\n"));
-    let shared = |b: GatewayBuilder| {
-        on_store(b, &url)
-            .section(&objects)
-            .env("TEST_S3_AK", "AKTEST")
-            .env("TEST_S3_SK", "SKTEST")
-            .env(KEY_ENV, &key)
-    };
+    let key = shared_key();
+    let shared = |b: GatewayBuilder| with_receipts(b, &url, &s3, &key);
     let b = shared(Gateway::builder()).start();
     let a = shared(
         Gateway::builder()
@@ -274,6 +282,114 @@ fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
         );
         assert!(!line.contains(&key), "the signing key was printed: {line}");
     }
+}
+
+/// One number from the test database.
+fn db_i64(
+    db: &mut postgres::Client,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> i64 {
+    db.query_one(sql, params).expect(sql).get(0)
+}
+
+/// A control killed (SIGKILL) while a request holds a receipt leaves it `assigned`. While that
+/// control lives and refreshes its heartbeat row, the other control leaves its receipt alone
+/// for longer than the expiry; once it is killed, the other sees its row expire and puts the
+/// receipt back to `verified` within the expiry (not the two hours of startup recovery), and
+/// the receipt is usable again.
+#[test]
+fn the_receipts_of_a_killed_control_are_recovered_by_the_other() {
+    const EXPIRY_MS: i64 = 10_000;
+    let url = cluster().fresh_database("heartbeat");
+    let s3 = S3Server::start();
+    let key = shared_key();
+    let b = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let a = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    assert_eq!(db_i64(&mut db, "SELECT count(*) FROM controls", &[]), 2);
+
+    let body = upstream::pattern(64 * 1024 + 5);
+    let id = create_request_receipt(&a, &body);
+    put_part(&a, &id, 1, &body);
+    complete(&a, &id);
+
+    // A request on A holds the receipt while its destination stalls; the connection stays
+    // open until A is killed.
+    let stall = Upstream::start(upstream::slow_head(Duration::from_secs(120)));
+    let envelope = json!({"method": "POST", "url": stall.url("/stall"), "timeout_ms": 60_000,
+                          "body": {"mode": "receipt", "receipt_id": id}})
+    .to_string();
+    let mut held = std::net::TcpStream::connect(a.api).expect("connect to A");
+    std::io::Write::write_all(
+        &mut held,
+        format!(
+            "POST /api/v1/requests HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
+            support::gateway::DEPLOYMENT_TOKEN,
+            envelope.len()
+        )
+        .as_bytes(),
+    )
+    .expect("send the request");
+    wait_until(Duration::from_secs(20), "A to assign the receipt", || {
+        receipt_state(&b, &id) == "assigned"
+    });
+    let holder: Option<String> = db
+        .query_one("SELECT holder FROM receipts WHERE receipt_id = $1", &[&id])
+        .expect("holder")
+        .get(0);
+    let holder = holder.expect("an assigned receipt names its control");
+    let beat = |db: &mut postgres::Client| {
+        db_i64(
+            db,
+            "SELECT last_seen_unix_ms FROM controls WHERE control_id = $1",
+            &[&holder],
+        )
+    };
+    let first = beat(&mut db);
+
+    // Both controls beat past one expiry (B ran its recovery all along): A's receipt stays.
+    wait_until(
+        Duration::from_secs(30),
+        "both controls to beat for longer than the expiry",
+        || {
+            db_i64(&mut db, "SELECT min(last_seen_unix_ms) FROM controls", &[])
+                > first + EXPIRY_MS + 1_000
+        },
+    );
+    assert_eq!(receipt_state(&b, &id), "assigned");
+
+    drop(a);
+    let killed = Instant::now();
+    wait_until(Duration::from_secs(30), "B to recover A's receipt", || {
+        receipt_state(&b, &id) == "verified"
+    });
+    let took = killed.elapsed();
+    // Recovered through the expiry of A's row: not before it could expire, and promptly after.
+    assert!(took >= Duration::from_secs(8), "recovered after {took:?}");
+    assert!(took <= Duration::from_secs(20), "recovered after {took:?}");
+    assert_eq!(
+        db_i64(
+            &mut db,
+            "SELECT count(*) FROM controls WHERE control_id = $1",
+            &[&holder]
+        ),
+        0,
+        "the dead control's row is removed"
+    );
+    drop(held);
+
+    // The recovered receipt is sent by B.
+    let echo = Upstream::start(upstream::echo());
+    let r = request_at(
+        b.api,
+        &json!({"method": "POST", "url": echo.url("/again"),
+                "body": {"mode": "receipt", "receipt_id": id}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], 200, "{}", r.text());
+    assert_eq!(receipt_state(&b, &id), "consumed");
 }
 
 /// While the database refuses this control, requests keep being served on the last applied

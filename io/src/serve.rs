@@ -312,6 +312,17 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         ),
         None => None,
     };
+    // With a shared store, this control's heartbeat row lets the others recover the receipts
+    // it holds should it die (decision 094).
+    if shared.is_some() {
+        let address = listeners
+            .admin
+            .as_ref()
+            .map_or(listeners.api.1, |a| a.1)
+            .to_string();
+        crate::control::presence::start(&cold, address)
+            .map_err(|e| ioe(format!("store: control heartbeat: {e}")))?;
+    }
     let bus_shared = match &listeners.bus {
         Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),
         None => None,

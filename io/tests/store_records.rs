@@ -588,6 +588,15 @@ fn receipts_follow_their_compare_and_set_transitions(backend: &dyn Backend) {
     assert_eq!(a.due_receipts(2_000, 1).expect("due").len(), 1);
 }
 
+/// The state of receipt `id` of deployment `dep`, which must exist.
+fn state(store: &mut Box<dyn RecordStore + Send>, id: &str) -> ReceiptState {
+    store
+        .receipt("dep", id)
+        .expect("read")
+        .expect("exists")
+        .state
+}
+
 fn recovery_moves_only_receipts_untouched_since_the_cutoff(backend: &dyn Backend) {
     let mut store = backend.open();
     for (id, state, at) in [
@@ -602,13 +611,6 @@ fn recovery_moves_only_receipts_untouched_since_the_cutoff(backend: &dyn Backend
         store.create_receipt(&r).expect("create");
     }
     assert_eq!(store.recover_receipts(T2, Some(T1)), Ok(2));
-    let state = |store: &mut Box<dyn RecordStore + Send>, id: &str| {
-        store
-            .receipt("dep", id)
-            .expect("read")
-            .expect("exists")
-            .state
-    };
     assert_eq!(
         state(&mut store, "rcpt_old_verifying"),
         ReceiptState::Uploading
@@ -650,6 +652,60 @@ fn postgres_schema_is_at_the_current_version_and_migrating_twice_is_a_no_op() {
         .expect("version")
         .get(0);
     assert_eq!(u32::try_from(version), Ok(POSTGRES_SCHEMA_VERSION));
+}
+
+/// Decision 094: receipts held by a control whose heartbeat row expired are recovered by
+/// another; those of live controls, and the caller's own, are left alone. SQLite keeps no rows.
+#[test]
+fn receipts_of_a_control_whose_row_expired_are_recovered_by_another() {
+    let expiry = std::time::Duration::from_secs(10);
+    let backend = Postgres::new("heartbeat");
+    let (mut a, mut b) = (backend.open(), backend.open());
+    let a_id = a.control_id().expect("a control id").to_owned();
+    assert_ne!(
+        Some(a_id.as_str()),
+        b.control_id(),
+        "each open mints its own id"
+    );
+    a.control_heartbeat("127.0.0.1:1", T0).expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0).expect("b beats");
+    for (store, id) in [(&mut a, "rcpt_of_a"), (&mut b, "rcpt_of_b")] {
+        let mut r = receipt(id, None);
+        r.state = ReceiptState::Verified;
+        store.create_receipt(&r).expect("create");
+        let moved = store.set_receipt_state(
+            "dep",
+            id,
+            ReceiptState::Verified,
+            ReceiptState::Assigned,
+            T1,
+            None,
+        );
+        assert_eq!(moved, Ok(true));
+    }
+    assert_eq!(b.recover_dead_controls(expiry, T2), Ok(0), "a is alive");
+
+    // a stops beating: its row is older than the expiry by the store's clock.
+    let mut c = backend.config().connect().expect("connect");
+    c.execute(
+        "UPDATE controls SET last_seen_unix_ms = last_seen_unix_ms - 60000 WHERE control_id = $1",
+        &[&a_id],
+    )
+    .expect("age a's row");
+    assert_eq!(a.recover_dead_controls(expiry, T2), Ok(0), "never its own");
+    assert_eq!(b.recover_dead_controls(expiry, T2), Ok(1));
+    assert_eq!(state(&mut b, "rcpt_of_a"), ReceiptState::Verified);
+    assert_eq!(state(&mut b, "rcpt_of_b"), ReceiptState::Assigned);
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM controls", &[])
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 1, "the dead control's row is removed");
+
+    let mut alone = Sqlite::new().open();
+    assert_eq!(alone.control_id(), None);
+    assert_eq!(alone.control_heartbeat("127.0.0.1:1", T0), Ok(()));
+    assert_eq!(alone.recover_dead_controls(expiry, T2), Ok(0));
 }
 
 #[test]

@@ -8,6 +8,7 @@ pub mod core;
 pub mod dashboard;
 pub mod follow;
 pub mod openapi;
+pub mod presence;
 pub mod proxy;
 pub mod receipts;
 pub mod state;

@@ -168,4 +168,29 @@ pub trait RecordStore {
         updated_at: &str,
         untouched_since: Option<&str>,
     ) -> Result<usize, StoreError>;
+
+    /// The id this control is known by to the other controls sharing the store, minted when
+    /// the store was opened (decision 094); `None` for a store only one control uses.
+    fn control_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// Registers this control, or refreshes its row: `address` (where it answers), the time it
+    /// started and, from the store's own clock so that controls on different hosts compare one
+    /// clock, when it was last seen. A store only one control uses keeps no such row.
+    fn control_heartbeat(&mut self, _address: &str, _started_at: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Recovers the receipts held by controls not seen for `expiry` (by the store's clock):
+    /// `verifying` goes back to `uploading`, `assigned` back to `verified`, as at startup
+    /// (decision 034), and those controls' rows are removed. Receipts of controls seen within
+    /// `expiry`, and of this one, are left alone. Returns how many receipts moved.
+    fn recover_dead_controls(
+        &mut self,
+        _expiry: std::time::Duration,
+        _updated_at: &str,
+    ) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }

@@ -207,6 +207,8 @@ pub struct PostgresStore {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     target: String,
+    /// This control's id in the `controls` table and in `receipts.holder` (decision 094).
+    control_id: String,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -242,6 +244,7 @@ impl PostgresStore {
             jobs: Some(tx),
             thread: Some(thread),
             target: config.target(),
+            control_id: mint_control_id()?,
         })
     }
 
@@ -284,6 +287,23 @@ impl Drop for PostgresStore {
         }
     }
 }
+
+/// A fresh control id: 16 random bytes in hex, so that a restarted control is a new one and
+/// never inherits the row (or the receipts) of the process it replaces.
+fn mint_control_id() -> Result<String, StoreError> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| {
+            StoreError::Io("cannot draw a control id from the system's random source".into())
+        })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The store's clock in Unix milliseconds, as SQL: heartbeats and their expiry read one clock,
+/// the database's, so controls on hosts whose clocks differ still agree on who is alive.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
 
 /// Brings the schema to the newest version in one transaction under an advisory lock, so two
 /// controls starting together migrate once, and a failure leaves the old version intact.
@@ -889,10 +909,14 @@ impl RecordStore for PostgresStore {
             updated_at.to_owned(),
             failure.map(str::to_owned),
         );
+        // The control that moves a receipt into a state only a running process leaves holds
+        // it, so that its receipts can be recovered once it is known dead (decision 094).
+        let holder = matches!(to, ReceiptState::Verifying | ReceiptState::Assigned)
+            .then(|| self.control_id.clone());
         self.call(move |c| {
             let n = c.execute(
                 "UPDATE receipts SET state = $1, updated_at = $2, \
-                 failure = COALESCE($3, failure) \
+                 failure = COALESCE($3, failure), holder = $7 \
                  WHERE receipt_id = $4 AND deployment_id = $5 AND state = $6",
                 &[
                     &to.as_str(),
@@ -901,6 +925,7 @@ impl RecordStore for PostgresStore {
                     &receipt_id,
                     &deployment_id,
                     &from.as_str(),
+                    &holder,
                 ],
             )?;
             Ok(n > 0)
@@ -939,11 +964,69 @@ impl RecordStore for PostgresStore {
                 (ReceiptState::Assigned, ReceiptState::Verified),
             ] {
                 moved += tx.execute(
-                    "UPDATE receipts SET state = $1, updated_at = $2 WHERE state = $3 \
-                     AND ($4::TEXT IS NULL OR updated_at <= $4)",
+                    "UPDATE receipts SET state = $1, updated_at = $2, holder = NULL \
+                     WHERE state = $3 AND ($4::TEXT IS NULL OR updated_at <= $4)",
                     &[&to.as_str(), &updated_at, &from.as_str(), &untouched_since],
                 )?;
             }
+            tx.commit()?;
+            Ok(usize::try_from(moved).unwrap_or(usize::MAX))
+        })
+    }
+
+    fn control_id(&self) -> Option<&str> {
+        Some(&self.control_id)
+    }
+
+    fn control_heartbeat(&mut self, address: &str, started_at: &str) -> Result<(), StoreError> {
+        let (id, address, started_at) = (
+            self.control_id.clone(),
+            address.to_owned(),
+            started_at.to_owned(),
+        );
+        self.call(move |c| {
+            c.execute(
+                &format!(
+                    "INSERT INTO controls (control_id, address, started_at, last_seen_unix_ms) \
+                     VALUES ($1, $2, $3, {DB_NOW_MS}) ON CONFLICT (control_id) DO UPDATE \
+                     SET address = excluded.address, last_seen_unix_ms = excluded.last_seen_unix_ms"
+                ),
+                &[&id, &address, &started_at],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn recover_dead_controls(
+        &mut self,
+        expiry: Duration,
+        updated_at: &str,
+    ) -> Result<usize, StoreError> {
+        let (id, updated_at) = (self.control_id.clone(), updated_at.to_owned());
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            let mut tx = c.transaction()?;
+            // A holder counts as alive only while its row is fresh: a row removed as dead does
+            // not come back to life for receipts already recovered.
+            let moved = tx.execute(
+                &format!(
+                    "UPDATE receipts SET \
+                     state = CASE state WHEN 'verifying' THEN 'uploading' ELSE 'verified' END, \
+                     holder = NULL, updated_at = $1 \
+                     WHERE state IN ('verifying', 'assigned') AND holder IS NOT NULL \
+                     AND holder <> $2 AND NOT EXISTS (SELECT 1 FROM controls \
+                     WHERE controls.control_id = receipts.holder \
+                     AND controls.last_seen_unix_ms >= {DB_NOW_MS} - $3)"
+                ),
+                &[&updated_at, &id, &expiry_ms],
+            )?;
+            tx.execute(
+                &format!(
+                    "DELETE FROM controls WHERE control_id <> $1 \
+                     AND last_seen_unix_ms < {DB_NOW_MS} - $2"
+                ),
+                &[&id, &expiry_ms],
+            )?;
             tx.commit()?;
             Ok(usize::try_from(moved).unwrap_or(usize::MAX))
         })
