@@ -51,17 +51,6 @@ pub(crate) const MIGRATIONS: &[&str] = &[
          object_key TEXT NOT NULL,
          PRIMARY KEY (receipt_id, number)
      );",
-    // Version 2: the controls sharing the store, each refreshing its row (decision 094), and
-    // the control working on a `verifying` or `assigned` receipt, so the receipts of a control
-    // whose row expired can be recovered while the others run.
-    "CREATE TABLE controls (
-         control_id        TEXT PRIMARY KEY NOT NULL,
-         address           TEXT NOT NULL,
-         started_at        TEXT NOT NULL,
-         last_seen_unix_ms BIGINT NOT NULL
-     );
-     ALTER TABLE receipts ADD COLUMN holder TEXT;
-     CREATE INDEX receipts_holder ON receipts (holder) WHERE holder IS NOT NULL;",
 ];
 
 /// The schema version this build writes and understands: the number of migrations.
