@@ -284,6 +284,61 @@ fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
     }
 }
 
+/// An admin cancel sent to control B ends a request control A runs (decision 095): B writes a
+/// cancel intent, A carries it out, and B answers 204 (and 204 again on a repeat). Each control
+/// lists only the requests it runs; a request id no control runs is 404 on B.
+#[test]
+fn a_cancel_sent_to_one_control_ends_a_request_the_other_runs() {
+    let url = cluster().fresh_database("cancel");
+    let a = on_store(Gateway::builder(), &url).start();
+    let b = on_store(Gateway::builder(), &url).start();
+    let stall = Upstream::start(upstream::slow_head(Duration::from_secs(120)));
+    let (api, target) = (a.api, stall.url("/stall"));
+    let caller = std::thread::spawn(move || {
+        request_at(
+            api,
+            &json!({"method": "GET", "url": target, "timeout_ms": 60_000}),
+        )
+    });
+    const REQUESTS: &str = "/api/v1/admin/requests";
+    wait_until(Duration::from_secs(20), "A to list the request", || {
+        admin_items(&a, REQUESTS).len() == 1
+    });
+    let id = admin_items(&a, REQUESTS)[0]["request_id"]
+        .as_str()
+        .expect("request_id")
+        .to_string();
+    assert!(
+        admin_items(&b, REQUESTS).is_empty(),
+        "B lists only the requests it runs"
+    );
+
+    let path = format!("{REQUESTS}/{id}");
+    let sent = Instant::now();
+    let r = admin(&b, "DELETE", &path, &[], b"");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(r.body.is_empty());
+    let answer = caller.join().expect("caller thread");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert_eq!(answer.status, 499, "{}", answer.text());
+    let v = answer.json();
+    assert_eq!(v["code"], "cancelled", "{v}");
+    assert_eq!(v["request_id"], id.as_str());
+    assert!(admin_items(&a, REQUESTS).is_empty());
+
+    // Spec, Admin rule 4: repeating the cancellation is safe.
+    let r = admin(&b, "DELETE", &path, &[], b"");
+    assert_eq!(r.status, 204, "{}", r.text());
+    // A request no control runs.
+    let r = admin(&b, "DELETE", &format!("{REQUESTS}/req_nobody"), &[], b"");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.json()["error"], "request_not_found", "{}", r.text());
+}
+
 /// One number from the test database.
 fn db_i64(
     db: &mut postgres::Client,

@@ -322,6 +322,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .to_string();
         crate::control::presence::start(&cold, address)
             .map_err(|e| ioe(format!("store: control heartbeat: {e}")))?;
+        crate::control::presence::watch_cancels(&cold, state.clone())
+            .map_err(|e| ioe(format!("store: cancel intents: {e}")))?;
     }
     let bus_shared = match &listeners.bus {
         Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),

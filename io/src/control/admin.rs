@@ -62,6 +62,16 @@ pub struct AdminAnswer {
 }
 
 impl AdminAnswer {
+    /// 204 without a body: a cancellation that succeeded.
+    fn no_content() -> AdminAnswer {
+        AdminAnswer {
+            status: 204,
+            etag: None,
+            content_type: "application/json",
+            body: vec![],
+        }
+    }
+
     fn json(status: u16, body: Vec<u8>) -> AdminAnswer {
         AdminAnswer {
             status,
@@ -314,22 +324,20 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
             let id = id.to_string();
             if cancel_request(&ctx.state, &id).await {
                 ctx.remember_cancel(&id);
-                AdminAnswer {
-                    status: 204,
-                    etag: None,
-                    content_type: "application/json",
-                    body: vec![],
-                }
+                AdminAnswer::no_content()
             } else if ctx.was_cancelled(&id) {
                 // Spec, Admin rule 4: cancellation may be repeated safely.
-                AdminAnswer {
-                    status: 204,
-                    etag: None,
-                    content_type: "application/json",
-                    body: vec![],
-                }
+                AdminAnswer::no_content()
             } else {
-                AdminAnswer::error(AdminErrorKind::RequestNotFound)
+                // Not ours: on a shared store another control may run it (decision 095).
+                match crate::control::presence::cancel_elsewhere(&ctx.store, &id).await {
+                    Ok(true) => {
+                        ctx.remember_cancel(&id);
+                        AdminAnswer::no_content()
+                    }
+                    Ok(false) => AdminAnswer::error(AdminErrorKind::RequestNotFound),
+                    Err(e) => store_error(&e),
+                }
             }
         }
         (_, ["api", "v1", "admin", ..]) | (_, ["metrics"]) => {

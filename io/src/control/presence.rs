@@ -1,10 +1,25 @@
 //! Control heartbeat rows on a shared record store (decision 094): each control registers
 //! itself at start and refreshes its row from the cold thread; a control whose row is older
-//! than [`CONTROL_EXPIRY`] counts as dead, and the others recover the receipts it held.
+//! than [`CONTROL_EXPIRY`] counts as dead, and the others recover the receipts it held. Also
+//! the cancel intents through which an admin cancel reaches a request another control runs
+//! (decision 095).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::control::state::ControlState;
 use crate::store::{ColdHandle, StoreError};
+
+/// How often a control looks for cancel intents naming requests it may run.
+pub const CANCEL_POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// A cancel intent no control carried out within this is removed: the request had ended, or
+/// never ran. Longer than [`CANCEL_WAIT`], so the owner can still find it.
+pub const CANCEL_INTENT_EXPIRY: Duration = Duration::from_secs(5);
+
+/// How long an admin cancel of a request this control does not run waits for another control
+/// to carry it out before answering 404: a few poll intervals, with room for a slow store call.
+pub const CANCEL_WAIT: Duration = Duration::from_secs(3);
 
 /// How often a control refreshes its row and looks for dead controls.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -56,4 +71,55 @@ pub fn start(cold: &ColdHandle, address: String) -> Result<(), StoreError> {
             tokio::time::sleep(HEARTBEAT_INTERVAL).await;
         }
     })
+}
+
+/// Starts the cold-thread task that carries out cancel intents: every
+/// [`CANCEL_POLL_INTERVAL`] it reads the pending intents, cancels those naming requests this
+/// control runs, and marks them done so the control that wrote the intent can answer 204.
+pub fn watch_cancels(cold: &ColdHandle, state: Arc<ControlState>) -> Result<(), StoreError> {
+    cold.spawn(move |ctx| async move {
+        let mut failing = false;
+        loop {
+            match ctx.store(|s| s.pending_cancels(CANCEL_INTENT_EXPIRY)) {
+                Ok(ids) => {
+                    failing = false;
+                    for id in ids {
+                        if crate::control::core::cancel_request(&state, &id).await {
+                            if let Err(e) = ctx.store(|s| s.cancel_done(&id)) {
+                                tracing::warn!(error = %e, "cannot report a cancel carried out");
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "cannot read cancel intents");
+                        failing = true;
+                    }
+                }
+            }
+            tokio::time::sleep(CANCEL_POLL_INTERVAL).await;
+        }
+    })
+}
+
+/// Cancels a request another control may run (decision 095): writes a cancel intent and waits
+/// up to [`CANCEL_WAIT`] for a control to carry it out. `Ok(false)` when none did, or when the
+/// store is not shared.
+pub async fn cancel_elsewhere(cold: &ColdHandle, request_id: &str) -> Result<bool, StoreError> {
+    let id = request_id.to_owned();
+    if !cold.call(move |s| s.request_cancel(&id)).await? {
+        return Ok(false);
+    }
+    let deadline = std::time::Instant::now() + CANCEL_WAIT;
+    loop {
+        monoio::time::sleep(CANCEL_POLL_INTERVAL / 2).await;
+        let id = request_id.to_owned();
+        if cold.call(move |s| s.cancel_carried_out(&id)).await? {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
 }

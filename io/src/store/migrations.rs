@@ -120,6 +120,13 @@ pub(crate) const POSTGRES_MIGRATIONS: &[&str] = &[
      );
      ALTER TABLE receipts ADD COLUMN holder TEXT;
      CREATE INDEX receipts_holder ON receipts (holder) WHERE holder IS NOT NULL;",
+    // Version 3: cancel intents for requests another control runs (decision 095), kept for
+    // seconds; `done_by` names the control that cancelled the request.
+    "CREATE TABLE cancel_intents (
+         request_id      TEXT PRIMARY KEY NOT NULL,
+         created_unix_ms BIGINT NOT NULL,
+         done_by         TEXT
+     );",
 ];
 
 /// The PostgreSQL schema version this build writes and understands.

@@ -193,4 +193,27 @@ pub trait RecordStore {
     ) -> Result<usize, StoreError> {
         Ok(0)
     }
+
+    /// Asks the controls sharing the store to cancel `request_id` (decision 095): writes (or
+    /// renews) a cancel intent, pending until a control that runs the request marks it done.
+    /// Returns `false`, writing nothing, on a store only one control uses.
+    fn request_cancel(&mut self, _request_id: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    /// The request ids of pending cancel intents younger than `expiry` (by the store's clock);
+    /// older intents are removed.
+    fn pending_cancels(&mut self, _expiry: std::time::Duration) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Marks the cancel intent of `request_id` done by this control.
+    fn cancel_done(&mut self, _request_id: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Whether a control has carried out the cancel intent of `request_id`.
+    fn cancel_carried_out(&mut self, _request_id: &str) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 }

@@ -1031,6 +1031,58 @@ impl RecordStore for PostgresStore {
             Ok(usize::try_from(moved).unwrap_or(usize::MAX))
         })
     }
+
+    fn request_cancel(&mut self, request_id: &str) -> Result<bool, StoreError> {
+        let request_id = request_id.to_owned();
+        self.call(move |c| {
+            c.execute(
+                &format!(
+                    "INSERT INTO cancel_intents (request_id, created_unix_ms, done_by) \
+                     VALUES ($1, {DB_NOW_MS}, NULL) ON CONFLICT (request_id) DO UPDATE \
+                     SET created_unix_ms = excluded.created_unix_ms, done_by = NULL"
+                ),
+                &[&request_id],
+            )?;
+            Ok(true)
+        })
+    }
+
+    fn pending_cancels(&mut self, expiry: Duration) -> Result<Vec<String>, StoreError> {
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            c.execute(
+                &format!("DELETE FROM cancel_intents WHERE created_unix_ms < {DB_NOW_MS} - $1"),
+                &[&expiry_ms],
+            )?;
+            let rows = c.query(
+                "SELECT request_id FROM cancel_intents WHERE done_by IS NULL",
+                &[],
+            )?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    fn cancel_done(&mut self, request_id: &str) -> Result<(), StoreError> {
+        let (id, request_id) = (self.control_id.clone(), request_id.to_owned());
+        self.call(move |c| {
+            c.execute(
+                "UPDATE cancel_intents SET done_by = $1 WHERE request_id = $2",
+                &[&id, &request_id],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn cancel_carried_out(&mut self, request_id: &str) -> Result<bool, StoreError> {
+        let request_id = request_id.to_owned();
+        self.call(move |c| {
+            let row = c.query_opt(
+                "SELECT done_by IS NOT NULL FROM cancel_intents WHERE request_id = $1",
+                &[&request_id],
+            )?;
+            Ok(row.is_some_and(|r| r.get(0)))
+        })
+    }
 }
 
 #[cfg(test)]
