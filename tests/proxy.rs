@@ -411,6 +411,56 @@ fn large_bodies_go_socket_to_socket_and_both_connections_stay_open() {
     }
     assert_eq!(up.requests(), 3);
     assert_eq!(up.connections(), 1, "the destination connection was reused");
+    // All but what came with each head went socket to socket.
+    let spliced = spliced_bytes(&gw);
+    assert!(
+        spliced >= 3 * (len as u64 - 64 * 1024) && spliced <= 3 * len as u64,
+        "spliced {spliced} of {}",
+        3 * len
+    );
+}
+
+/// `sortie_proxy_spliced_bytes_total` from the gateway's metrics.
+fn spliced_bytes(gw: &Gateway) -> u64 {
+    let metrics = admin(gw, "GET", "/metrics", &[], b"").text();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sortie_proxy_spliced_bytes_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no spliced byte counter in {metrics}"))
+}
+
+#[test]
+fn bytes_behind_a_spliced_body_keep_its_connection_out_of_the_pool() {
+    // A destination that sends more than its Content-Length said: the surplus looks like a
+    // response, and a reused connection would hand it to the next request, perhaps another
+    // deployment's. Spliced bodies are checked for it as read ones are.
+    let len = 200 * 1024;
+    let up = Upstream::start(std::sync::Arc::new(move |r: &upstream::Request| {
+        let mut out = upstream::response(200, &[], &upstream::pattern(len));
+        if r.target.ends_with("/first") {
+            out.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL");
+        }
+        vec![upstream::Step::Write(out)]
+    }));
+    let gw = Gateway::builder().start();
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for path in ["/first", "/second"] {
+        s.write_all(proxied_get(&up.url(path), up.port()).as_bytes())
+            .unwrap();
+        let (raw, ended) = read_one(&mut s);
+        assert!(!ended, "{path}: the connection ended");
+        let r = parse_response(&raw);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.body == upstream::pattern(len), "{path}: body differs");
+    }
+    assert!(spliced_bytes(&gw) > 0, "nothing was spliced");
+    assert_eq!(
+        up.connections(),
+        2,
+        "the connection with surplus bytes was reused"
+    );
 }
 
 #[test]

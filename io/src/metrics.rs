@@ -53,6 +53,8 @@ struct Shard {
     stages: [Histogram; 4],
     /// Tunnels ended, and the bytes they carried up (client to destination) and down.
     tunnels: [AtomicU64; 3],
+    /// Response body bytes the forward proxy spliced socket to socket (decision 025).
+    spliced: AtomicU64,
 }
 
 /// All metrics of the process.
@@ -69,6 +71,7 @@ impl Metrics {
                     requests: Mutex::new(HashMap::new()),
                     stages: std::array::from_fn(|_| Histogram::new()),
                     tunnels: std::array::from_fn(|_| AtomicU64::new(0)),
+                    spliced: AtomicU64::new(0),
                 })
                 .collect(),
         }
@@ -104,6 +107,13 @@ impl Metrics {
             for (h, v) in shard.stages.iter().zip(s) {
                 h.observe(v);
             }
+        }
+    }
+
+    /// Records `bytes` of a relayed response body spliced socket to socket on `core`.
+    pub fn record_spliced(&self, core: usize, bytes: u64) {
+        if let Some(shard) = self.shards.get(core % self.shards.len()) {
+            shard.spliced.fetch_add(bytes, Ordering::Relaxed);
         }
     }
 
@@ -185,6 +195,13 @@ impl Metrics {
                 .map(|s| s.tunnels[i].load(Ordering::Relaxed))
                 .sum()
         };
+        let spliced: u64 = self
+            .shards
+            .iter()
+            .map(|s| s.spliced.load(Ordering::Relaxed))
+            .sum();
+        out.push_str("# HELP sortie_proxy_spliced_bytes_total Response body bytes the forward proxy moved socket to socket.\n# TYPE sortie_proxy_spliced_bytes_total counter\n");
+        let _ = writeln!(out, "sortie_proxy_spliced_bytes_total {spliced}");
         out.push_str("# HELP sortie_tunnels_total CONNECT tunnels that ended.\n# TYPE sortie_tunnels_total counter\n");
         let _ = writeln!(out, "sortie_tunnels_total {}", tunnel(0));
         out.push_str("# HELP sortie_tunnel_bytes_total Bytes carried by ended tunnels, up (client to destination) and down.\n# TYPE sortie_tunnel_bytes_total counter\n");

@@ -69,6 +69,31 @@ impl Drop for PooledPipe {
     }
 }
 
+/// Bytes a [`pump`] moves before it lets the core's other tasks run: with a fast source and a
+/// fast destination every splice succeeds at once, and a large body would otherwise hold the
+/// core (its timers, its other connections) until its end.
+const BYTES_BETWEEN_YIELDS: u64 = 2 * 1024 * 1024;
+
+/// Completes on its second poll, after waking itself: the rest of the core's ready tasks run
+/// in between.
+struct YieldNow(bool);
+
+impl std::future::Future for YieldNow {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
 /// How [`pump`] stopped short.
 #[derive(Debug)]
 pub(crate) enum MoveError {
@@ -115,7 +140,12 @@ pub(crate) async fn pump(
         .ok_or_else(|| MoveError::Source(io::Error::other("splice pipe gone")))?;
     let mut left = len;
     let mut wait_first = false;
+    let mut since_yield = 0u64;
     while left != Some(0) {
+        if since_yield >= BYTES_BETWEEN_YIELDS {
+            since_yield = 0;
+            YieldNow(false).await;
+        }
         if wait_first {
             let ready = from.readable(false);
             match read_until() {
@@ -153,6 +183,7 @@ pub(crate) async fn pump(
         };
         wait_first = n < want;
         left = left.map(|l| l.saturating_sub(n as u64));
+        since_yield = since_yield.saturating_add(n as u64);
         *held = held.saturating_add(n);
         while *held > 0 {
             match p.drain_to(to, *held) {

@@ -217,6 +217,7 @@ fn streamed_exchanges_carry_large_bodies_both_ways() {
             is_replayable: true,
             via: None,
             tenant: None,
+            may_splice: false,
         };
         let mut resp = egress
             .open(&req(Method::Get, &download), &mut Bytes::new())

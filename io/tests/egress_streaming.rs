@@ -56,6 +56,7 @@ async fn open(
         is_replayable: true,
         via: None,
         tenant: None,
+        may_splice: false,
     };
     egress.open(&req, body).await
 }

@@ -842,6 +842,7 @@ async fn exchange(
             is_replayable: false,
             via,
             tenant,
+            may_splice: false,
         };
         let mut resp = egress
             .open_fingerprinted(&req, fingerprint, &mut src)
@@ -877,6 +878,7 @@ async fn exchange(
         is_replayable: a.is_replayable,
         via,
         tenant,
+        may_splice: false,
     };
     // A relayed request runs under the control's forward-proxy idle limit, as a local relay
     // does, when the control announced it (decision 068); otherwise the worker's own.
@@ -1171,6 +1173,7 @@ async fn fetch_receipt(
         is_replayable: true,
         via: None,
         tenant,
+        may_splice: false,
     };
     let mut resp = egress.open(&req, &mut Bytes::new()).await.map_err(|e| {
         unavailable(format!(

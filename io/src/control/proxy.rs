@@ -413,6 +413,8 @@ impl ProxyHandler {
             is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
             via: assigned.via.as_ref(),
             tenant,
+            // Plain bodies are spliced to the client (decision 025).
+            may_splice: true,
         };
         let mut source = ClientBody { body, length };
         let opened = monoio::select! {
@@ -465,6 +467,8 @@ impl ProxyHandler {
             reader: resp.body,
             length,
             cancelled,
+            metrics: Arc::clone(&self.ctx.metrics),
+            core: self.ctx.core,
             _tracked: tracked,
             _assigned: assigned,
         }));
@@ -478,6 +482,9 @@ struct RelayedBody {
     reader: ResponseBodyReader,
     length: Option<u64>,
     cancelled: Cancelled,
+    /// Where spliced bytes are counted.
+    metrics: Arc<crate::metrics::Metrics>,
+    core: usize,
     _tracked: ActiveGuard,
     _assigned: super::api::Assigned,
 }
@@ -521,10 +528,14 @@ impl StreamBody for RelayedBody {
         write_timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<u64>> + 'a>> {
         Box::pin(async move {
-            monoio::select! {
-                r = self.reader.splice_into(client, write_timeout) => r,
-                _ = &mut self.cancelled => Err(std::io::Error::other("cancelled by operator")),
-            }
+            let moved = monoio::select! {
+                r = self.reader.splice_into(client, write_timeout) => r?,
+                _ = &mut self.cancelled => {
+                    return Err(std::io::Error::other("cancelled by operator"));
+                }
+            };
+            self.metrics.record_spliced(self.core, moved);
+            Ok(moved)
         })
     }
 }

@@ -317,6 +317,7 @@ async fn attempt<'a>(
         is_replayable: req.is_replayable,
         via: target.via,
         tenant: target.tenant,
+        may_splice: false,
     };
     let mut resp = target
         .egress

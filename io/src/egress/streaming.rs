@@ -113,6 +113,10 @@ pub struct StreamRequest<'a> {
     pub via: Option<&'a ProxyRoute>,
     /// The deployment the request runs for, for its share of the resolver (decision 045).
     pub tenant: Tenant,
+    /// Whether the caller may splice the response body to its client
+    /// ([`ResponseBodyReader::splice_into`]): the head is then read in small pieces on a plain
+    /// connection, so that most of a large body stays in the socket (decision 025).
+    pub may_splice: bool,
 }
 
 /// The head of a streamed response, with the reader of its body.
@@ -373,32 +377,40 @@ impl ResponseBodyReader {
             return Ok(0);
         };
         let moved = std::cell::Cell::new(0u64);
-        let outcome = match (conn.plain_for_splice(), splice::PooledPipe::take()) {
-            (Ok(Some(from)), Ok(mut pipe)) => {
-                let read_until = || {
-                    let idle_end = Instant::now().checked_add(idle);
-                    Some(limit(idle_end, TimeoutType::Idle, deadline).0)
-                };
-                splice::pump(
-                    from,
-                    client,
-                    &mut pipe,
-                    Some(left),
-                    read_until,
-                    Some(write_timeout),
-                    &moved,
-                )
-                .await
-            }
+        let (from, mut pipe) = match (conn.plain_for_splice(), splice::PooledPipe::take()) {
+            (Ok(Some(from)), Ok(pipe)) => (from, pipe),
+            // Nothing moved yet: the caller reads and writes the rest instead.
             (Ok(None), _) => return Ok(0),
-            (Err(e), _) | (_, Err(e)) => Err(splice::MoveError::Source(e)),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "response body cannot splice: copying");
+                return Ok(0);
+            }
         };
+        let read_until = || {
+            let idle_end = Instant::now().checked_add(idle);
+            Some(limit(idle_end, TimeoutType::Idle, deadline).0)
+        };
+        let outcome = splice::pump(
+            from,
+            client,
+            &mut pipe,
+            Some(left),
+            read_until,
+            Some(write_timeout),
+            &moved,
+        )
+        .await;
         let moved = moved.get();
         match outcome {
             Ok(()) => {
                 self.decoder
                     .count_moved(moved)
                     .map_err(|e| std::io::Error::other(e.as_str()))?;
+                // The splice took exactly the body: anything already behind it is not a
+                // response to a request we sent, and the connection must not be reused.
+                if conn.idle_state() != crate::fd::PeerState::Quiet {
+                    self.has_leftover = true;
+                }
                 self.finish(false);
                 Ok(moved)
             }
@@ -770,9 +782,9 @@ async fn exchange_head<B: BodySource>(
         .and_then(|t| sent_at.checked_add(t));
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
     let mut buf = Vec::new();
-    // On a plain connection, a small first read: what it leaves of a large body can be
-    // spliced on without passing through user space (decision 025).
-    let read_bytes = if conn.is_plain() {
+    // For a caller that splices, on a plain connection, small reads: what they leave of a
+    // large body can be spliced on without passing through user space (decision 025).
+    let read_bytes = if req.may_splice && conn.is_plain() {
         STREAM_HEAD_READ_BYTES
     } else {
         READ_BUF_BYTES
@@ -843,6 +855,7 @@ mod tests {
             is_replayable: false,
             via: None,
             tenant: None,
+            may_splice: false,
         };
         let prefix = "Host: a.example:8080\r\nAccept: */*\r\nX-Dup: 1\r\nX-Dup: 2\r\n\
                       Connection: keep-alive\r\n";

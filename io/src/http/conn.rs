@@ -601,8 +601,14 @@ async fn write_stream(
                 head_len = 0;
             }
             let write_timeout = io.cfg.write_timeout;
-            let client = io.nonblocking_stream()?;
-            let moved = stream.splice_into(client, write_timeout).await?;
+            // Should the switch fail, the rest is read and written below.
+            let moved = match io.nonblocking_stream() {
+                Ok(client) => stream.splice_into(client, write_timeout).await?,
+                Err(e) => {
+                    tracing::debug!(error = %e, "client connection cannot splice: copying");
+                    0
+                }
+            };
             if let Some(left) = &mut declared_left {
                 *left = left
                     .checked_sub(moved)
