@@ -708,6 +708,41 @@ fn receipts_of_a_control_whose_row_expired_are_recovered_by_another() {
     assert_eq!(alone.recover_dead_controls(expiry, T2), Ok(0));
 }
 
+/// Decision 095: a cancel intent is pending for every control until one marks it done, a
+/// repeat renews it, and an intent older than the expiry is removed. SQLite writes none.
+#[test]
+fn cancel_intents_are_pending_until_carried_out_and_expire() {
+    let expiry = std::time::Duration::from_secs(5);
+    let backend = Postgres::new("cancel_intents");
+    let (mut a, mut b) = (backend.open(), backend.open());
+    assert_eq!(b.request_cancel("req_1"), Ok(true));
+    assert_eq!(b.request_cancel("req_2"), Ok(true));
+    let mut pending = a.pending_cancels(expiry).expect("pending");
+    pending.sort();
+    assert_eq!(pending, ["req_1", "req_2"]);
+    assert_eq!(b.cancel_carried_out("req_1"), Ok(false));
+    a.cancel_done("req_1").expect("done");
+    assert_eq!(b.cancel_carried_out("req_1"), Ok(true));
+    assert_eq!(b.pending_cancels(expiry), Ok(vec!["req_2".to_string()]));
+    // A repeat makes it pending again.
+    assert_eq!(b.request_cancel("req_1"), Ok(true));
+    assert_eq!(b.cancel_carried_out("req_1"), Ok(false));
+
+    let mut c = backend.config().connect().expect("connect");
+    c.execute(
+        "UPDATE cancel_intents SET created_unix_ms = created_unix_ms - 60000 \
+         WHERE request_id = 'req_2'",
+        &[],
+    )
+    .expect("age an intent");
+    assert_eq!(a.pending_cancels(expiry), Ok(vec!["req_1".to_string()]));
+    assert_eq!(b.cancel_carried_out("req_2"), Ok(false), "removed");
+
+    let mut alone = Sqlite::new().open();
+    assert_eq!(alone.request_cancel("req_1"), Ok(false));
+    assert_eq!(alone.pending_cancels(expiry), Ok(Vec::new()));
+}
+
 #[test]
 fn an_unreachable_postgres_fails_fast_with_a_one_line_reason() {
     // A loopback port nobody listens on (the kernel just handed it out and it was closed).
