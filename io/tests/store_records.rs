@@ -743,6 +743,145 @@ fn cancel_intents_are_pending_until_carried_out_and_expire() {
     assert_eq!(alone.pending_cancels(expiry), Ok(Vec::new()));
 }
 
+/// Decision 096: a write that waited past its caller's deadline (here on a row lock another
+/// session holds) answers `Busy` and never takes effect, not even once the lock is released; a
+/// write queued behind it past its deadline is not run either. A write whose `COMMIT` was under
+/// way when the caller gave up (here a deferred trigger makes the `COMMIT` wait on a lock)
+/// answers `OutcomeUnknown`, not a retryable `Busy`: it may still take effect.
+#[test]
+fn a_write_answered_busy_never_takes_effect_later() {
+    use std::time::{Duration, Instant};
+    let backend = Postgres::new("deadline");
+    let mut store = PostgresStore::open(&backend.config()).expect("store opens");
+    store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    for id in ["rcpt_late", "rcpt_unknown"] {
+        let mut r = receipt(id, None);
+        r.state = ReceiptState::Verified;
+        store.create_receipt(&r).expect("create");
+    }
+    let assign = |store: &mut PostgresStore, id: &str| {
+        store.set_receipt_state(
+            "dep",
+            id,
+            ReceiptState::Verified,
+            ReceiptState::Assigned,
+            T1,
+            None,
+        )
+    };
+
+    let mut locker = backend.config().connect().expect("connect");
+    let mut tx = locker.transaction().expect("begin");
+    tx.execute(
+        "SELECT 1 FROM receipts WHERE receipt_id = 'rcpt_late' FOR UPDATE",
+        &[],
+    )
+    .expect("lock the receipt");
+    tx.execute("SELECT 1 FROM config_head WHERE id = 1 FOR UPDATE", &[])
+        .expect("lock the config head");
+    store.set_call_timeout(Duration::from_millis(500));
+    let started = Instant::now();
+    assert_eq!(assign(&mut store, "rcpt_late"), Err(StoreError::Busy));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Queued behind the write still waiting on the lock.
+    assert_eq!(
+        store
+            .append_config(1, &snapshot(2), "alice", "update", T1)
+            .map(|r| r.revision),
+        Err(StoreError::Busy)
+    );
+    tx.commit().expect("release the locks");
+    store.set_call_timeout(sortie_io::store::CALL_TIMEOUT);
+    // The connection thread works through both jobs before this read: neither wrote.
+    assert_eq!(
+        store
+            .receipt("dep", "rcpt_late")
+            .expect("read")
+            .expect("exists")
+            .state,
+        ReceiptState::Verified
+    );
+    assert_eq!(store.latest_revision(), Ok(1));
+    let holder: Option<String> = locker
+        .query_one(
+            "SELECT holder FROM receipts WHERE receipt_id = 'rcpt_late'",
+            &[],
+        )
+        .expect("holder")
+        .get(0);
+    assert_eq!(holder, None);
+
+    // A `COMMIT` that waits: a deferred trigger takes an advisory lock the test holds.
+    locker
+        .batch_execute(
+            "CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER stall AFTER UPDATE ON receipts \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall_commit(); \
+             SELECT pg_advisory_lock(4242);",
+        )
+        .expect("a stalling commit");
+    store.set_call_timeout(Duration::from_millis(500));
+    assert_eq!(
+        assign(&mut store, "rcpt_unknown"),
+        Err(StoreError::OutcomeUnknown)
+    );
+    locker
+        .batch_execute("SELECT pg_advisory_unlock(4242)")
+        .expect("unlock");
+    store.set_call_timeout(sortie_io::store::CALL_TIMEOUT);
+    // This one did take effect once its COMMIT could finish.
+    assert_eq!(
+        store
+            .receipt("dep", "rcpt_unknown")
+            .expect("read")
+            .expect("exists")
+            .state,
+        ReceiptState::Assigned
+    );
+}
+
+/// The URL's own `options=` (here a `search_path`) is kept: the store's statement timeout is
+/// added to it, so the schema lands where the URL says and the timeout still applies.
+#[test]
+fn the_urls_options_are_kept_beside_the_statement_timeout() {
+    let url = pg::cluster().fresh_database("options");
+    let mut admin = Postgres(url.clone()).config().connect().expect("connect");
+    admin
+        .batch_execute("CREATE SCHEMA gateway")
+        .expect("create the schema");
+    let with_path = format!("{url}?options=-c%20search_path%3Dgateway");
+    let config = PostgresConfig::parse(&with_path, None).expect("URL");
+    let mut store = PostgresStore::open(&config).expect("store opens");
+    assert_eq!(
+        store.bootstrap(DEFAULT_SNAPSHOT, T0).map(|r| r.revision),
+        Ok(1)
+    );
+    let in_gateway: i64 = admin
+        .query_one("SELECT count(*) FROM gateway.config_records", &[])
+        .expect("the records are in the URL's schema")
+        .get(0);
+    assert_eq!(in_gateway, 1);
+    let in_public: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables \
+             WHERE table_schema = 'public' AND table_name = 'config_records'",
+            &[],
+        )
+        .expect("public tables")
+        .get(0);
+    assert_eq!(in_public, 0);
+    let mut session = config.connect().expect("connect");
+    let row = session
+        .query_one(
+            "SELECT current_setting('search_path'), current_setting('statement_timeout')",
+            &[],
+        )
+        .expect("settings");
+    assert_eq!(row.get::<_, String>(0), "gateway");
+    assert_eq!(row.get::<_, String>(1), "10s");
+}
+
 #[test]
 fn an_unreachable_postgres_fails_fast_with_a_one_line_reason() {
     // A loopback port nobody listens on (the kernel just handed it out and it was closed).

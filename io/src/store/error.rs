@@ -29,6 +29,11 @@ pub enum StoreError {
     /// locked by another process past the busy timeout); retrying later may succeed.
     #[error("the store is busy; retry later")]
     Busy,
+    /// A write's `COMMIT` was under way when the caller stopped waiting for it: it may or may
+    /// not have taken effect. Not retryable as it stands; re-read the state before deciding
+    /// (decision 096).
+    #[error("the store did not confirm the write in time; it may or may not have taken effect")]
+    OutcomeUnknown,
     /// The cold thread has stopped; no operation can complete.
     #[error("the store is unavailable: the cold thread has stopped")]
     Unavailable,

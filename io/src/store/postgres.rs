@@ -9,12 +9,20 @@
 //! answer at most [`CALL_TIMEOUT`]: a stalled server blocks the cold thread for a bounded time,
 //! never for ever. A broken connection is dropped and opened again on the next call.
 //!
+//! A call that gave up waiting must not take effect later (decision 096): each job carries the
+//! caller's deadline and a small state shared with the caller. A job the caller abandoned is
+//! skipped, every write commits only through [`commit`], which rolls back instead once the
+//! caller gave up, and a caller that gives up while the `COMMIT` is under way answers
+//! [`StoreError::OutcomeUnknown`] rather than a retryable [`StoreError::Busy`].
+//!
 //! The connection URL holds a password: it is never logged or put in an error message.
 
+use std::cell::RefCell;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::config::SslMode;
 use postgres::error::SqlState;
@@ -83,8 +91,15 @@ impl PostgresConfig {
             // host) is noticed within this time instead of the kernel's many minutes.
             .tcp_user_timeout(CALL_TIMEOUT)
             .keepalives(true)
-            .keepalives_idle(Duration::from_secs(30))
-            .options(&format!("-c statement_timeout={STATEMENT_TIMEOUT_MS}"));
+            .keepalives_idle(Duration::from_secs(30));
+        // Appended to what the URL's `options=` gives (a `search_path`, a `role`, a
+        // `lock_timeout`): setting it alone would replace them.
+        let timeout = format!("-c statement_timeout={STATEMENT_TIMEOUT_MS}");
+        let options = match config.get_options() {
+            Some(given) if !given.trim().is_empty() => format!("{given} {timeout}"),
+            _ => timeout,
+        };
+        config.options(&options);
         if config.get_application_name().is_none() {
             config.application_name("sortie");
         }
@@ -164,8 +179,56 @@ fn tls_connector(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, StoreError
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// One unit of work for the connection thread.
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+/// One unit of work for the connection thread, with the caller's deadline and the state it
+/// shares with the caller.
+struct Job {
+    run: Box<dyn FnOnce(&mut Connection) + Send>,
+    deadline: Instant,
+    state: Arc<AtomicU8>,
+}
+
+/// Where a job is, as the caller and the connection thread agree on it with compare-and-swaps:
+/// queued or running until either the thread reaches its `COMMIT` or the caller gives up,
+/// whichever is first.
+const JOB_PENDING: u8 = 0;
+/// The thread sent `COMMIT` (or finished a job that writes nothing): the caller waits for the
+/// answer or, past its deadline, cannot know whether the write took effect.
+const JOB_COMMITTING: u8 = 1;
+/// The caller gave up: the job is skipped, or rolled back at its `COMMIT`.
+const JOB_ABANDONED: u8 = 2;
+
+thread_local! {
+    /// The job the connection thread is running: [`commit`] reads it.
+    static CURRENT: RefCell<Option<(Instant, Arc<AtomicU8>)>> = const { RefCell::new(None) };
+}
+
+/// Commits `tx` unless the caller of the running job gave up (its deadline passed or it
+/// answered already): then the transaction is rolled back and the answer is
+/// [`StoreError::Busy`], which the caller has already given. Every write of this store ends
+/// here, so a write that was answered `Busy` never takes effect.
+fn commit(tx: postgres::Transaction<'_>) -> Outcome<()> {
+    let may_commit = CURRENT.with(|current| match &*current.borrow() {
+        Some((deadline, state)) => {
+            Instant::now() < *deadline
+                && state
+                    .compare_exchange(
+                        JOB_PENDING,
+                        JOB_COMMITTING,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok()
+        }
+        // Not on the connection thread (migrations at open): nobody waits with a deadline.
+        None => true,
+    });
+    if !may_commit {
+        tx.rollback()?;
+        return Ok(Err(StoreError::Busy));
+    }
+    tx.commit()?;
+    Ok(Ok(()))
+}
 
 /// The connection thread's state: the settings and the open connection, if any.
 struct Connection {
@@ -209,6 +272,8 @@ pub struct PostgresStore {
     target: String,
     /// This control's id in the `controls` table and in `receipts.holder` (decision 094).
     control_id: String,
+    /// How long a call waits for its job ([`CALL_TIMEOUT`]).
+    call_timeout: Duration,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -236,7 +301,16 @@ impl PostgresStore {
             .name("sortie-pg".into())
             .spawn(move || {
                 for job in rx {
-                    job(&mut conn);
+                    // A job whose caller gave up (or whose deadline passed while it was queued
+                    // behind a slow one) is dropped unrun; its caller answered `Busy`.
+                    if Instant::now() >= job.deadline
+                        || job.state.load(Ordering::Acquire) != JOB_PENDING
+                    {
+                        continue;
+                    }
+                    CURRENT.with(|c| *c.borrow_mut() = Some((job.deadline, job.state.clone())));
+                    (job.run)(&mut conn);
+                    CURRENT.with(|c| *c.borrow_mut() = None);
                 }
             })
             .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL thread: {e}")))?;
@@ -245,7 +319,14 @@ impl PostgresStore {
             thread: Some(thread),
             target: config.target(),
             control_id: mint_control_id()?,
+            call_timeout: CALL_TIMEOUT,
         })
+    }
+
+    /// Sets how long a call waits before giving up ([`CALL_TIMEOUT`] by default). Tests shorten
+    /// it to reach the give-up paths quickly.
+    pub fn set_call_timeout(&mut self, timeout: Duration) {
+        self.call_timeout = timeout;
     }
 
     /// `host:port/database` of the server.
@@ -253,23 +334,47 @@ impl PostgresStore {
         &self.target
     }
 
-    /// Runs `f` on the connection thread and waits for it at most [`CALL_TIMEOUT`].
+    /// Runs `f` on the connection thread and waits for it at most the call timeout
+    /// ([`CALL_TIMEOUT`]). Past it the answer is `Busy` when the job is certain to write
+    /// nothing (not started, or stopped before its `COMMIT`), and `OutcomeUnknown` when its
+    /// `COMMIT` was already under way.
     fn call<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |conn| {
-            let _ = reply.send(conn.run(f));
-        });
+        let state = Arc::new(AtomicU8::new(JOB_PENDING));
+        let deadline = Instant::now() + self.call_timeout;
+        let job = Job {
+            run: Box::new(move |conn| {
+                let _ = reply.send(conn.run(f));
+            }),
+            deadline,
+            state: state.clone(),
+        };
         self.jobs
             .as_ref()
             .ok_or(StoreError::Unavailable)?
             .send(job)
             .map_err(|_| StoreError::Unavailable)?;
-        match answer.recv_timeout(CALL_TIMEOUT) {
+        match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(result) => result,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(StoreError::Busy),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                match state.compare_exchange(
+                    JOB_PENDING,
+                    JOB_ABANDONED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    // The job will be skipped or roll back: nothing is written.
+                    Ok(_) => Err(StoreError::Busy),
+                    // The answer may have arrived just now.
+                    Err(_) => match answer.try_recv() {
+                        Ok(result) => result,
+                        Err(_) => Err(StoreError::OutcomeUnknown),
+                    },
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Unavailable),
         }
     }
@@ -546,7 +651,9 @@ fn append_in(
         "SELECT pg_notify($1, $2)",
         &[&CONFIG_CHANNEL, &next.to_string()],
     )?;
-    tx.commit()?;
+    if let Err(e) = commit(tx)? {
+        return Ok(Err(e));
+    }
     Ok(Ok(ConfigRecord {
         revision: expected + 1,
         snapshot_json: snapshot.to_owned(),
@@ -760,7 +867,9 @@ impl RecordStore for PostgresStore {
                     .and_then(|current| Err(StoreError::RevisionConflict { current })));
             }
             tx.execute("SELECT pg_notify($1, $2)", &[&WORKERS_CHANNEL, &worker_id])?;
-            tx.commit()?;
+            if let Err(e) = commit(tx)? {
+                return Ok(Err(e));
+            }
             Ok(Ok(WorkerSettings {
                 worker_id,
                 is_enabled,
@@ -800,8 +909,7 @@ impl RecordStore for PostgresStore {
                 ],
             )?;
             if inserted == 1 {
-                tx.commit()?;
-                return Ok(Ok(r));
+                return Ok(commit(tx)?.map(|()| r));
             }
             let Some(key) = &r.idempotency_key else {
                 return Ok(Err(StoreError::Database(format!(
@@ -858,7 +966,7 @@ impl RecordStore for PostgresStore {
             part.clone(),
             updated_at.to_owned(),
         );
-        self.call(move |c| {
+        flat(self.call(move |c| {
             let mut tx = c.transaction()?;
             // The conditional update locks the receipt row until commit, so a concurrent
             // `complete` (uploading -> verifying) waits for this part or sees it refused.
@@ -873,7 +981,7 @@ impl RecordStore for PostgresStore {
                 ],
             )?;
             if touched == 0 {
-                return Ok(false);
+                return Ok(Ok(false));
             }
             let number = i32::try_from(part.number).unwrap_or(i32::MAX);
             tx.execute(
@@ -889,9 +997,8 @@ impl RecordStore for PostgresStore {
                     &part.object_key,
                 ],
             )?;
-            tx.commit()?;
-            Ok(true)
-        })
+            Ok(commit(tx)?.map(|()| true))
+        }))
     }
 
     fn set_receipt_state(
@@ -913,8 +1020,9 @@ impl RecordStore for PostgresStore {
         // it, so that its receipts can be recovered once it is known dead (decision 094).
         let holder = matches!(to, ReceiptState::Verifying | ReceiptState::Assigned)
             .then(|| self.control_id.clone());
-        self.call(move |c| {
-            let n = c.execute(
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            let n = tx.execute(
                 "UPDATE receipts SET state = $1, updated_at = $2, \
                  failure = COALESCE($3, failure), holder = $7 \
                  WHERE receipt_id = $4 AND deployment_id = $5 AND state = $6",
@@ -928,8 +1036,8 @@ impl RecordStore for PostgresStore {
                     &holder,
                 ],
             )?;
-            Ok(n > 0)
-        })
+            Ok(commit(tx)?.map(|()| n > 0))
+        }))
     }
 
     fn due_receipts(
@@ -956,7 +1064,7 @@ impl RecordStore for PostgresStore {
     ) -> Result<usize, StoreError> {
         let (updated_at, untouched_since) =
             (updated_at.to_owned(), untouched_since.map(str::to_owned));
-        self.call(move |c| {
+        flat(self.call(move |c| {
             let mut tx = c.transaction()?;
             let mut moved = 0;
             for (from, to) in [
@@ -969,9 +1077,8 @@ impl RecordStore for PostgresStore {
                     &[&to.as_str(), &updated_at, &from.as_str(), &untouched_since],
                 )?;
             }
-            tx.commit()?;
-            Ok(usize::try_from(moved).unwrap_or(usize::MAX))
-        })
+            Ok(commit(tx)?.map(|()| usize::try_from(moved).unwrap_or(usize::MAX)))
+        }))
     }
 
     fn control_id(&self) -> Option<&str> {
@@ -984,8 +1091,9 @@ impl RecordStore for PostgresStore {
             address.to_owned(),
             started_at.to_owned(),
         );
-        self.call(move |c| {
-            c.execute(
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
                 &format!(
                     "INSERT INTO controls (control_id, address, started_at, last_seen_unix_ms) \
                      VALUES ($1, $2, $3, {DB_NOW_MS}) ON CONFLICT (control_id) DO UPDATE \
@@ -993,8 +1101,8 @@ impl RecordStore for PostgresStore {
                 ),
                 &[&id, &address, &started_at],
             )?;
-            Ok(())
-        })
+            commit(tx)
+        }))
     }
 
     fn recover_dead_controls(
@@ -1004,7 +1112,7 @@ impl RecordStore for PostgresStore {
     ) -> Result<usize, StoreError> {
         let (id, updated_at) = (self.control_id.clone(), updated_at.to_owned());
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
-        self.call(move |c| {
+        flat(self.call(move |c| {
             let mut tx = c.transaction()?;
             // A holder counts as alive only while its row is fresh: a row removed as dead does
             // not come back to life for receipts already recovered.
@@ -1027,15 +1135,15 @@ impl RecordStore for PostgresStore {
                 ),
                 &[&id, &expiry_ms],
             )?;
-            tx.commit()?;
-            Ok(usize::try_from(moved).unwrap_or(usize::MAX))
-        })
+            Ok(commit(tx)?.map(|()| usize::try_from(moved).unwrap_or(usize::MAX)))
+        }))
     }
 
     fn request_cancel(&mut self, request_id: &str) -> Result<bool, StoreError> {
         let request_id = request_id.to_owned();
-        self.call(move |c| {
-            c.execute(
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
                 &format!(
                     "INSERT INTO cancel_intents (request_id, created_unix_ms, done_by) \
                      VALUES ($1, {DB_NOW_MS}, NULL) ON CONFLICT (request_id) DO UPDATE \
@@ -1043,34 +1151,37 @@ impl RecordStore for PostgresStore {
                 ),
                 &[&request_id],
             )?;
-            Ok(true)
-        })
+            Ok(commit(tx)?.map(|()| true))
+        }))
     }
 
     fn pending_cancels(&mut self, expiry: Duration) -> Result<Vec<String>, StoreError> {
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
-        self.call(move |c| {
-            c.execute(
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
                 &format!("DELETE FROM cancel_intents WHERE created_unix_ms < {DB_NOW_MS} - $1"),
                 &[&expiry_ms],
             )?;
-            let rows = c.query(
+            let rows = tx.query(
                 "SELECT request_id FROM cancel_intents WHERE done_by IS NULL",
                 &[],
             )?;
-            Ok(rows.iter().map(|r| r.get(0)).collect())
-        })
+            let pending = rows.iter().map(|r| r.get(0)).collect();
+            Ok(commit(tx)?.map(|()| pending))
+        }))
     }
 
     fn cancel_done(&mut self, request_id: &str) -> Result<(), StoreError> {
         let (id, request_id) = (self.control_id.clone(), request_id.to_owned());
-        self.call(move |c| {
-            c.execute(
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            tx.execute(
                 "UPDATE cancel_intents SET done_by = $1 WHERE request_id = $2",
                 &[&id, &request_id],
             )?;
-            Ok(())
-        })
+            commit(tx)
+        }))
     }
 
     fn cancel_carried_out(&mut self, request_id: &str) -> Result<bool, StoreError> {
