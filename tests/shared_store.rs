@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::bus::{request_at, start_worker, wait_worker, WORKER_TOKEN};
 use support::gateway::{
-    admin, admin_items, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
-    LOOPBACK_SNAPSHOT,
+    admin, admin_items, http, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
+    DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::postgres::cluster;
 use support::receipts::{
@@ -640,4 +640,79 @@ fn a_missing_url_or_an_unreachable_server_stops_the_start_with_one_line() {
         !err.contains("pg-secret-word"),
         "the password was printed: {err}"
     );
+}
+
+/// A part committed between the parts `complete` reads and its change to `verifying` (here
+/// part 2, written by a transaction that holds the receipt's row as a part write does, so
+/// `complete` reads the parts without it and then waits) is composed: `complete` reads the
+/// parts again once none can be added, and the receipt is verified with both.
+#[test]
+fn a_part_committed_while_complete_waits_is_composed() {
+    let url = cluster().fresh_database("complete_race");
+    let s3 = S3Server::start();
+    let key = shared_key();
+    let a = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let body = upstream::pattern(200 * 1024 + 5);
+    let id = create_request_receipt(&a, &body);
+    let half = body.len() / 2;
+    put_part(&a, &id, 1, &body[..half]);
+    put_part(&a, &id, 2, &body[half..]);
+
+    // Part 2's row leaves the table (its object stays in the bucket) ...
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    let row = db
+        .query_one(
+            "SELECT size_bytes, sha256_hex, object_key FROM receipt_parts \
+             WHERE receipt_id = $1 AND number = 2",
+            &[&id],
+        )
+        .expect("part 2");
+    let (size, sha, object): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
+    db.execute(
+        "DELETE FROM receipt_parts WHERE receipt_id = $1 AND number = 2",
+        &[&id],
+    )
+    .expect("remove part 2");
+    // ... and comes back in a transaction holding the receipt's row.
+    let mut tx = db.transaction().expect("begin");
+    tx.execute(
+        "SELECT 1 FROM receipts WHERE receipt_id = $1 FOR UPDATE",
+        &[&id],
+    )
+    .expect("lock the receipt");
+    tx.execute(
+        "INSERT INTO receipt_parts (receipt_id, number, size_bytes, sha256_hex, object_key) \
+         VALUES ($1, 2, $2, $3, $4)",
+        &[&id, &size, &sha, &object],
+    )
+    .expect("part 2 again");
+
+    let api = a.api;
+    let path = format!("/api/v1/receipts/{id}/complete");
+    let completing = std::thread::spawn(move || {
+        let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
+        http(api, "POST", &path, &[("Authorization", auth.as_str())], b"")
+    });
+    // `complete` has read the parts and waits on the row for its change to verifying.
+    let mut watch = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    wait_until(
+        Duration::from_secs(20),
+        "complete to wait on the row",
+        || {
+            db_i64(
+                &mut watch,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+                &[],
+            ) == 1
+        },
+    );
+    tx.commit().expect("commit part 2");
+
+    let r = completing.join().expect("complete thread");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["state"], "verified", "{v}");
+    assert_eq!(v["parts"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(v["size_bytes"], body.len(), "{v}");
 }

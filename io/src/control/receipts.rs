@@ -585,6 +585,20 @@ impl Receipts {
             .await;
     }
 
+    /// Back from verifying to uploading, best effort, so the client can retry a complete that
+    /// verified nothing.
+    async fn reopen(&self, deployment: &str, id: &str) {
+        let _ = self
+            .set_state(
+                deployment,
+                id,
+                ReceiptState::Verifying,
+                ReceiptState::Uploading,
+                None,
+            )
+            .await;
+    }
+
     async fn complete(&self, deployment: &str, id: &str) -> Response {
         let r = match self.load(deployment, id).await {
             Ok(Some(r)) => r,
@@ -605,6 +619,28 @@ impl Receipts {
             Ok(false) => return error(409, "the receipt changed during complete; retry"),
             Err(e) => return storage_error(&e),
         }
+        // The parts read above may be stale: a part committed between that read and the
+        // change to verifying (by another control, or a concurrent request) is stored too.
+        // None can be added now (a part write requires `uploading`), so the parts read again
+        // are the ones to compose.
+        let reread = match self.load(deployment, id).await {
+            Ok(Some(r)) if r.state == ReceiptState::Verifying => Ok(r),
+            Ok(_) => Err(error(409, "the receipt changed during complete; retry")),
+            Err(e) => Err(storage_error(&e)),
+        };
+        let r = match reread.and_then(|r| {
+            let numbers: Vec<u32> = r.parts.iter().map(|p| p.number).collect();
+            match ReceiptState::Uploading.apply(ReceiptEvent::Complete(check_parts(&numbers))) {
+                Ok(_) => Ok(r),
+                Err(e) => Err(Response::json(e.http_status(), e.to_json())),
+            }
+        }) {
+            Ok(r) => r,
+            Err(answer) => {
+                self.reopen(deployment, id).await;
+                return answer;
+            }
+        };
         let parts: Vec<(String, u64)> = r
             .parts
             .iter()
@@ -630,16 +666,7 @@ impl Receipts {
         let digest = match composed {
             Ok(d) => d,
             Err(answer) => {
-                // Back to uploading so the client can retry; nothing was verified.
-                let _ = self
-                    .set_state(
-                        deployment,
-                        id,
-                        ReceiptState::Verifying,
-                        ReceiptState::Uploading,
-                        None,
-                    )
-                    .await;
+                self.reopen(deployment, id).await;
                 return answer;
             }
         };
