@@ -708,6 +708,48 @@ fn receipts_of_a_control_whose_row_expired_are_recovered_by_another() {
     assert_eq!(alone.recover_dead_controls(expiry, T2), Ok(0));
 }
 
+/// Decision 094 for a control alone on its store: restarted, it is a new control, and it
+/// recovers the `assigned` receipts its previous process held as soon as that process's row
+/// is older than the expiry, without the two hours of startup recovery.
+#[test]
+fn a_restarted_control_recovers_the_receipts_of_its_previous_process() {
+    let expiry = std::time::Duration::from_secs(10);
+    let backend = Postgres::new("restart");
+    let mut before = backend.open();
+    let old_id = before.control_id().expect("a control id").to_owned();
+    before.control_heartbeat("127.0.0.1:1", T0).expect("beat");
+    let mut r = receipt("rcpt_held", None);
+    r.state = ReceiptState::Verified;
+    before.create_receipt(&r).expect("create");
+    let moved = before.set_receipt_state(
+        "dep",
+        "rcpt_held",
+        ReceiptState::Verified,
+        ReceiptState::Assigned,
+        T1,
+        None,
+    );
+    assert_eq!(moved, Ok(true));
+    drop(before);
+
+    let mut after = backend.open();
+    assert_ne!(after.control_id(), Some(old_id.as_str()));
+    after.control_heartbeat("127.0.0.1:1", T1).expect("beat");
+    assert_eq!(
+        after.recover_dead_controls(expiry, T2),
+        Ok(0),
+        "the previous row is still fresh"
+    );
+    let mut c = backend.config().connect().expect("connect");
+    c.execute(
+        "UPDATE controls SET last_seen_unix_ms = last_seen_unix_ms - 60000 WHERE control_id = $1",
+        &[&old_id],
+    )
+    .expect("age the previous row");
+    assert_eq!(after.recover_dead_controls(expiry, T2), Ok(1));
+    assert_eq!(state(&mut after, "rcpt_held"), ReceiptState::Verified);
+}
+
 /// Decision 095: a cancel intent is pending for every control until one marks it done, a
 /// repeat renews it, and an intent older than the expiry is removed. SQLite writes none.
 #[test]
