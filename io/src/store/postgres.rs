@@ -52,6 +52,12 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long opening a connection may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a connection stays idle before the first keepalive probe.
+const KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+
+/// The client's own keepalive idle time when the URL gives none (`keepalives_idle`).
+const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+
 /// The server-side limit of one statement (`statement_timeout`).
 const STATEMENT_TIMEOUT_MS: u32 = 10_000;
 
@@ -85,13 +91,21 @@ impl PostgresConfig {
         let mut config: postgres::Config = url.parse().map_err(|e: postgres::Error| {
             StoreError::Database(format!("the PostgreSQL URL is not valid: {e}"))
         })?;
-        config
-            .connect_timeout(CONNECT_TIMEOUT)
+        // Our timeouts fill in what the URL leaves out; a value it gives stands.
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_tcp_user_timeout().is_none() {
             // A server that vanishes without closing the connection (a cut network, a frozen
             // host) is noticed within this time instead of the kernel's many minutes.
-            .tcp_user_timeout(CALL_TIMEOUT)
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(30));
+            config.tcp_user_timeout(CALL_TIMEOUT);
+        }
+        // Keepalives stay on unless the URL turns them off. Their idle time is ours unless the
+        // URL gives one (a URL saying exactly the client's default, two hours, cannot be told
+        // apart from one saying nothing).
+        if config.get_keepalives_idle() == DEFAULT_KEEPALIVES_IDLE {
+            config.keepalives_idle(KEEPALIVES_IDLE);
+        }
         // Appended to what the URL's `options=` gives (a `search_path`, a `role`, a
         // `lock_timeout`): setting it alone would replace them.
         let timeout = format!("-c statement_timeout={STATEMENT_TIMEOUT_MS}");
@@ -1206,6 +1220,33 @@ mod tests {
             .expect("valid URL");
         assert_eq!(c.target(), "db.internal:6543/gateway");
         assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_urls_own_settings_stand_and_ours_fill_in_the_rest() {
+        let c = PostgresConfig::parse(
+            "postgres://u@h/db?options=-c%20search_path%3Dgw&connect_timeout=2&keepalives_idle=60",
+            None,
+        )
+        .expect("valid URL");
+        assert_eq!(
+            c.config.get_options(),
+            Some("-c search_path=gw -c statement_timeout=10000")
+        );
+        assert_eq!(
+            c.config.get_connect_timeout(),
+            Some(&Duration::from_secs(2))
+        );
+        assert_eq!(c.config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(c.config.get_tcp_user_timeout(), Some(&CALL_TIMEOUT));
+        let plain = PostgresConfig::parse("postgres://u@h/db", None).expect("valid URL");
+        assert_eq!(
+            plain.config.get_options(),
+            Some("-c statement_timeout=10000")
+        );
+        assert_eq!(plain.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert_eq!(plain.config.get_keepalives_idle(), KEEPALIVES_IDLE);
+        assert!(plain.config.get_keepalives());
     }
 
     #[test]
