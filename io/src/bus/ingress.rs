@@ -139,7 +139,7 @@ fn after_refusal(
         %reason,
         "assignment refused; routing again"
     );
-    if excluded.len() >= crate::control::api::MAX_REMOTE_ATTEMPTS {
+    if !crate::control::api::may_offer_again(excluded) {
         return Next::Failed(ApiError::new(
             ErrorCode::ExecutorCapacityExhausted,
             "every eligible worker refused the assignment",

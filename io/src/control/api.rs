@@ -386,8 +386,8 @@ async fn handle_inner(
             };
             // The receipt's state is written before the answer goes out; after a refusal it
             // stays assigned for the next attempt.
-            let is_retry = matches!(r, Some(Err(RemoteFailure::Refused(_))))
-                && excluded.len() < MAX_REMOTE_ATTEMPTS;
+            let is_retry =
+                matches!(r, Some(Err(RemoteFailure::Refused(_)))) && may_offer_again(&excluded);
             if !is_retry {
                 if let (Some((h, _, _)), Some(r)) = (remote_hold.take(), &r) {
                     let to = if r.is_ok() {
@@ -403,7 +403,7 @@ async fn handle_inner(
                 Some(Ok(exchange)) => Some(Ok(exchange)),
                 Some(Err(RemoteFailure::Refused(reason))) => {
                     tracing::debug!(target: "sortie::request", request_id, worker = %assigned.decision.worker_id.as_str(), %reason, "assignment refused");
-                    if excluded.len() < MAX_REMOTE_ATTEMPTS {
+                    if may_offer_again(&excluded) {
                         excluded.push(assigned.decision.worker);
                         continue;
                     }
@@ -601,8 +601,15 @@ async fn handle_inner(
     }
 }
 
-/// Most workers one request may be offered to after refusals.
+/// Most workers one request may be offered to: after this many refusals it fails with
+/// `executor_capacity_exhausted` (decisions 062 and 067).
 pub(crate) const MAX_REMOTE_ATTEMPTS: usize = 3;
+
+/// Whether a request whose offer was just refused may be offered to another worker;
+/// `refused_before` holds the workers that refused it before this one.
+pub(crate) fn may_offer_again<T>(refused_before: &[T]) -> bool {
+    refused_before.len() + 1 < MAX_REMOTE_ATTEMPTS
+}
 
 /// A request that routing placed on a local worker, holding one unit of its capacity until
 /// dropped.
@@ -783,4 +790,18 @@ fn log_failure(
         total_ms = millis(started.elapsed()),
         "request failed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_offered_to_at_most_three_workers() {
+        // The first and the second refusal leave room for another offer...
+        assert!(may_offer_again::<u8>(&[]));
+        assert!(may_offer_again(&[1u8]));
+        // ...the third ends it: three offers in all, as decisions 062 and 067 say.
+        assert!(!may_offer_again(&[1u8, 2]));
+    }
 }
