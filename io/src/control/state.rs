@@ -306,13 +306,14 @@ impl ControlState {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Publishes a new snapshot (already committed to the store) to every core, unless a newer
-    /// revision is active already: with several controls the follower (decision 092) and a
-    /// local commit may publish in either order, and the newest revision must win. Returns
-    /// whether `revision` is now the active one.
+    /// Publishes a new snapshot (already committed to the store) to every core, unless the same
+    /// or a newer revision is active already: with several controls the follower (decision
+    /// 092) and a local commit may publish in either order, the newest revision must win, and
+    /// a revision is published (and pushed to workers) once. Returns whether this call made
+    /// `revision` the active one.
     pub fn activate(&self, revision: u64, snapshot: Arc<ValidatedSnapshot>) -> bool {
         let w = self.writer();
-        if self.active.load().revision > revision {
+        if self.active.load().revision >= revision {
             return false;
         }
         self.active
@@ -465,6 +466,20 @@ mod tests {
         };
         assert_eq!(shards(&a), shards(&a), "stable within a process");
         assert_ne!(shards(&a), shards(&b));
+    }
+
+    #[test]
+    fn a_revision_is_published_once_and_never_replaced_by_an_older_one() {
+        let s = state();
+        let snapshot = s.active().snapshot.clone();
+        // The admin path and the follower may both see revision 2: only the first publishes it
+        // (and pushes it to workers).
+        assert!(s.activate(2, snapshot.clone()));
+        assert!(!s.activate(2, snapshot.clone()));
+        assert!(!s.activate(1, snapshot.clone()));
+        assert_eq!(s.active().revision, 2);
+        assert!(s.activate(3, snapshot));
+        assert_eq!(s.active().revision, 3);
     }
 
     #[test]
