@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::bus::{control, request_at, start_worker, start_worker_env, wait_worker};
-use support::gateway::{admin, admin_items, cancel_the_only_request, wait_until, Gateway};
+use support::gateway::{admin, admin_items, cancel_the_only_request, unb64, wait_until, Gateway};
 use support::proxies::{wait_for_log, Squid};
 use support::proxy::{
     curl_as_test, curl_command, curl_ok, curl_response, dechunk, find, open_tunnel_with,
@@ -625,12 +625,7 @@ fn receipt_bodies_on_a_remote_worker() {
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["status"], 200, "{v}");
-    let echoed = {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD
-            .decode(v["body"]["data_base64"].as_str().expect("inline body"))
-            .expect("base64")
-    };
+    let echoed = unb64(&v["body"]["data_base64"]);
     let end = find(&echoed, b"\r\n\r\n").expect("echoed head") + 4;
     let head = String::from_utf8_lossy(&echoed[..end]).into_owned();
     assert!(head.starts_with("POST /from-receipt HTTP/1.1"), "{head}");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::gateway::{
-    http, parse_response, temp_dir, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+    http, parse_response, temp_dir, unb64, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
 };
 use support::receipts::sha256_hex;
 use support::s3::{S3Server, BUCKET};
@@ -792,15 +792,7 @@ fn assert_api_error(r: &Resp, status: u16, code: &str) {
 }
 
 fn inline_body(r: &Resp) -> String {
-    use base64::Engine as _;
-    let b64 = r.json()["body"]["data_base64"]
-        .as_str()
-        .expect("inline body")
-        .to_string();
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .expect("base64");
-    String::from_utf8(bytes).expect("utf-8")
+    String::from_utf8(unb64(&r.json()["body"]["data_base64"])).expect("utf-8")
 }
 
 /// The request API's receipt modes on this backend.

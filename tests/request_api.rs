@@ -14,7 +14,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use support::gate::Gate;
 use support::gateway::{
-    admin, admin_items, http, parse_response, request_api, wait_until, worker_item, Gateway,
+    admin, admin_items, http, parse_response, request_api, unb64, wait_until, worker_item, Gateway,
     GatewayBuilder, Resp, DEPLOYMENT_TOKEN,
 };
 use support::tls::{untrusted_config, TestCa};
@@ -29,12 +29,6 @@ const DEFAULT_INLINE_LIMIT: usize = 1024 * 1024;
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn unb64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD
-        .decode(v.as_str().expect("base64 string"))
-        .expect("valid base64")
 }
 
 /// Whether `s` has the documented request id shape: `req_` and 32 lowercase hex digits.

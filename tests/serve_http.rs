@@ -10,21 +10,16 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use serde_json::{json, Value};
-use support::gateway::{admin, http, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN};
+use support::gateway::{
+    admin, http, parse_response, unb64, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+};
 use support::upstream::{self, Upstream};
 
 /// How long a test waits for one answer on a raw connection.
 const READ_LIMIT: Duration = Duration::from_secs(30);
 /// The API listener's default limit for a complete request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn unb64(v: &Value) -> Vec<u8> {
-    base64::engine::general_purpose::STANDARD
-        .decode(v.as_str().expect("base64 string"))
-        .expect("valid base64")
-}
 
 fn is_request_id(s: &str) -> bool {
     s.strip_prefix("req_").is_some_and(|h| {

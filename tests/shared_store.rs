@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::bus::{request_at, start_worker, wait_worker, WORKER_TOKEN};
 use support::gateway::{
-    admin, admin_items, http, temp_dir, wait_until, worker_item, Gateway, GatewayBuilder, Resp,
-    DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
+    admin, admin_items, http, temp_dir, unb64, wait_until, worker_item, Gateway, GatewayBuilder,
+    Resp, DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::postgres::cluster;
 use support::receipts::{
@@ -261,12 +261,7 @@ fn a_receipt_created_on_one_control_is_read_and_used_on_the_other() {
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["status"], 200, "{v}");
-    let echoed = {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD
-            .decode(v["body"]["data_base64"].as_str().expect("inline body"))
-            .expect("base64")
-    };
+    let echoed = unb64(&v["body"]["data_base64"]);
     let end = echoed
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

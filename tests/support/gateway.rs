@@ -357,6 +357,14 @@ pub fn parse_response(raw: &[u8]) -> Resp {
     }
 }
 
+/// The bytes of a base64 JSON string, such as an inline body's `data_base64`.
+pub fn unb64(v: &serde_json::Value) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().expect("base64 string"))
+        .expect("valid base64")
+}
+
 /// POSTs an envelope to the request API with the test deployment token.
 pub fn request_api(gw: &Gateway, envelope: &serde_json::Value) -> Resp {
     let auth = format!("Bearer {DEPLOYMENT_TOKEN}");
