@@ -3,8 +3,9 @@
 //! the tests start (a private cluster, a database per test) and, for receipts, a real
 //! S3-compatible server. A revision committed on one control becomes active on the other; the
 //! admin API answers from the store on either; a receipt created on one is read and used on the
-//! other with a worker URL signed by the first; an outage of the database leaves the request
-//! path serving the last applied snapshot; a bad store setting stops the start with one line.
+//! other with a worker URL signed by the first; a sticky session lands on the same remote
+//! worker through either control; an outage of the database leaves the request path serving
+//! the last applied snapshot; a bad store setting stops the start with one line.
 
 mod support;
 
@@ -13,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::bus::{request_at, start_worker, wait_worker, WORKER_TOKEN};
+use support::bus::{control, request_at, spawn_worker, start_worker, wait_worker, WORKER_TOKEN};
 use support::gateway::{
     admin, admin_items, http, temp_dir, unb64, wait_until, worker_item, Gateway, GatewayBuilder,
     Resp, DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
@@ -23,7 +24,7 @@ use support::receipts::{
     complete, create_request_receipt, put_part, receipt_state, receipts_call, sha256_hex,
 };
 use support::s3::S3Server;
-use support::upstream::{self, Upstream};
+use support::upstream::{self, Request, Step, Upstream};
 
 /// The variable the test controls read their PostgreSQL URL from.
 const URL_ENV: &str = "SORTIE_TEST_STORE_URL";
@@ -332,6 +333,105 @@ fn a_cancel_sent_to_one_control_ends_a_request_the_other_runs() {
     let r = admin(&b, "DELETE", &format!("{REQUESTS}/req_nobody"), &[], b"");
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(r.json()["error"], "request_not_found", "{}", r.text());
+}
+
+/// Sticky sessions agree across controls (decision 097): two `sortie control` processes on
+/// one store and three remote workers dialling both. Each control pins sessions in its own
+/// memory, yet every session lands on the same worker through either control, whichever order
+/// the sessions arrive in; when a session's worker stops, both controls move it to the same
+/// next worker.
+#[test]
+fn a_sticky_session_lands_on_the_same_worker_through_either_control() {
+    let url = cluster().fresh_database("sticky");
+    let sticky = LOOPBACK_SNAPSHOT.replace(
+        r#""sticky_session_ttl_seconds":0"#,
+        r#""sticky_session_ttl_seconds":600"#,
+    );
+    assert_ne!(sticky, LOOPBACK_SNAPSHOT);
+    let start = || {
+        on_store(control("127.0.0.1:0", None), &url)
+            .snapshot(Some(&sticky))
+            .start()
+    };
+    let (a, b) = (start(), start());
+    // Each worker's source address tells which one sent a request.
+    let ids = ["w1", "w2", "w3"];
+    let mut workers: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let config = temp_dir("sticky-worker").join("worker.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "[worker]\nid = \"{id}\"\ncontrols = [\"{}\", \"{}\"]\ntoken = \"{WORKER_TOKEN}\"\n\
+                     plaintext = true\ncores = 1\nbind_address = \"127.0.0.{}\"\n",
+                    a.bus.expect("bus of a"),
+                    b.bus.expect("bus of b"),
+                    i + 2
+                ),
+            )
+            .expect("worker config");
+            spawn_worker(id, config)
+        })
+        .collect();
+    for id in ids {
+        wait_worker(&a, id, "connected");
+        wait_worker(&b, id, "connected");
+    }
+    let up = Upstream::start(std::sync::Arc::new(|r: &Request| {
+        vec![Step::Write(upstream::response(
+            200,
+            &[],
+            r.peer.ip().to_string().as_bytes(),
+        ))]
+    }));
+    let sent_by = |gw: &Gateway, session: &str| -> String {
+        let r = request_at(
+            gw.api,
+            &json!({"method": "GET", "url": up.url("/sticky"),
+                    "routing": {"sticky_session_id": session}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        String::from_utf8(unb64(&r.json()["body"]["data_base64"])).expect("address")
+    };
+    let sessions: Vec<String> = (0..12).map(|i| format!("cart-{i}")).collect();
+    // A in order, B in reverse: per-control choices by load and request count would differ.
+    let on_a: Vec<String> = sessions.iter().map(|s| sent_by(&a, s)).collect();
+    let mut on_b: Vec<String> = sessions.iter().rev().map(|s| sent_by(&b, s)).collect();
+    on_b.reverse();
+    assert_eq!(
+        on_a, on_b,
+        "the same worker per session through either control"
+    );
+    let used: std::collections::BTreeSet<&String> = on_a.iter().collect();
+    assert!(used.len() >= 2, "12 sessions all on one worker: {on_a:?}");
+    // Pinned: the same again through both.
+    for (s, at) in sessions.iter().zip(&on_a) {
+        assert_eq!(&sent_by(&b, s), at);
+        assert_eq!(&sent_by(&a, s), at);
+    }
+
+    // The worker of the first session stops: both controls move its sessions to the same next
+    // worker, and leave the others where they were.
+    let gone = on_a[0].clone();
+    let index = (2..5)
+        .position(|i| format!("127.0.0.{i}") == gone)
+        .expect("a worker address");
+    workers[index].kill9();
+    for gw in [&a, &b] {
+        wait_worker(gw, ids[index], "disconnected");
+    }
+    let after_a: Vec<String> = sessions.iter().map(|s| sent_by(&a, s)).collect();
+    let mut after_b: Vec<String> = sessions.iter().rev().map(|s| sent_by(&b, s)).collect();
+    after_b.reverse();
+    assert_eq!(after_a, after_b, "the same fallback through either control");
+    for ((s, before), after) in sessions.iter().zip(&on_a).zip(&after_a) {
+        assert_ne!(after, &gone, "{s}");
+        if before != &gone {
+            assert_eq!(after, before, "{s} moved although its worker stayed");
+        }
+    }
 }
 
 /// One number from the test database.

@@ -18,6 +18,7 @@ pub mod limits;
 pub mod provider_session;
 pub mod proxy;
 pub mod receipt;
+pub mod rendezvous;
 pub mod request;
 pub mod result;
 pub mod routing;

@@ -11,8 +11,6 @@
 
 use std::fmt;
 
-use ring::digest;
-
 use crate::routing::{CountryCode, RouteHints};
 
 /// Domain-separation tag, the first item of the derivation input. A new derivation gets a new
@@ -78,13 +76,7 @@ impl ProviderSession {
             inputs.ip_type.unwrap_or("").as_bytes(),
             inputs.sticky_session_id.as_bytes(),
         ];
-        let mut ctx = digest::Context::new(&digest::SHA256);
-        for field in fields {
-            let len = u32::try_from(field.len()).unwrap_or(u32::MAX);
-            ctx.update(&len.to_be_bytes());
-            ctx.update(field);
-        }
-        let digest = ctx.finish();
+        let digest = crate::rendezvous::sha256_of_fields(fields);
         let mut out = [0u8; 16];
         for (o, d) in out.iter_mut().zip(digest.as_ref()) {
             *o = *d;

@@ -12,10 +12,12 @@
 //! build time: the IO layer rebuilds the table whenever the registry or the snapshot changes,
 //! and only the active counts are read live through a [`CapacityView`].
 
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::provider_session::{ProviderSession, ProviderSessionInputs};
+use crate::rendezvous;
 use crate::snapshot::{ConfigId, Pool, Rule, ValidatedSnapshot};
 use crate::worker::{IngressSet, WorkerRecord};
 
@@ -45,6 +47,8 @@ struct Facts {
     ingress: IngressSet,
     max_capacity: u32,
     is_routable: bool,
+    /// The worker id's rendezvous hash: where sticky sessions land (decision 097).
+    rendezvous: u64,
 }
 
 /// The routable members of one pool.
@@ -64,6 +68,17 @@ struct Wanted {
     region: Option<u32>,
     ip_type: Option<u32>,
     ingress: Ingress,
+}
+
+/// How a pool's eligible workers with room are ranked.
+#[derive(Debug, Clone, Copy)]
+enum Ranking {
+    /// The most available capacity; ties go to the first at or after this position of the
+    /// candidate list (decision 007).
+    MostRoom(u64),
+    /// The highest rendezvous score of a sticky session's key, weighted by each worker's
+    /// maximum capacity (decision 097).
+    Rendezvous(u64),
 }
 
 /// What one pool offers a request.
@@ -140,6 +155,7 @@ impl RoutingTable {
                     ingress: IngressSet::ALL,
                     max_capacity: 0,
                     is_routable: false,
+                    rendezvous: 0,
                 },
                 Some(c) => {
                     let mut tags: Vec<u32> =
@@ -153,6 +169,7 @@ impl RoutingTable {
                         ingress: c.ingress(),
                         max_capacity: c.max_capacity(),
                         is_routable: record.is_routable(),
+                        rendezvous: rendezvous::stable_hash(&[record.id().as_str().as_bytes()]),
                     }
                 }
             };
@@ -242,8 +259,10 @@ impl RoutingTable {
     /// no eligible worker. Among eligible workers with room, the one with the most available
     /// capacity wins; ties go to the first at or after `tie_break` (modulo the candidate count)
     /// in index order (decision 007). A sticky session first tries its
-    /// pinned worker (decision 008). The pin store is updated: new pins,
-    /// sliding expiry, re-pins.
+    /// pinned worker (decision 008); without a usable pin, its worker is the eligible one with
+    /// room that ranks highest by rendezvous hashing of `(deployment, session)`, so every control
+    /// with the same workers chooses the same one (decision 097). The pin store is updated: new
+    /// pins, sliding expiry, re-pins.
     pub fn route<C: CapacityView + ?Sized>(
         &self,
         req: &RouteRequest<'_>,
@@ -272,6 +291,13 @@ impl RoutingTable {
         let pin_key = match sticky_id {
             Some(s) if ttl_ms > 0 => Some(PinKey::new(req.deployment_id, s)),
             _ => None,
+        };
+        let ranking = match &pin_key {
+            Some(_) => Ranking::Rendezvous(rendezvous::stable_hash(&[
+                req.deployment_id.as_bytes(),
+                sticky_id.unwrap_or_default().as_bytes(),
+            ])),
+            None => Ranking::MostRoom(req.tie_break),
         };
         let mut outcome = StickyOutcome::NotSticky;
         if let Some(key) = &pin_key {
@@ -327,7 +353,7 @@ impl RoutingTable {
             });
         };
         for &pool in rule.pool_indices() {
-            match self.pick(pool, &want, capacity, req.tie_break) {
+            match self.pick(pool, &want, capacity, ranking) {
                 PoolPick::NoEligible => continue,
                 // Spec, Routing rule 5; decision 017: no fall-through to the next pool or rule.
                 PoolPick::Full => {
@@ -430,12 +456,14 @@ impl RoutingTable {
         max.saturating_sub(capacity.active(WorkerIndex(worker)))
     }
 
+    /// The eligible worker of `pool` with room that ranks highest; the first in candidate
+    /// order (worker id order) among equals.
     fn pick<C: CapacityView + ?Sized>(
         &self,
         pool: usize,
         want: &Wanted,
         capacity: &C,
-        tie_break: u64,
+        ranking: Ranking,
     ) -> PoolPick {
         let list = self.candidates(pool, want);
         let n = list.len();
@@ -443,10 +471,15 @@ impl RoutingTable {
             return PoolPick::NoEligible;
         }
         // `n` fits in u64 and the remainder is below `n`, so neither conversion can fail.
-        let start = usize::try_from(tie_break % u64::try_from(n).unwrap_or(u64::MAX)).unwrap_or(0);
+        let start = match ranking {
+            Ranking::MostRoom(tie_break) => {
+                usize::try_from(tie_break % u64::try_from(n).unwrap_or(u64::MAX)).unwrap_or(0)
+            }
+            Ranking::Rendezvous(_) => 0,
+        };
         let mut any_eligible = false;
-        // (available, rank, worker) of the best candidate so far.
-        let mut best: Option<(u32, usize, u32)> = None;
+        // (rank, worker) of the best candidate so far; a higher rank wins.
+        let mut best: Option<((u64, Reverse<usize>), u32)> = None;
         for (pos, &w) in list.iter().enumerate() {
             if !self.is_eligible(w, want) {
                 continue;
@@ -456,22 +489,35 @@ impl RoutingTable {
             if available == 0 {
                 continue;
             }
-            // Distance from the tie-break position, walking forward with wrap-around.
-            let rank = if pos >= start {
-                pos - start
-            } else {
-                pos + (n - start)
+            let rank = match ranking {
+                Ranking::MostRoom(_) => {
+                    // Distance from the tie-break position, walking forward with wrap-around:
+                    // the nearer wins among equal room.
+                    let distance = if pos >= start {
+                        pos - start
+                    } else {
+                        pos + (n - start)
+                    };
+                    (u64::from(available), Reverse(distance))
+                }
+                // Scores are finite and non-negative, where the bits of an f64 order as its
+                // value does; equal scores fall back to candidate order.
+                Ranking::Rendezvous(key) => {
+                    let f = self.facts.get(w as usize);
+                    let score = rendezvous::weighted_score(
+                        key,
+                        f.map_or(0, |f| f.rendezvous),
+                        f.map_or(0, |f| f.max_capacity),
+                    );
+                    (score.to_bits(), Reverse(pos))
+                }
             };
-            let better = match best {
-                None => true,
-                Some((a, r, _)) => available > a || (available == a && rank < r),
-            };
-            if better {
-                best = Some((available, rank, w));
+            if best.as_ref().is_none_or(|(b, _)| rank > *b) {
+                best = Some((rank, w));
             }
         }
         match (best, any_eligible) {
-            (Some((_, _, w)), _) => PoolPick::Chosen(w),
+            (Some((_, w)), _) => PoolPick::Chosen(w),
             (None, true) => PoolPick::Full,
             (None, false) => PoolPick::NoEligible,
         }
@@ -644,6 +690,29 @@ mod tests {
             sticky_session_id: Some(id.into()),
             ..hints()
         }
+    }
+
+    /// The worker rendezvous hashing chooses for `(deployment, session)` among `workers`
+    /// (id, maximum capacity), computed apart from the table.
+    fn rendezvous_choice(deployment: &str, session: &str, workers: &[(&str, u32)]) -> String {
+        let key = rendezvous::stable_hash(&[deployment.as_bytes(), session.as_bytes()]);
+        let score = |&(id, cap): &(&str, u32)| {
+            rendezvous::weighted_score(key, rendezvous::stable_hash(&[id.as_bytes()]), cap)
+        };
+        let best = workers
+            .iter()
+            .max_by(|a, b| score(a).total_cmp(&score(b)))
+            .unwrap();
+        best.0.to_string()
+    }
+
+    /// A session id of deployment "dep" that rendezvous hashing sends to `want` among
+    /// `workers`.
+    fn session_for(want: &str, workers: &[(&str, u32)]) -> String {
+        (0..)
+            .map(|i| format!("s{i}"))
+            .find(|s| rendezvous_choice("dep", s, workers) == want)
+            .unwrap()
     }
 
     /// Routes with a per-worker active count by worker id.
@@ -1067,7 +1136,8 @@ mod tests {
             r#"{"routing":{"rules":[{"id":"r","priority":1,"pools":["direct"],"sticky_session_ttl_seconds":10}]},"pools":[{"id":"direct"}]}"#,
         );
         let mut env = Env::new(&snap, &[w("a", &[], 10), w("b", &[], 10)]);
-        let s = sticky("cart");
+        let session = session_for("a", &[("a", 10), ("b", 10)]);
+        let s = sticky(&session);
         let d = env.route_at(&s, 1_000).unwrap();
         assert_eq!(
             (d.worker_id.as_str(), d.sticky),
@@ -1085,27 +1155,38 @@ mod tests {
                 "at {now}"
             );
         }
-        let key = PinKey::new("dep", "cart");
+        let key = PinKey::new("dep", &session);
         assert_eq!(
             env.pins.lookup(&key, now).unwrap().expires_at_ms,
             now + 10_000
         );
-        // Ten seconds without use: the pin expired, capacity decides again and re-pins.
+        // Ten seconds without use: the pin expired and the session routes as a new one: to
+        // its rendezvous choice while that has room, else to the next one.
         now += 10_000;
+        let d = env.route_at(&s, now).unwrap();
+        assert_eq!(
+            (d.worker_id.as_str(), d.sticky),
+            ("a", StickyOutcome::NewPin)
+        );
+        now += 10_000;
+        env.active.insert("a", 10);
         let d = env.route_at(&s, now).unwrap();
         assert_eq!(
             (d.worker_id.as_str(), d.sticky),
             ("b", StickyOutcome::NewPin)
         );
         assert_eq!(env.pins.lookup(&key, now).unwrap().worker_id.as_str(), "b");
-        // Another deployment with the same session id has its own pin.
-        env.active.insert("b", 9);
+        // Another deployment with the same session id has its own pin, at its own choice.
+        env.active.clear();
         let other = env
             .route_full("other", &s, Ingress::Api, "h", now, 0)
             .unwrap();
         assert_eq!(
-            (other.worker_id.as_str(), other.sticky),
-            ("a", StickyOutcome::NewPin)
+            (other.worker_id.to_string(), other.sticky),
+            (
+                rendezvous_choice("other", &session, &[("a", 10), ("b", 10)]),
+                StickyOutcome::NewPin
+            )
         );
         assert_eq!(env.pins.len(), 2);
     }
@@ -1221,6 +1302,7 @@ mod tests {
                 Err(RouteError::StickyUnavailable { rule_id: r.clone() }),
             ),
         ];
+        let s = sticky(&session_for("a", &[("a", 2), ("b", 1)]));
         for (name, workers, active, with_fallback, without_fallback) in cases {
             for (fallback, expected) in [
                 (true, with_fallback.clone()),
@@ -1228,11 +1310,11 @@ mod tests {
             ] {
                 let snap = snapshot(&doc(fallback));
                 let mut env = Env::new(&snap, &[w("a", &[], 2), w("b", &[], 1)]);
-                assert_eq!(env.pick(&sticky("s")).unwrap(), "a");
+                assert_eq!(env.pick(&s).unwrap(), "a");
                 env.rebuild(&workers);
                 env.active = active.clone();
                 let got = env
-                    .route_at(&sticky("s"), 1_000)
+                    .route_at(&s, 1_000)
                     .map(|d| (d.worker_id.to_string(), d.sticky));
                 let got = got
                     .as_ref()
@@ -1240,7 +1322,8 @@ mod tests {
                     .map_err(Clone::clone);
                 assert_eq!(got, expected, "{name}, fallback {fallback}");
                 if let Ok((worker, StickyOutcome::Repinned)) = expected {
-                    let pin = env.pins.lookup(&PinKey::new("dep", "s"), 1_000).unwrap();
+                    let key = PinKey::new("dep", s.sticky_session_id.as_deref().unwrap());
+                    let pin = env.pins.lookup(&key, 1_000).unwrap();
                     assert_eq!(pin.worker_id.as_str(), worker, "{name}: re-pinned");
                 }
             }
@@ -1256,12 +1339,13 @@ mod tests {
               "pools":[{"id":"direct"}]}"#,
         );
         let mut env = Env::new(&snap, &[w("a", &[], 5), w("b", &[], 5).country("DE")]);
-        assert_eq!(env.pick(&sticky("s")).unwrap(), "a");
+        let session = session_for("a", &[("a", 5), ("b", 5)]);
+        assert_eq!(env.pick(&sticky(&session)).unwrap(), "a");
         // The same session under another rule: the "any" pin is not this rule's, so it is
         // neither preferred nor "unavailable"; the session is pinned anew.
         let de = RouteHints {
             country: CountryCode::parse("DE"),
-            ..sticky("s")
+            ..sticky(&session)
         };
         let d = env.route_at(&de, 1).unwrap();
         assert_eq!(
@@ -1270,12 +1354,135 @@ mod tests {
         );
         assert_eq!(
             env.pins
-                .lookup(&PinKey::new("dep", "s"), 1)
+                .lookup(&PinKey::new("dep", &session), 1)
                 .unwrap()
                 .rule_id
                 .as_str(),
             "de"
         );
+    }
+
+    const STICKY_POOL: &str = r#"{"routing":{"rules":[{"id":"r","priority":1,"pools":["direct"],"sticky_session_ttl_seconds":60}]},"pools":[{"id":"direct"}]}"#;
+
+    /// Two controls (two tables built from the same workers in different orders, each with its
+    /// own pins and request counter) send every new sticky session to the same worker, and it
+    /// is the rendezvous choice.
+    #[test]
+    fn sticky_sessions_land_on_the_same_worker_in_every_table() {
+        let snap = snapshot(STICKY_POOL);
+        let workers: Vec<W> = ["w1", "w2", "w3", "w4", "w5"]
+            .iter()
+            .map(|id| w(id, &[], 8))
+            .collect();
+        let reversed: Vec<W> = workers.iter().rev().cloned().collect();
+        let mut a = Env::new(&snap, &workers);
+        let mut b = Env::new(&snap, &reversed);
+        let weights: Vec<(&str, u32)> = workers.iter().map(|w| (w.id, 8)).collect();
+        for i in 0..200u64 {
+            let h = sticky(&format!("session-{i}"));
+            let on_a = a
+                .route_full("dep", &h, Ingress::Api, "h", 0, i)
+                .unwrap()
+                .worker_id;
+            let on_b = b
+                .route_full("dep", &h, Ingress::Api, "h", 0, i.wrapping_mul(7) + 3)
+                .unwrap()
+                .worker_id;
+            assert_eq!(on_a, on_b, "session-{i}");
+            assert_eq!(
+                on_a.as_str(),
+                rendezvous_choice("dep", &format!("session-{i}"), &weights)
+            );
+        }
+    }
+
+    /// Sessions spread over the workers in proportion to their maximum capacity.
+    #[test]
+    fn sticky_sessions_spread_by_capacity() {
+        let count = |workers: &[W], sessions: u32| -> HashMap<String, u32> {
+            let mut env = Env::new(&snapshot(STICKY_POOL), workers);
+            let mut n = HashMap::new();
+            for i in 0..sessions {
+                let id = env.pick(&sticky(&format!("spread-{i}"))).unwrap();
+                *n.entry(id).or_insert(0) += 1;
+            }
+            n
+        };
+        // Four equal workers, 8,000 sessions: 2,000 each expected, with a standard deviation
+        // near 39; ±200 is over five of them.
+        let equal: Vec<W> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| w(id, &[], 10))
+            .collect();
+        let n = count(&equal, 8_000);
+        for id in ["a", "b", "c", "d"] {
+            let got = n.get(id).copied().unwrap_or(0);
+            assert!((1_800..=2_200).contains(&got), "{id}: {got} of 8000: {n:?}");
+        }
+        // Capacities 10 and 30: a quarter and three quarters.
+        let n = count(&[w("small", &[], 10), w("large", &[], 30)], 8_000);
+        let small = n.get("small").copied().unwrap_or(0);
+        assert!((1_800..=2_200).contains(&small), "{n:?}");
+    }
+
+    /// A full chosen worker sends the session to its next-highest worker, the one it would get
+    /// without the full one; a worker that leaves moves only its own sessions.
+    #[test]
+    fn sticky_sessions_fall_back_to_the_next_highest_worker() {
+        let snap = snapshot(STICKY_POOL);
+        let ids = ["w1", "w2", "w3", "w4"];
+        let all: Vec<W> = ids.iter().map(|id| w(id, &[], 4)).collect();
+        let weights: Vec<(&str, u32)> = ids.iter().map(|id| (*id, 4)).collect();
+        let without = |gone: &str| -> Vec<(&str, u32)> {
+            weights
+                .iter()
+                .copied()
+                .filter(|(id, _)| *id != gone)
+                .collect()
+        };
+        for i in 0..100 {
+            let session = format!("fb-{i}");
+            let first = rendezvous_choice("dep", &session, &weights);
+            let second = rendezvous_choice("dep", &session, &without(&first));
+            // Full: the next-highest with room, pinned as a new pin.
+            let mut env = Env::new(&snap, &all);
+            env.active
+                .insert(*ids.iter().find(|id| **id == first).unwrap(), 4);
+            let d = env.route_at(&sticky(&session), 0).unwrap();
+            assert_eq!(
+                (d.worker_id.to_string(), d.sticky),
+                (second.clone(), StickyOutcome::NewPin),
+                "{session}"
+            );
+        }
+        // w3 leaves: the sessions it had move, every other session stays where it was.
+        let mut before = Env::new(&snap, &all);
+        let rest: Vec<W> = all.iter().filter(|w| w.id != "w3").cloned().collect();
+        let mut after = Env::new(&snap, &rest);
+        let mut moved = 0;
+        for i in 0..400 {
+            let h = sticky(&format!("leave-{i}"));
+            let (was, is) = (before.pick(&h).unwrap(), after.pick(&h).unwrap());
+            if was == "w3" {
+                moved += 1;
+                assert_ne!(is, "w3");
+            } else {
+                assert_eq!(was, is, "leave-{i} moved although its worker stayed");
+            }
+        }
+        assert!(moved > 50, "w3 held {moved} of 400 sessions");
+    }
+
+    /// Without a sticky id, capacity decides as before (decision 007): rendezvous hashing
+    /// applies to sticky sessions only.
+    #[test]
+    fn unsticky_requests_still_go_to_the_most_room() {
+        let snap = snapshot(STICKY_POOL);
+        let mut env = Env::new(&snap, &[w("a", &[], 10), w("b", &[], 10)]);
+        env.active.insert("a", 3);
+        for _ in 0..4 {
+            assert_eq!(env.pick(&hints()).unwrap(), "b");
+        }
     }
 
     #[test]
@@ -1320,7 +1527,10 @@ mod tests {
             sticky_session_id: Some(s.into()),
             ..hints()
         };
-        let d1 = env.route_at(&us("s1"), 0).unwrap();
+        // A session whose rendezvous choice is p1.
+        let s1 = session_for("p1", &[("p1", 5), ("p2", 5)]);
+        let d1 = env.route_at(&us(&s1), 0).unwrap();
+        assert_eq!(d1.worker_id.as_str(), "p1");
         let expected = ProviderSession::derive(&ProviderSessionInputs {
             deployment_id: "dep",
             pool_id: "acme",
@@ -1328,7 +1538,7 @@ mod tests {
             country: CountryCode::parse("US"),
             region: None,
             ip_type: None,
-            sticky_session_id: "s1",
+            sticky_session_id: &s1,
         });
         assert_eq!(d1.provider_session, Some(expected));
         // Fallback inside the same pool keeps the provider session on another worker.
@@ -1336,7 +1546,7 @@ mod tests {
             w("p2", &["acme"], 5).country("US"),
             w("q", &["acme-2"], 5).country("US"),
         ]);
-        let d2 = env.route_at(&us("s1"), 1).unwrap();
+        let d2 = env.route_at(&us(&s1), 1).unwrap();
         assert_eq!(
             (d2.worker_id.as_str(), d2.sticky),
             ("p2", StickyOutcome::Repinned)
@@ -1344,7 +1554,7 @@ mod tests {
         assert_eq!(d2.provider_session, Some(expected));
         // Fallback to another pool derives a new one.
         env.rebuild(&[w("q", &["acme-2"], 5).country("US")]);
-        let d3 = env.route_at(&us("s1"), 2).unwrap();
+        let d3 = env.route_at(&us(&s1), 2).unwrap();
         assert_eq!(d3.pool_id.as_str(), "acme-2");
         assert!(d3.provider_session.is_some() && d3.provider_session != Some(expected));
         // No sticky id, an empty one, a TTL of zero, or a direct pool: no provider session.
@@ -1374,7 +1584,7 @@ mod tests {
             .unwrap();
         assert_eq!((d.rule_id.as_str(), d.provider_session), ("ttl0", None));
         env.rebuild(&[w("d", &["direct"], 5).country("US")]);
-        let d = env.route_at(&us("s1"), 4).unwrap();
+        let d = env.route_at(&us(&s1), 4).unwrap();
         assert_eq!((d.pool_id.as_str(), d.provider_session), ("direct", None));
     }
 

@@ -75,7 +75,9 @@ pub fn choose_endpoint(
             let seed = u64::from_le_bytes(lo) ^ u64::from_le_bytes(hi).rotate_left(29);
             (0..n)
                 .filter(|&i| candidate(i))
-                .max_by_key(|&i| splitmix64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+                .max_by_key(|&i| {
+                    crate::rendezvous::mix64(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                })
                 .unwrap_or(0)
         }
         None => (0..n)
@@ -83,14 +85,6 @@ pub fn choose_endpoint(
             .find(|&i| candidate(i))
             .unwrap_or(0),
     }
-}
-
-/// A fixed 64-bit mixer (the finaliser of SplitMix64): spreads rendezvous scores.
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The phase of the proxy path that failed: the `fact` detail of `upstream_proxy_failure`.
