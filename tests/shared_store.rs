@@ -434,6 +434,64 @@ fn a_sticky_session_lands_on_the_same_worker_through_either_control() {
     }
 }
 
+/// Sends a request to `on` whose body is receipt `id` and whose destination `stall` never
+/// answers, and waits until `other` sees the receipt assigned. The connection is returned so
+/// that the request stays open.
+fn hold_receipt(on: &Gateway, other: &Gateway, id: &str, stall: &Upstream) -> std::net::TcpStream {
+    let envelope = json!({"method": "POST", "url": stall.url("/stall"), "timeout_ms": 60_000,
+                          "body": {"mode": "receipt", "receipt_id": id}})
+    .to_string();
+    let mut held = std::net::TcpStream::connect(on.api).expect("connect");
+    std::io::Write::write_all(
+        &mut held,
+        format!(
+            "POST /api/v1/requests HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
+            support::gateway::DEPLOYMENT_TOKEN,
+            envelope.len()
+        )
+        .as_bytes(),
+    )
+    .expect("send the request");
+    wait_until(
+        Duration::from_secs(20),
+        "the receipt to be assigned",
+        || receipt_state(other, id) == "assigned",
+    );
+    held
+}
+
+/// A control stopped with SIGTERM removes its heartbeat row as it exits (decision 098), and a
+/// receipt a request still held when the shutdown deadline cut it off is `verified` again the
+/// moment the control is gone, not once its row would have expired.
+#[test]
+fn a_control_stopped_gracefully_removes_its_row_and_returns_what_it_held() {
+    let url = cluster().fresh_database("leave");
+    let s3 = S3Server::start();
+    let key = shared_key();
+    let b = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let mut a = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    assert_eq!(db_i64(&mut db, "SELECT count(*) FROM controls", &[]), 2);
+
+    let body = upstream::pattern(1000);
+    let id = create_request_receipt(&a, &body);
+    put_part(&a, &id, 1, &body);
+    complete(&a, &id);
+    let stall = Upstream::start(upstream::slow_head(Duration::from_secs(120)));
+    let held = hold_receipt(&a, &b, &id, &stall);
+
+    let status = a.terminate();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        db_i64(&mut db, "SELECT count(*) FROM controls", &[]),
+        1,
+        "only B's row is left"
+    );
+    assert_eq!(receipt_state(&b, &id), "verified");
+    drop(held);
+}
+
 /// One number from the test database.
 fn db_i64(
     db: &mut postgres::Client,
@@ -467,24 +525,7 @@ fn the_receipts_of_a_killed_control_are_recovered_by_the_other() {
     // A request on A holds the receipt while its destination stalls; the connection stays
     // open until A is killed.
     let stall = Upstream::start(upstream::slow_head(Duration::from_secs(120)));
-    let envelope = json!({"method": "POST", "url": stall.url("/stall"), "timeout_ms": 60_000,
-                          "body": {"mode": "receipt", "receipt_id": id}})
-    .to_string();
-    let mut held = std::net::TcpStream::connect(a.api).expect("connect to A");
-    std::io::Write::write_all(
-        &mut held,
-        format!(
-            "POST /api/v1/requests HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
-            support::gateway::DEPLOYMENT_TOKEN,
-            envelope.len()
-        )
-        .as_bytes(),
-    )
-    .expect("send the request");
-    wait_until(Duration::from_secs(20), "A to assign the receipt", || {
-        receipt_state(&b, &id) == "assigned"
-    });
+    let held = hold_receipt(&a, &b, &id, &stall);
     let holder: Option<String> = db
         .query_one("SELECT holder FROM receipts WHERE receipt_id = $1", &[&id])
         .expect("holder")

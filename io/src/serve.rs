@@ -544,6 +544,11 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     if let Some(f) = follower {
         f.stop();
     }
+    // Last store write of a shared store: the others need not wait for this control's row to
+    // expire (decision 098).
+    if shared.is_some() {
+        crate::control::presence::leave(&cold);
+    }
     cold.shutdown();
     let _ = cold_thread.join();
     tracing::info!("stopped");

@@ -48,6 +48,7 @@ on_both_backends!(
     racing_writers_on_one_revision_have_exactly_one_winner,
     receipts_follow_their_compare_and_set_transitions,
     recovery_moves_only_receipts_untouched_since_the_cutoff,
+    a_release_applies_only_while_its_attempt_holds_the_receipt,
 );
 
 fn snapshot(n: u64) -> String {
@@ -632,6 +633,127 @@ fn recovery_moves_only_receipts_untouched_since_the_cutoff(backend: &dyn Backend
     assert_eq!(store.recover_receipts(T2, None), Ok(1));
 }
 
+/// A verified receipt of deployment `dep`.
+fn verified(store: &mut Box<dyn RecordStore + Send>, id: &str) {
+    let mut r = receipt(id, None);
+    r.state = ReceiptState::Verified;
+    store.create_receipt(&r).expect("create");
+}
+
+/// Decision 098: an assignment names its attempt, and a release (or the revert of an
+/// assignment whose outcome was unknown) applies only while that attempt holds the receipt.
+fn a_release_applies_only_while_its_attempt_holds_the_receipt(backend: &dyn Backend) {
+    let (mut a, mut b) = (backend.open(), backend.open());
+    verified(&mut a, "rcpt_1");
+    assert_eq!(a.assign_receipt("dep", "rcpt_1", "t1", T1), Ok(true));
+    assert_eq!(
+        b.assign_receipt("dep", "rcpt_1", "t2", T1),
+        Ok(false),
+        "one attempt at a time"
+    );
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_1", "t2", ReceiptState::Verified, T2),
+        Ok(false),
+        "another attempt's release changes nothing"
+    );
+    assert_eq!(state(&mut a, "rcpt_1"), ReceiptState::Assigned);
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_1", "t1", ReceiptState::Consumed, T2),
+        Ok(true)
+    );
+    assert_eq!(state(&mut b, "rcpt_1"), ReceiptState::Consumed);
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_1", "t1", ReceiptState::Verified, T2),
+        Ok(false),
+        "a repeated release is harmless"
+    );
+    assert_eq!(state(&mut b, "rcpt_1"), ReceiptState::Consumed);
+
+    // An assignment answered with an unknown outcome that did not happen: meanwhile another
+    // attempt took the receipt, and the first one's revert leaves it with that attempt.
+    verified(&mut a, "rcpt_2");
+    assert_eq!(b.assign_receipt("dep", "rcpt_2", "t4", T1), Ok(true));
+    assert_eq!(
+        b.release_receipt("dep", "rcpt_2", "t3", ReceiptState::Verified, T2),
+        Ok(false)
+    );
+    assert_eq!(state(&mut a, "rcpt_2"), ReceiptState::Assigned);
+    // One that did happen is reverted.
+    assert_eq!(
+        b.release_receipt("dep", "rcpt_2", "t4", ReceiptState::Verified, T2),
+        Ok(true)
+    );
+    assert_eq!(state(&mut a, "rcpt_2"), ReceiptState::Verified);
+    // Only an assigned receipt is released, and only a verified one assigned.
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_2", "t4", ReceiptState::Consumed, T2),
+        Ok(false)
+    );
+    assert_eq!(a.assign_receipt("dep", "rcpt_1", "t5", T2), Ok(false));
+    assert_eq!(a.assign_receipt("other", "rcpt_2", "t5", T2), Ok(false));
+
+    // On a shared store the holder is checked too: the attempt's token released by another
+    // control changes nothing. One control alone on SQLite has no holder.
+    assert_eq!(a.assign_receipt("dep", "rcpt_2", "t6", T2), Ok(true));
+    let by_other = b.release_receipt("dep", "rcpt_2", "t6", ReceiptState::Verified, T2);
+    if a.control_id().is_some() {
+        assert_eq!(by_other, Ok(false));
+        assert_eq!(state(&mut a, "rcpt_2"), ReceiptState::Assigned);
+    } else {
+        assert_eq!(by_other, Ok(true));
+    }
+}
+
+/// Decision 098: a control that stops gracefully removes its row and recovers the receipts it
+/// still holds in the same transaction; the others' are left alone, and its heartbeat writes
+/// nothing afterwards. SQLite keeps no rows.
+#[test]
+fn a_control_that_leaves_removes_its_row_and_returns_what_it_held() {
+    let backend = Postgres::new("leave");
+    let (mut a, mut b) = (backend.open(), backend.open());
+    a.control_heartbeat("127.0.0.1:1", T0).expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0).expect("b beats");
+    for (store, id) in [(&mut a, "rcpt_of_a"), (&mut b, "rcpt_of_b")] {
+        verified(store, id);
+        assert_eq!(store.assign_receipt("dep", id, "attempt", T1), Ok(true));
+    }
+    let mut verifying = receipt("rcpt_verifying", None);
+    verifying.state = ReceiptState::Uploading;
+    a.create_receipt(&verifying).expect("create");
+    let moved = a.set_receipt_state(
+        "dep",
+        "rcpt_verifying",
+        ReceiptState::Uploading,
+        ReceiptState::Verifying,
+        T1,
+        None,
+    );
+    assert_eq!(moved, Ok(true));
+    let mut c = backend.config().connect().expect("connect");
+    let rows = |c: &mut ::postgres::Client| -> i64 {
+        c.query_one("SELECT count(*) FROM controls", &[])
+            .expect("count")
+            .get(0)
+    };
+    assert_eq!(rows(&mut c), 2);
+
+    assert_eq!(a.control_leave(T2), Ok(2));
+    assert_eq!(rows(&mut c), 1, "a's row is gone at once");
+    assert_eq!(state(&mut b, "rcpt_of_a"), ReceiptState::Verified);
+    assert_eq!(state(&mut b, "rcpt_verifying"), ReceiptState::Uploading);
+    assert_eq!(state(&mut b, "rcpt_of_b"), ReceiptState::Assigned);
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_of_a", "attempt", ReceiptState::Consumed, T2),
+        Ok(false),
+        "a late release after leaving changes nothing"
+    );
+    assert_eq!(a.control_heartbeat("127.0.0.1:1", T2), Ok(()));
+    assert_eq!(rows(&mut c), 1, "no heartbeat after leaving");
+
+    let mut alone = Sqlite::new().open();
+    assert_eq!(alone.control_leave(T2), Ok(0));
+}
+
 #[test]
 fn postgres_schema_is_at_the_current_version_and_migrating_twice_is_a_no_op() {
     let url = pg::cluster().fresh_database("schema");
@@ -789,7 +911,8 @@ fn cancel_intents_are_pending_until_carried_out_and_expire() {
 /// session holds) answers `Busy` and never takes effect, not even once the lock is released; a
 /// write queued behind it past its deadline is not run either. A write whose `COMMIT` was under
 /// way when the caller gave up (here a deferred trigger makes the `COMMIT` wait on a lock)
-/// answers `OutcomeUnknown`, not a retryable `Busy`: it may still take effect.
+/// answers `OutcomeUnknown`, not a retryable `Busy`: it may still take effect, and the
+/// attempt's revert (decision 098) undoes it.
 #[test]
 fn a_write_answered_busy_never_takes_effect_later() {
     use std::time::{Duration, Instant};
@@ -801,15 +924,10 @@ fn a_write_answered_busy_never_takes_effect_later() {
         r.state = ReceiptState::Verified;
         store.create_receipt(&r).expect("create");
     }
-    let assign = |store: &mut PostgresStore, id: &str| {
-        store.set_receipt_state(
-            "dep",
-            id,
-            ReceiptState::Verified,
-            ReceiptState::Assigned,
-            T1,
-            None,
-        )
+    // Each attempt names itself (decision 098): its token is the receipt id.
+    let assign = |store: &mut PostgresStore, id: &str| store.assign_receipt("dep", id, id, T1);
+    let revert = |store: &mut PostgresStore, id: &str| {
+        store.release_receipt("dep", id, id, ReceiptState::Verified, T2)
     };
 
     let mut locker = backend.config().connect().expect("connect");
@@ -852,6 +970,11 @@ fn a_write_answered_busy_never_takes_effect_later() {
         .expect("holder")
         .get(0);
     assert_eq!(holder, None);
+    assert_eq!(
+        revert(&mut store, "rcpt_late"),
+        Ok(false),
+        "after Busy the revert finds nothing to undo"
+    );
 
     // A `COMMIT` that waits: a deferred trigger takes an advisory lock the test holds.
     locker
@@ -880,6 +1003,16 @@ fn a_write_answered_busy_never_takes_effect_later() {
             .expect("exists")
             .state,
         ReceiptState::Assigned
+    );
+    // The revert the control queues after an unknown outcome returns it (decision 098).
+    assert_eq!(revert(&mut store, "rcpt_unknown"), Ok(true));
+    assert_eq!(
+        store
+            .receipt("dep", "rcpt_unknown")
+            .expect("read")
+            .expect("exists")
+            .state,
+        ReceiptState::Verified
     );
 }
 

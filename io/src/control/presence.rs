@@ -73,6 +73,22 @@ pub fn start(cold: &ColdHandle, address: String) -> Result<(), StoreError> {
     })
 }
 
+/// Removes this control's row as it stops gracefully, after its cores finished (decision 098):
+/// the receipts it still holds (requests cut off by the shutdown deadline) are recovered at once
+/// rather than when the row expires. Waits for the store at most one call's timeout; a failure
+/// is logged and the row then expires as after a crash.
+pub fn leave(cold: &ColdHandle) {
+    let now = crate::clock::now_rfc3339();
+    match cold.call_blocking(move |s| s.control_leave(&now)) {
+        Ok(0) => tracing::info!("control row removed from the shared store"),
+        Ok(recovered) => tracing::info!(
+            recovered,
+            "control row removed from the shared store; receipts still held were recovered"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot remove the control row; it will expire"),
+    }
+}
+
 /// Starts the cold-thread task that carries out cancel intents: every
 /// [`CANCEL_POLL_INTERVAL`] it reads the pending intents, cancels those naming requests this
 /// control runs, and marks them done so the control that wrote the intent can answer 204.

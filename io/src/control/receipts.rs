@@ -280,6 +280,20 @@ impl Receipts {
             .await
     }
 
+    /// Assigns a verified receipt to the attempt `attempt` (decision 098).
+    pub async fn assign(
+        &self,
+        deployment: &str,
+        id: &str,
+        attempt: &str,
+    ) -> Result<bool, StoreError> {
+        let (d, i, a) = (deployment.to_owned(), id.to_owned(), attempt.to_owned());
+        let now = crate::clock::now_rfc3339();
+        self.cold
+            .call(move |s| s.assign_receipt(&d, &i, &a, &now))
+            .await
+    }
+
     async fn create(&self, deployment: &str, body: &mut Body<'_>) -> Response {
         let mut bytes = match body.read_to_end(MAX_METADATA_BYTES as u64).await {
             Ok(b) => b,

@@ -90,15 +90,22 @@ fn unavailable(why: &str) -> ApiError {
     ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
 }
 
+/// How many times a release the store did not confirm is tried, a second apart: the release
+/// names its attempt (decision 098), so a repeat never undoes a later assignment.
+const RELEASE_TRIES: u32 = 5;
+
 /// Holds a request receipt in `assigned` for the attempt. When the attempt ends the state is
 /// written before the answer goes out ([`Hold::release`]), so a client that reads the receipt
 /// after the answer sees `consumed` (or `verified` again after a failure). Dropped unreleased
-/// (the caller left, the request was cancelled) it goes back to `verified` by a write queued
-/// to the cold thread without waiting.
+/// (the caller left, the request was cancelled, the assignment's outcome is unknown) it goes
+/// back to `verified` by a write queued to the cold thread without waiting. Every release
+/// applies only while this attempt still holds the receipt.
 pub(crate) struct Hold<'a> {
     receipts: &'a Receipts,
     deployment: String,
     id: String,
+    /// The token of this attempt, recorded with the assignment.
+    attempt: String,
     is_released: bool,
 }
 
@@ -107,35 +114,54 @@ impl Hold<'_> {
     /// `verified` after a failure).
     pub(crate) async fn release(mut self, to: ReceiptState) {
         self.is_released = true;
+        let (d, i, a) = (
+            self.deployment.clone(),
+            self.id.clone(),
+            self.attempt.clone(),
+        );
+        let now = crate::clock::now_rfc3339();
         let written = self
             .receipts
-            .set_state(&self.deployment, &self.id, ReceiptState::Assigned, to, None)
+            .cold()
+            .call(move |s| s.release_receipt(&d, &i, &a, to, &now))
             .await;
         if let Err(e) = written {
-            // Startup recovery turns a receipt left assigned back into verified.
-            tracing::warn!(error = %e, "cannot release a receipt assignment now; startup recovery will");
+            tracing::warn!(error = %e, "cannot release a receipt assignment now; retrying");
+            self.release_later(to);
+        }
+    }
+
+    /// Queues the release to the cold thread, tried again while the store does not answer.
+    fn release_later(&self, to: ReceiptState) {
+        let (d, i, a) = (
+            self.deployment.clone(),
+            self.id.clone(),
+            self.attempt.clone(),
+        );
+        let queued = self.receipts.cold().spawn(move |ctx| async move {
+            for _ in 0..RELEASE_TRIES {
+                let now = crate::clock::now_rfc3339();
+                if ctx
+                    .store(|s| s.release_receipt(&d, &i, &a, to, &now))
+                    .is_ok()
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            tracing::warn!("cannot release a receipt assignment; recovery will");
+        });
+        if queued.is_err() {
+            // The heartbeat recovery (shared store) or startup recovery turns it back.
+            tracing::warn!("cannot release a receipt assignment now; recovery will");
         }
     }
 }
 
 impl Drop for Hold<'_> {
     fn drop(&mut self) {
-        if self.is_released {
-            return;
-        }
-        let (d, i, to) = (
-            self.deployment.clone(),
-            self.id.clone(),
-            ReceiptState::Verified,
-        );
-        let now = crate::clock::now_rfc3339();
-        let queued = self.receipts.cold().spawn(move |ctx| async move {
-            let _ =
-                ctx.store(|s| s.set_receipt_state(&d, &i, ReceiptState::Assigned, to, &now, None));
-        });
-        if queued.is_err() {
-            // Startup recovery turns a receipt left assigned back into verified.
-            tracing::warn!("cannot release a receipt assignment now; startup recovery will");
+        if !self.is_released {
+            self.release_later(ReceiptState::Verified);
         }
     }
 }
@@ -223,32 +249,31 @@ pub(crate) async fn take_receipt<'a>(
             r.state
         )));
     }
-    match receipts
-        .set_state(
-            deployment,
-            id,
-            ReceiptState::Verified,
-            ReceiptState::Assigned,
-            None,
-        )
-        .await
-    {
-        Ok(true) => {}
-        Ok(false) => return Err(unavailable("the receipt is in use or no longer verified")),
+    let attempt: String = crate::tokens::random_bytes::<16>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let hold = |attempt: String| Hold {
+        receipts,
+        deployment: deployment.to_owned(),
+        id: id.to_owned(),
+        attempt,
+        is_released: false,
+    };
+    match receipts.assign(deployment, id, &attempt).await {
+        Ok(true) => Ok((r, hold(attempt))),
+        Ok(false) => Err(unavailable("the receipt is in use or no longer verified")),
         Err(e) => {
-            return Err(ApiError::new(
+            // The assignment may have committed (`OutcomeUnknown`, or a connection lost during
+            // `COMMIT`): dropping a hold queues its revert, which applies only while this
+            // attempt holds the receipt (decision 098); after `Busy` it finds nothing to do.
+            drop(hold(attempt));
+            Err(ApiError::new(
                 ErrorCode::ControlInternalError,
                 format!("receipt store: {e}"),
             ))
         }
     }
-    let hold = Hold {
-        receipts,
-        deployment: deployment.to_owned(),
-        id: id.to_owned(),
-        is_released: false,
-    };
-    Ok((r, hold))
 }
 
 /// Runs one exchange whose request body comes from a receipt or whose response body goes to

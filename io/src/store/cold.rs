@@ -494,6 +494,25 @@ mod tests {
         ) -> Result<bool, StoreError> {
             Err(StoreError::ReadOnly)
         }
+        fn assign_receipt(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: &str,
+        ) -> Result<bool, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
+        fn release_receipt(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: sortie_core::receipt::ReceiptState,
+            _: &str,
+        ) -> Result<bool, StoreError> {
+            Err(StoreError::ReadOnly)
+        }
         fn due_receipts(&mut self, _: u64, _: usize) -> Result<Vec<(String, String)>, StoreError> {
             Ok(Vec::new())
         }

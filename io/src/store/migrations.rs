@@ -51,6 +51,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
          object_key TEXT NOT NULL,
          PRIMARY KEY (receipt_id, number)
      );",
+    // Version 3: the attempt holding an `assigned` receipt (decision 098), so that releasing
+    // it never undoes another attempt's assignment.
+    "ALTER TABLE receipts ADD COLUMN attempt TEXT;",
 ];
 
 /// The schema version this build writes and understands: the number of migrations.
@@ -127,6 +130,9 @@ pub(crate) const POSTGRES_MIGRATIONS: &[&str] = &[
          created_unix_ms BIGINT NOT NULL,
          done_by         TEXT
      );",
+    // Version 4: the attempt holding an `assigned` receipt (decision 098), beside its holder,
+    // so that a release applies only while that attempt of this control still holds it.
+    "ALTER TABLE receipts ADD COLUMN attempt TEXT;",
 ];
 
 /// The PostgreSQL schema version this build writes and understands.

@@ -147,6 +147,31 @@ pub trait RecordStore {
         failure: Option<&str>,
     ) -> Result<bool, StoreError>;
 
+    /// Moves a `verified` receipt to `assigned` for one attempt (decision 098): `attempt`, a
+    /// token unique to the attempt, is recorded with it (and, on a shared store, this control
+    /// as its holder). Returns `false`, writing nothing, when the receipt is not `verified`.
+    fn assign_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        updated_at: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Moves an `assigned` receipt to `to` (`consumed` after a success, `verified` otherwise)
+    /// only while the attempt `attempt` still holds it (and, on a shared store, this control is
+    /// its holder): a release, or the revert of an assignment whose outcome is unknown, never
+    /// undoes another attempt's assignment, so it is safe to repeat. Returns `false`, writing
+    /// nothing, otherwise.
+    fn release_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        to: sortie_core::receipt::ReceiptState,
+        updated_at: &str,
+    ) -> Result<bool, StoreError>;
+
     /// Up to `limit` receipts (deployment id, receipt id) whose expiry is at or before
     /// `now_unix_ms` and that may expire now (decision 004: not assigned, not already
     /// cancelled or expired).
@@ -180,6 +205,15 @@ pub trait RecordStore {
     /// clock, when it was last seen. A store only one control uses keeps no such row.
     fn control_heartbeat(&mut self, _address: &str, _started_at: &str) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// This control stops gracefully (decision 098): in one transaction its `verifying` and
+    /// `assigned` receipts are recovered as [`RecordStore::recover_dead_controls`] would
+    /// recover them and its row is removed, so the others need not wait for the row to expire;
+    /// later heartbeats write nothing. Returns how many receipts moved. A store only one control
+    /// uses keeps no row: nothing to do.
+    fn control_leave(&mut self, _updated_at: &str) -> Result<usize, StoreError> {
+        Ok(0)
     }
 
     /// Recovers the receipts held by controls not seen for `expiry` (by the store's clock):

@@ -288,6 +288,8 @@ pub struct PostgresStore {
     control_id: String,
     /// How long a call waits for its job ([`CALL_TIMEOUT`]).
     call_timeout: Duration,
+    /// Set by [`RecordStore::control_leave`]: heartbeats no longer write the row back.
+    has_left: bool,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -334,6 +336,7 @@ impl PostgresStore {
             target: config.target(),
             control_id: mint_control_id()?,
             call_timeout: CALL_TIMEOUT,
+            has_left: false,
         })
     }
 
@@ -1038,7 +1041,7 @@ impl RecordStore for PostgresStore {
             let mut tx = c.transaction()?;
             let n = tx.execute(
                 "UPDATE receipts SET state = $1, updated_at = $2, \
-                 failure = COALESCE($3, failure), holder = $7 \
+                 failure = COALESCE($3, failure), holder = $7, attempt = NULL \
                  WHERE receipt_id = $4 AND deployment_id = $5 AND state = $6",
                 &[
                     &to.as_str(),
@@ -1048,6 +1051,66 @@ impl RecordStore for PostgresStore {
                     &deployment_id,
                     &from.as_str(),
                     &holder,
+                ],
+            )?;
+            Ok(commit(tx)?.map(|()| n > 0))
+        }))
+    }
+
+    fn assign_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        updated_at: &str,
+    ) -> Result<bool, StoreError> {
+        let (deployment_id, receipt_id, attempt, updated_at, holder) = (
+            deployment_id.to_owned(),
+            receipt_id.to_owned(),
+            attempt.to_owned(),
+            updated_at.to_owned(),
+            self.control_id.clone(),
+        );
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            let n = tx.execute(
+                "UPDATE receipts SET state = 'assigned', updated_at = $1, holder = $2, \
+                 attempt = $3 WHERE receipt_id = $4 AND deployment_id = $5 \
+                 AND state = 'verified'",
+                &[&updated_at, &holder, &attempt, &receipt_id, &deployment_id],
+            )?;
+            Ok(commit(tx)?.map(|()| n > 0))
+        }))
+    }
+
+    fn release_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        to: ReceiptState,
+        updated_at: &str,
+    ) -> Result<bool, StoreError> {
+        let (deployment_id, receipt_id, attempt, updated_at, holder) = (
+            deployment_id.to_owned(),
+            receipt_id.to_owned(),
+            attempt.to_owned(),
+            updated_at.to_owned(),
+            self.control_id.clone(),
+        );
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            let n = tx.execute(
+                "UPDATE receipts SET state = $1, updated_at = $2, holder = NULL, \
+                 attempt = NULL WHERE receipt_id = $3 AND deployment_id = $4 \
+                 AND state = 'assigned' AND holder = $5 AND attempt = $6",
+                &[
+                    &to.as_str(),
+                    &updated_at,
+                    &receipt_id,
+                    &deployment_id,
+                    &holder,
+                    &attempt,
                 ],
             )?;
             Ok(commit(tx)?.map(|()| n > 0))
@@ -1086,8 +1149,8 @@ impl RecordStore for PostgresStore {
                 (ReceiptState::Assigned, ReceiptState::Verified),
             ] {
                 moved += tx.execute(
-                    "UPDATE receipts SET state = $1, updated_at = $2, holder = NULL \
-                     WHERE state = $3 AND ($4::TEXT IS NULL OR updated_at <= $4)",
+                    "UPDATE receipts SET state = $1, updated_at = $2, holder = NULL, \
+                     attempt = NULL WHERE state = $3 AND ($4::TEXT IS NULL OR updated_at <= $4)",
                     &[&to.as_str(), &updated_at, &from.as_str(), &untouched_since],
                 )?;
             }
@@ -1100,6 +1163,9 @@ impl RecordStore for PostgresStore {
     }
 
     fn control_heartbeat(&mut self, address: &str, started_at: &str) -> Result<(), StoreError> {
+        if self.has_left {
+            return Ok(());
+        }
         let (id, address, started_at) = (
             self.control_id.clone(),
             address.to_owned(),
@@ -1119,6 +1185,25 @@ impl RecordStore for PostgresStore {
         }))
     }
 
+    fn control_leave(&mut self, updated_at: &str) -> Result<usize, StoreError> {
+        // Even when the call fails: a stopping control must not write its row back, and the
+        // row then expires as after a crash.
+        self.has_left = true;
+        let (id, updated_at) = (self.control_id.clone(), updated_at.to_owned());
+        flat(self.call(move |c| {
+            let mut tx = c.transaction()?;
+            let moved = tx.execute(
+                "UPDATE receipts SET \
+                 state = CASE state WHEN 'verifying' THEN 'uploading' ELSE 'verified' END, \
+                 holder = NULL, attempt = NULL, updated_at = $1 \
+                 WHERE state IN ('verifying', 'assigned') AND holder = $2",
+                &[&updated_at, &id],
+            )?;
+            tx.execute("DELETE FROM controls WHERE control_id = $1", &[&id])?;
+            Ok(commit(tx)?.map(|()| usize::try_from(moved).unwrap_or(usize::MAX)))
+        }))
+    }
+
     fn recover_dead_controls(
         &mut self,
         expiry: Duration,
@@ -1134,7 +1219,7 @@ impl RecordStore for PostgresStore {
                 &format!(
                     "UPDATE receipts SET \
                      state = CASE state WHEN 'verifying' THEN 'uploading' ELSE 'verified' END, \
-                     holder = NULL, updated_at = $1 \
+                     holder = NULL, attempt = NULL, updated_at = $1 \
                      WHERE state IN ('verifying', 'assigned') AND holder IS NOT NULL \
                      AND holder <> $2 AND NOT EXISTS (SELECT 1 FROM controls \
                      WHERE controls.control_id = receipts.holder \

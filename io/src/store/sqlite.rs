@@ -507,8 +507,8 @@ impl RecordStore for SqliteStore {
         let n = self
             .conn
             .execute(
-                "UPDATE receipts SET state = ?1, updated_at = ?2, failure = COALESCE(?3, failure) \
-                 WHERE receipt_id = ?4 AND deployment_id = ?5 AND state = ?6",
+                "UPDATE receipts SET state = ?1, updated_at = ?2, failure = COALESCE(?3, failure), \
+                 attempt = NULL WHERE receipt_id = ?4 AND deployment_id = ?5 AND state = ?6",
                 rusqlite::params![
                     to.as_str(),
                     updated_at,
@@ -517,6 +517,44 @@ impl RecordStore for SqliteStore {
                     deployment_id,
                     from.as_str()
                 ],
+            )
+            .map_err(map_error)?;
+        Ok(n > 0)
+    }
+
+    fn assign_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        updated_at: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE receipts SET state = 'assigned', updated_at = ?1, attempt = ?2 \
+                 WHERE receipt_id = ?3 AND deployment_id = ?4 AND state = 'verified'",
+                rusqlite::params![updated_at, attempt, receipt_id, deployment_id],
+            )
+            .map_err(map_error)?;
+        Ok(n > 0)
+    }
+
+    fn release_receipt(
+        &mut self,
+        deployment_id: &str,
+        receipt_id: &str,
+        attempt: &str,
+        to: ReceiptState,
+        updated_at: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE receipts SET state = ?1, updated_at = ?2, attempt = NULL \
+                 WHERE receipt_id = ?3 AND deployment_id = ?4 AND state = 'assigned' \
+                 AND attempt = ?5",
+                rusqlite::params![to.as_str(), updated_at, receipt_id, deployment_id, attempt],
             )
             .map_err(map_error)?;
         Ok(n > 0)
@@ -558,8 +596,8 @@ impl RecordStore for SqliteStore {
         ] {
             moved += tx
                 .execute(
-                    "UPDATE receipts SET state = ?1, updated_at = ?2 WHERE state = ?3 \
-                     AND (?4 IS NULL OR updated_at <= ?4)",
+                    "UPDATE receipts SET state = ?1, updated_at = ?2, attempt = NULL \
+                     WHERE state = ?3 AND (?4 IS NULL OR updated_at <= ?4)",
                     rusqlite::params![to.as_str(), updated_at, from.as_str(), untouched_since],
                 )
                 .map_err(map_error)?;
