@@ -489,6 +489,47 @@ fn response_at_the_inline_limit_is_returned_whole_and_one_byte_more_is_413() {
 }
 
 #[test]
+fn a_large_envelope_reaches_a_slow_reader_whole() {
+    // The answer's head and body go out in one vectored write; a client whose receive buffer
+    // is small and who reads slowly forces short writes, and must still get every byte in
+    // order.
+    let up = Upstream::start(upstream::large(DEFAULT_INLINE_LIMIT));
+    let gw = Gateway::start();
+    let envelope = json!({"method": "GET", "url": up.url("/big")}).to_string();
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    socket.connect(&gw.api.into()).expect("connect");
+    let mut s: TcpStream = socket.into();
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let head = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Authorization: Bearer {DEPLOYMENT_TOKEN}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        envelope.len()
+    );
+    s.write_all(head.as_bytes()).expect("head");
+    s.write_all(envelope.as_bytes()).expect("envelope");
+    let mut raw = Vec::new();
+    let mut piece = [0u8; 4096];
+    let mut reads = 0u32;
+    loop {
+        let n = s.read(&mut piece).expect("read");
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&piece[..n]);
+        reads += 1;
+        if reads.is_multiple_of(16) {
+            // Pacing, not synchronisation: the sender's buffer fills meanwhile.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let v = ok(&parse_response(&raw));
+    assert_eq!(body_of(&v), upstream::pattern(DEFAULT_INLINE_LIMIT));
+}
+
+#[test]
 fn configured_response_limit_applies_to_every_framing() {
     let gw = Gateway::builder()
         .control("request.max_inline_response_body_bytes = 100")

@@ -2,7 +2,8 @@
 //! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver,
 //! checking an idle pooled connection or a client's connection for a close or unread bytes
 //! without consuming them or waiting, duplicating a client's descriptor to wait on it, and the
-//! pipe and non-waiting `splice` a tunnel moves its bytes with (decision 022).
+//! pipe and non-waiting `splice` a tunnel moves its bytes with (decision 022), and the pair of
+//! buffers a response head and body go out with in one vectored write.
 //!
 //! This is the only module of the io crate's network code with `unsafe` code: each operation
 //! borrows the raw descriptor of a stream the caller keeps open, for the length of one system
@@ -13,6 +14,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd as _, OwnedFd, RawFd};
 
+use bytes::Bytes;
+use monoio::buf::IoVecBuf;
 use socket2::SockRef;
 
 /// Runs `f` on a socket2 view of the descriptor behind `stream`.
@@ -219,6 +222,53 @@ pub(crate) fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
 }
 
 /// The local address of the socket (tests identify pooled connections by it).
+/// A response head and a body to send in one vectored write. The two `iovec`s live on the heap,
+/// so their address stays put while the runtime owns the value (the contract of
+/// [`IoVecBuf`]).
+pub(crate) struct HeadAndBody {
+    head: Vec<u8>,
+    body: Bytes,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl HeadAndBody {
+    pub(crate) fn new(head: Vec<u8>, body: Bytes) -> HeadAndBody {
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: head.as_ptr() as *mut libc::c_void,
+                iov_len: head.len(),
+            },
+            libc::iovec {
+                iov_base: body.as_ptr() as *mut libc::c_void,
+                iov_len: body.len(),
+            },
+        ]);
+        HeadAndBody { head, body, iov }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.head.len().saturating_add(self.body.len())
+    }
+
+    pub(crate) fn into_parts(self) -> (Vec<u8>, Bytes) {
+        (self.head, self.body)
+    }
+}
+
+// SAFETY: the iovecs point into `head`'s and `body`'s heap storage, which neither moves nor
+// changes while the value exists (both are only read, and only given back by `into_parts`,
+// which consumes the value); the array itself is boxed, so `read_iovec_ptr` is stable across
+// moves of the value, and it holds exactly two valid entries.
+unsafe impl IoVecBuf for HeadAndBody {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn local_addr<S: AsRawFd>(stream: &S) -> io::Result<std::net::SocketAddr> {
     with_socket(stream, |s| s.local_addr())?
