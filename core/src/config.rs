@@ -451,20 +451,82 @@ pub enum StoreBackend {
     Postgres,
 }
 
+/// Default of `store.heartbeat_ms`.
+pub const DEFAULT_STORE_HEARTBEAT_MS: u32 = 1000;
+/// Default of `store.control_expiry_ms`.
+pub const DEFAULT_CONTROL_EXPIRY_MS: u32 = 10_000;
+/// Default of `store.cancel_poll_ms`.
+pub const DEFAULT_CANCEL_POLL_MS: u32 = 200;
+/// Bounds of `store.heartbeat_ms`.
+pub const STORE_HEARTBEAT_MS_RANGE: std::ops::RangeInclusive<u32> = 100..=60_000;
+/// Bounds of `store.control_expiry_ms`; it must also span three heartbeats.
+pub const CONTROL_EXPIRY_MS_RANGE: std::ops::RangeInclusive<u32> = 1_000..=3_600_000;
+/// Bounds of `store.cancel_poll_ms`: at most a third of the 3 s a cancel waits for the owner
+/// (decision 095), so the owner polls at least three times within it.
+pub const CANCEL_POLL_MS_RANGE: std::ops::RangeInclusive<u32> = 50..=1_000;
+
 /// `[store]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct StoreConfig {
     /// Backend.
-    #[serde(default)]
     pub backend: StoreBackend,
     /// Environment variable with the PostgreSQL URL.
-    #[serde(default)]
     pub url_env: Option<String>,
     /// PEM file of CA certificates trusted for the PostgreSQL server, in addition to the
     /// webpki roots, when the URL asks for TLS (`sslmode=require`; decision 091).
-    #[serde(default)]
     pub ca_file: Option<String>,
+    /// On a shared store, how often this control refreshes its heartbeat row (decisions 094,
+    /// 099).
+    pub heartbeat_ms: u32,
+    /// On a shared store, how long after its last heartbeat the others count this control as
+    /// dead and recover the receipts it held. Recorded in its row, so each control is judged by
+    /// its own setting.
+    pub control_expiry_ms: u32,
+    /// On a shared store, how often this control looks for cancel intents naming requests it
+    /// runs (decision 095).
+    pub cancel_poll_ms: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackend::default(),
+            url_env: None,
+            ca_file: None,
+            heartbeat_ms: DEFAULT_STORE_HEARTBEAT_MS,
+            control_expiry_ms: DEFAULT_CONTROL_EXPIRY_MS,
+            cancel_poll_ms: DEFAULT_CANCEL_POLL_MS,
+        }
+    }
+}
+
+impl StoreConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let range =
+            |r: &std::ops::RangeInclusive<u32>| format!("must be {} to {}", r.start(), r.end());
+        if !STORE_HEARTBEAT_MS_RANGE.contains(&self.heartbeat_ms) {
+            return Err(err("store.heartbeat_ms", range(&STORE_HEARTBEAT_MS_RANGE)));
+        }
+        if !CONTROL_EXPIRY_MS_RANGE.contains(&self.control_expiry_ms) {
+            return Err(err(
+                "store.control_expiry_ms",
+                range(&CONTROL_EXPIRY_MS_RANGE),
+            ));
+        }
+        // Two missed beats (a slow store call, a busy cold thread) must not make a live
+        // control look dead.
+        if u64::from(self.control_expiry_ms) < 3 * u64::from(self.heartbeat_ms) {
+            return Err(err(
+                "store.control_expiry_ms",
+                "must be at least three heartbeats (3 × store.heartbeat_ms)",
+            ));
+        }
+        if !CANCEL_POLL_MS_RANGE.contains(&self.cancel_poll_ms) {
+            return Err(err("store.cancel_poll_ms", range(&CANCEL_POLL_MS_RANGE)));
+        }
+        Ok(())
+    }
 }
 
 /// `[egress]`.
@@ -728,6 +790,7 @@ impl Config {
         if self.store.ca_file.as_deref() == Some("") {
             return Err(err("store.ca_file", "must not be empty"));
         }
+        self.store.validate()?;
         if let Some(f) = &self.egress.ca_file {
             if f.is_empty() {
                 return Err(err("egress.ca_file", "must not be empty"));
@@ -1088,6 +1151,33 @@ mod tests {
     }
 
     #[test]
+    fn store_timing_keys_have_defaults_and_bounds() {
+        let d = Config::from_toml("").unwrap().store;
+        assert_eq!(
+            (d.heartbeat_ms, d.control_expiry_ms, d.cancel_poll_ms),
+            (1000, 10_000, 200)
+        );
+        let c = Config::from_toml(
+            "[store]\nbackend = \"postgres\"\nurl_env = \"U\"\nheartbeat_ms = 250\n\
+             control_expiry_ms = 1000\ncancel_poll_ms = 1000\n",
+        )
+        .unwrap()
+        .store;
+        assert_eq!(
+            (c.heartbeat_ms, c.control_expiry_ms, c.cancel_poll_ms),
+            (250, 1000, 1000)
+        );
+        // Exactly three heartbeats is enough; the bounds themselves are accepted.
+        for ok in [
+            "[store]\nheartbeat_ms = 100\ncontrol_expiry_ms = 1000\ncancel_poll_ms = 50",
+            "[store]\nheartbeat_ms = 60000\ncontrol_expiry_ms = 3600000",
+            "[store]\nheartbeat_ms = 1000\ncontrol_expiry_ms = 3000",
+        ] {
+            assert!(Config::from_toml(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
     fn bus_listener_needs_a_token_and_tls_or_explicit_plaintext() {
         let base = "[control]\nbus_listen = \"127.0.0.1:7070\"\n";
         let cases = [
@@ -1223,6 +1313,12 @@ bind_address = "127.0.0.2"
             ("[store]\nbackend = \"postgres\"", "store.url_env"),
             ("[store]\nbackend = \"mysql\"", "line 2"),
             ("[store]\nca_file = \"\"", "store.ca_file"),
+            ("[store]\nheartbeat_ms = 50", "store.heartbeat_ms"),
+            ("[store]\ncontrol_expiry_ms = 999", "store.control_expiry_ms"),
+            ("[store]\ncontrol_expiry_ms = 3600001", "store.control_expiry_ms"),
+            ("[store]\nheartbeat_ms = 4000", "store.control_expiry_ms"),
+            ("[store]\ncancel_poll_ms = 1001", "store.cancel_poll_ms"),
+            ("[store]\ncancel_poll_ms = 10", "store.cancel_poll_ms"),
             ("[object_storage]\nsigning_key_env = \"\"", "object_storage.signing_key_env"),
             ("[control.server]\nheader_timeout_ms = 5", "control.server.header_timeout_ms"),
             ("[control.request]\nmax_in_flight_body_bytes = 1000", "control.request.max_in_flight_body_bytes"),

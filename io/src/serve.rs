@@ -320,9 +320,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .as_ref()
             .map_or(listeners.api.1, |a| a.1)
             .to_string();
-        crate::control::presence::start(&cold, address)
+        let timing = crate::control::presence::Timing::from_config(&config.store);
+        crate::control::presence::start(&cold, address, timing)
             .map_err(|e| ioe(format!("store: control heartbeat: {e}")))?;
-        crate::control::presence::watch_cancels(&cold, state.clone())
+        crate::control::presence::watch_cancels(&cold, state.clone(), timing.cancel_poll)
             .map_err(|e| ioe(format!("store: cancel intents: {e}")))?;
     }
     let bus_shared = match &listeners.bus {

@@ -25,6 +25,8 @@ const T0: &str = "2026-01-01T00:00:00.000Z";
 const T1: &str = "2026-01-01T00:00:01.000Z";
 const T2: &str = "2026-01-01T00:00:02.000Z";
 const DEFAULT_SNAPSHOT: &str = r#"{"default_timeout_ms":60000}"#;
+/// The expiry the test controls record in their heartbeat rows.
+const EXPIRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn temp_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temporary directory")
@@ -711,8 +713,10 @@ fn a_release_applies_only_while_its_attempt_holds_the_receipt(backend: &dyn Back
 fn a_control_that_leaves_removes_its_row_and_returns_what_it_held() {
     let backend = Postgres::new("leave");
     let (mut a, mut b) = (backend.open(), backend.open());
-    a.control_heartbeat("127.0.0.1:1", T0).expect("a beats");
-    b.control_heartbeat("127.0.0.1:2", T0).expect("b beats");
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0, EXPIRY)
+        .expect("b beats");
     for (store, id) in [(&mut a, "rcpt_of_a"), (&mut b, "rcpt_of_b")] {
         verified(store, id);
         assert_eq!(store.assign_receipt("dep", id, "attempt", T1), Ok(true));
@@ -747,7 +751,7 @@ fn a_control_that_leaves_removes_its_row_and_returns_what_it_held() {
         Ok(false),
         "a late release after leaving changes nothing"
     );
-    assert_eq!(a.control_heartbeat("127.0.0.1:1", T2), Ok(()));
+    assert_eq!(a.control_heartbeat("127.0.0.1:1", T2, EXPIRY), Ok(()));
     assert_eq!(rows(&mut c), 1, "no heartbeat after leaving");
 
     let mut alone = Sqlite::new().open();
@@ -789,8 +793,10 @@ fn receipts_of_a_control_whose_row_expired_are_recovered_by_another() {
         b.control_id(),
         "each open mints its own id"
     );
-    a.control_heartbeat("127.0.0.1:1", T0).expect("a beats");
-    b.control_heartbeat("127.0.0.1:2", T0).expect("b beats");
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0, EXPIRY)
+        .expect("b beats");
     for (store, id) in [(&mut a, "rcpt_of_a"), (&mut b, "rcpt_of_b")] {
         let mut r = receipt(id, None);
         r.state = ReceiptState::Verified;
@@ -826,8 +832,57 @@ fn receipts_of_a_control_whose_row_expired_are_recovered_by_another() {
 
     let mut alone = Sqlite::new().open();
     assert_eq!(alone.control_id(), None);
-    assert_eq!(alone.control_heartbeat("127.0.0.1:1", T0), Ok(()));
+    assert_eq!(alone.control_heartbeat("127.0.0.1:1", T0, EXPIRY), Ok(()));
     assert_eq!(alone.recover_dead_controls(expiry, T2), Ok(0));
+}
+
+/// Decision 099: each control is judged by the expiry its own row records, whatever the
+/// reader's setting; a row without one (written by an earlier version) by the reader's.
+#[test]
+fn each_control_is_judged_by_the_expiry_its_row_records() {
+    use std::time::Duration;
+    let backend = Postgres::new("own_expiry");
+    let (mut patient, mut strict, mut reader) = (backend.open(), backend.open(), backend.open());
+    patient
+        .control_heartbeat("127.0.0.1:1", T0, Duration::from_secs(120))
+        .expect("beat");
+    strict
+        .control_heartbeat("127.0.0.1:2", T0, Duration::from_secs(20))
+        .expect("beat");
+    reader
+        .control_heartbeat("127.0.0.1:3", T0, Duration::from_secs(1))
+        .expect("beat");
+    for (store, id) in [(&mut patient, "rcpt_patient"), (&mut strict, "rcpt_strict")] {
+        verified(store, id);
+        assert_eq!(store.assign_receipt("dep", id, "attempt", T1), Ok(true));
+    }
+    // Both rows last seen a minute ago.
+    let mut c = backend.config().connect().expect("connect");
+    c.execute(
+        "UPDATE controls SET last_seen_unix_ms = last_seen_unix_ms - 60000 \
+         WHERE control_id <> $1",
+        &[&reader.control_id().expect("an id")],
+    )
+    .expect("age the rows");
+    // The reader's own 1 s does not apply to them; the strict one's 20 s has passed.
+    assert_eq!(
+        reader.recover_dead_controls(Duration::from_secs(1), T2),
+        Ok(1)
+    );
+    assert_eq!(state(&mut reader, "rcpt_strict"), ReceiptState::Verified);
+    assert_eq!(state(&mut reader, "rcpt_patient"), ReceiptState::Assigned);
+    // A row without an expiry is judged by the reader's.
+    c.execute("UPDATE controls SET expiry_ms = NULL", &[])
+        .expect("an earlier version's row");
+    assert_eq!(
+        reader.recover_dead_controls(Duration::from_secs(600), T2),
+        Ok(0)
+    );
+    assert_eq!(
+        reader.recover_dead_controls(Duration::from_secs(30), T2),
+        Ok(1)
+    );
+    assert_eq!(state(&mut reader, "rcpt_patient"), ReceiptState::Verified);
 }
 
 /// Decision 094 for a control alone on its store: restarted, it is a new control, and it
@@ -839,7 +894,9 @@ fn a_restarted_control_recovers_the_receipts_of_its_previous_process() {
     let backend = Postgres::new("restart");
     let mut before = backend.open();
     let old_id = before.control_id().expect("a control id").to_owned();
-    before.control_heartbeat("127.0.0.1:1", T0).expect("beat");
+    before
+        .control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("beat");
     let mut r = receipt("rcpt_held", None);
     r.state = ReceiptState::Verified;
     before.create_receipt(&r).expect("create");
@@ -856,7 +913,9 @@ fn a_restarted_control_recovers_the_receipts_of_its_previous_process() {
 
     let mut after = backend.open();
     assert_ne!(after.control_id(), Some(old_id.as_str()));
-    after.control_heartbeat("127.0.0.1:1", T1).expect("beat");
+    after
+        .control_heartbeat("127.0.0.1:1", T1, EXPIRY)
+        .expect("beat");
     assert_eq!(
         after.recover_dead_controls(expiry, T2),
         Ok(0),

@@ -1,8 +1,8 @@
 //! Control heartbeat rows on a shared record store (decision 094): each control registers
 //! itself at start and refreshes its row from the cold thread; a control whose row is older
-//! than [`CONTROL_EXPIRY`] counts as dead, and the others recover the receipts it held. Also
-//! the cancel intents through which an admin cancel reaches a request another control runs
-//! (decision 095).
+//! than the expiry it recorded counts as dead, and the others recover the receipts it held.
+//! Also the cancel intents through which an admin cancel reaches a request another control runs
+//! (decision 095). The periods are settings (`[store]`, decision 099).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,34 +10,52 @@ use std::time::Duration;
 use crate::control::state::ControlState;
 use crate::store::{ColdHandle, StoreError};
 
-/// How often a control looks for cancel intents naming requests it may run.
-pub const CANCEL_POLL_INTERVAL: Duration = Duration::from_millis(200);
-
 /// A cancel intent no control carried out within this is removed: the request had ended, or
 /// never ran. Longer than [`CANCEL_WAIT`], so the owner can still find it.
 pub const CANCEL_INTENT_EXPIRY: Duration = Duration::from_secs(5);
 
 /// How long an admin cancel of a request this control does not run waits for another control
-/// to carry it out before answering 404: a few poll intervals, with room for a slow store call.
+/// to carry it out before answering 404: at least three poll intervals of the owner (the
+/// longest `store.cancel_poll_ms` is 1 s), with room for a slow store call.
 pub const CANCEL_WAIT: Duration = Duration::from_secs(3);
 
-/// How often a control refreshes its row and looks for dead controls.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a control waiting on a cancel intent checks whether it was carried out.
+const CANCEL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
-/// A control not seen for this long counts as dead and its `verifying` and `assigned`
-/// receipts are recovered by the others. Ten heartbeats: a control that misses one or two
-/// (a store call that waited, a busy cold thread) stays alive; one killed is recovered within
-/// seconds instead of the two hours of startup recovery (decision 093).
-pub const CONTROL_EXPIRY: Duration = Duration::from_secs(10);
+/// The periods of this control's presence on a shared store, from `[store]` (decision 099).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// How often the control refreshes its row and looks for dead controls.
+    pub heartbeat: Duration,
+    /// How long after its last beat the others count it dead and recover its `verifying` and
+    /// `assigned` receipts; recorded in its row. The default, ten beats, keeps a control that
+    /// misses one or two (a store call that waited, a busy cold thread) alive, and recovers one
+    /// killed within seconds instead of the two hours of startup recovery (decision 093).
+    pub expiry: Duration,
+    /// How often the control looks for cancel intents naming requests it may run.
+    pub cancel_poll: Duration,
+}
+
+impl Timing {
+    /// The periods `[store]` sets (validated there).
+    pub fn from_config(store: &sortie_core::config::StoreConfig) -> Timing {
+        let ms = |v: u32| Duration::from_millis(u64::from(v));
+        Timing {
+            heartbeat: ms(store.heartbeat_ms),
+            expiry: ms(store.control_expiry_ms),
+            cancel_poll: ms(store.cancel_poll_ms),
+        }
+    }
+}
 
 /// Registers this control (blocking, so that its row exists before it serves anything that
 /// can hold a receipt) and starts the heartbeat on the cold thread. `address` is where this
 /// control answers, recorded for operators.
-pub fn start(cold: &ColdHandle, address: String) -> Result<(), StoreError> {
+pub fn start(cold: &ColdHandle, address: String, timing: Timing) -> Result<(), StoreError> {
     let started_at = crate::clock::now_rfc3339();
     {
         let (address, started_at) = (address.clone(), started_at.clone());
-        cold.call_blocking(move |s| s.control_heartbeat(&address, &started_at))?;
+        cold.call_blocking(move |s| s.control_heartbeat(&address, &started_at, timing.expiry))?;
     }
     cold.spawn(move |ctx| async move {
         // Outages are logged when they start and when they end, not at every beat.
@@ -45,8 +63,8 @@ pub fn start(cold: &ColdHandle, address: String) -> Result<(), StoreError> {
         loop {
             let now = crate::clock::now_rfc3339();
             let beat = ctx.store(|s| {
-                s.control_heartbeat(&address, &started_at)?;
-                s.recover_dead_controls(CONTROL_EXPIRY, &now)
+                s.control_heartbeat(&address, &started_at, timing.expiry)?;
+                s.recover_dead_controls(timing.expiry, &now)
             });
             match beat {
                 Ok(recovered) => {
@@ -68,7 +86,7 @@ pub fn start(cold: &ColdHandle, address: String) -> Result<(), StoreError> {
                     }
                 }
             }
-            tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+            tokio::time::sleep(timing.heartbeat).await;
         }
     })
 }
@@ -89,10 +107,14 @@ pub fn leave(cold: &ColdHandle) {
     }
 }
 
-/// Starts the cold-thread task that carries out cancel intents: every
-/// [`CANCEL_POLL_INTERVAL`] it reads the pending intents, cancels those naming requests this
-/// control runs, and marks them done so the control that wrote the intent can answer 204.
-pub fn watch_cancels(cold: &ColdHandle, state: Arc<ControlState>) -> Result<(), StoreError> {
+/// Starts the cold-thread task that carries out cancel intents: every `poll` it reads the
+/// pending intents, cancels those naming requests this control runs, and marks them done so
+/// the control that wrote the intent can answer 204.
+pub fn watch_cancels(
+    cold: &ColdHandle,
+    state: Arc<ControlState>,
+    poll: Duration,
+) -> Result<(), StoreError> {
     cold.spawn(move |ctx| async move {
         let mut failing = false;
         loop {
@@ -114,7 +136,7 @@ pub fn watch_cancels(cold: &ColdHandle, state: Arc<ControlState>) -> Result<(), 
                     }
                 }
             }
-            tokio::time::sleep(CANCEL_POLL_INTERVAL).await;
+            tokio::time::sleep(poll).await;
         }
     })
 }
@@ -129,7 +151,7 @@ pub async fn cancel_elsewhere(cold: &ColdHandle, request_id: &str) -> Result<boo
     }
     let deadline = std::time::Instant::now() + CANCEL_WAIT;
     loop {
-        monoio::time::sleep(CANCEL_POLL_INTERVAL / 2).await;
+        monoio::time::sleep(CANCEL_CHECK_INTERVAL).await;
         let id = request_id.to_owned();
         if cold.call(move |s| s.cancel_carried_out(&id)).await? {
             return Ok(true);

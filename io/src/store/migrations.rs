@@ -133,6 +133,9 @@ pub(crate) const POSTGRES_MIGRATIONS: &[&str] = &[
     // Version 4: the attempt holding an `assigned` receipt (decision 098), beside its holder,
     // so that a release applies only while that attempt of this control still holds it.
     "ALTER TABLE receipts ADD COLUMN attempt TEXT;",
+    // Version 5: each control's own expiry in its row (decision 099), so every control judges
+    // another by the other's setting; rows without one are judged by the reader's.
+    "ALTER TABLE controls ADD COLUMN expiry_ms BIGINT;",
 ];
 
 /// The PostgreSQL schema version this build writes and understands.

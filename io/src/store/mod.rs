@@ -201,9 +201,15 @@ pub trait RecordStore {
     }
 
     /// Registers this control, or refreshes its row: `address` (where it answers), the time it
-    /// started and, from the store's own clock so that controls on different hosts compare one
-    /// clock, when it was last seen. A store only one control uses keeps no such row.
-    fn control_heartbeat(&mut self, _address: &str, _started_at: &str) -> Result<(), StoreError> {
+    /// started, `expiry` (how long after this beat the others may count it dead, decision 099)
+    /// and, from the store's own clock so that controls on different hosts compare one clock,
+    /// when it was last seen. A store only one control uses keeps no such row.
+    fn control_heartbeat(
+        &mut self,
+        _address: &str,
+        _started_at: &str,
+        _expiry: std::time::Duration,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -216,10 +222,11 @@ pub trait RecordStore {
         Ok(0)
     }
 
-    /// Recovers the receipts held by controls not seen for `expiry` (by the store's clock):
-    /// `verifying` goes back to `uploading`, `assigned` back to `verified`, as at startup
-    /// (decision 034), and those controls' rows are removed. Receipts of controls seen within
-    /// `expiry`, and of this one, are left alone. Returns how many receipts moved.
+    /// Recovers the receipts held by controls not seen within their expiry (by the store's
+    /// clock; the expiry each row records, else `expiry`): `verifying` goes back to
+    /// `uploading`, `assigned` back to `verified`, as at startup (decision 034), and those
+    /// controls' rows are removed. Receipts of controls seen within their expiry, and of this
+    /// one, are left alone. Returns how many receipts moved.
     fn recover_dead_controls(
         &mut self,
         _expiry: std::time::Duration,

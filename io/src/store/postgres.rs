@@ -1162,7 +1162,12 @@ impl RecordStore for PostgresStore {
         Some(&self.control_id)
     }
 
-    fn control_heartbeat(&mut self, address: &str, started_at: &str) -> Result<(), StoreError> {
+    fn control_heartbeat(
+        &mut self,
+        address: &str,
+        started_at: &str,
+        expiry: Duration,
+    ) -> Result<(), StoreError> {
         if self.has_left {
             return Ok(());
         }
@@ -1171,15 +1176,19 @@ impl RecordStore for PostgresStore {
             address.to_owned(),
             started_at.to_owned(),
         );
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
         flat(self.call(move |c| {
             let mut tx = c.transaction()?;
             tx.execute(
                 &format!(
-                    "INSERT INTO controls (control_id, address, started_at, last_seen_unix_ms) \
-                     VALUES ($1, $2, $3, {DB_NOW_MS}) ON CONFLICT (control_id) DO UPDATE \
-                     SET address = excluded.address, last_seen_unix_ms = excluded.last_seen_unix_ms"
+                    "INSERT INTO controls \
+                     (control_id, address, started_at, last_seen_unix_ms, expiry_ms) \
+                     VALUES ($1, $2, $3, {DB_NOW_MS}, $4) ON CONFLICT (control_id) DO UPDATE \
+                     SET address = excluded.address, \
+                     last_seen_unix_ms = excluded.last_seen_unix_ms, \
+                     expiry_ms = excluded.expiry_ms"
                 ),
-                &[&id, &address, &started_at],
+                &[&id, &address, &started_at, &expiry_ms],
             )?;
             commit(tx)
         }))
@@ -1223,14 +1232,15 @@ impl RecordStore for PostgresStore {
                      WHERE state IN ('verifying', 'assigned') AND holder IS NOT NULL \
                      AND holder <> $2 AND NOT EXISTS (SELECT 1 FROM controls \
                      WHERE controls.control_id = receipts.holder \
-                     AND controls.last_seen_unix_ms >= {DB_NOW_MS} - $3)"
+                     AND controls.last_seen_unix_ms >= \
+                     {DB_NOW_MS} - COALESCE(controls.expiry_ms, $3))"
                 ),
                 &[&updated_at, &id, &expiry_ms],
             )?;
             tx.execute(
                 &format!(
                     "DELETE FROM controls WHERE control_id <> $1 \
-                     AND last_seen_unix_ms < {DB_NOW_MS} - $2"
+                     AND last_seen_unix_ms < {DB_NOW_MS} - COALESCE(expiry_ms, $2)"
                 ),
                 &[&id, &expiry_ms],
             )?;
