@@ -6,7 +6,8 @@
 # (perf/tunnelbench), and the request API (POST /api/v1/requests, the body coming back base64 in
 # the envelope) beside the nginx hop. Prints req/s, p50/p99, the ratio to direct and requests
 # per CPU-second of the proxy process (utime + stime from /proc/PID/stat over the measured
-# window), and Sortie's per-CPU figure against the nginx hop's. See perf/README.md.
+# window) with the share of it spent in the kernel (stime), and Sortie's per-CPU figure against
+# the nginx hop's. See perf/README.md.
 set -euo pipefail
 # Ports of this benchmark, away from load.sh's so both can run on one machine.
 UPSTREAM_PORT=${UPSTREAM_PORT:-19190}
@@ -55,17 +56,18 @@ field() {
   echo 0
 }
 
-# CPU clock ticks (utime + stime) used so far by the processes $@.
+# CPU clock ticks used so far by the processes $@: "utime+stime stime" (all, then the kernel's).
 cpu_ticks() {
-  local total=0 pid stat rest
+  local total=0 kernel=0 pid stat rest
   for pid in "$@"; do
     stat=$(cat "/proc/$pid/stat" 2>/dev/null) || continue
     # Fields after the command (which may hold spaces) start at field 3.
     rest=${stat##*) }
     read -r -a f <<<"$rest"
     total=$((total + f[11] + f[12]))
+    kernel=$((kernel + f[12]))
   done
-  echo "$total"
+  echo "$total $kernel"
 }
 
 start_bg() {
@@ -313,9 +315,12 @@ measure() {
       ;;
   esac
   after=$( [ -z "$pid" ] || cpu_ticks "$pid")
-  local cpu_s=0
-  [ -z "$pid" ] || cpu_s=$(awk -v a="$after" -v b="$before" -v t="$tick" 'BEGIN { printf "%.3f", (a - b) / t }')
-  RESULTS["$mode $size $label"]+="$line cpu_s=$cpu_s"$'\n'
+  local cpu_s=0 sys_s=0
+  if [ -n "$pid" ]; then
+    cpu_s=$(awk -v a="${after% *}" -v b="${before% *}" -v t="$tick" 'BEGIN { printf "%.3f", (a - b) / t }')
+    sys_s=$(awk -v a="${after#* }" -v b="${before#* }" -v t="$tick" 'BEGIN { printf "%.3f", (a - b) / t }')
+  fi
+  RESULTS["$mode $size $label"]+="$line cpu_s=$cpu_s sys_s=$sys_s"$'\n'
   log "$mode $size $label: $(field rps "$line") req/s, cpu ${cpu_s}s, errors $(field read_errors "$line")/$(field non_2xx "$line")"
 }
 
@@ -359,21 +364,22 @@ main() {
     done
   done
   say ""
-  say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | errors |"
-  say "|---|---|---|---:|---:|---:|---:|---:|---:|"
+  say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | proxy CPU in kernel | errors |"
+  say "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
   for mode in $MODES; do
     for size in $SIZES; do
       local direct_rps
       direct_rps=$(field rps "$(median_line "${RESULTS["$mode $size direct"]}")")
       for label in $(labels_for "$mode"); do
-        local line rps cpu per_cpu ratio errs
+        local line rps cpu per_cpu kernel ratio errs
         line=$(median_line "${RESULTS["$mode $size $label"]}")
         rps=$(field rps "$line")
         cpu=$(field cpu_s "$line")
         ratio=$(awk -v r="$rps" -v d="$direct_rps" 'BEGIN { printf "%.2f", (d > 0 ? r / d : 0) }')
         per_cpu=$(awk -v n="$(field requests "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f", n / c; else printf "-" }')
+        kernel=$(awk -v k="$(field sys_s "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f%%", 100 * k / c; else printf "-" }')
         errs=$(($(field read_errors "$line") + $(field non_2xx "$line") + $(field timeouts "$line")))
-        say "| $mode | $size | $label | $(printf '%.0f' "$rps") | $(us_to_ms "$(field p50_us "$line")") | $(us_to_ms "$(field p99_us "$line")") | $ratio | $per_cpu | $errs |"
+        say "| $mode | $size | $label | $(printf '%.0f' "$rps") | $(us_to_ms "$(field p50_us "$line")") | $(us_to_ms "$(field p99_us "$line")") | $ratio | $per_cpu | $kernel | $errs |"
       done
     done
   done
