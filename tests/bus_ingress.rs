@@ -117,6 +117,45 @@ fn a_remote_worker_egresses_through_its_pools_upstream_proxy() {
     }
 }
 
+/// A remote worker tunnels a CONNECT through an `https://` upstream proxy: the tunnel's bytes
+/// travel inside the worker's TLS session with squid, trusted through the worker's CA file.
+#[test]
+fn a_remote_worker_tunnels_through_an_https_upstream_proxy() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
+    let squid = Squid::start_tls(&[("tls-u", PASSWORD)], &cert, &key);
+    let up = Upstream::start(upstream::echo());
+    let snap = json!({
+        "routing": {"rules": [{"id": "r", "priority": 1, "pools": ["acme"]}]},
+        "pools": [{"id": "acme", "upstream_proxy": {
+            "id": "acme", "url": format!("https://localhost:{}", squid.port()),
+            "username_template": "tls-u", "password_env": PASSWORD_VAR
+        }}],
+        "destinations": {"allow": ["127.0.0.0/8"], "deny": []}
+    })
+    .to_string();
+    let gw = control("127.0.0.1:0", None).snapshot(Some(&snap)).start();
+    let worker = start_worker_env(
+        "wt",
+        gw.bus.expect("bus listener"),
+        None,
+        &format!(
+            "pools = [\"acme\"]\n[egress]\nca_file = {:?}",
+            ca.ca_file().display().to_string()
+        ),
+        &[(PASSWORD_VAR, PASSWORD)],
+    );
+    wait_worker(&gw, "wt", "connected");
+    let r = curl_ok(&gw, &["-p", &up.url("/through-tls")]);
+    assert!(r.text().contains("GET /through-tls"), "{}", r.text());
+    let mut worker = worker;
+    worker.kill9();
+    wait_for_log(&squid.access_log(), "one CONNECT line", |t| {
+        t.matches(" CONNECT ").count() == 1
+    });
+    assert!(squid.connects().iter().all(|(u, _)| u == "tls-u"));
+}
+
 /// A worker whose environment lacks the password answers the request with the proxy's
 /// credentials failure, not from its own address.
 #[test]

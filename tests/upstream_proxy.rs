@@ -32,6 +32,17 @@ fn workers(country: &str) -> String {
     format!("[[workers]]\nid = \"w\"\ncountry = \"{country}\"\npools = [\"acme\"]\n")
 }
 
+/// An echo upstream speaking TLS with the test CA's `localhost` certificate.
+fn secure_echo(ca: &TestCa) -> Upstream {
+    Upstream::start_with(
+        upstream::echo(),
+        Options {
+            tls: Some(ca.localhost_config()),
+            ..Options::default()
+        },
+    )
+}
+
 #[test]
 fn the_request_api_goes_through_squid_with_the_session_username() {
     let sess = session("US", "cart-42");
@@ -147,13 +158,7 @@ fn the_forward_proxy_uses_squid_for_absolute_form_and_connect() {
     let squid = Squid::start(&[("fp-DE", "pw")]);
     let up = Upstream::start(upstream::echo());
     let ca = TestCa::new();
-    let secure = Upstream::start_with(
-        upstream::echo(),
-        Options {
-            tls: Some(ca.localhost_config()),
-            ..Options::default()
-        },
-    );
+    let secure = secure_echo(&ca);
     let snap = snapshot(json!({
         "id": "acme", "url": squid.url(), "username_template": "fp-{country}", "password": "pw"
     }));
@@ -185,5 +190,96 @@ fn the_forward_proxy_uses_squid_for_absolute_form_and_connect() {
     assert!(
         connects.len() == 2 && connects.iter().all(|(u, _)| u == "fp-DE"),
         "{connects:?}"
+    );
+}
+
+#[test]
+fn connect_tunnels_go_through_an_https_upstream_proxy() {
+    // The tunnel's bytes travel inside TLS to the proxy: curl's TLS to the destination inside
+    // the gateway's TLS to squid, and a plain HTTP exchange forced through CONNECT (`-p`).
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
+    let squid = Squid::start_tls(&[("tls-DE", "pw")], &cert, &key);
+    let up = Upstream::start(upstream::echo());
+    let secure = secure_echo(&ca);
+    let snap = snapshot(json!({
+        "id": "acme", "url": format!("https://localhost:{}", squid.port()),
+        "username_template": "tls-{country}", "password": "pw"
+    }));
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(&format!(
+            "{}[egress]\nca_file = {:?}\n",
+            workers("DE"),
+            ca.ca_file().display().to_string()
+        ))
+        .start();
+    let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
+    let user = format!("dep_test:{DEPLOYMENT_TOKEN}");
+    let cacert = ca.ca_file().display().to_string();
+    let cases = [
+        (
+            secure.https_url("localhost", "/tls-in-tls"),
+            false,
+            "GET /tls-in-tls",
+        ),
+        (up.url("/plain-tunnel"), true, "GET /plain-tunnel"),
+    ];
+    for (url, force_tunnel, echoed) in &cases {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "-S", "-i", "--max-time", "30", "-x", &proxy])
+            .args(["--proxy-user", &user])
+            .args(["--proxy-header", "X-Service-Route-Country: DE"])
+            .args(["--cacert", &cacert]);
+        if *force_tunnel {
+            cmd.arg("-p");
+        }
+        let out = cmd
+            .arg(url)
+            .output()
+            .expect("curl must be installed (scripts/ci-deps.sh installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{url}: {text}");
+        // The tunnel's 200, then the destination's own answer echoing the request.
+        assert!(text.contains("HTTP/1.1 200"), "{url}: {text}");
+        assert!(text.contains(echoed), "{url}: {text}");
+    }
+    // A 256 KiB upload and its echo: many TLS records each way through the proxy's session.
+    let body = vec![b'x'; 256 * 1024];
+    let file = std::env::temp_dir().join(format!("sortie-tls-tunnel-{}", std::process::id()));
+    std::fs::write(&file, &body).expect("body file");
+    let out = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "30", "-p", "-x", &proxy])
+        .args(["--proxy-user", &user])
+        .args(["--proxy-header", "X-Service-Route-Country: DE"])
+        .args(["--data-binary", &format!("@{}", file.display())])
+        .arg(up.url("/upload"))
+        .output()
+        .expect("curl");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let echoed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        echoed.starts_with("POST /upload HTTP/1.1\r\n"),
+        "{}",
+        &echoed[..echoed.len().min(200)]
+    );
+    assert!(
+        echoed.ends_with(&"x".repeat(1024)),
+        "the body came back whole"
+    );
+    assert!(out.stdout.len() > body.len(), "{} bytes", out.stdout.len());
+    drop(gw);
+    wait_for_log(&squid.access_log(), "three CONNECT lines", |t| {
+        t.matches(" CONNECT ").count() == 3
+    });
+    assert!(
+        squid.connects().iter().all(|(u, _)| u == "tls-DE"),
+        "{:?}",
+        squid.connects()
     );
 }

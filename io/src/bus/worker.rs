@@ -33,9 +33,9 @@ use super::{read_frame, Notify, Outbox, Queue};
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{
     BodyLength, BodySource as EgressBody, Egress, HealthRegistry, ProxyPool, ProxyRoute,
-    StreamRequest, Timeouts,
+    StreamRequest, Timeouts, TunnelStream,
 };
-use monoio::io::{AsyncReadRent as _, AsyncWriteRentExt as _, Splitable as _};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Split, Splitable as _};
 use sortie_core::provider_session::ProviderSession;
 
 /// First reconnection delay; it doubles per failed attempt up to [`BACKOFF_MAX`].
@@ -1043,9 +1043,10 @@ async fn tunnel(
                 .await?
         }
         None => {
-            egress
+            let (tcp, peer) = egress
                 .dial(&host, port, bind, policy, limit, deadline, tenant)
-                .await?
+                .await?;
+            (TunnelStream::Tcp(tcp), peer)
         }
     };
     wl.send(&Frame::ResponseHead(ResponseHead {
@@ -1054,8 +1055,25 @@ async fn tunnel(
         headers: Vec::new(),
     }))
     .map_err(unsendable_head)?;
+    match upstream {
+        TunnelStream::Tcp(tcp) => relay_tunnel(tcp, wl, s, a.stream).await,
+        // Through an `https://` upstream proxy the tunnel is the TLS session's plaintext.
+        TunnelStream::Tls(tls) => relay_tunnel(*tls, wl, s, a.stream).await,
+    }
+}
+
+/// Relays an open tunnel's bytes between the destination connection `upstream` and the bus
+/// stream `stream` until both directions have ended.
+async fn relay_tunnel<S>(
+    upstream: S,
+    wl: &WLane,
+    s: &WStream,
+    stream: StreamId,
+) -> Result<(), ApiError>
+where
+    S: Split + AsyncReadRent + AsyncWriteRent,
+{
     let (mut from_up, to_up) = upstream.into_split();
-    let stream = a.stream;
     // Destination → control, until the destination half-closes.
     let download = async {
         let mut buf = Vec::with_capacity(64 * 1024);
@@ -1084,8 +1102,8 @@ async fn tunnel(
             }
         }
     };
-    // Control → destination, until the client half-closes; dropping the write half then
-    // shuts the destination's socket for writing.
+    // Control → destination, until the client half-closes; then the destination's connection
+    // is shut down for writing (after `close_notify` through TLS).
     let upload = async {
         let mut to = to_up;
         loop {
@@ -1105,6 +1123,8 @@ async fn tunnel(
                 });
             }
             if end {
+                // A failed shutdown is the destination's end anyway: nothing more to send.
+                let _ = to.shutdown().await;
                 return Ok(());
             }
         }

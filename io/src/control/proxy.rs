@@ -36,7 +36,9 @@ use super::api::{assign, ApiContext};
 use super::core::{ActiveGuard, Cancelled};
 use super::tunnel::relay;
 use crate::bus::ingress::{Dispatched, Reroute};
-use crate::egress::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts};
+use crate::egress::{
+    BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
+};
 use crate::http::{
     Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
 };
@@ -629,19 +631,18 @@ impl ProxyHandler {
                         )
                         .await
                 }
-                None => {
-                    egress
-                        .dial(
-                            &host,
-                            port,
-                            bind,
-                            &active.policy,
-                            connect_limit,
-                            deadline,
-                            tenant,
-                        )
-                        .await
-                }
+                None => egress
+                    .dial(
+                        &host,
+                        port,
+                        bind,
+                        &active.policy,
+                        connect_limit,
+                        deadline,
+                        tenant,
+                    )
+                    .await
+                    .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer)),
             }
         };
         let dialled = monoio::select! {
@@ -677,7 +678,7 @@ impl ProxyHandler {
 
 /// An open tunnel waiting for the client's socket.
 struct TunnelJob {
-    upstream: TcpStream,
+    upstream: TunnelStream,
     cancelled: Cancelled,
     _tracked: ActiveGuard,
     _assigned: super::api::Assigned,

@@ -8,6 +8,9 @@
 //! switched to non-blocking); readiness comes from the runtime (an io_uring poll, or epoll) on
 //! duplicates of the descriptors, so a quiet tunnel costs no thread.
 //!
+//! A tunnel through an `https://` upstream proxy carries its bytes inside TLS to that proxy:
+//! both directions copy through the TLS session, never splice.
+//!
 //! On the per-tunnel path: no locks; a failed switch is logged at debug and the direction
 //! keeps copying.
 
@@ -15,9 +18,11 @@ use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd as _, RawFd};
 
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, OwnedWriteHalf, Splitable as _};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
+use monoio_rustls::ClientTlsStream;
 
+use crate::egress::TunnelStream;
 use crate::fd;
 use crate::splice::{self, PooledPipe};
 
@@ -34,39 +39,111 @@ const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 /// relay once both have stopped.
 pub(super) async fn relay(
     client: TcpStream,
+    upstream: TunnelStream,
+    early: Vec<u8>,
+    up_bytes: &Cell<u64>,
+    down_bytes: &Cell<u64>,
+) -> io::Result<()> {
+    match upstream {
+        TunnelStream::Tcp(upstream) => {
+            relay_tcp(client, upstream, early, up_bytes, down_bytes).await
+        }
+        TunnelStream::Tls(upstream) => {
+            relay_tls(client, *upstream, early, up_bytes, down_bytes).await
+        }
+    }
+}
+
+/// [`relay`] to a TCP destination: copies, then splices bulk directions.
+async fn relay_tcp(
+    client: TcpStream,
     upstream: TcpStream,
     early: Vec<u8>,
     up_bytes: &Cell<u64>,
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
     let (client_fd, upstream_fd) = (client.as_raw_fd(), upstream.as_raw_fd());
-    let (client_read, client_write) = client.into_split();
+    let (client_read, mut client_write) = client.into_split();
     let (up_read, mut up_write) = upstream.into_split();
+    // Dropping a write half shuts its socket down for writing (the half-close).
     let upload = async {
-        if !early.is_empty() {
-            up_bytes.set(early.len() as u64);
-            let (res, _) = up_write.write_all(early).await;
-            res?;
-        }
-        direction(client_read, up_write, (client_fd, upstream_fd), up_bytes).await
+        write_early(&mut up_write, early, up_bytes).await?;
+        direction(
+            client_read,
+            &mut up_write,
+            Some((client_fd, upstream_fd)),
+            up_bytes,
+        )
+        .await?;
+        drop(up_write);
+        Ok(())
     };
-    let download = direction(up_read, client_write, (upstream_fd, client_fd), down_bytes);
+    let download = async {
+        direction(
+            up_read,
+            &mut client_write,
+            Some((upstream_fd, client_fd)),
+            down_bytes,
+        )
+        .await?;
+        drop(client_write);
+        Ok::<_, io::Error>(())
+    };
     let (u, d) = monoio::join!(upload, download);
     u.and(d)
 }
 
-/// One direction of a tunnel, `from` → `to` (whose descriptors are `fds`), until `from` ends;
-/// then dropping `to` shuts down its sending side (`shutdown(SHUT_WR)`, the half-close, done
-/// by the write half itself). Counts the bytes in `counter`. Copies while pieces are small;
-/// splices once a read fills [`MAX_TUNNEL_BUFFER_BYTES`].
-async fn direction<R: AsyncReadRent>(
+/// [`relay`] through TLS to an `https://` upstream proxy: the tunnel's bytes are the TLS
+/// session's plaintext, so both directions copy. The client's half-close ends the session's
+/// sending side (`close_notify`, then the TCP half-close).
+async fn relay_tls(
+    client: TcpStream,
+    upstream: ClientTlsStream<TcpStream>,
+    early: Vec<u8>,
+    up_bytes: &Cell<u64>,
+    down_bytes: &Cell<u64>,
+) -> io::Result<()> {
+    let (client_read, mut client_write) = client.into_split();
+    let (up_read, mut up_write) = upstream.into_split();
+    let upload = async {
+        write_early(&mut up_write, early, up_bytes).await?;
+        direction(client_read, &mut up_write, None, up_bytes).await?;
+        up_write.shutdown().await
+    };
+    let download = async {
+        direction(up_read, &mut client_write, None, down_bytes).await?;
+        drop(client_write);
+        Ok::<_, io::Error>(())
+    };
+    let (u, d) = monoio::join!(upload, download);
+    u.and(d)
+}
+
+/// Writes the bytes the client sent behind its CONNECT head, counting them in `counter`.
+async fn write_early<W: AsyncWriteRent>(
+    to: &mut W,
+    early: Vec<u8>,
+    counter: &Cell<u64>,
+) -> io::Result<()> {
+    if early.is_empty() {
+        return Ok(());
+    }
+    counter.set(early.len() as u64);
+    let (res, _) = to.write_all(early).await;
+    res.map(drop)
+}
+
+/// One direction of a tunnel, `from` → `to`, until `from` ends; the caller then half-closes
+/// `to`. Counts the bytes in `counter`. Copies while pieces are small; with the descriptors of
+/// two sockets in `splice_fds`, splices once a read fills [`MAX_TUNNEL_BUFFER_BYTES`].
+async fn direction<R: AsyncReadRent, W: AsyncWriteRent>(
     mut from: R,
-    mut to: OwnedWriteHalf<TcpStream>,
-    fds: (RawFd, RawFd),
+    to: &mut W,
+    splice_fds: Option<(RawFd, RawFd)>,
     counter: &Cell<u64>,
 ) -> io::Result<()> {
     let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
-    let mut may_splice = true;
+    let mut may_splice = splice_fds.is_some();
     loop {
         let (res, back) = from.read(buf).await;
         buf = back;
@@ -89,7 +166,7 @@ async fn direction<R: AsyncReadRent>(
                     .saturating_mul(2)
                     .min(MAX_TUNNEL_BUFFER_BYTES),
             );
-        } else if may_splice {
+        } else if let (true, Some(fds)) = (may_splice, splice_fds) {
             match Spliced::prepare(fds) {
                 Ok(spliced) => {
                     drop(buf);

@@ -76,7 +76,7 @@ pub use pool::{
 pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
 pub use tls::{client_config, TlsConfigError, ALPN_H2, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
 pub use upstream_proxy::{
-    EndpointHealth, EndpointHealthView, HealthRegistry, ProxyPool, ProxyRoute,
+    EndpointHealth, EndpointHealthView, HealthRegistry, ProxyPool, ProxyRoute, TunnelStream,
 };
 
 use self::client::{Exchange, Failure};

@@ -418,8 +418,8 @@ impl Egress {
 
     /// Opens a raw tunnel to `host:port` through the route's proxy for a CONNECT tunnel of the
     /// forward proxy: the counterpart of [`Egress::dial`]. The endpoint is chosen as for any
-    /// exchange. Through an `https://` proxy the tunnel is TLS to the proxy, which a raw TCP
-    /// tunnel cannot carry: that is `upstream_proxy_failure` (`proxy_tunnel`) for now.
+    /// exchange. Through an `https://` proxy the tunnel's bytes travel inside TLS to the proxy
+    /// ([`TunnelStream::Tls`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn dial_via(
         &self,
@@ -431,7 +431,7 @@ impl Egress {
         connect_limit: std::time::Duration,
         deadline: Instant,
         tenant: crate::dns::Tenant,
-    ) -> Result<(TcpStream, SocketAddr), ApiError> {
+    ) -> Result<(TunnelStream, SocketAddr), ApiError> {
         let (url, timeouts) = super::streaming::tunnel_target(host, port, connect_limit);
         let i = route.choose(Instant::now());
         let req = Dial {
@@ -445,11 +445,8 @@ impl Egress {
             profile: None,
         };
         match self.tunnel_via(route, i, &req).await? {
-            (Tunnel::Plain(tcp), peer, _) => Ok((tcp, peer)),
-            (Tunnel::Tls(..), _, _) => Err(ProxyFact::Tunnel.error().with_detail(
-                "reason",
-                "CONNECT tunnels through https:// upstream proxies are not supported",
-            )),
+            (Tunnel::Plain(tcp), peer, _) => Ok((TunnelStream::Tcp(tcp), peer)),
+            (Tunnel::Tls(tls, _), peer, _) => Ok((TunnelStream::Tls(tls), peer)),
         }
     }
 
@@ -614,6 +611,16 @@ fn proxy_policy() -> &'static DestinationPolicy {
             vec![],
         )
     })
+}
+
+/// The connection a CONNECT tunnel of the forward proxy relays to: TCP to the destination (or
+/// to an `http://` or SOCKS5 proxy that carries the tunnel on as raw bytes), or TLS to an
+/// `https://` proxy, inside which the tunnel's bytes travel. Only the first can be spliced.
+pub enum TunnelStream {
+    /// Raw TCP: the tunnel's bytes are the connection's bytes.
+    Tcp(TcpStream),
+    /// TLS to an `https://` upstream proxy; its plaintext is the tunnel.
+    Tls(Box<monoio_rustls::ClientTlsStream<TcpStream>>),
 }
 
 /// The tunnel once the handshake is done.
