@@ -43,15 +43,26 @@ pub fn stable_hash(fields: &[&[u8]]) -> u64 {
     u64::from_be_bytes(out)
 }
 
-/// The score of a member (its [`stable_hash`]) for a key, weighted: with `u` uniform in
-/// (0, 1) drawn from the pair, `weight / -ln(u)`. A member of weight `w` wins a share `w / Σw`
-/// of the keys (weighted rendezvous hashing). A weight of 0 never wins against a positive one.
-pub fn weighted_score(key: u64, member: u64, weight: u32) -> f64 {
-    let h = mix64(key ^ mix64(member));
-    // The top 52 bits, centred in their interval: `k + 0.5` with `k < 2^52` has 53 significant
-    // bits, so it is exact, and `u` is never 0 or 1: the logarithm is finite and negative.
-    let u = ((h >> 12) as f64 + 0.5) / (1u64 << 52) as f64;
+/// The pair's draw: 52 uniform bits from a key and a member (its [`stable_hash`]). Among
+/// members of equal weight the higher draw has the higher [`score`], so a caller may compare
+/// draws and take a logarithm only between members of different weights.
+pub fn draw(key: u64, member: u64) -> u64 {
+    mix64(key ^ mix64(member)) >> 12
+}
+
+/// The weighted score of a [`draw`]: with `u` the draw as a number in (0, 1),
+/// `weight / -ln(u)`. A member of weight `w` wins a share `w / Σw` of the keys (weighted
+/// rendezvous hashing). A weight of 0 never wins against a positive one.
+pub fn score(draw: u64, weight: u32) -> f64 {
+    // The draw centred in its interval: `k + 0.5` with `k < 2^52` has 53 significant bits, so
+    // it is exact, and `u` is never 0 or 1: the logarithm is finite and negative.
+    let u = ((draw & ((1 << 52) - 1)) as f64 + 0.5) / (1u64 << 52) as f64;
     f64::from(weight) / -u.ln()
+}
+
+/// [`score`] of the [`draw`] of a key and a member.
+pub fn weighted_score(key: u64, member: u64, weight: u32) -> f64 {
+    score(draw(key, member), weight)
 }
 
 #[cfg(test)]
@@ -76,10 +87,16 @@ mod tests {
             assert!(weighted_score(key, 7, 20) > s);
             assert_eq!(weighted_score(key, 7, 0), 0.0);
         }
-        // The draw's arithmetic on the extreme mixed values stays strictly inside (0, 1).
-        for h in [0u64, u64::MAX] {
-            let u = ((h >> 12) as f64 + 0.5) / (1u64 << 52) as f64;
-            assert!(u > 0.0 && u < 1.0 && (-u.ln()).is_finite(), "{h}: {u}");
+        // The extreme draws stay finite; a higher draw scores higher at equal weight.
+        for d in [0u64, (1 << 52) - 1] {
+            let s = score(d, 1);
+            assert!(s.is_finite() && s > 0.0, "{d}: {s}");
+        }
+        assert!(score(0, 1) < score(1, 1));
+        assert!(score((1 << 52) - 2, 1) < score((1 << 52) - 1, 1));
+        for key in 0..1_000u64 {
+            let (a, b) = (draw(key, 1), draw(key, 2));
+            assert_eq!(a > b, score(a, 5) > score(b, 5), "key {key}");
         }
     }
 }

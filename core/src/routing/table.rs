@@ -470,57 +470,69 @@ impl RoutingTable {
         if n == 0 {
             return PoolPick::NoEligible;
         }
-        // `n` fits in u64 and the remainder is below `n`, so neither conversion can fail.
-        let start = match ranking {
-            Ranking::MostRoom(tie_break) => {
-                usize::try_from(tie_break % u64::try_from(n).unwrap_or(u64::MAX)).unwrap_or(0)
-            }
-            Ranking::Rendezvous(_) => 0,
-        };
         let mut any_eligible = false;
-        // (rank, worker) of the best candidate so far; a higher rank wins.
-        let mut best: Option<((u64, Reverse<usize>), u32)> = None;
-        for (pos, &w) in list.iter().enumerate() {
-            if !self.is_eligible(w, want) {
-                continue;
+        // (position, worker, room) of every eligible candidate with room, in candidate order.
+        let with_room = list
+            .iter()
+            .enumerate()
+            .filter(|&(_, &w)| self.is_eligible(w, want))
+            .inspect(|_| any_eligible = true)
+            .filter_map(|(pos, &w)| {
+                let room = self.available(w, capacity);
+                (room > 0).then_some((pos, w, room))
+            });
+        let chosen = match ranking {
+            Ranking::MostRoom(tie_break) => {
+                // `n` fits in u64 and the remainder is below `n`, so neither conversion can
+                // fail.
+                let start =
+                    usize::try_from(tie_break % u64::try_from(n).unwrap_or(u64::MAX)).unwrap_or(0);
+                // Distance from the tie-break position, walking forward with wrap-around: the
+                // nearer wins among equal room. Distances differ, so there is one maximum.
+                with_room
+                    .max_by_key(|&(pos, _, room)| {
+                        let distance = if pos >= start {
+                            pos - start
+                        } else {
+                            pos + (n - start)
+                        };
+                        (room, Reverse(distance))
+                    })
+                    .map(|(_, w, _)| w)
             }
-            any_eligible = true;
-            let available = self.available(w, capacity);
-            if available == 0 {
-                continue;
-            }
-            let rank = match ranking {
-                Ranking::MostRoom(_) => {
-                    // Distance from the tie-break position, walking forward with wrap-around:
-                    // the nearer wins among equal room.
-                    let distance = if pos >= start {
-                        pos - start
-                    } else {
-                        pos + (n - start)
-                    };
-                    (u64::from(available), Reverse(distance))
-                }
-                // Scores are finite and non-negative, where the bits of an f64 order as its
-                // value does; equal scores fall back to candidate order.
-                Ranking::Rendezvous(key) => {
-                    let f = self.facts.get(w as usize);
-                    let score = rendezvous::weighted_score(
-                        key,
-                        f.map_or(0, |f| f.rendezvous),
-                        f.map_or(0, |f| f.max_capacity),
-                    );
-                    (score.to_bits(), Reverse(pos))
-                }
-            };
-            if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-                best = Some((rank, w));
-            }
-        }
-        match (best, any_eligible) {
-            (Some((_, w)), _) => PoolPick::Chosen(w),
+            Ranking::Rendezvous(key) => self.rendezvous_choice(key, with_room.map(|(_, w, _)| w)),
+        };
+        match (chosen, any_eligible) {
+            (Some(w), _) => PoolPick::Chosen(w),
             (None, true) => PoolPick::Full,
             (None, false) => PoolPick::NoEligible,
         }
+    }
+
+    /// The highest weighted rendezvous score for `key` among `workers` (decision 097); the
+    /// first among equal scores. Draws are compared directly between workers of equal capacity,
+    /// so a pool of equal workers takes no logarithm.
+    fn rendezvous_choice(&self, key: u64, workers: impl Iterator<Item = u32>) -> Option<u32> {
+        // (worker, weight, draw, the score once computed) of the best so far.
+        let mut best: Option<(u32, u32, u64, Option<f64>)> = None;
+        for w in workers {
+            let f = self.facts.get(w as usize);
+            let weight = f.map_or(0, |f| f.max_capacity);
+            let draw = rendezvous::draw(key, f.map_or(0, |f| f.rendezvous));
+            let is_better = match &mut best {
+                None => true,
+                Some((_, best_weight, best_draw, _)) if *best_weight == weight => draw > *best_draw,
+                Some((_, best_weight, best_draw, best_score)) => {
+                    let b = *best_score
+                        .get_or_insert_with(|| rendezvous::score(*best_draw, *best_weight));
+                    rendezvous::score(draw, weight) > b
+                }
+            };
+            if is_better {
+                best = Some((w, weight, draw, None));
+            }
+        }
+        best.map(|(w, ..)| w)
     }
 
     /// The pinned worker and its pool index, if it is still eligible for this rule and these
