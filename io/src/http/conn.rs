@@ -215,7 +215,17 @@ impl ConnIo {
         let written = match res {
             Ok(0) if total > 0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            // A vectored write is a file write to io_uring: on a socket switched to
+            // non-blocking (one that spliced) it answers "would block" instead of waiting;
+            // the sends below wait through their poll.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                0
+            }
             Err(e) => return Err(e),
         };
         let (head, body) = pair.into_parts();
