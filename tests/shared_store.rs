@@ -4,8 +4,10 @@
 //! S3-compatible server. A revision committed on one control becomes active on the other; the
 //! admin API answers from the store on either; a receipt created on one is read and used on the
 //! other with a worker URL signed by the first; a sticky session lands on the same remote
-//! worker through either control; an outage of the database leaves the request path serving
-//! the last applied snapshot; a bad store setting stops the start with one line.
+//! worker through either control; a control that stops or dies gives back the receipts it
+//! held, and an assignment whose outcome was unknown is reverted; an outage of the database
+//! leaves the request path serving the last applied snapshot; a bad store setting stops the
+//! start with one line.
 
 mod support;
 
@@ -506,6 +508,69 @@ fn a_control_stopped_gracefully_removes_its_row_and_returns_what_it_held() {
     );
     assert_eq!(receipt_state(&b, &id), "verified");
     drop(held);
+}
+
+/// An assignment whose `COMMIT` outlasts the store call (15 s) answers the request with
+/// `control_internal_error` and may still commit; the control then reverts it, and the revert
+/// applies because this attempt's assignment is the one recorded (decision 098). The database
+/// stalls the `COMMIT` with a deferred trigger waiting on a lock the test holds, and logs each
+/// receipt change that commits.
+#[test]
+fn an_assignment_whose_outcome_is_unknown_is_reverted() {
+    let url = cluster().fresh_database("unknown");
+    let s3 = S3Server::start();
+    let gw = with_receipts(Gateway::builder(), &url, &s3, &shared_key()).start();
+    let body = upstream::pattern(1000);
+    let id = create_request_receipt(&gw, &body);
+    put_part(&gw, &id, 1, &body);
+    complete(&gw, &id);
+
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    db.batch_execute(
+        "CREATE TABLE committed (state TEXT NOT NULL, at TIMESTAMPTZ DEFAULT clock_timestamp()); \
+         CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock(4242); \
+         INSERT INTO committed (state) VALUES (NEW.state); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER stall AFTER UPDATE ON receipts \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall_commit(); \
+         SELECT pg_advisory_lock(4242);",
+    )
+    .expect("a stalling commit");
+    let echo = Upstream::start(upstream::echo());
+    let send = || {
+        request_at(
+            gw.api,
+            &json!({"method": "POST", "url": echo.url("/unknown"),
+                    "body": {"mode": "receipt", "receipt_id": id}}),
+        )
+    };
+    let r = send();
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.json()["code"], "control_internal_error", "{}", r.text());
+    db.batch_execute("SELECT pg_advisory_unlock(4242)")
+        .expect("unlock");
+
+    // The assignment commits once the lock is free, then the revert does.
+    let committed = |db: &mut postgres::Client| -> Vec<String> {
+        db.query("SELECT state FROM committed ORDER BY at", &[])
+            .expect("log")
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the assignment to be reverted",
+        || committed(&mut db).len() >= 2,
+    );
+    assert_eq!(committed(&mut db), ["assigned", "verified"]);
+    db.batch_execute("DROP TRIGGER stall ON receipts")
+        .expect("drop the trigger");
+    assert_eq!(receipt_state(&gw, &id), "verified");
+    // Usable again.
+    let r = send();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(receipt_state(&gw, &id), "consumed");
 }
 
 /// One number from the test database.
