@@ -149,11 +149,17 @@ impl Hold<'_> {
                 }
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            tracing::warn!("cannot release a receipt assignment; recovery will");
+            tracing::warn!(
+                "cannot release a receipt assignment; recovery will once this control stops"
+            );
         });
         if queued.is_err() {
-            // The heartbeat recovery (shared store) or startup recovery turns it back.
-            tracing::warn!("cannot release a receipt assignment now; recovery will");
+            // Once this control stops, its leave or the others' heartbeat recovery (shared
+            // store, decisions 094 and 098) or the next start's recovery (decision 034) turns
+            // it back.
+            tracing::warn!(
+                "cannot release a receipt assignment now; recovery will once this control stops"
+            );
         }
     }
 }
