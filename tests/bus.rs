@@ -15,7 +15,7 @@ use support::bus::{
     control, control_with, request_at, start_worker, wait_worker, BusTls, Load, WORKER_TOKEN,
 };
 use support::gateway::{
-    admin, admin_items, http, temp_dir, wait_until, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
+    admin, admin_items, http, temp_dir, unb64, wait_until, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
 };
 use support::upstream::{self, Request, Step, Upstream};
 
@@ -41,6 +41,25 @@ fn get(url: &str) -> serde_json::Value {
 fn b64(s: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+#[test]
+fn large_bodies_cross_a_tls_bus_whole() {
+    // A 768 KiB answer reaches the control as many data frames, several per socket read: the
+    // TLS session's plaintext is read out between records, so it never overflows.
+    let dir = temp_dir("bus-tls-large");
+    let tls = BusTls::new(&dir);
+    let gw = control("127.0.0.1:0", Some(&tls)).start();
+    let _w = start_worker("wl", gw.bus.expect("bus listener"), Some(&tls), "");
+    wait_worker(&gw, "wl", "connected");
+    let up = Upstream::start(upstream::large(768 * 1024));
+    for _ in 0..3 {
+        let r = request_at(gw.api, &get(&up.url("/big")));
+        assert_eq!(r.status, 200, "{}", &r.text()[..r.text().len().min(300)]);
+        let v = r.json();
+        let body = unb64(&v["body"]["data_base64"]);
+        assert!(body == upstream::pattern(768 * 1024), "the body differs");
+    }
 }
 
 #[test]

@@ -234,6 +234,41 @@ fn a_tunnel_carries_bulk_bytes_both_ways_and_the_half_close() {
 }
 
 #[test]
+fn a_destination_reset_ends_the_tunnel_for_the_client_at_once() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // A destination that reads the first bytes, then resets the connection.
+    let destination = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut first = [0u8; 5];
+        s.read_exact(&mut first).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    });
+    let gw = Gateway::builder().start();
+    let (mut s, status) = open_tunnel(&gw, port);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    s.write_all(b"hello").unwrap();
+    destination.join().unwrap();
+    // The client keeps its own side open: the failed direction must still end the client's,
+    // at once rather than at the tunnel's idle limit.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    if let Err(e) = s.read_to_end(&mut rest) {
+        assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the client did not see the tunnel end: {e}"
+        );
+    }
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[test]
 fn tunnel_idle_timeout_and_limit_come_from_the_config() {
     let echo = Upstream::start(upstream::echo());
     let gw = Gateway::builder()

@@ -5,12 +5,13 @@
 
 mod support;
 
+use std::io::{Read, Write};
 use std::process::Command;
 
 use serde_json::{json, Value};
 use support::gateway::{admin, request_api, Gateway, DEPLOYMENT_TOKEN};
 use support::proxies::{free_port, wait_for_log, Squid};
-use support::proxy::session;
+use support::proxy::{open_tunnel_with, session};
 use support::tls::TestCa;
 use support::upstream::{self, Options, Upstream};
 
@@ -282,4 +283,45 @@ fn connect_tunnels_go_through_an_https_upstream_proxy() {
         "{:?}",
         squid.connects()
     );
+}
+
+#[test]
+fn a_tunnel_through_an_https_proxy_ends_when_the_destination_closes() {
+    // A raw destination with no framing: it answers "ping" with 256 KiB and closes, so the
+    // download ends only at the end of the stream, which reaches the gateway as the end of
+    // the TLS session with squid.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let port = listener.local_addr().expect("addr").port();
+    let payload = upstream::pattern(256 * 1024);
+    let sent = payload.clone();
+    let destination = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut ping = [0u8; 4];
+        s.read_exact(&mut ping).expect("ping");
+        assert_eq!(&ping, b"ping");
+        s.write_all(&sent).expect("payload");
+    });
+    let ca = TestCa::new();
+    let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
+    let squid = Squid::start_tls(&[("tls-DE", "pw")], &cert, &key);
+    let snap = snapshot(json!({
+        "id": "acme", "url": format!("https://localhost:{}", squid.port()),
+        "username_template": "tls-{country}", "password": "pw"
+    }));
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(&format!(
+            "{}[egress]\nca_file = {:?}\n",
+            workers("DE"),
+            ca.ca_file().display().to_string()
+        ))
+        .start();
+    let (mut s, status) = open_tunnel_with(&gw, port, &[("X-Service-Route-Country", "DE")]);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    s.write_all(b"ping").expect("ping");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("the tunnel's end");
+    destination.join().expect("destination");
+    assert_eq!(got.len(), payload.len());
+    assert!(got == payload, "the bytes differ");
 }

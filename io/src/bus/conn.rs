@@ -25,7 +25,13 @@ type Tls = Rc<RefCell<rustls::Connection>>;
 pub(crate) struct Conn<S> {
     io: S,
     tls: Option<Tls>,
+    /// Ciphertext read from the socket (or plain bytes without TLS), fed to the session from
+    /// `raw_at` on: feeding stops at a record that leaves plaintext to read, so the session's
+    /// plaintext buffer never overflows, and resumes once it was read.
     raw: Vec<u8>,
+    raw_at: usize,
+    /// Ciphertext on its way to the socket (the writing side's buffer, reused).
+    sealed: Vec<u8>,
 }
 
 /// The reading half of a split connection.
@@ -45,6 +51,8 @@ impl Conn<TcpStream> {
             io,
             tls: None,
             raw: Vec::with_capacity(READ_BYTES),
+            raw_at: 0,
+            sealed: Vec::new(),
         }
     }
 
@@ -55,6 +63,22 @@ impl Conn<TcpStream> {
             io,
             tls: Some(Rc::new(RefCell::new(tls))),
             raw: Vec::with_capacity(READ_BYTES),
+            raw_at: 0,
+            sealed: Vec::new(),
+        }
+    }
+
+    /// A CONNECT tunnel's connection to its destination, driven like a bus connection: raw TCP
+    /// as it is, TLS to an `https://` upstream proxy taken apart from its stream adapter into
+    /// the socket and the session (the adapter reads straight into the session's buffer, so no
+    /// ciphertext is left behind), so that its two halves never share more than the session.
+    pub(crate) fn tunnel(upstream: crate::egress::TunnelStream) -> Conn<TcpStream> {
+        match upstream {
+            crate::egress::TunnelStream::Tcp(tcp) => Conn::plain(tcp),
+            crate::egress::TunnelStream::Tls(tls) => {
+                let (tcp, session) = tls.into_parts();
+                Conn::with_session(tcp, session.into())
+            }
         }
     }
 
@@ -97,6 +121,13 @@ impl Conn<TcpStream> {
         self,
     ) -> io::Result<(std::net::TcpStream, Option<rustls::Connection>)> {
         use std::os::fd::AsRawFd as _;
+        if self.tls.is_some() && self.raw_at < self.raw.len() {
+            // Never the case for a lane (its peer waits for the hello's answer), but the bytes
+            // would be lost with the handover.
+            return Err(io::Error::other(
+                "ciphertext read but not fed to the TLS session",
+            ));
+        }
         let std = crate::fd::duplicate_std(self.io.as_raw_fd())?;
         let tls = match self.tls {
             None => None,
@@ -122,24 +153,21 @@ impl Conn<TcpStream> {
                 io: r,
                 tls: self.tls.clone(),
                 raw: self.raw,
+                raw_at: self.raw_at,
+                sealed: Vec::new(),
             },
             Conn {
                 io: w,
                 tls: self.tls,
                 raw: Vec::new(),
+                raw_at: 0,
+                sealed: self.sealed,
             },
         )
     }
 }
 
 impl<S: AsyncReadRent + AsyncWriteRent> Conn<S> {
-    /// Reads ciphertext once and feeds it to the TLS session; the byte count read (0 at EOF).
-    async fn fill_tls(&mut self) -> io::Result<usize> {
-        let n = self.read_raw().await?;
-        self.feed_tls()?;
-        Ok(n)
-    }
-
     /// Writes whatever the TLS session wants to send.
     async fn flush_tls(&mut self) -> io::Result<()> {
         let Some(tls) = &self.tls else { return Ok(()) };
@@ -159,9 +187,22 @@ impl<S: AsyncReadRent + AsyncWriteRent> Conn<S> {
 }
 
 impl<S: AsyncReadRent> Conn<S> {
+    /// Feeds the TLS session what is left of the last read, or else reads ciphertext once and
+    /// feeds it; the byte count fed or read (0 at EOF).
+    async fn fill_tls(&mut self) -> io::Result<usize> {
+        let n = match self.raw.len().saturating_sub(self.raw_at) {
+            0 => self.read_raw().await?,
+            left => left,
+        };
+        self.feed_tls()?;
+        Ok(n)
+    }
+
+    /// Reads from the socket into `raw`, replacing what it held (all of it fed already).
     async fn read_raw(&mut self) -> io::Result<usize> {
         let mut buf = std::mem::take(&mut self.raw);
         buf.clear();
+        self.raw_at = 0;
         if buf.capacity() < READ_BYTES {
             buf.reserve(READ_BYTES);
         }
@@ -170,15 +211,22 @@ impl<S: AsyncReadRent> Conn<S> {
         r
     }
 
+    /// Feeds `raw` from `raw_at` to the TLS session until it is all fed or a record left
+    /// plaintext to read: rustls refuses more records while its plaintext buffer is full, so
+    /// the reader drains it before the rest is fed.
     fn feed_tls(&mut self) -> io::Result<()> {
         let Some(tls) = &self.tls else { return Ok(()) };
         let mut t = tls.borrow_mut();
-        let mut rest = &self.raw[..];
-        while !rest.is_empty() {
-            if t.read_tls(&mut rest)? == 0 {
+        while let Some(mut rest) = self.raw.get(self.raw_at..).filter(|r| !r.is_empty()) {
+            let n = t.read_tls(&mut rest)?;
+            if n == 0 {
                 break;
             }
-            t.process_new_packets().map_err(tls_error)?;
+            self.raw_at = self.raw_at.saturating_add(n);
+            let state = t.process_new_packets().map_err(tls_error)?;
+            if state.plaintext_bytes_to_read() > 0 {
+                break;
+            }
         }
         Ok(())
     }
@@ -212,6 +260,7 @@ impl<S: AsyncReadRent> Conn<S> {
         if self.tls.is_none() {
             let n = self.read_raw().await?;
             out.extend_from_slice(&self.raw[..n]);
+            self.raw_at = n;
             return Ok(n);
         }
         loop {
@@ -220,22 +269,40 @@ impl<S: AsyncReadRent> Conn<S> {
                 Some(0) => {}
                 Some(n) => return Ok(n),
             }
-            if self.read_raw().await? == 0 {
+            if self.fill_tls().await? == 0 {
                 return Ok(0);
             }
-            self.feed_tls()?;
         }
     }
 }
 
 impl<S: AsyncWriteRent> Conn<S> {
+    /// Ends the sending side: `close_notify` first when TLS, then the TCP half-close.
+    pub(crate) async fn close_write(&mut self) -> io::Result<()> {
+        if let Some(tls) = &self.tls {
+            let mut out = Vec::new();
+            {
+                let mut t = tls.borrow_mut();
+                t.send_close_notify();
+                while t.wants_write() {
+                    t.write_tls(&mut out)?;
+                }
+            }
+            if !out.is_empty() {
+                let (r, _) = self.io.write_all(out).await;
+                r?;
+            }
+        }
+        self.io.shutdown().await
+    }
+
     /// Writes `plain` whole (encrypted when TLS); gives the buffer back for reuse.
     pub(crate) async fn write_all(&mut self, plain: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
         let Some(tls) = &self.tls else {
             let (r, buf) = self.io.write_all(plain).await;
             return (r.map(|_| ()), buf);
         };
-        let mut out = std::mem::take(&mut self.raw);
+        let mut out = std::mem::take(&mut self.sealed);
         out.clear();
         {
             let mut t = tls.borrow_mut();
@@ -253,7 +320,7 @@ impl<S: AsyncWriteRent> Conn<S> {
             }
         }
         let (r, buf) = self.io.write_all(out).await;
-        self.raw = buf;
+        self.sealed = buf;
         (r.map(|_| ()), plain)
     }
 }

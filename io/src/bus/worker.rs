@@ -35,7 +35,6 @@ use crate::egress::{
     BodyLength, BodySource as EgressBody, Egress, HealthRegistry, ProxyPool, ProxyRoute,
     StreamRequest, Timeouts, TunnelStream,
 };
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Split, Splitable as _};
 use sortie_core::provider_session::ProviderSession;
 
 /// First reconnection delay; it doubles per failed attempt up to [`BACKOFF_MAX`].
@@ -1055,32 +1054,26 @@ async fn tunnel(
         headers: Vec::new(),
     }))
     .map_err(unsendable_head)?;
-    match upstream {
-        TunnelStream::Tcp(tcp) => relay_tunnel(tcp, wl, s, a.stream).await,
-        // Through an `https://` upstream proxy the tunnel is the TLS session's plaintext.
-        TunnelStream::Tls(tls) => relay_tunnel(*tls, wl, s, a.stream).await,
-    }
+    // Through an `https://` upstream proxy the tunnel is the TLS session's plaintext.
+    relay_tunnel(Conn::tunnel(upstream), wl, s, a.stream).await
 }
 
 /// Relays an open tunnel's bytes between the destination connection `upstream` and the bus
 /// stream `stream` until both directions have ended.
-async fn relay_tunnel<S>(
-    upstream: S,
+async fn relay_tunnel(
+    upstream: Conn<monoio::net::TcpStream>,
     wl: &WLane,
     s: &WStream,
     stream: StreamId,
-) -> Result<(), ApiError>
-where
-    S: Split + AsyncReadRent + AsyncWriteRent,
-{
-    let (mut from_up, to_up) = upstream.into_split();
-    // Destination → control, until the destination half-closes.
+) -> Result<(), ApiError> {
+    let (mut from_up, to_up) = upstream.split();
+    // Destination → control, until the destination half-closes (or closes its TLS session,
+    // with or without `close_notify`).
     let download = async {
         let mut buf = Vec::with_capacity(64 * 1024);
         loop {
-            let (r, back) = from_up.read(buf).await;
-            buf = back;
-            match r {
+            buf.clear();
+            match from_up.read(&mut buf).await {
                 Ok(0) => {
                     wl.post(&Frame::Data {
                         stream,
@@ -1089,10 +1082,7 @@ where
                     });
                     return Ok(());
                 }
-                Ok(n) => {
-                    send_within_credit(wl, s, stream, buf.get(..n).unwrap_or_default()).await;
-                    buf.clear();
-                }
+                Ok(_) => send_within_credit(wl, s, stream, &buf).await,
                 Err(e) => {
                     return Err(ApiError::new(
                         ErrorCode::UpstreamReset,
@@ -1124,7 +1114,7 @@ where
             }
             if end {
                 // A failed shutdown is the destination's end anyway: nothing more to send.
-                let _ = to.shutdown().await;
+                let _ = to.close_write().await;
                 return Ok(());
             }
         }

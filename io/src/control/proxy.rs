@@ -710,7 +710,13 @@ impl Tunnel for TunnelJob {
             let down_bytes = Cell::new(0u64);
             let relay = relay(client, upstream, early, &up_bytes, &down_bytes);
             let ended = monoio::select! {
-                r = relay => if r.is_ok() { "closed" } else { "broken" },
+                r = relay => match r {
+                    Ok(()) => "closed",
+                    Err(e) => {
+                        tracing::debug!(target: "sortie::proxy", error = %e, "tunnel failed");
+                        "broken"
+                    }
+                },
                 _ = idle_watch(&up_bytes, &down_bytes, idle_timeout) => "idle",
                 _ = &mut cancelled => "cancelled",
             };

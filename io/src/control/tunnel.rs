@@ -20,8 +20,8 @@ use std::os::fd::{AsRawFd as _, RawFd};
 
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
-use monoio_rustls::ClientTlsStream;
 
+use crate::bus::conn::Conn as BusConn;
 use crate::egress::TunnelStream;
 use crate::fd;
 use crate::splice::{self, PooledPipe};
@@ -48,9 +48,7 @@ pub(super) async fn relay(
         TunnelStream::Tcp(upstream) => {
             relay_tcp(client, upstream, early, up_bytes, down_bytes).await
         }
-        TunnelStream::Tls(upstream) => {
-            relay_tls(client, *upstream, early, up_bytes, down_bytes).await
-        }
+        tls @ TunnelStream::Tls(_) => relay_tls(client, tls, early, up_bytes, down_bytes).await,
     }
 }
 
@@ -65,55 +63,101 @@ async fn relay_tcp(
     let (client_fd, upstream_fd) = (client.as_raw_fd(), upstream.as_raw_fd());
     let (client_read, mut client_write) = client.into_split();
     let (up_read, mut up_write) = upstream.into_split();
-    // Dropping a write half shuts its socket down for writing (the half-close).
+    // Dropping a write half shuts its socket down for writing (the half-close), whether the
+    // direction ended or failed: the other side then sees the end instead of waiting.
     let upload = async {
-        write_early(&mut up_write, early, up_bytes).await?;
-        direction(
-            client_read,
-            &mut up_write,
-            Some((client_fd, upstream_fd)),
-            up_bytes,
-        )
-        .await?;
+        let r = async {
+            write_early(&mut up_write, early, up_bytes).await?;
+            direction(
+                client_read,
+                &mut up_write,
+                Some((client_fd, upstream_fd)),
+                up_bytes,
+            )
+            .await
+        }
+        .await;
         drop(up_write);
-        Ok(())
+        r
     };
     let download = async {
-        direction(
+        let r = direction(
             up_read,
             &mut client_write,
             Some((upstream_fd, client_fd)),
             down_bytes,
         )
-        .await?;
+        .await;
         drop(client_write);
-        Ok::<_, io::Error>(())
+        r
     };
     let (u, d) = monoio::join!(upload, download);
     u.and(d)
 }
 
 /// [`relay`] through TLS to an `https://` upstream proxy: the tunnel's bytes are the TLS
-/// session's plaintext, so both directions copy. The client's half-close ends the session's
-/// sending side (`close_notify`, then the TCP half-close).
+/// session's plaintext, so both directions copy. The session is driven by hand with the socket
+/// split in two (as a bus connection is, `crate::bus::conn`): a record the proxy garbles fails
+/// the download alone. The client's half-close ends the session's sending side
+/// (`close_notify`, then the TCP half-close); the proxy's close, with or without
+/// `close_notify`, ends the download and half-closes the client.
 async fn relay_tls(
     client: TcpStream,
-    upstream: ClientTlsStream<TcpStream>,
+    upstream: TunnelStream,
     early: Vec<u8>,
     up_bytes: &Cell<u64>,
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
-    let (client_read, mut client_write) = client.into_split();
-    let (up_read, mut up_write) = upstream.into_split();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut tls_read, mut tls_write) = BusConn::tunnel(upstream).split();
     let upload = async {
-        write_early(&mut up_write, early, up_bytes).await?;
-        direction(client_read, &mut up_write, None, up_bytes).await?;
-        up_write.shutdown().await
+        let r = async {
+            if !early.is_empty() {
+                up_bytes.set(early.len() as u64);
+                let (r, _) = tls_write.write_all(early).await;
+                r?;
+            }
+            let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
+            loop {
+                let (res, back) = client_read.read(buf).await;
+                buf = back;
+                let n = res?;
+                if n == 0 {
+                    return Ok(());
+                }
+                up_bytes.set(up_bytes.get().saturating_add(n as u64));
+                let (res, back) = tls_write.write_all(buf).await;
+                buf = back;
+                res?;
+                buf.clear();
+            }
+        }
+        .await;
+        // The proxy may have closed its connection already (it ended the tunnel first).
+        let closed = match tls_write.close_write().await {
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            other => other,
+        };
+        r.and(closed)
     };
     let download = async {
-        direction(up_read, &mut client_write, None, down_bytes).await?;
+        let r = async {
+            let mut plain = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
+            loop {
+                plain.clear();
+                let n = tls_read.read(&mut plain).await?;
+                if n == 0 {
+                    return Ok(());
+                }
+                down_bytes.set(down_bytes.get().saturating_add(n as u64));
+                let (res, back) = client_write.write_all(plain).await;
+                plain = back;
+                res?;
+            }
+        }
+        .await;
         drop(client_write);
-        Ok::<_, io::Error>(())
+        r
     };
     let (u, d) = monoio::join!(upload, download);
     u.and(d)
