@@ -221,7 +221,6 @@ pub(crate) fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
     })
 }
 
-/// The local address of the socket (tests identify pooled connections by it).
 /// A response head and a body to send in one vectored write. The two `iovec`s live on the heap,
 /// so their address stays put while the runtime owns the value (the contract of
 /// [`IoVecBuf`]).
@@ -269,6 +268,7 @@ unsafe impl IoVecBuf for HeadAndBody {
     }
 }
 
+/// The local address of the socket (tests identify pooled connections by it).
 #[cfg(test)]
 pub(crate) fn local_addr<S: AsRawFd>(stream: &S) -> io::Result<std::net::SocketAddr> {
     with_socket(stream, |s| s.local_addr())?

@@ -534,21 +534,32 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     tracing::info!("shutting down: finishing in-flight requests");
     trigger.trigger();
     let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+    let mut is_every_core_done = true;
     for h in handles {
         while !h.is_finished() && std::time::Instant::now() < deadline {
             std::thread::park_timeout(Duration::from_millis(20));
         }
         if h.is_finished() {
             let _ = h.join();
+        } else {
+            is_every_core_done = false;
         }
     }
     if let Some(f) = follower {
         f.stop();
     }
     // Last store write of a shared store: the others need not wait for this control's row to
-    // expire (decision 098).
+    // expire (decision 098). Only once every core stopped: a request still running past the
+    // grace may still use the receipt it holds, which leaving would hand to another control.
     if shared.is_some() {
-        crate::control::presence::leave(&cold);
+        if is_every_core_done {
+            crate::control::presence::leave(&cold);
+        } else {
+            tracing::warn!(
+                "requests still running past the shutdown grace: this control's row is left to \
+                 expire, and its receipts with it"
+            );
+        }
     }
     cold.shutdown();
     let _ = cold_thread.join();

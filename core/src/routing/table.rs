@@ -292,13 +292,6 @@ impl RoutingTable {
             Some(s) if ttl_ms > 0 => Some(PinKey::new(req.deployment_id, s)),
             _ => None,
         };
-        let ranking = match &pin_key {
-            Some(_) => Ranking::Rendezvous(rendezvous::stable_hash(&[
-                req.deployment_id.as_bytes(),
-                sticky_id.unwrap_or_default().as_bytes(),
-            ])),
-            None => Ranking::MostRoom(req.tie_break),
-        };
         let mut outcome = StickyOutcome::NotSticky;
         if let Some(key) = &pin_key {
             outcome = StickyOutcome::NewPin;
@@ -351,6 +344,14 @@ impl RoutingTable {
             return Err(RouteError::Unavailable {
                 rule_id: rule.id().clone(),
             });
+        };
+        // Hashed only past the pinned fast path: a live pin costs no SHA-256 (decision 097).
+        let ranking = match &pin_key {
+            Some(_) => Ranking::Rendezvous(rendezvous::stable_hash(&[
+                req.deployment_id.as_bytes(),
+                sticky_id.unwrap_or_default().as_bytes(),
+            ])),
+            None => Ranking::MostRoom(req.tie_break),
         };
         for &pool in rule.pool_indices() {
             match self.pick(pool, &want, capacity, ranking) {
