@@ -228,10 +228,14 @@ write_gateway_config() {
 {"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}
 JSON
   fi
+  # GATEWAY_PROXY_PORT, when set, opens the forward-proxy listener on that port.
+  local proxy_listen=""
+  [ -z "${GATEWAY_PROXY_PORT:-}" ] || proxy_listen="proxy_listen = \"127.0.0.1:$GATEWAY_PROXY_PORT\""
   cat >"$dir/sortie.toml" <<TOML
 [control]
 api_listen = "127.0.0.1:$API_PORT"
 admin_listen = "127.0.0.1:$ADMIN_PORT"
+$proxy_listen
 data_dir = "$dir/data"
 cores = $cores
 bootstrap_snapshot = "$dir/snapshot.json"
