@@ -13,7 +13,7 @@
 #
 # Knobs: SOAK_MODE (api), SOAK_SECONDS (1800), SOAK_RATE operations/s (400), SOAK_WARMUP
 #        seconds (60), GATEWAY_CORES (1), SORTIE_BIN (a prebuilt binary instead of cargo build
-#        --release); for SOAK_MODE=proxy: PROXY_PORT (18128), TUNNEL_IDLE_MS (2000, the
+#        --release); for SOAK_MODE=proxy: PROXY_PORT (18082), TUNNEL_IDLE_MS (3000, the
 #        gateway's control.proxy.tunnel_idle_timeout_ms), PROXY_IDLE_MS (1000, its
 #        control.proxy.idle_timeout_ms: the mid-body stall and the slow head outlast it).
 set -euo pipefail
@@ -24,8 +24,8 @@ SOAK_SECONDS=${SOAK_SECONDS:-1800}
 SOAK_RATE=${SOAK_RATE:-400}
 SOAK_WARMUP=${SOAK_WARMUP:-60}
 GATEWAY_CORES=${GATEWAY_CORES:-1}
-PROXY_PORT=${PROXY_PORT:-18128}
-TUNNEL_IDLE_MS=${TUNNEL_IDLE_MS:-2000}
+PROXY_PORT=${PROXY_PORT:-18082}
+TUNNEL_IDLE_MS=${TUNNEL_IDLE_MS:-3000}
 PROXY_IDLE_MS=${PROXY_IDLE_MS:-1000}
 
 main() {
