@@ -90,9 +90,14 @@ fn unavailable(why: &str) -> ApiError {
     ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
 }
 
-/// How many times a release the store did not confirm is tried, a second apart: the release
-/// names its attempt (decision 098), so a repeat never undoes a later assignment.
-const RELEASE_TRIES: u32 = 5;
+/// A release the store did not confirm is tried again after this pause, doubled per failure
+/// up to [`RELEASE_RETRY_MAX`], for as long as the control runs: the release names its attempt
+/// (decision 098), so a repeat never undoes a later assignment, however late it lands.
+const RELEASE_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest pause between two tries of a release.
+const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+/// Failed tries of one release after which a warning says it is still pending.
+const RELEASE_TRIES_BEFORE_WARNING: u32 = 5;
 
 /// Holds a request receipt in `assigned` for the attempt. When the attempt ends the state is
 /// written before the answer goes out ([`Hold::release`]), so a client that reads the receipt
@@ -138,8 +143,12 @@ impl Hold<'_> {
             self.id.clone(),
             self.attempt.clone(),
         );
+        // Ends with the cold thread at the latest, whose shutdown drops its tasks; by then the
+        // control's leave (or the others' recovery) turns the receipt back.
         let queued = self.receipts.cold().spawn(move |ctx| async move {
-            for _ in 0..RELEASE_TRIES {
+            let mut pause = RELEASE_RETRY_FIRST;
+            let mut failed = 0u32;
+            loop {
                 let now = crate::clock::now_rfc3339();
                 if ctx
                     .store(|s| s.release_receipt(&d, &i, &a, to, &now))
@@ -147,11 +156,16 @@ impl Hold<'_> {
                 {
                     return;
                 }
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                failed = failed.saturating_add(1);
+                if failed == RELEASE_TRIES_BEFORE_WARNING {
+                    tracing::warn!(
+                        "cannot release a receipt assignment yet; still trying, every {} s at most",
+                        RELEASE_RETRY_MAX.as_secs()
+                    );
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RELEASE_RETRY_MAX);
             }
-            tracing::warn!(
-                "cannot release a receipt assignment; recovery will once this control stops"
-            );
         });
         if queued.is_err() {
             // Once this control stops, its leave or the others' heartbeat recovery (shared
