@@ -325,3 +325,52 @@ fn a_tunnel_through_an_https_proxy_ends_when_the_destination_closes() {
     assert_eq!(got.len(), payload.len());
     assert!(got == payload, "the bytes differ");
 }
+
+#[test]
+fn a_destination_that_speaks_first_reaches_the_client_through_the_proxy() {
+    // A scripted HTTP proxy whose reply to CONNECT and the destination's greeting arrive in
+    // one write, as they may from a real proxy when the destination speaks first (SSH, SMTP):
+    // the greeting is the tunnel's first bytes, not a protocol error.
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let proxy_port = proxy.local_addr().expect("addr").port();
+    let scripted = std::thread::spawn(move || {
+        let (mut s, _) = proxy.accept().expect("accept");
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).expect("CONNECT head") == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+        s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\nSSH-2.0-scripted\r\n")
+            .expect("reply and greeting");
+        // Then an echo of what the client says, until it is done.
+        let mut r = s.try_clone().expect("clone");
+        let _ = std::io::copy(&mut r, &mut s);
+        String::from_utf8_lossy(&head).into_owned()
+    });
+    let snap = snapshot(json!({
+        "id": "acme", "url": format!("http://127.0.0.1:{proxy_port}"),
+        "username_template": "u", "password": "pw"
+    }));
+    let gw = Gateway::builder()
+        .snapshot(Some(&snap))
+        .workers(&workers("DE"))
+        .start();
+    let (mut s, status) = open_tunnel_with(&gw, 2222, &[]);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("the greeting");
+    assert_eq!(&greeting, b"SSH-2.0-scripted\r\n");
+    s.write_all(b"client\n").expect("write");
+    let mut echoed = [0u8; 7];
+    s.read_exact(&mut echoed).expect("the echo");
+    assert_eq!(&echoed, b"client\n");
+    drop(s);
+    let head = scripted.join().expect("proxy");
+    assert!(
+        head.starts_with("CONNECT 127.0.0.1:2222 HTTP/1.1\r\n"),
+        "{head}"
+    );
+}

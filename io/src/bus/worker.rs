@@ -1035,7 +1035,7 @@ async fn tunnel(
     let tenant = crate::dns::tenant_of_id(&a.deployment_id);
     let bind = shared.bind_address;
     let limit = shared.timeouts.connect;
-    let (upstream, _peer) = match via {
+    let (upstream, _peer, first_down) = match via {
         Some(route) => {
             egress
                 .dial_via(route, &host, port, bind, policy, limit, deadline, tenant)
@@ -1045,7 +1045,7 @@ async fn tunnel(
             let (tcp, peer) = egress
                 .dial(&host, port, bind, policy, limit, deadline, tenant)
                 .await?;
-            (TunnelStream::Tcp(tcp), peer)
+            (TunnelStream::Tcp(tcp), peer, Vec::new())
         }
     };
     wl.send(&Frame::ResponseHead(ResponseHead {
@@ -1055,13 +1055,15 @@ async fn tunnel(
     }))
     .map_err(unsendable_head)?;
     // Through an `https://` upstream proxy the tunnel is the TLS session's plaintext.
-    relay_tunnel(Conn::tunnel(upstream), wl, s, a.stream).await
+    relay_tunnel(Conn::tunnel(upstream), first_down, wl, s, a.stream).await
 }
 
 /// Relays an open tunnel's bytes between the destination connection `upstream` and the bus
-/// stream `stream` until both directions have ended.
+/// stream `stream` until both directions have ended; the download starts with `first_down`,
+/// the destination's bytes that came with an upstream proxy's reply.
 async fn relay_tunnel(
     upstream: Conn<monoio::net::TcpStream>,
+    first_down: Vec<u8>,
     wl: &WLane,
     s: &WStream,
     stream: StreamId,
@@ -1070,6 +1072,9 @@ async fn relay_tunnel(
     // Destination → control, until the destination half-closes (or closes its TLS session,
     // with or without `close_notify`).
     let download = async {
+        if !first_down.is_empty() {
+            send_within_credit(wl, s, stream, &first_down).await;
+        }
         let mut buf = Vec::with_capacity(64 * 1024);
         loop {
             buf.clear();

@@ -34,7 +34,7 @@ use subtle::ConstantTimeEq as _;
 
 use super::api::{assign, ApiContext};
 use super::core::{ActiveGuard, Cancelled};
-use super::tunnel::relay;
+use super::tunnel::{relay, Early};
 use crate::bus::ingress::{Dispatched, Reroute};
 use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
@@ -642,14 +642,14 @@ impl ProxyHandler {
                         tenant,
                     )
                     .await
-                    .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer)),
+                    .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer, Vec::new())),
             }
         };
         let dialled = monoio::select! {
             r = Box::pin(dial) => Some(r),
             _ = &mut cancelled => None,
         };
-        let (upstream, _peer) = match dialled {
+        let (upstream, _peer, first_down) = match dialled {
             None => return Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
             Some(r) => r?,
         };
@@ -662,6 +662,7 @@ impl ProxyHandler {
         );
         let tunnel = TunnelJob {
             upstream,
+            first_down,
             cancelled,
             _tracked: tracked,
             _assigned: assigned,
@@ -679,6 +680,8 @@ impl ProxyHandler {
 /// An open tunnel waiting for the client's socket.
 struct TunnelJob {
     upstream: TunnelStream,
+    /// The destination's first bytes, when they came with an upstream proxy's reply.
+    first_down: Vec<u8>,
     cancelled: Cancelled,
     _tracked: ActiveGuard,
     _assigned: super::api::Assigned,
@@ -698,6 +701,7 @@ impl Tunnel for TunnelJob {
         Box::pin(async move {
             let TunnelJob {
                 upstream,
+                first_down,
                 mut cancelled,
                 _tracked,
                 _assigned,
@@ -708,6 +712,10 @@ impl Tunnel for TunnelJob {
             } = *self;
             let up_bytes = Cell::new(0u64);
             let down_bytes = Cell::new(0u64);
+            let early = Early {
+                up: early,
+                down: first_down,
+            };
             let relay = relay(client, upstream, early, &up_bytes, &down_bytes);
             let ended = monoio::select! {
                 r = relay => match r {

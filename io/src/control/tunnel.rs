@@ -32,15 +32,24 @@ const TUNNEL_BUFFER_BYTES: usize = 16 * 1024;
 /// direction to splicing.
 const MAX_TUNNEL_BUFFER_BYTES: usize = 64 * 1024;
 
-/// Relays a tunnel until both directions ended: first `early` (the bytes the client sent
-/// behind its CONNECT head), then client → upstream counted in `up_bytes` and upstream →
-/// client in `down_bytes`, concurrently. The end of one direction's stream shuts down the
+/// Bytes that arrived before the relay started.
+pub(super) struct Early {
+    /// What the client sent behind its CONNECT head.
+    pub(super) up: Vec<u8>,
+    /// What the destination sent behind an upstream proxy's reply (a destination that speaks
+    /// first).
+    pub(super) down: Vec<u8>,
+}
+
+/// Relays a tunnel until both directions ended: first the `early` bytes of each direction,
+/// then client → upstream counted in `up_bytes` and upstream → client in `down_bytes`,
+/// concurrently. The end of one direction's stream shuts down the
 /// sending side of the other socket (the half-close); an error of either direction fails the
 /// relay once both have stopped.
 pub(super) async fn relay(
     client: TcpStream,
     upstream: TunnelStream,
-    early: Vec<u8>,
+    early: Early,
     up_bytes: &Cell<u64>,
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
@@ -56,7 +65,7 @@ pub(super) async fn relay(
 async fn relay_tcp(
     client: TcpStream,
     upstream: TcpStream,
-    early: Vec<u8>,
+    early: Early,
     up_bytes: &Cell<u64>,
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
@@ -67,7 +76,7 @@ async fn relay_tcp(
     // direction ended or failed: the other side then sees the end instead of waiting.
     let upload = async {
         let r = async {
-            write_early(&mut up_write, early, up_bytes).await?;
+            write_early(&mut up_write, early.up, up_bytes).await?;
             direction(
                 client_read,
                 &mut up_write,
@@ -81,12 +90,16 @@ async fn relay_tcp(
         r
     };
     let download = async {
-        let r = direction(
-            up_read,
-            &mut client_write,
-            Some((upstream_fd, client_fd)),
-            down_bytes,
-        )
+        let r = async {
+            write_early(&mut client_write, early.down, down_bytes).await?;
+            direction(
+                up_read,
+                &mut client_write,
+                Some((upstream_fd, client_fd)),
+                down_bytes,
+            )
+            .await
+        }
         .await;
         drop(client_write);
         r
@@ -104,7 +117,7 @@ async fn relay_tcp(
 async fn relay_tls(
     client: TcpStream,
     upstream: TunnelStream,
-    early: Vec<u8>,
+    early: Early,
     up_bytes: &Cell<u64>,
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
@@ -112,9 +125,9 @@ async fn relay_tls(
     let (mut tls_read, mut tls_write) = BusConn::tunnel(upstream).split();
     let upload = async {
         let r = async {
-            if !early.is_empty() {
-                up_bytes.set(early.len() as u64);
-                let (r, _) = tls_write.write_all(early).await;
+            if !early.up.is_empty() {
+                up_bytes.set(early.up.len() as u64);
+                let (r, _) = tls_write.write_all(early.up).await;
                 r?;
             }
             let mut buf = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
@@ -142,6 +155,7 @@ async fn relay_tls(
     };
     let download = async {
         let r = async {
+            write_early(&mut client_write, early.down, down_bytes).await?;
             let mut plain = Vec::with_capacity(TUNNEL_BUFFER_BYTES);
             loop {
                 plain.clear();

@@ -391,7 +391,12 @@ impl Egress {
         i: usize,
         req: &Dial<'_>,
     ) -> Result<Conn, ApiError> {
-        let (tunnel, proxy_peer, policy_ip) = self.tunnel_via(route, i, req).await?;
+        let (tunnel, proxy_peer, policy_ip, early) = self.tunnel_via(route, i, req).await?;
+        // Neither an HTTP nor a TLS destination speaks before the gateway does: bytes after the
+        // proxy's reply mean the proxy is out of step.
+        if !early.is_empty() {
+            return Err(ProxyFact::Protocol.error());
+        }
         let conn = match (req.url.scheme, tunnel) {
             (Scheme::Http, Tunnel::Plain(tcp)) => Conn::plain(tcp, proxy_peer),
             (Scheme::Http, Tunnel::Tls(tls, fd)) => Conn::tls(*tls, fd, proxy_peer),
@@ -419,7 +424,8 @@ impl Egress {
     /// Opens a raw tunnel to `host:port` through the route's proxy for a CONNECT tunnel of the
     /// forward proxy: the counterpart of [`Egress::dial`]. The endpoint is chosen as for any
     /// exchange. Through an `https://` proxy the tunnel's bytes travel inside TLS to the proxy
-    /// ([`TunnelStream::Tls`]).
+    /// ([`TunnelStream::Tls`]). Also returns the destination's first bytes when they came with
+    /// the proxy's reply (a destination that speaks first, like SSH or SMTP).
     #[allow(clippy::too_many_arguments)]
     pub async fn dial_via(
         &self,
@@ -431,7 +437,7 @@ impl Egress {
         connect_limit: std::time::Duration,
         deadline: Instant,
         tenant: crate::dns::Tenant,
-    ) -> Result<(TunnelStream, SocketAddr), ApiError> {
+    ) -> Result<(TunnelStream, SocketAddr, Vec<u8>), ApiError> {
         let (url, timeouts) = super::streaming::tunnel_target(host, port, connect_limit);
         let i = route.choose(Instant::now());
         let req = Dial {
@@ -445,8 +451,8 @@ impl Egress {
             profile: None,
         };
         match self.tunnel_via(route, i, &req).await? {
-            (Tunnel::Plain(tcp), peer, _) => Ok((TunnelStream::Tcp(tcp), peer)),
-            (Tunnel::Tls(tls, _), peer, _) => Ok((TunnelStream::Tls(tls), peer)),
+            (Tunnel::Plain(tcp), peer, _, early) => Ok((TunnelStream::Tcp(tcp), peer, early)),
+            (Tunnel::Tls(tls, _), peer, _, early) => Ok((TunnelStream::Tls(tls), peer, early)),
         }
     }
 
@@ -458,7 +464,7 @@ impl Egress {
         route: &ProxyRoute,
         i: usize,
         req: &Dial<'_>,
-    ) -> Result<(Tunnel, SocketAddr, Option<IpAddr>), ApiError> {
+    ) -> Result<(Tunnel, SocketAddr, Option<IpAddr>, Vec<u8>), ApiError> {
         let Some(endpoint) = route.pool.endpoints.get(i) else {
             return Err(error::internal("no such upstream proxy endpoint"));
         };
@@ -483,8 +489,8 @@ impl Egress {
             }
             Err(_) => {}
         }
-        let (tunnel, peer) = result.map_err(Failed::into_error)?;
-        Ok((tunnel, peer, policy_ip))
+        let (tunnel, peer, early) = result.map_err(Failed::into_error)?;
+        Ok((tunnel, peer, policy_ip, early))
     }
 
     /// The destination as the endpoint is asked for it (decision 070): IP literals are checked
@@ -521,15 +527,15 @@ impl Egress {
         }
     }
 
-    /// TCP (and TLS for `https://`) to the endpoint, then the handshake. Returns the tunnel
-    /// and the proxy's address.
+    /// TCP (and TLS for `https://`) to the endpoint, then the handshake. Returns the tunnel,
+    /// the proxy's address and the destination's bytes that came with the proxy's reply.
     async fn open_tunnel(
         &self,
         endpoint: &Endpoint,
         credentials: Option<(&str, &str)>,
         target: &Target,
         req: &Dial<'_>,
-    ) -> Result<(Tunnel, SocketAddr), Failed> {
+    ) -> Result<(Tunnel, SocketAddr, Vec<u8>), Failed> {
         let (tcp, peer) = self.dial_proxy(&endpoint.addr, req).await?;
         let fd = tcp.as_raw_fd();
         let scheme = endpoint.addr.scheme();
@@ -545,12 +551,12 @@ impl Egress {
                 }
                 None => return Err(Failed::expired(expired)),
             };
-            handshake(&mut tls, scheme, credentials, target, req).await?;
-            return Ok((Tunnel::Tls(Box::new(tls), fd), peer));
+            let early = handshake(&mut tls, scheme, credentials, target, req).await?;
+            return Ok((Tunnel::Tls(Box::new(tls), fd), peer, early));
         }
         let mut tcp = tcp;
-        handshake(&mut tcp, scheme, credentials, target, req).await?;
-        Ok((Tunnel::Plain(tcp), peer))
+        let early = handshake(&mut tcp, scheme, credentials, target, req).await?;
+        Ok((Tunnel::Plain(tcp), peer, early))
     }
 
     /// Resolves the endpoint's host and connects to the first address that accepts. The
@@ -687,14 +693,15 @@ fn proxy_server_name(host: &ProxyHost) -> Result<rustls::pki_types::ServerName<'
     tls::server_name(&host)
 }
 
-/// Runs the endpoint's handshake within one connect attempt's limit.
+/// Runs the endpoint's handshake within one connect attempt's limit; returns the destination's
+/// first bytes when they came with the proxy's reply.
 async fn handshake<S: HandshakeIo>(
     io: &mut S,
     scheme: ProxyScheme,
     credentials: Option<(&str, &str)>,
     target: &Target,
     req: &Dial<'_>,
-) -> Result<(), Failed> {
+) -> Result<Vec<u8>, Failed> {
     let (at, expired) = attempt_limit(req);
     let run = async {
         if scheme.is_socks() {
@@ -736,11 +743,13 @@ async fn receive<S: HandshakeIo>(io: &mut S, buf: &mut Vec<u8>) -> Result<(), Fa
     }
 }
 
+/// Asks the proxy for a tunnel with `CONNECT`; the bytes that came behind its reply (the
+/// destination's first bytes) are returned.
 async fn http_connect<S: HandshakeIo>(
     io: &mut S,
     credentials: Option<(&str, &str)>,
     target: &Target,
-) -> Result<(), Failed> {
+) -> Result<Vec<u8>, Failed> {
     let authority = match target {
         Target::Addr(a) => a.to_string(),
         Target::Name(n, port) => format!("{n}:{port}"),
@@ -755,12 +764,8 @@ async fn http_connect<S: HandshakeIo>(
         match parse_connect_reply(&buf) {
             Ok(ConnectReply::Partial) => continue,
             Ok(ConnectReply::Established { consumed, .. }) => {
-                // Neither an HTTP nor a TLS destination speaks before the gateway does: bytes
-                // after the reply mean the proxy is out of step.
-                if consumed < buf.len() {
-                    return Err(Failed::Fact(ProxyFact::Protocol, None));
-                }
-                return Ok(());
+                buf.drain(..consumed.min(buf.len()));
+                return Ok(buf);
             }
             Ok(ConnectReply::Refused { status: 407 }) => {
                 return Err(Failed::Fact(ProxyFact::Auth, Some(407)))
@@ -776,11 +781,12 @@ async fn http_connect<S: HandshakeIo>(
     }
 }
 
+/// The SOCKS5 handshake; the bytes that came behind the proxy's last reply are returned.
 async fn socks5<S: HandshakeIo>(
     io: &mut S,
     credentials: Option<(&str, &str)>,
     target: &Target,
-) -> Result<(), Failed> {
+) -> Result<Vec<u8>, Failed> {
     let t = match target {
         Target::Addr(a) => Socks5Target::Addr(*a),
         Target::Name(n, port) => Socks5Target::Name(n, *port),
@@ -796,10 +802,8 @@ async fn socks5<S: HandshakeIo>(
                 send(io, out).await?;
             }
             Socks5Step::Connected { consumed } => {
-                if consumed < buf.len() {
-                    return Err(Failed::Fact(ProxyFact::Protocol, None));
-                }
-                return Ok(());
+                buf.drain(..consumed.min(buf.len()));
+                return Ok(buf);
             }
         }
     }
