@@ -43,9 +43,9 @@ pub(super) struct Early {
 
 /// Relays a tunnel until both directions ended: first the `early` bytes of each direction,
 /// then client → upstream counted in `up_bytes` and upstream → client in `down_bytes`,
-/// concurrently. The end of one direction's stream shuts down the
-/// sending side of the other socket (the half-close); an error of either direction fails the
-/// relay once both have stopped.
+/// concurrently. The end (or failure) of one direction shuts down the sending side of the
+/// other socket (the half-close); an error of either direction fails the relay once both have
+/// stopped.
 pub(super) async fn relay(
     client: TcpStream,
     upstream: TunnelStream,
