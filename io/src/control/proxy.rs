@@ -530,14 +530,17 @@ impl StreamBody for RelayedBody {
         write_timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<u64>> + 'a>> {
         Box::pin(async move {
-            let moved = monoio::select! {
-                r = self.reader.splice_into(client, write_timeout) => r?,
+            // Counted as they go: a body cut by the destination, the client or a cancel still
+            // counts the bytes that reached the client.
+            let moved = Cell::new(0u64);
+            let outcome = monoio::select! {
+                r = self.reader.splice_into(client, write_timeout, &moved) => r.map(drop),
                 _ = &mut self.cancelled => {
-                    return Err(std::io::Error::other("cancelled by operator"));
+                    Err(std::io::Error::other("cancelled by operator"))
                 }
             };
-            self.metrics.record_spliced(self.core, moved);
-            Ok(moved)
+            self.metrics.record_spliced(self.core, moved.get());
+            outcome.map(|()| moved.get())
         })
     }
 }

@@ -362,11 +362,14 @@ impl ResponseBodyReader {
     /// reached `client`. Each wait for the destination is bounded by the idle limit and the
     /// deadline, each wait for `client` by `write_timeout`. At the end a reusable connection
     /// goes back to the pool, as after [`ResponseBodyReader::read_into`]; on an error it is
-    /// closed. Only when [`ResponseBodyReader::can_splice`] says so; `Ok(0)` otherwise.
+    /// closed. Only when [`ResponseBodyReader::can_splice`] says so; `Ok(0)` otherwise. The
+    /// bytes that reached `client` are also counted in `moved` as they go, so that a splice
+    /// that fails or is dropped halfway still tells how much it moved.
     pub async fn splice_into(
         &mut self,
         client: &TcpStream,
         write_timeout: std::time::Duration,
+        moved: &std::cell::Cell<u64>,
     ) -> std::io::Result<u64> {
         if !self.can_splice() {
             return Ok(0);
@@ -376,7 +379,7 @@ impl ResponseBodyReader {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(0);
         };
-        let moved = std::cell::Cell::new(0u64);
+        let before = moved.get();
         let (from, mut pipe) = match (conn.plain_for_splice(), splice::PooledPipe::take()) {
             (Ok(Some(from)), Ok(pipe)) => (from, pipe),
             // Nothing moved yet: the caller reads and writes the rest instead.
@@ -397,10 +400,10 @@ impl ResponseBodyReader {
             Some(left),
             read_until,
             Some(write_timeout),
-            &moved,
+            moved,
         )
         .await;
-        let moved = moved.get();
+        let moved = moved.get().saturating_sub(before);
         match outcome {
             Ok(()) => {
                 self.decoder
