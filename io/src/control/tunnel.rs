@@ -18,7 +18,9 @@ use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd as _, RawFd};
 
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, Splitable as _};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, OwnedWriteHalf, Splitable as _,
+};
 use monoio::net::TcpStream;
 
 use crate::bus::conn::Conn as BusConn;
@@ -70,42 +72,38 @@ async fn relay_tcp(
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
     let (client_fd, upstream_fd) = (client.as_raw_fd(), upstream.as_raw_fd());
-    let (client_read, mut client_write) = client.into_split();
-    let (up_read, mut up_write) = upstream.into_split();
-    // Dropping a write half shuts its socket down for writing (the half-close), whether the
-    // direction ended or failed: the other side then sees the end instead of waiting.
-    let upload = async {
-        let r = async {
-            write_early(&mut up_write, early.up, up_bytes).await?;
-            direction(
-                client_read,
-                &mut up_write,
-                Some((client_fd, upstream_fd)),
-                up_bytes,
-            )
-            .await
-        }
-        .await;
-        drop(up_write);
-        r
-    };
-    let download = async {
-        let r = async {
-            write_early(&mut client_write, early.down, down_bytes).await?;
-            direction(
-                up_read,
-                &mut client_write,
-                Some((upstream_fd, client_fd)),
-                down_bytes,
-            )
-            .await
-        }
-        .await;
-        drop(client_write);
-        r
-    };
+    let (client_read, client_write) = client.into_split();
+    let (up_read, up_write) = upstream.into_split();
+    let upload = one_way(
+        client_read,
+        up_write,
+        early.up,
+        (client_fd, upstream_fd),
+        up_bytes,
+    );
+    let download = one_way(
+        up_read,
+        client_write,
+        early.down,
+        (upstream_fd, client_fd),
+        down_bytes,
+    );
     let (u, d) = monoio::join!(upload, download);
     u.and(d)
+}
+
+/// One direction of a TCP tunnel: `early`, then [`direction`] from `from` to `to`. Dropping
+/// the write half `to` at the end shuts its socket down for writing (the half-close), whether
+/// the direction ended or failed: the other side then sees the end instead of waiting.
+async fn one_way<R: AsyncReadRent>(
+    from: R,
+    mut to: OwnedWriteHalf<TcpStream>,
+    early: Vec<u8>,
+    fds: (RawFd, RawFd),
+    counter: &Cell<u64>,
+) -> io::Result<()> {
+    write_early(&mut to, early, counter).await?;
+    direction(from, &mut to, Some(fds), counter).await
 }
 
 /// [`relay`] through TLS to an `https://` upstream proxy: the tunnel's bytes are the TLS
