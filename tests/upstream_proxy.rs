@@ -194,15 +194,12 @@ fn the_forward_proxy_uses_squid_for_absolute_form_and_connect() {
     );
 }
 
-#[test]
-fn connect_tunnels_go_through_an_https_upstream_proxy() {
-    // The tunnel's bytes travel inside TLS to the proxy: curl's TLS to the destination inside
-    // the gateway's TLS to squid, and a plain HTTP exchange forced through CONNECT (`-p`).
+/// A gateway whose pool goes through squid speaking TLS (`https://`, user `tls-DE`), both
+/// trusting the returned test CA.
+fn behind_tls_squid() -> (TestCa, Squid, Gateway) {
     let ca = TestCa::new();
     let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
     let squid = Squid::start_tls(&[("tls-DE", "pw")], &cert, &key);
-    let up = Upstream::start(upstream::echo());
-    let secure = secure_echo(&ca);
     let snap = snapshot(json!({
         "id": "acme", "url": format!("https://localhost:{}", squid.port()),
         "username_template": "tls-{country}", "password": "pw"
@@ -215,6 +212,16 @@ fn connect_tunnels_go_through_an_https_upstream_proxy() {
             ca.ca_file().display().to_string()
         ))
         .start();
+    (ca, squid, gw)
+}
+
+#[test]
+fn connect_tunnels_go_through_an_https_upstream_proxy() {
+    // The tunnel's bytes travel inside TLS to the proxy: curl's TLS to the destination inside
+    // the gateway's TLS to squid, and a plain HTTP exchange forced through CONNECT (`-p`).
+    let (ca, squid, gw) = behind_tls_squid();
+    let up = Upstream::start(upstream::echo());
+    let secure = secure_echo(&ca);
     let proxy = format!("http://{}", gw.proxy.expect("proxy listener"));
     let user = format!("dep_test:{DEPLOYMENT_TOKEN}");
     let cacert = ca.ca_file().display().to_string();
@@ -301,21 +308,8 @@ fn a_tunnel_through_an_https_proxy_ends_when_the_destination_closes() {
         assert_eq!(&ping, b"ping");
         s.write_all(&sent).expect("payload");
     });
-    let ca = TestCa::new();
-    let (cert, key) = ca.leaf_pem(&["localhost", "127.0.0.1"]);
-    let squid = Squid::start_tls(&[("tls-DE", "pw")], &cert, &key);
-    let snap = snapshot(json!({
-        "id": "acme", "url": format!("https://localhost:{}", squid.port()),
-        "username_template": "tls-{country}", "password": "pw"
-    }));
-    let gw = Gateway::builder()
-        .snapshot(Some(&snap))
-        .workers(&format!(
-            "{}[egress]\nca_file = {:?}\n",
-            workers("DE"),
-            ca.ca_file().display().to_string()
-        ))
-        .start();
+    // The CA and squid live as long as the test.
+    let (_ca, _squid, gw) = behind_tls_squid();
     let (mut s, status) = open_tunnel_with(&gw, port, &[("X-Service-Route-Country", "DE")]);
     assert_eq!(status, "HTTP/1.1 200 OK");
     s.write_all(b"ping").expect("ping");
