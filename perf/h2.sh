@@ -4,7 +4,8 @@
 # only HTTP/1.1, from one that offers HTTP/2, from one that offers HTTP/2 with every request
 # naming fingerprint profile PROFILE (BoringSSL + the profile's HTTP/2 start), and from a
 # server that closes every connection after one response with TLS resumption off, ordinary
-# (rustls) and with PROFILE (BoringSSL): a full handshake per request. Same nginx, certificate
+# (rustls) and with the newest profile of each browser family in FAMILIES (BoringSSL; the
+# family's moving alias, e.g. `chrome`): a full handshake per request. Same nginx, certificate
 # and file throughout. Reports req/s, requests per CPU-second of the gateway (from /proc) and
 # how many upstream connections each row used (nginx's access log names each request's
 # connection). Needs a gateway built with `--features fingerprints`. See perf/README.md.
@@ -22,6 +23,8 @@ H2_PORT=${H2_PORT:-18094}
 PROFILE_PORT=${PROFILE_PORT:-18095}
 HANDSHAKE_PORT=${HANDSHAKE_PORT:-18096}
 PROFILE=${PROFILE:-chrome_131}
+# Browser families whose newest profile gets a full-handshake row (moving aliases).
+FAMILIES=${FAMILIES:-chrome safari firefox}
 CLK_TCK=$(getconf CLK_TCK)
 
 say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
@@ -181,7 +184,8 @@ ca_file = \"$WORK_DIR/tls/ca.pem\""
   probe "$h2_url"
   probe "$p_url" "$PROFILE"
   probe "$hs_url"
-  probe "$hs_url" "$PROFILE"
+  local fam
+  for fam in $FAMILIES; do probe "$hs_url" "$fam"; done
   export SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" SORTIE_PERF_DIR="$PERF_DIR"
 
   say ""
@@ -189,28 +193,33 @@ ca_file = \"$WORK_DIR/tls/ca.pem\""
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
   say "knobs: DURATION=${DURATION}s ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS GATEWAY_CORES=$GATEWAY_CORES" \
-    "PROFILE=$PROFILE body=1 KiB over TLS ($(nginx -v 2>&1 | cut -d' ' -f3))"
+    "PROFILE=$PROFILE FAMILIES=\"$FAMILIES\" body=1 KiB over TLS ($(nginx -v 2>&1 | cut -d' ' -f3))"
   run_round warmup-h1 "$h1_url" >/dev/null
   run_round warmup-h2 "$h2_url" >/dev/null
   run_round warmup-profile "$p_url" "$PROFILE" >/dev/null
   local round h1 h2 pr hr hb
-  local r_h2=() r_pr=() r_prc=() r_hs=() r_hsc=()
+  local r_h2=() r_pr=() r_prc=()
+  declare -A r_hs=() r_hsc=()
   for ((round = 1; round <= ROUNDS; round++)); do
     h1=$(run_round "h1-$round" "$h1_url")
     h2=$(run_round "h2-$round" "$h2_url")
     pr=$(run_round "h2-$PROFILE-$round" "$p_url" "$PROFILE")
     hr=$(run_round "handshake-rustls-$round" "$hs_url")
-    hb=$(run_round "handshake-boringssl-$PROFILE-$round" "$hs_url" "$PROFILE")
     r_h2+=("$(ratio "$(field rps "$h2")" "$(field rps "$h1")")")
     r_pr+=("$(ratio "$(field rps "$pr")" "$(field rps "$h2")")")
     r_prc+=("$(ratio "$(field per_cpu_s "$pr")" "$(field per_cpu_s "$h2")")")
-    r_hs+=("$(ratio "$(field rps "$hb")" "$(field rps "$hr")")")
-    r_hsc+=("$(ratio "$(field per_cpu_s "$hb")" "$(field per_cpu_s "$hr")")")
     say "round $round: $h1"
     say "round $round: $h2  (h2/h1 req/s ${r_h2[-1]})"
     say "round $round: $pr  (profile/h2 req/s ${r_pr[-1]}, per CPU-s ${r_prc[-1]})"
     say "round $round: $hr"
-    say "round $round: $hb  (boringssl/rustls new connections/s ${r_hs[-1]}, per CPU-s ${r_hsc[-1]})"
+    for fam in $FAMILIES; do
+      hb=$(run_round "handshake-boringssl-$fam-$round" "$hs_url" "$fam")
+      r_hs[$fam]+="$(ratio "$(field rps "$hb")" "$(field rps "$hr")") "
+      r_hsc[$fam]+="$(ratio "$(field per_cpu_s "$hb")" "$(field per_cpu_s "$hr")") "
+      say "round $round: $hb  (boringssl/rustls new connections/s" \
+        "$(ratio "$(field rps "$hb")" "$(field rps "$hr")"), per CPU-s" \
+        "$(ratio "$(field per_cpu_s "$hb")" "$(field per_cpu_s "$hr")"))"
+    done
   done
   local c1 c2 cp ch
   c1=$(upstream_connections "$H1_PORT")
@@ -225,8 +234,10 @@ ca_file = \"$WORK_DIR/tls/ca.pem\""
     "$(awk -v m="$m_h2" -v a="$c2" -v b="$c1" 'BEGIN { print (m >= 1.0 && a < b ? "met" : "MISSED") }'))"
   say "median $PROFILE/h2 ratio: req/s $(printf '%s\n' "${r_pr[@]}" | median)," \
     "per CPU-s $(printf '%s\n' "${r_prc[@]}" | median)"
-  say "median new-connection ratio boringssl($PROFILE)/rustls: req/s $(printf '%s\n' "${r_hs[@]}" | median)," \
-    "per CPU-s $(printf '%s\n' "${r_hsc[@]}" | median)"
+  for fam in $FAMILIES; do
+    say "median new-connection ratio boringssl($fam)/rustls: req/s" \
+      "$(printf '%s\n' ${r_hs[$fam]} | median), per CPU-s $(printf '%s\n' ${r_hsc[$fam]} | median)"
+  done
   say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
   say "results appended to perf/results/$(basename "$RESULTS_FILE")"
 }

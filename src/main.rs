@@ -49,6 +49,21 @@ enum Command {
         /// Run the self-test.
         #[arg(long)]
         verify: bool,
+        /// Run the capture server alone and print what each connection to it showed, one JSON
+        /// object per line (fingerprint strings, ClientHello and HTTP/2 parameters): how a
+        /// profile is recorded from a real client (scripts/record-profiles.py).
+        #[arg(long, conflicts_with = "verify", requires = "ca_out")]
+        capture: bool,
+        /// With --capture: write the capture server's CA certificate (PEM) to this file.
+        #[arg(long, value_name = "FILE")]
+        ca_out: Option<PathBuf>,
+        /// With --capture: offer only HTTP/1.1 by ALPN, so request header names arrive in
+        /// plain text and in order.
+        #[arg(long, requires = "capture")]
+        http1: bool,
+        /// With --capture: stop after this many connections, or after 60 s without one.
+        #[arg(long, default_value_t = 1000, requires = "capture")]
+        count: usize,
     },
     /// Validate a static configuration file (TOML) and exit non-zero with the key and reason.
     CheckConfig {
@@ -68,7 +83,14 @@ fn main() -> ExitCode {
         Command::Serve { config } => serve(config),
         Command::Control { config } => control(&config),
         Command::Worker { config } => worker(&config),
-        Command::Fingerprints { verify } => fingerprints(verify),
+        Command::Fingerprints {
+            capture: true,
+            ca_out,
+            http1,
+            count,
+            ..
+        } => capture(ca_out, http1, count),
+        Command::Fingerprints { verify, .. } => fingerprints(verify),
         Command::CheckConfig { file } => check_config(&file),
         Command::CheckSnapshot { file } => check_snapshot(&file),
     }
@@ -222,7 +244,6 @@ fn worker(path: &PathBuf) -> ExitCode {
 }
 
 fn fingerprints(verify: bool) -> ExitCode {
-    use sortie_core::fingerprint::profile::PROFILES;
     use sortie_io::egress::fingerprint;
     if !fingerprint::IS_BUILT {
         println!("no built-in profiles: {}", fingerprint::UNAVAILABLE_REASON);
@@ -233,12 +254,8 @@ fn fingerprints(verify: bool) -> ExitCode {
         };
     }
     if !verify {
-        for p in PROFILES {
-            println!("{}\t{}", p.name, p.browser);
-            println!("  JA4     {}", p.expected.ja4);
-            println!("  JA3N    {}", p.expected.ja3n);
-            println!("  Akamai  {}", p.expected.akamai);
-        }
+        // A long list, often piped into `head` or `grep`: a closed pipe ends it quietly.
+        let _ = list_profiles(&mut std::io::stdout().lock());
         return ExitCode::SUCCESS;
     }
     let results = match fingerprint::self_test() {
@@ -249,7 +266,13 @@ fn fingerprints(verify: bool) -> ExitCode {
         }
     };
     let mut failed = 0;
+    let mut unsupported = 0;
     for r in &results {
+        if let Some(why) = r.unsupported() {
+            println!("{}\tnot available: {why}", r.profile.name);
+            unsupported += 1;
+            continue;
+        }
         let verdict = if r.is_pass() { "pass" } else { "FAIL" };
         println!("{}\t{verdict}", r.profile.name);
         if let Some(c) = &r.capture {
@@ -268,12 +291,81 @@ fn fingerprints(verify: bool) -> ExitCode {
             failed += 1;
         }
     }
-    println!("{} passed, {failed} failed", results.len() - failed);
+    println!(
+        "{} passed, {failed} failed",
+        results.len() - failed - unsupported
+    );
+    if unsupported > 0 {
+        println!("{unsupported} not available in this build (listed above with the reason)");
+    }
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     }
+}
+
+/// Every built-in profile with its aliases and expected strings.
+fn list_profiles(out: &mut impl std::io::Write) -> std::io::Result<()> {
+    use sortie_core::fingerprint::profile::PROFILES;
+    for p in PROFILES {
+        writeln!(out, "{}\t{}", p.name, p.browser)?;
+        let aliases: Vec<&str> = p.all_aliases().collect();
+        if !aliases.is_empty() {
+            writeln!(out, "  aliases {}", aliases.join(", "))?;
+        }
+        if let Some(why) = p.unsupported {
+            writeln!(out, "  not available in this build: {why}")?;
+        }
+        writeln!(out, "  JA4     {}", p.expected.ja4)?;
+        writeln!(out, "  JA4_r   {}", p.expected.ja4_r)?;
+        writeln!(out, "  JA3N    {}", p.expected.ja3n)?;
+        writeln!(out, "  Akamai  {}", p.expected.akamai)?;
+    }
+    out.flush()
+}
+
+/// `sortie fingerprints --capture`: the capture server on loopback, one JSON line per
+/// connection on stdout.
+fn capture(ca_out: Option<PathBuf>, http1: bool, count: usize) -> ExitCode {
+    use sortie_io::egress::fingerprint::capture::CaptureServer;
+    use std::io::Write as _;
+    let server = if http1 {
+        CaptureServer::start_http1()
+    } else {
+        CaptureServer::start()
+    };
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sortie: capture server: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Some(path) = &ca_out {
+        if let Err(e) = std::fs::write(path, server.ca_pem()) {
+            eprintln!("sortie: {}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "listening {}", server.addr());
+    let _ = out.flush();
+    for _ in 0..count {
+        match server.next(std::time::Duration::from_secs(60)) {
+            Ok(c) => {
+                let _ = writeln!(out, "{}", c.to_json());
+            }
+            Err(e) => {
+                let _ = writeln!(out, "{}", serde_json::json!({ "error": e }));
+                if e.starts_with("no connection") {
+                    break;
+                }
+            }
+        }
+        let _ = out.flush();
+    }
+    ExitCode::SUCCESS
 }
 
 /// Logs go to stderr; `RUST_LOG` filters them (default `info`; per-request lines are

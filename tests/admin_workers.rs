@@ -160,11 +160,13 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
             "{seen}"
         );
         // Local workers advertise the profiles this process's self-test verified: every
-        // built-in one with the fingerprinted connector, none without it (decision 082).
+        // built-in one this build can send with the fingerprinted connector, none without it
+        // (decisions 082, 100).
         let expected: Vec<String> = if cfg!(feature = "fingerprints") {
-            sortie_core::fingerprint::BUILTIN_PROFILES
+            sortie_core::fingerprint::profile::PROFILES
                 .iter()
-                .map(|s| s.to_string())
+                .filter(|p| p.unsupported.is_none())
+                .map(|p| p.name.to_string())
                 .collect()
         } else {
             Vec::new()

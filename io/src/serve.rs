@@ -157,7 +157,13 @@ pub(crate) fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
         Ok(results) => {
             for r in &results {
                 if r.is_pass() {
-                    tracing::info!(profile = r.profile.name, "fingerprint self-test passed");
+                    tracing::debug!(profile = r.profile.name, "fingerprint self-test passed");
+                } else if let Some(why) = r.unsupported() {
+                    tracing::debug!(
+                        profile = r.profile.name,
+                        why,
+                        "fingerprint profile not expressible by this build; not advertised"
+                    );
                 } else {
                     tracing::warn!(
                         profile = r.profile.name,
@@ -169,7 +175,12 @@ pub(crate) fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
         }
         Err(e) => tracing::warn!(error = %e, "fingerprint self-test could not run"),
     }
-    fingerprint::verified_profiles()
+    let verified = fingerprint::verified_profiles();
+    tracing::info!(
+        profiles = verified.len(),
+        "fingerprint self-test done; `sortie fingerprints` lists them"
+    );
+    verified
 }
 
 fn bootstrap_json(config: &Config) -> Result<String, ServeError> {

@@ -1,19 +1,20 @@
 //! Fingerprints checked by something that is not ours: `curl_cffi` (PyPI; it ships its own
-//! impersonating libcurl) impersonating Chrome 131 and Firefox 133 connects to the loopback
+//! impersonating libcurl) impersonating every one of its targets connects to the loopback
 //! capture server (TLS + HTTP/2, `sortie_io::egress::fingerprint::capture`), which computes
 //! JA4, JA4_r, JA3N and the Akamai string with `sortie_core::fingerprint`. Each must equal the
-//! matching profile's expected strings; with feature `fingerprints`, Sortie's own connection
-//! with the same profile (through `Egress::execute`) must give the same strings on the same
-//! server. Needs python3 with curl_cffi: `scripts/ci-deps.sh` installs it.
+//! expected strings of the profile that takes the target's name as an alias; with feature
+//! `fingerprints`, Sortie's own connection with the same profile (through `Egress::execute`)
+//! must give the same strings on the same server in the same run. Needs python3 with
+//! curl_cffi: `scripts/ci-deps.sh` installs the pinned version.
 
 mod support;
 
-use std::io::Read as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use sortie_core::fingerprint::profile::{Profile, CHROME_131, FIREFOX_133};
+use sortie_core::fingerprint::profile::{self, Profile, CHROME_131, FIREFOX_133, PROFILES};
 use sortie_io::egress::fingerprint::capture::{Capture, CaptureServer};
 use sortie_io::egress::fingerprint::compare;
 
@@ -86,7 +87,7 @@ fn assert_matches_profile(profile: &Profile, c: &Capture, with_priority: bool) {
 }
 
 #[test]
-fn curl_cffi_chrome_131_gives_the_profiles_strings() {
+fn curl_cffi_chrome_131_shuffles_its_extensions_with_the_same_strings() {
     let server = CaptureServer::start().expect("capture server");
     // Chrome shuffles its extensions per connection: JA4, JA4_r and JA3N sort them, so three
     // connections give the same strings, though not the same extension order.
@@ -101,20 +102,117 @@ fn curl_cffi_chrome_131_gives_the_profiles_strings() {
     assert!(orders.iter().any(|o| *o != orders[0]), "{orders:?}");
 }
 
-#[test]
-fn curl_cffi_firefox_133_gives_the_profiles_strings() {
-    let server = CaptureServer::start().expect("capture server");
-    let c = curl_cffi(&server, "firefox133");
-    assert_matches_profile(&FIREFOX_133, &c, false);
+/// curl_cffi's target names, from its `BrowserType` enum.
+fn curl_cffi_targets() -> Vec<String> {
+    let script = "from curl_cffi.requests.impersonate import BrowserType\n\
+                  print(' '.join(b.value for b in BrowserType))\n";
+    let child = Command::new("python3")
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let (out, err, ok) = finish(child);
+    assert!(ok, "curl_cffi: {err}\ninstall it with scripts/ci-deps.sh");
+    out.split_whitespace().map(String::from).collect()
 }
 
-/// Sortie's profile and curl_cffi's impersonation of the same browser, on the same capture
-/// server: the same JA4, JA4_r, JA3N and Akamai string.
+/// Every target curl_cffi offers is the name (an alias) of a built-in profile, so a user
+/// moving from curl_cffi renames nothing; a curl_cffi release with a new target fails here
+/// until its profile is recorded (scripts/record-profiles.py).
+#[test]
+fn every_curl_cffi_target_names_a_profile() {
+    let targets = curl_cffi_targets();
+    assert!(targets.len() >= 38, "{targets:?}");
+    let missing: Vec<&String> = targets
+        .iter()
+        .filter(|t| profile::resolve(t).is_none())
+        .collect();
+    assert!(missing.is_empty(), "no profile for {missing:?}");
+}
+
+/// curl_cffi's connections, one per profile, in lockstep with the capture server: python
+/// prints a line after each request and waits for one before the next, so each capture is
+/// taken for the right target.
+fn curl_cffi_each(server: &CaptureServer, targets: &[&str]) -> Vec<Capture> {
+    let script = "import sys\n\
+                  import curl_cffi.requests as r\n\
+                  port = sys.argv[1]\n\
+                  for t in sys.argv[2:]:\n\
+                  \x20   resp = r.get(f'https://localhost:{port}/', impersonate=t, verify=False, timeout=20)\n\
+                  \x20   print(t, resp.status_code, resp.http_version, flush=True)\n\
+                  \x20   sys.stdin.readline()\n";
+    let port = server.addr().port().to_string();
+    let mut child = Command::new("python3")
+        .args(["-c", script, &port])
+        .args(targets)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut out = Vec::with_capacity(targets.len());
+    for target in targets {
+        let c = server.next(LIMIT);
+        let line = lines.next().and_then(Result::ok).unwrap_or_default();
+        // curl's CURL_HTTP_VERSION_2_0 is 3.
+        assert_eq!(line, format!("{target} 200 3"), "curl_cffi {target}");
+        out.push(c.unwrap_or_else(|e| panic!("curl_cffi {target}: {e}")));
+        let _ = stdin.write_all(b"next\n");
+        let _ = stdin.flush();
+    }
+    drop(stdin);
+    let _ = child.wait();
+    out
+}
+
+/// The curl_cffi target each profile is compared with: its first alias that curl_cffi offers.
+fn compared_targets() -> Vec<(&'static Profile, &'static str)> {
+    let targets = curl_cffi_targets();
+    PROFILES
+        .iter()
+        .filter_map(|p| {
+            p.aliases
+                .iter()
+                .find(|a| targets.iter().any(|t| t == *a))
+                .map(|a| (p, *a))
+        })
+        .collect()
+}
+
+/// Every profile recorded from curl_cffi gives, through curl_cffi, the profile's JA4, JA4_r,
+/// JA3N, Akamai string and HEADERS priority (Firefox 133's priority excepted, decision 081).
+#[test]
+fn every_curl_cffi_target_gives_its_profiles_strings() {
+    let server = CaptureServer::start().expect("capture server");
+    let pairs = compared_targets();
+    assert!(pairs.len() >= 38, "{}", pairs.len());
+    let targets: Vec<&str> = pairs.iter().map(|(_, t)| *t).collect();
+    let captures = curl_cffi_each(&server, &targets);
+    let mut failures = Vec::new();
+    for ((profile, target), c) in pairs.iter().zip(&captures) {
+        let with_priority = profile.name != FIREFOX_133.name;
+        let problems: Vec<String> = compare(profile, c)
+            .into_iter()
+            .filter(|p| with_priority || !p.starts_with("HEADERS priority"))
+            .collect();
+        if !problems.is_empty() {
+            failures.push(format!("{} ({target}): {problems:?}", profile.name));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Sortie's profile and curl_cffi's impersonation of the same browser, for every target, on
+/// the same capture server in the same run: the same JA4, JA4_r, JA3N, Akamai string and
+/// HEADERS priority (Firefox 133's priority excepted, decision 081).
 #[cfg(feature = "fingerprints")]
 #[test]
-fn sortie_and_curl_cffi_give_the_same_strings() {
+fn sortie_and_curl_cffi_give_the_same_strings_for_every_target() {
     use sortie_core::request::Method;
-    use sortie_io::egress::fingerprint::{verified, verify_at_startup};
+    use sortie_io::egress::fingerprint::{tls_strings, verified, verify_at_startup};
 
     let server = CaptureServer::start().expect("capture server");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -122,10 +220,26 @@ fn sortie_and_curl_cffi_give_the_same_strings() {
     std::fs::write(&ca, server.ca_pem()).expect("CA written");
     let results = verify_at_startup(Some(&ca)).expect("the self-test runs");
     for r in &results {
-        assert!(r.is_pass(), "{}: {:?}", r.profile.name, r.problems);
+        assert!(
+            r.is_pass() || r.unsupported().is_some(),
+            "{}: {:?}",
+            r.profile.name,
+            r.problems
+        );
     }
-    for (profile, target) in [(CHROME_131, "chrome131"), (FIREFOX_133, "firefox133")] {
-        let theirs = curl_cffi(&server, target);
+    let pairs = compared_targets();
+    assert!(pairs.len() >= 38, "{}", pairs.len());
+    let targets: Vec<&str> = pairs.iter().map(|(_, t)| *t).collect();
+    let theirs = curl_cffi_each(&server, &targets);
+    let mut failures = Vec::new();
+    for ((profile, target), theirs) in pairs.iter().zip(&theirs) {
+        if let Some(why) = profile.unsupported {
+            // Its data is checked against curl_cffi by the test above; this build cannot send
+            // it (decision 100), and a request naming it is refused.
+            assert!(verified(profile.name).is_none(), "{}", profile.name);
+            eprintln!("{} ({target}): not sent by this build: {why}", profile.name);
+            continue;
+        }
         let url = format!("https://localhost:{}/", server.addr().port());
         let mut req = support::request(Method::Get, &url);
         req.fingerprint = Some(verified(profile.name).expect("profile verified"));
@@ -133,15 +247,26 @@ fn sortie_and_curl_cffi_give_the_same_strings() {
             .expect("response");
         assert_eq!(resp.status, 200);
         let ours = server.next(LIMIT).expect("Sortie's connection captured");
-        assert_eq!(ours.tls.ja4, theirs.tls.ja4, "{}", profile.name);
-        assert_eq!(ours.tls.ja4_r, theirs.tls.ja4_r, "{}", profile.name);
-        assert_eq!(ours.tls.ja3n, theirs.tls.ja3n, "{}", profile.name);
-        assert_eq!(ours.akamai(), theirs.akamai(), "{}", profile.name);
-        if profile.name == CHROME_131.name {
-            assert_eq!(
-                ours.http2.as_ref().map(|h| h.headers_priority),
-                theirs.http2.as_ref().map(|h| h.headers_priority),
-            );
+        let prio = |c: &Capture| c.http2.as_ref().map(|h| h.headers_priority);
+        // Without padding where it comes and goes between connections (decision 100).
+        let (o, t) = (tls_strings(profile, &ours), tls_strings(profile, theirs));
+        let same = o.ja4 == t.ja4
+            && o.ja4_r == t.ja4_r
+            && o.ja3n == t.ja3n
+            && ours.akamai() == theirs.akamai()
+            && (profile.name == FIREFOX_133.name || prio(&ours) == prio(theirs));
+        if !same {
+            failures.push(format!(
+                "{} ({target}): ours {} {:?} {:?}, curl_cffi's {} {:?} {:?}",
+                profile.name,
+                o.ja4_r,
+                ours.akamai(),
+                prio(&ours),
+                t.ja4_r,
+                theirs.akamai(),
+                prio(theirs)
+            ));
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -28,6 +28,14 @@ pub const EXT_SIGNATURE_ALGORITHMS: u16 = 0x000d;
 pub const EXT_ALPN: u16 = 0x0010;
 /// `supported_versions`.
 pub const EXT_SUPPORTED_VERSIONS: u16 = 0x002b;
+/// `key_share` extension type.
+pub const EXT_KEY_SHARE: u16 = 0x0033;
+/// `compress_certificate` extension type.
+pub const EXT_COMPRESS_CERTIFICATE: u16 = 0x001b;
+/// `delegated_credentials` extension type.
+pub const EXT_DELEGATED_CREDENTIALS: u16 = 0x0022;
+/// `record_size_limit` extension type.
+pub const EXT_RECORD_SIZE_LIMIT: u16 = 0x001c;
 
 /// Why bytes are not (yet) a ClientHello.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +81,14 @@ pub struct ClientHello {
     pub point_formats: Vec<u8>,
     /// ALPN protocol names (extension 16), in order.
     pub alpn: Vec<Vec<u8>>,
+    /// The groups of the `key_share` entries (extension 51), in order.
+    pub key_shares: Vec<u16>,
+    /// `compress_certificate` algorithms (extension 27), in order.
+    pub cert_compression: Vec<u16>,
+    /// `delegated_credentials` signature algorithms (extension 34), in order.
+    pub delegated_credentials: Vec<u16>,
+    /// The `record_size_limit` value (extension 28), when sent.
+    pub record_size_limit: Option<u16>,
 }
 
 impl ClientHello {
@@ -198,6 +214,30 @@ pub fn parse_message(message: &[u8]) -> Result<ClientHello, HelloError> {
                         .push(list.vec8().ok_or(bad("bad ALPN name"))?.to_vec());
                 }
             }
+            EXT_KEY_SHARE => {
+                let mut list = Reader(d.vec16().ok_or(bad("bad key_share"))?);
+                while !list.0.is_empty() {
+                    hello
+                        .key_shares
+                        .push(list.u16().ok_or(bad("bad key_share entry"))?);
+                    list.vec16().ok_or(bad("bad key_share entry"))?;
+                }
+            }
+            EXT_COMPRESS_CERTIFICATE => {
+                let mut list = Reader(d.vec8().ok_or(bad("bad compress_certificate"))?);
+                while let Some(v) = list.u16() {
+                    hello.cert_compression.push(v);
+                }
+            }
+            EXT_DELEGATED_CREDENTIALS => {
+                let mut list = Reader(d.vec16().ok_or(bad("bad delegated_credentials"))?);
+                while let Some(v) = list.u16() {
+                    hello.delegated_credentials.push(v);
+                }
+            }
+            EXT_RECORD_SIZE_LIMIT => {
+                hello.record_size_limit = Some(d.u16().ok_or(bad("bad record_size_limit"))?);
+            }
             _ => {}
         }
     }
@@ -289,6 +329,25 @@ pub(crate) fn build_record(hello: &ClientHello, sni: Option<&str>) -> Vec<u8> {
                 }
                 vec16(&mut data, &l);
             }
+            EXT_KEY_SHARE => {
+                let mut l = Vec::new();
+                for g in &hello.key_shares {
+                    l.extend_from_slice(&g.to_be_bytes());
+                    vec16(&mut l, &[1, 2, 3]);
+                }
+                vec16(&mut data, &l);
+            }
+            EXT_COMPRESS_CERTIFICATE => {
+                let l = list16(&hello.cert_compression);
+                data.push(l.len() as u8);
+                data.extend_from_slice(&l);
+            }
+            EXT_DELEGATED_CREDENTIALS => vec16(&mut data, &list16(&hello.delegated_credentials)),
+            EXT_RECORD_SIZE_LIMIT => {
+                if let Some(v) = hello.record_size_limit {
+                    data.extend_from_slice(&v.to_be_bytes());
+                }
+            }
             _ => {}
         }
         vec16(&mut exts, &data);
@@ -310,12 +369,19 @@ mod tests {
         ClientHello {
             legacy_version: 0x0303,
             ciphers: vec![0x1a1a, 0x1301, 0xc02b],
-            extensions: vec![0x2a2a, 0, 0x0010, 0x002b, 0x000d, 0x000a, 0x000b, 0xff01],
+            extensions: vec![
+                0x2a2a, 0, 0x0010, 0x002b, 0x000d, 0x000a, 0x000b, 0xff01, 0x0033, 0x001b, 0x0022,
+                0x001c,
+            ],
             supported_versions: vec![0x3a3a, 0x0304, 0x0303],
             signature_algorithms: vec![0x0403, 0x0804],
             groups: vec![0x4a4a, 0x001d],
             point_formats: vec![0],
             alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            key_shares: vec![0x4a4a, 0x11ec, 0x001d],
+            cert_compression: vec![2],
+            delegated_credentials: vec![0x0403],
+            record_size_limit: Some(16_385),
         }
     }
 

@@ -12,11 +12,17 @@ pub mod tls;
 
 /// The built-in profile names, in the order `sortie fingerprints` lists them: the names of
 /// [`profile::PROFILES`], as a list of names request validation can hold.
-pub const BUILTIN_PROFILES: &[&str] = &["chrome_131", "firefox_133"];
+pub const BUILTIN_PROFILES: &[&str] = profile::NAMES;
 
-/// Whether `name` is exactly a built-in profile name.
+/// Whether `name` is exactly a built-in profile name (not an alias).
 pub fn is_builtin(name: &str) -> bool {
     BUILTIN_PROFILES.contains(&name)
+}
+
+/// The built-in profile name that `name` stands for: itself, or the profile an alias names
+/// ([`profile::resolve`]). What a request asks for is always held and matched by this name.
+pub fn canonical(name: &str) -> Option<&'static str> {
+    profile::resolve(name).map(|p| p.name)
 }
 
 #[cfg(test)]

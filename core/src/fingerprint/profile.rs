@@ -72,6 +72,20 @@ pub struct Profile {
     pub name: &'static str,
     /// The browser and version it reproduces, for people.
     pub browser: &'static str,
+    /// The family (`chrome`, `safari_ios`, ...): the family's name is a moving alias of its
+    /// newest profile.
+    pub family: &'static str,
+    /// The browser version, dotted numbers; orders a family.
+    pub version: &'static str,
+    /// Other exact names of this profile (curl_cffi's target names).
+    pub aliases: &'static [&'static str],
+    /// Where the parameters and expected strings come from.
+    pub source: &'static str,
+    /// Why the linked BoringSSL cannot send this profile's ClientHello, when it cannot: the
+    /// profile is listed with the reason, its data and expected strings stay checked, but no
+    /// process advertises it (a request naming it gets `unsupported_fingerprint`) and no
+    /// moving alias points to it (decision 100).
+    pub unsupported: Option<&'static str>,
     /// The ClientHello.
     pub tls: TlsProfile,
     /// The HTTP/2 connection start and request framing.
@@ -112,6 +126,11 @@ pub struct TlsProfile {
     pub delegated_credentials: &'static [u16],
     /// The `record_size_limit` value, when sent.
     pub record_size_limit: Option<u16>,
+    /// Whether the padding extension comes and goes between connections (BoringSSL pads a
+    /// ClientHello of 256–511 bytes, and a randomly sized ECH GREASE payload moves some
+    /// browsers' hellos across that bound). Then [`TlsProfile::extensions`] and the expected
+    /// strings leave padding out, and captures are compared without it.
+    pub padding_varies: bool,
 }
 
 /// HTTP/2 behaviour of a profile.
@@ -161,168 +180,38 @@ pub struct Expected {
     pub akamai: &'static str,
 }
 
-const CHROME_CIPHERS: &[u16] = &[
-    0x1301, 0x1302, 0x1303, 0xc02b, 0xc02f, 0xc02c, 0xc030, 0xcca9, 0xcca8, 0xc013, 0xc014, 0x009c,
-    0x009d, 0x002f, 0x0035,
-];
-const CHROME_SIGALGS: &[u16] = &[
-    0x0403, 0x0804, 0x0401, 0x0503, 0x0805, 0x0501, 0x0806, 0x0601,
-];
-const CHROME_GROUPS: &[u16] = &[0x11ec, 0x001d, 0x0017, 0x0018];
-/// Chrome's request header order (navigation requests): the client hints, then the rest.
-const CHROME_HEADER_ORDER: &[&str] = &[
-    "cache-control",
-    "sec-ch-ua",
-    "sec-ch-ua-mobile",
-    "sec-ch-ua-platform",
-    "upgrade-insecure-requests",
-    "user-agent",
-    "accept",
-    "origin",
-    "sec-fetch-site",
-    "sec-fetch-mode",
-    "sec-fetch-user",
-    "sec-fetch-dest",
-    "referer",
-    "accept-encoding",
-    "accept-language",
-    "cookie",
-    "priority",
-];
-const CHROME_HTTP2: Http2Profile = Http2Profile {
-    settings: &[(1, 65_536), (2, 0), (4, 6_291_456), (6, 262_144)],
-    connection_window: 15_728_640,
-    priority_frames: &[],
-    pseudo_order: ['m', 'a', 's', 'p'],
-    headers_priority: Some((true, 0, 256)),
-};
-
-/// Chrome 131 on desktop.
-pub const CHROME_131: Profile = Profile {
-    name: "chrome_131",
-    browser: "Chrome 131",
-    tls: TlsProfile {
-        ciphers: CHROME_CIPHERS,
-        grease: true,
-        groups: CHROME_GROUPS,
-        key_shares: &[0x11ec, 0x001d],
-        signature_algorithms: CHROME_SIGALGS,
-        versions: &[TLS13, TLS12],
-        alpn: &["h2", "http/1.1"],
-        extensions: &[
-            ext::SERVER_NAME,
-            ext::EXTENDED_MASTER_SECRET,
-            ext::RENEGOTIATION_INFO,
-            ext::SUPPORTED_GROUPS,
-            ext::EC_POINT_FORMATS,
-            ext::SESSION_TICKET,
-            ext::ALPN,
-            ext::STATUS_REQUEST,
-            ext::SIGNATURE_ALGORITHMS,
-            ext::SCT,
-            ext::KEY_SHARE,
-            ext::PSK_KEY_EXCHANGE_MODES,
-            ext::SUPPORTED_VERSIONS,
-            ext::COMPRESS_CERTIFICATE,
-            ext::ALPS_OLD,
-            ext::ECH,
-        ],
-        permute_extensions: true,
-        cert_compression: &[cert_compression::BROTLI],
-        delegated_credentials: &[],
-        record_size_limit: None,
-    },
-    http2: CHROME_HTTP2,
-    header_order: CHROME_HEADER_ORDER,
-    expected: Expected {
-        ja4: "t13d1516h2_8daaf6152771_02713d6af862",
-        ja4_r: "t13d1516h2_002f,0035,009c,009d,1301,1302,1303,c013,c014,c02b,c02c,c02f,c030,cca8,cca9_0005,000a,000b,000d,0012,0017,001b,0023,002b,002d,0033,4469,fe0d,ff01_0403,0804,0401,0503,0805,0501,0806,0601",
-        ja3n: "dee19b855b658c6aa0f575eda2525e19",
-        akamai: "1:65536;2:0;4:6291456;6:262144|15663105|0|m,a,s,p",
-    },
-};
-
-/// Firefox 133 on desktop.
-pub const FIREFOX_133: Profile = Profile {
-    name: "firefox_133",
-    browser: "Firefox 133",
-    tls: TlsProfile {
-        ciphers: &[
-            0x1301, 0x1303, 0x1302, 0xc02b, 0xc02f, 0xcca9, 0xcca8, 0xc02c, 0xc030, 0xc00a, 0xc009,
-            0xc013, 0xc014, 0x009c, 0x009d, 0x002f, 0x0035,
-        ],
-        grease: false,
-        groups: &[0x11ec, 0x001d, 0x0017, 0x0018, 0x0019, 0x0100, 0x0101],
-        key_shares: &[0x11ec, 0x001d, 0x0017],
-        signature_algorithms: &[
-            0x0403, 0x0503, 0x0603, 0x0804, 0x0805, 0x0806, 0x0401, 0x0501, 0x0601, 0x0203, 0x0201,
-        ],
-        versions: &[TLS13, TLS12],
-        alpn: &["h2", "http/1.1"],
-        extensions: &[
-            ext::SERVER_NAME,
-            ext::EXTENDED_MASTER_SECRET,
-            ext::RENEGOTIATION_INFO,
-            ext::SUPPORTED_GROUPS,
-            ext::EC_POINT_FORMATS,
-            ext::SESSION_TICKET,
-            ext::ALPN,
-            ext::STATUS_REQUEST,
-            ext::DELEGATED_CREDENTIALS,
-            ext::KEY_SHARE,
-            ext::SUPPORTED_VERSIONS,
-            ext::SIGNATURE_ALGORITHMS,
-            ext::PSK_KEY_EXCHANGE_MODES,
-            ext::RECORD_SIZE_LIMIT,
-            ext::COMPRESS_CERTIFICATE,
-            ext::ECH,
-        ],
-        permute_extensions: false,
-        cert_compression: &[
-            cert_compression::ZLIB,
-            cert_compression::BROTLI,
-            cert_compression::ZSTD,
-        ],
-        delegated_credentials: &[0x0403, 0x0503, 0x0603, 0x0203],
-        record_size_limit: Some(16_385),
-    },
-    http2: Http2Profile {
-        settings: &[(1, 65_536), (2, 0), (4, 131_072), (5, 16_384)],
-        connection_window: 12_582_912,
-        priority_frames: &[],
-        pseudo_order: ['m', 'p', 'a', 's'],
-        headers_priority: Some((false, 0, 42)),
-    },
-    header_order: &[
-        "user-agent",
-        "accept",
-        "accept-language",
-        "accept-encoding",
-        "referer",
-        "origin",
-        "cookie",
-        "upgrade-insecure-requests",
-        "sec-fetch-dest",
-        "sec-fetch-mode",
-        "sec-fetch-site",
-        "sec-fetch-user",
-        "priority",
-        "te",
-    ],
-    expected: Expected {
-        ja4: "t13d1716h2_5b57614c22b0_eeeea6562960",
-        ja4_r: "t13d1716h2_002f,0035,009c,009d,1301,1302,1303,c009,c00a,c013,c014,c02b,c02c,c02f,c030,cca8,cca9_0005,000a,000b,000d,0017,001b,001c,0022,0023,002b,002d,0033,fe0d,ff01_0403,0503,0603,0804,0805,0806,0401,0501,0601,0203,0201",
-        ja3n: "90634f51dcf65fc506946108904d6913",
-        akamai: "1:65536;2:0;4:131072;5:16384|12517377|0|m,p,a,s",
-    },
-};
-
-/// The built-in profiles, in the order `sortie fingerprints` lists them.
-pub const PROFILES: &[Profile] = &[CHROME_131, FIREFOX_133];
+include!(concat!(env!("OUT_DIR"), "/profiles.rs"));
 
 /// The built-in profile named exactly `name`.
 pub fn by_name(name: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.name == name)
+}
+
+/// The built-in profile that `name` names exactly: its own name, one of its aliases
+/// (curl_cffi's target names), or a moving alias (a family's name, for its newest profile).
+/// Case-sensitive, as every profile name.
+pub fn resolve(name: &str) -> Option<&'static Profile> {
+    by_name(name)
+        .or_else(|| PROFILES.iter().find(|p| p.aliases.contains(&name)))
+        .or_else(|| {
+            MOVING_ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == name)
+                .and_then(|(_, target)| by_name(target))
+        })
+}
+
+impl Profile {
+    /// Every other name of this profile: its aliases, then the moving alias it holds (if it
+    /// is the newest of its family).
+    pub fn all_aliases(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.aliases.iter().copied().chain(
+            MOVING_ALIASES
+                .iter()
+                .filter(move |(_, target)| *target == self.name)
+                .map(|(alias, _)| *alias),
+        )
+    }
 }
 
 impl Profile {
@@ -343,6 +232,10 @@ impl Profile {
                 .iter()
                 .map(|p| p.as_bytes().to_vec())
                 .collect(),
+            key_shares: self.tls.key_shares.to_vec(),
+            cert_compression: self.tls.cert_compression.to_vec(),
+            delegated_credentials: self.tls.delegated_credentials.to_vec(),
+            record_size_limit: self.tls.record_size_limit,
         }
     }
 
@@ -419,6 +312,46 @@ mod tests {
         }
         assert_eq!(super::super::BUILTIN_PROFILES.len(), PROFILES.len());
         assert!(by_name("Chrome_131").is_none());
+        // Aliases resolve to their profile; names stay case-sensitive.
+        assert_eq!(resolve("chrome131").map(|p| p.name), Some("chrome_131"));
+        assert_eq!(resolve("firefox133").map(|p| p.name), Some("firefox_133"));
+        assert!(resolve("Chrome131").is_none());
+        assert!(resolve("chrome_131 ").is_none());
+        // A worker advertises at most this many profiles (the bus protocol's limit).
+        assert!(PROFILES.len() <= crate::worker::MAX_WORKER_PROFILES);
+    }
+
+    #[test]
+    fn each_family_has_its_newest_profile_as_moving_alias() {
+        for (alias, target) in MOVING_ALIASES {
+            let p = resolve(alias).expect("a moving alias resolves");
+            assert_eq!(p.name, *target);
+            assert_eq!(p.family, *alias);
+            let newest = PROFILES
+                .iter()
+                .filter(|q| q.family == p.family && q.unsupported.is_none())
+                .all(|q| version(q.version) <= version(p.version));
+            assert!(newest, "{alias} -> {target}");
+            assert!(p.all_aliases().any(|a| a == *alias));
+        }
+        for p in PROFILES {
+            assert!(
+                MOVING_ALIASES.iter().any(|(a, _)| *a == p.family),
+                "{}",
+                p.name
+            );
+            if p.unsupported.is_some() {
+                assert!(
+                    MOVING_ALIASES.iter().all(|(_, t)| *t != p.name),
+                    "{}",
+                    p.name
+                );
+            }
+        }
+    }
+
+    fn version(v: &str) -> Vec<u32> {
+        v.split('.').map(|x| x.parse().unwrap_or(0)).collect()
     }
 
     #[test]

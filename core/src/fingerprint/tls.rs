@@ -34,6 +34,20 @@ pub fn fingerprint(hello: &ClientHello) -> TlsFingerprint {
     }
 }
 
+/// The padding extension (RFC 7685), which BoringSSL adds when the ClientHello would otherwise
+/// be between 256 and 511 bytes long: its presence follows the length of the server name and
+/// of a randomly sized ECH GREASE payload.
+pub const EXT_PADDING: u16 = 0x0015;
+
+/// The fingerprints of `hello` as if it carried no padding extension: for browsers whose
+/// padding comes and goes between connections (a profile's `padding_varies`), the strings that
+/// stay the same.
+pub fn fingerprint_unpadded(hello: &ClientHello) -> TlsFingerprint {
+    let mut h = hello.clone();
+    h.extensions.retain(|e| *e != EXT_PADDING);
+    fingerprint(&h)
+}
+
 fn no_grease(v: &[u16]) -> Vec<u16> {
     v.iter().copied().filter(|x| !is_grease(*x)).collect()
 }
@@ -206,6 +220,9 @@ mod tests {
             groups: vec![0x6a6a, 0x001d, 0x0017, 0x0018],
             point_formats: vec![0],
             alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            key_shares: vec![0x6a6a, 0x001d],
+            cert_compression: vec![2],
+            ..ClientHello::default()
         }
     }
 

@@ -296,10 +296,21 @@ pub fn validate(
     let fingerprint_profile = match w.fingerprint_profile {
         None => None,
         Some(p) => {
-            if p.len() > MAX_PROFILE_NAME_BYTES || !ctx.fingerprint_profiles.contains(&p.as_str()) {
-                return Err(invalid("fingerprint_profile: not a built-in profile name"));
+            // A profile's own name, or an alias of it (decision 100): held as the profile's
+            // name, which is what workers advertise.
+            let name = if p.len() > MAX_PROFILE_NAME_BYTES {
+                None
+            } else if ctx.fingerprint_profiles.contains(&p.as_str()) {
+                Some(p.into_owned())
+            } else {
+                crate::fingerprint::canonical(&p)
+                    .filter(|c| ctx.fingerprint_profiles.contains(c))
+                    .map(str::to_owned)
+            };
+            match name {
+                Some(n) => Some(n),
+                None => return Err(invalid("fingerprint_profile: not a built-in profile name")),
             }
-            Some(p.into_owned())
         }
     };
 

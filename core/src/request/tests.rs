@@ -71,6 +71,25 @@ fn full_request() {
     assert!(r.is_replayable);
 }
 
+/// An alias of a profile (curl_cffi's target name, a family's moving name) is held as the
+/// profile's own name, which is what workers advertise; names stay case-sensitive.
+#[test]
+fn a_profile_alias_is_held_as_the_profile_name() {
+    for (given, held) in [("firefox133", "firefox_133"), ("chrome131", "chrome_131")] {
+        let r = decode(&format!(
+            r#"{{"method":"GET","url":"https://a.b/","fingerprint_profile":"{given}"}}"#
+        ))
+        .unwrap();
+        assert_eq!(r.fingerprint_profile.as_deref(), Some(held), "{given}");
+    }
+    // A known alias of a profile this context does not list, and a wrong case, are not names.
+    for name in ["chrome", "Chrome131", "firefox133 "] {
+        let json =
+            format!(r#"{{"method":"GET","url":"https://a.b/","fingerprint_profile":"{name}"}}"#);
+        assert!(decode(&json).is_err(), "{name}");
+    }
+}
+
 #[test]
 fn every_method() {
     for m in [

@@ -122,6 +122,24 @@ mod tests {
         assert_eq!(num(&part["schema"]["maximum"]), u64::from(MAX_PART_NUMBER));
     }
 
+    /// The document lists every name a request may give: each built-in profile's name and
+    /// aliases, the moving ones included (`scripts/record-profiles.py` writes the list).
+    #[test]
+    fn the_profile_names_are_the_built_in_ones() {
+        use sortie_core::fingerprint::profile::PROFILES;
+        let d = doc(API_DOCUMENT);
+        let env = &d["components"]["schemas"]["RequestEnvelope"]["properties"];
+        let mut documented = strings(&env["fingerprint_profile"]["enum"]);
+        documented.sort();
+        let mut names: Vec<String> = PROFILES
+            .iter()
+            .flat_map(|p| std::iter::once(p.name).chain(p.all_aliases()))
+            .map(String::from)
+            .collect();
+        names.sort();
+        assert_eq!(documented, names);
+    }
+
     fn env_description(v: &Value) -> &str {
         v["description"].as_str().unwrap_or_default()
     }

@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_channel::oneshot;
 use http2::client::{ResponseFuture, SendRequest};
-use http2::frame::{PseudoId, PseudoOrder, SettingId, SettingsOrder, StreamDependency, StreamId};
+use http2::frame::{
+    Priorities, Priority, PseudoId, PseudoOrder, SettingId, SettingsOrder, StreamDependency,
+    StreamId,
+};
 use http2::{Reason, RecvStream, SendStream};
 use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
@@ -147,9 +150,27 @@ fn builder(profile: Option<&Http2Profile>) -> http2::client::Builder {
                 b.max_header_list_size(value);
                 order = order.push(SettingId::MaxHeaderListSize);
             }
+            8 => {
+                b.enable_connect_protocol(value != 0);
+                order = order.push(SettingId::EnableConnectProtocol);
+            }
+            9 => {
+                b.no_rfc7540_priorities(value != 0);
+                order = order.push(SettingId::NoRfc7540Priorities);
+            }
             // Profiles only name the identifiers above (core's tests check the data).
             _ => {}
         }
+    }
+    if !p.priority_frames.is_empty() {
+        let mut frames = Priorities::builder();
+        for &(stream, exclusive, depends_on, weight) in p.priority_frames {
+            frames = frames.push(Priority::new(
+                StreamId::from(stream),
+                StreamDependency::new(StreamId::from(depends_on), wire_weight(weight), exclusive),
+            ));
+        }
+        b.priorities(frames.build());
     }
     b.settings_order(order.build())
         .initial_connection_window_size(p.connection_window);
@@ -164,15 +185,18 @@ fn builder(profile: Option<&Http2Profile>) -> http2::client::Builder {
     }
     b.headers_pseudo_order(pseudo.build());
     if let Some((exclusive, depends_on, weight)) = p.headers_priority {
-        // On the wire the weight is one less (RFC 9113 §5.3.2: 1–256 sent as 0–255).
-        let wire = u8::try_from(weight.saturating_sub(1)).unwrap_or(u8::MAX);
         b.headers_stream_dependency(StreamDependency::new(
             StreamId::from(depends_on),
-            wire,
+            wire_weight(weight),
             exclusive,
         ));
     }
     b
+}
+
+/// A priority weight as sent: one less (RFC 9113 §5.3.2: 1–256 sent as 0–255).
+fn wire_weight(weight: u16) -> u8 {
+    u8::try_from(weight.saturating_sub(1)).unwrap_or(u8::MAX)
 }
 
 /// A stream in use on a connection: counts it, and stamps the connection's last use when it

@@ -36,12 +36,70 @@ pub struct Capture {
     pub alpn: Option<String>,
     /// The client's HTTP/2 start when it chose `h2`.
     pub http2: Option<Http2Start>,
+    /// The request's header names in the order sent, lowercase, when it came over HTTP/1.1
+    /// (`host` and `connection` left out: HTTP/2 has no such fields). A recording takes a
+    /// browser's header order from here, since reading HTTP/2 field names would need HPACK's
+    /// Huffman code and the order is the same.
+    pub header_names: Vec<String>,
 }
 
 impl Capture {
     /// The Akamai string of the HTTP/2 start, if the connection spoke HTTP/2.
     pub fn akamai(&self) -> Option<String> {
         self.http2.as_ref().map(Http2Start::akamai)
+    }
+
+    /// Everything the capture saw, as one JSON object: the fingerprint strings and the
+    /// ClientHello and HTTP/2 parameters a profile file holds (what `sortie fingerprints
+    /// --capture` prints, one object per line, and `scripts/record-profiles.py` turns into
+    /// profile files). Lists keep GREASE values, in wire order.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let hello = parse_records(&self.client_hello).unwrap_or_default();
+        let unpadded = sortie_core::fingerprint::tls::fingerprint_unpadded(&hello);
+        let alpn: Vec<String> = hello
+            .alpn
+            .iter()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        let http2 = self.http2.as_ref().map(|h| {
+            json!({
+                "settings": h.settings,
+                "window_update": h.window_update,
+                "priority_frames": h.priorities.iter().map(|(s, x, d, w)| json!({
+                    "stream": s, "exclusive": x, "depends_on": d, "weight": w,
+                })).collect::<Vec<_>>(),
+                "pseudo_headers": h.pseudo_headers,
+                "headers_priority": h.headers_priority.map(|(x, d, w)| json!({
+                    "exclusive": x, "depends_on": d, "weight": w,
+                })),
+                "akamai": h.akamai(),
+            })
+        });
+        json!({
+            "ja4": self.tls.ja4,
+            "ja4_r": self.tls.ja4_r,
+            "ja3n": self.tls.ja3n,
+            "ja3n_string": self.tls.ja3n_string,
+            "unpadded": { "ja4": unpadded.ja4, "ja4_r": unpadded.ja4_r, "ja3n": unpadded.ja3n },
+            "alpn_chosen": self.alpn,
+            "tls": {
+                "legacy_version": hello.legacy_version,
+                "ciphers": hello.ciphers,
+                "extensions": hello.extensions,
+                "supported_versions": hello.supported_versions,
+                "signature_algorithms": hello.signature_algorithms,
+                "groups": hello.groups,
+                "key_shares": hello.key_shares,
+                "point_formats": hello.point_formats,
+                "alpn": alpn,
+                "cert_compression": hello.cert_compression,
+                "delegated_credentials": hello.delegated_credentials,
+                "record_size_limit": hello.record_size_limit,
+            },
+            "http2": http2,
+            "header_names": self.header_names,
+        })
     }
 }
 
@@ -55,9 +113,19 @@ pub struct CaptureServer {
 }
 
 impl CaptureServer {
-    /// Binds `127.0.0.1:0` and starts accepting.
+    /// Binds `127.0.0.1:0` and starts accepting; offers `h2` and `http/1.1` by ALPN.
     pub fn start() -> Result<CaptureServer, String> {
-        let (config, ca_der, ca_pem) = server_config()?;
+        Self::start_with(false)
+    }
+
+    /// The same server offering only `http/1.1`: a client's request head then comes in plain
+    /// text, with its header names in order ([`Capture::header_names`]).
+    pub fn start_http1() -> Result<CaptureServer, String> {
+        Self::start_with(true)
+    }
+
+    fn start_with(http1_only: bool) -> Result<CaptureServer, String> {
+        let (config, ca_der, ca_pem) = server_config(http1_only)?;
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("bind: {e}"))?;
         let (tx, rx) = mpsc::channel();
@@ -122,7 +190,7 @@ impl Drop for CaptureServer {
     }
 }
 
-fn server_config() -> Result<(Arc<ServerConfig>, Vec<u8>, String), String> {
+fn server_config(http1_only: bool) -> Result<(Arc<ServerConfig>, Vec<u8>, String), String> {
     let e = |what: &'static str| move |err: rcgen::Error| format!("{what}: {err}");
     let ca_key = KeyPair::generate().map_err(e("CA key"))?;
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(e("CA"))?;
@@ -146,7 +214,15 @@ fn server_config() -> Result<(Arc<ServerConfig>, Vec<u8>, String), String> {
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
         )
         .map_err(|e| e.to_string())?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // No resumption: every capture is of a first connection (a resumed one adds
+    // `pre_shared_key` and changes JA4), whatever session cache the client keeps.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.alpn_protocols = if http1_only {
+        vec![b"http/1.1".to_vec()]
+    } else {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    };
     let ca_der: CertificateDer<'static> = ca_cert.der().clone();
     Ok((Arc::new(config), ca_der.to_vec(), ca_cert.pem()))
 }
@@ -212,6 +288,7 @@ fn serve(tcp: TcpStream, config: Arc<ServerConfig>) -> Result<Capture, String> {
         .map(|p| String::from_utf8_lossy(p).into_owned());
     let mut stream = rustls::Stream::new(&mut conn, &mut io);
     let mut plain = Vec::new();
+    let mut header_names = Vec::new();
     let http2 = if alpn.as_deref() == Some("h2") {
         let start = loop {
             let n = stream
@@ -247,6 +324,7 @@ fn serve(tcp: TcpStream, config: Arc<ServerConfig>) -> Result<Capture, String> {
                 break;
             }
         }
+        header_names = request_header_names(&plain);
         stream
             .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             .map_err(|e| format!("answering: {e}"))?;
@@ -260,5 +338,23 @@ fn serve(tcp: TcpStream, config: Arc<ServerConfig>) -> Result<Capture, String> {
         tls,
         alpn,
         http2,
+        header_names,
     })
+}
+
+/// The header names of an HTTP/1.1 request head, lowercase, in order, without `host` and
+/// `connection`; the lines after the request line up to the blank line, each name before its
+/// colon (a capture fixture: a line without a colon is skipped).
+fn request_header_names(head: &[u8]) -> Vec<String> {
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(head.len());
+    let text = String::from_utf8_lossy(head.get(..end).unwrap_or_default());
+    text.split("\r\n")
+        .skip(1)
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, _)| name.trim().to_ascii_lowercase())
+        .filter(|n| n != "host" && n != "connection")
+        .collect()
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use sortie_core::fingerprint::profile::Profile;
 #[cfg(feature = "fingerprints")]
 use sortie_core::fingerprint::profile::PROFILES;
+use sortie_core::fingerprint::tls::TlsFingerprint;
 
 use self::capture::Capture;
 
@@ -55,21 +56,29 @@ impl SelfTest {
     pub fn is_pass(&self) -> bool {
         self.problems.is_empty() && self.capture.is_some()
     }
+
+    /// Why the profile was not tried: the linked BoringSSL cannot send it
+    /// ([`Profile::unsupported`]). Such a profile is never advertised, and is no failure of
+    /// the self-test.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        self.profile.unsupported
+    }
 }
 
 /// Compares a capture with what `profile` expects: JA4, JA4_r, JA3N, the Akamai string and,
 /// since Akamai's string leaves it out, the HEADERS frame's priority.
 pub fn compare(profile: &Profile, c: &Capture) -> Vec<String> {
     let mut problems = Vec::new();
+    let tls = tls_strings(profile, c);
     let mut check = |what: &str, expected: &str, got: &str| {
         if expected != got {
             problems.push(format!("{what}: expected {expected}, captured {got}"));
         }
     };
     let e = &profile.expected;
-    check("JA4", e.ja4, &c.tls.ja4);
-    check("JA4_r", e.ja4_r, &c.tls.ja4_r);
-    check("JA3N", e.ja3n, &c.tls.ja3n);
+    check("JA4", e.ja4, &tls.ja4);
+    check("JA4_r", e.ja4_r, &tls.ja4_r);
+    check("JA3N", e.ja3n, &tls.ja3n);
     check("ALPN", "h2", c.alpn.as_deref().unwrap_or("none"));
     check(
         "Akamai",
@@ -87,6 +96,18 @@ pub fn compare(profile: &Profile, c: &Capture) -> Vec<String> {
         &prio(got),
     );
     problems
+}
+
+/// The TLS strings of a capture as `profile` states them: without the padding extension when
+/// the profile's padding varies between connections, as captured otherwise.
+pub fn tls_strings(profile: &Profile, c: &Capture) -> TlsFingerprint {
+    if !profile.tls.padding_varies {
+        return c.tls.clone();
+    }
+    match sortie_core::fingerprint::client_hello::parse_records(&c.client_hello) {
+        Ok(hello) => sortie_core::fingerprint::tls::fingerprint_unpadded(&hello),
+        Err(_) => c.tls.clone(),
+    }
 }
 
 struct Installed {
@@ -192,6 +213,14 @@ fn run_self_test() -> Result<Vec<SelfTest>, String> {
     // else).
     crate::runtime::run_on(crate::runtime::Driver::detect(), async {
         for profile in PROFILES {
+            if profile.unsupported.is_some() {
+                out.push(SelfTest {
+                    profile,
+                    capture: None,
+                    problems: Vec::new(),
+                });
+                continue;
+            }
             let sent = probe(&connectors, profile, server.addr()).await;
             let captured = server.next(SELF_TEST_LIMIT);
             let (capture, mut problems) = match (captured, sent) {
