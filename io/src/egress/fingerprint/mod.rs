@@ -258,6 +258,10 @@ async fn probe(
         .await
         .map_err(|_| "connect timed out".to_string())?
         .map_err(|e| format!("connect: {e}"))?;
+    // As every egress connection: small writes (the HTTP/2 start) go out at once instead of
+    // waiting on the capture server's delayed ACK.
+    tcp.set_nodelay(true)
+        .map_err(|e| format!("TCP_NODELAY: {e}"))?;
     let tcp = tcp
         .try_into_poll_io()
         .map_err(|(e, _)| format!("poll IO: {e}"))?;
