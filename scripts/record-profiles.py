@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Records built-in browser profiles from curl_cffi's impersonation targets.
 
-For each target it starts nothing new: two `sortie fingerprints --capture` servers run for the
-whole recording (one offering h2 and http/1.1, one http/1.1 only), and curl_cffi connects to
-them: three times over HTTP/2 (the strings must agree; differing extension orders mean the
-browser shuffles them) and once over HTTP/1.1 (the request header names in order). What the
-capture saw becomes `core/profiles/<name>.toml`; the build compiles it in, and the profile
-tests and `sortie fingerprints --verify` check it (decision 100).
+Two `sortie fingerprints --capture` servers run for the whole recording (one offering h2 and
+http/1.1, one http/1.1 only), and curl_cffi connects to them for each target: twelve times over
+HTTP/2 (the strings must agree; differing extension orders mean the browser shuffles them, a
+padding extension that comes and goes is stated as such), the first of them with libcurl's
+verbose log on (the request header names in the order sent), and once over HTTP/1.1 (the same
+names read off the wire, as a cross-check). What the capture saw becomes
+`core/profiles/<name>.toml`; the build compiles it in, and the profile tests and `sortie
+fingerprints --verify` check it (decision 100).
 
     python3 scripts/record-profiles.py [--sortie target/debug/sortie] [TARGET ...]
 
@@ -17,6 +19,7 @@ curl_cffi (`scripts/ci-deps.sh` installs the pinned version).
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -79,6 +82,14 @@ EXTRA_ALIASES = {
     "safari180_ios": ["safari18_0_ios"],
 }
 
+# Targets whose ClientHello the BoringSSL that btls builds cannot send, with the reason: the
+# profile is recorded and listed, never advertised (decision 100).
+UNSUPPORTED = {
+    "chrome150": "Chrome 150 offers the ML-DSA signature algorithms 0x0904, 0x0905 and 0x0906 "
+    "first in signature_algorithms; the BoringSSL that btls 0.5.6 builds does not know them and "
+    "refuses any list that names them, and no other setting puts them on the wire (decision 100)",
+}
+
 # Files kept by hand (their source line says why); recorded only when named explicitly.
 HAND_KEPT = {"chrome131", "firefox133"}
 
@@ -124,6 +135,33 @@ def fetch(target, port):
         sys.exit(f"{target}: the capture server answered {r.status_code}")
 
 
+def h2_header_names(target, port):
+    """One request with libcurl's verbose log on (in a child process, whose stderr it is):
+    the log names every HTTP/2 request field in the order libcurl encodes it. Reading the
+    capture's HPACK block instead would need HPACK's Huffman code."""
+    code = (
+        "import curl_cffi.requests as r\n"
+        f"r.get('https://localhost:{port}/', impersonate='{target}', verify=False, "
+        "timeout=20, debug=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    names = []
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.match(r"^\* \[HTTP/2\] \[1\] \[([^:\]][^:\]]*): ", line)
+        if m:
+            names.append(m.group(1).lower())
+    if not names:
+        sys.exit(f"{target}: libcurl's verbose log named no HTTP/2 request field")
+    return names
+
+
+def is_subsequence(short, long):
+    it = iter(long)
+    return all(x in it for x in short)
+
+
 def hexes(values):
     return "[" + ", ".join(f"0x{v:04x}" for v in values) + "]"
 
@@ -134,8 +172,9 @@ def strings(values):
 
 def record(target, h2, h1):
     name, browser, family, version = TARGETS[target]
-    caps = []
-    for _ in range(CONNECTIONS):
+    headers = h2_header_names(target, h2.port)
+    caps = [h2.next()]
+    for _ in range(CONNECTIONS - 1):
         fetch(target, h2.port)
         caps.append(h2.next())
     # BoringSSL pads a ClientHello of 256-511 bytes; a randomly sized ECH GREASE payload moves
@@ -149,8 +188,12 @@ def record(target, h2, h1):
             sys.exit(f"{target}: {key} differs between connections: {[c[key] for c in caps]}")
     if len({(c["http2"] or {}).get("akamai") for c in caps}) != 1:
         sys.exit(f"{target}: the Akamai string differs between connections")
+    # The same request over HTTP/1.1, read off the wire: its names must come in the same order
+    # (HTTP/2 may add some, such as `priority`).
     fetch(target, h1.port)
-    headers = h1.next()["header_names"]
+    wire = h1.next()["header_names"]
+    if not is_subsequence(wire, headers):
+        sys.exit(f"{target}: HTTP/1.1 order {wire} is not the HTTP/2 order {headers}")
     c = caps[0]
     t = c["tls"]
     h = c["http2"]
@@ -174,6 +217,10 @@ def record(target, h2, h1):
         f'version = "{version}"',
         f"aliases = {strings([target] + EXTRA_ALIASES.get(target, []))}",
         f'source = "curl_cffi {curl_cffi.__version__} target {target}, recorded on loopback"',
+    ]
+    if target in UNSUPPORTED:
+        lines.append(f"unsupported = {json.dumps(UNSUPPORTED[target])}")
+    lines += [
         f"header_order = {strings(headers)}",
         "",
         "[tls]",
