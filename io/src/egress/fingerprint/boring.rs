@@ -182,10 +182,9 @@ fn context(p: &Profile) -> Result<SslContext, String> {
         .map_err(e("ciphers"))?;
     b.set_curves_list(&names(t.groups, group_name)?)
         .map_err(e("groups"))?;
-    // The code points as they are: BoringSSL writes the verify preferences verbatim into
-    // `signature_algorithms`, so an algorithm it cannot verify (Chrome 150's ML-DSA) is
-    // offered like the browser offers it, and a server never picks it here (our servers' keys
-    // are RSA or ECDSA; a pick BoringSSL cannot verify fails the handshake).
+    // The code points as they are, in order and with Safari's duplicate: BoringSSL writes its
+    // verify preferences into `signature_algorithms` as given. It refuses a code point it does
+    // not know (Chrome 150's ML-DSA, decision 100), which fails that profile alone.
     let sigalgs: Vec<SslSignatureAlgorithm> = t
         .signature_algorithms
         .iter()
