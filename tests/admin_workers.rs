@@ -162,12 +162,15 @@ fn the_worker_list_is_ordered_by_id_and_carries_every_field() {
         // Local workers advertise the profiles this process's self-test verified: every
         // built-in one this build can send with the fingerprinted connector, none without it
         // (decisions 082, 100).
+        // The record lists them sorted by name.
         let expected: Vec<String> = if cfg!(feature = "fingerprints") {
-            sortie_core::fingerprint::profile::PROFILES
+            let mut names: Vec<String> = sortie_core::fingerprint::profile::PROFILES
                 .iter()
                 .filter(|p| p.unsupported.is_none())
                 .map(|p| p.name.to_string())
-                .collect()
+                .collect();
+            names.sort();
+            names
         } else {
             Vec::new()
         };

@@ -799,11 +799,13 @@ fn a_remote_worker_advertises_the_profiles_its_self_test_verified() {
         &json!({"method": "GET", "url": up.url("/fp"), "fingerprint_profile": name}),
     );
     if cfg!(feature = "fingerprints") {
-        let all: Vec<&str> = sortie_core::fingerprint::profile::PROFILES
+        let mut all: Vec<&str> = sortie_core::fingerprint::profile::PROFILES
             .iter()
             .filter(|p| p.unsupported.is_none())
             .map(|p| p.name)
             .collect();
+        // The worker record lists them sorted by name.
+        all.sort_unstable();
         assert_eq!(advertised, all);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.json()["status"], 200, "{}", r.text());
