@@ -741,7 +741,7 @@ fn a_stopping_worker_finishes_its_requests_under_load() {
     wait_worker(&gw, "wa", "disconnected");
 }
 
-/// Lanes live past the time limit of the hello (10 s): a worker stays connected, heartbeating,
+/// Lanes live past the time limit of the hello (5 s): a worker stays connected, heartbeating,
 /// and keeps serving for longer than that.
 #[test]
 fn lanes_outlive_the_hello_time_limit() {
@@ -926,4 +926,164 @@ fn a_response_head_beyond_the_bus_limits_fails_its_request_and_not_the_lane() {
     assert_eq!(next.status, 200, "{}", next.text());
     assert_eq!(wait_worker(&gw, "wh", "connected")["session"], session);
     drop(w);
+}
+
+/// Reads until the control closes the connection: true when it did within `within` (end of
+/// stream or reset), false when the read timed out with the connection still open.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut sink = [0u8; 4096];
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Before authentication the listener reads no more than a hello's header needs: a first frame
+/// that is not a `Hello`, or a `Hello` longer than the largest valid one, closes the
+/// connection as soon as its five header bytes are in, long before the hello time limit
+/// (decision 101).
+#[test]
+fn a_first_frame_that_cannot_be_a_hello_closes_the_connection_at_once() {
+    let gw = control("127.0.0.1:0", None).cores(1).start();
+    let bus = gw.bus.unwrap();
+    let heartbeat_header = [0, 0, 0, 9, 0x04];
+    let mut oversized = (sortie_core::bus::MAX_HELLO_BYTES as u32 + 1)
+        .to_be_bytes()
+        .to_vec();
+    oversized.push(0x01);
+    for header in [heartbeat_header.to_vec(), oversized] {
+        let mut s = TcpStream::connect(bus).unwrap();
+        s.write_all(&header).unwrap();
+        let started = Instant::now();
+        assert!(
+            closed_within(&mut s, Duration::from_secs(3)),
+            "{header:?}: still open after {:?}",
+            started.elapsed()
+        );
+    }
+    // A real worker still registers.
+    let _w = start_worker("wa", bus, None, "");
+    wait_worker(&gw, "wa", "connected");
+}
+
+/// At most `MAX_PRE_AUTH_PER_CORE` (256) connections of a core may wait for their hello at
+/// once: the next ones are closed as they are accepted, the waiting ones only at the hello
+/// time limit (decision 101).
+#[test]
+fn connections_past_the_pre_authentication_bound_are_closed_as_accepted() {
+    let gw = control("127.0.0.1:0", None).cores(1).start();
+    let bus = gw.bus.unwrap();
+    let mut waiting: Vec<TcpStream> = (0..256).map(|_| TcpStream::connect(bus).unwrap()).collect();
+    // The control accepts in order; give it a moment to take all 256.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut extra: Vec<TcpStream> = (0..20).map(|_| TcpStream::connect(bus).unwrap()).collect();
+    for (i, s) in extra.iter_mut().enumerate() {
+        assert!(
+            closed_within(s, Duration::from_secs(2)),
+            "extra connection {i} left open"
+        );
+    }
+    // The first ones are still waiting (the limit is 5 s)...
+    assert!(!closed_within(&mut waiting[0], Duration::from_millis(200)));
+    // ...and are closed at the hello time limit.
+    let started = Instant::now();
+    assert!(closed_within(&mut waiting[0], Duration::from_secs(8)));
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(waiting);
+    // Slots are free again: a real worker registers.
+    let _w = start_worker("wa", bus, None, "");
+    wait_worker(&gw, "wa", "connected");
+}
+
+/// A worker that keeps sending heartbeats but never reads: the control's writes to it stop
+/// making progress, and the lane is closed after `WRITE_STALL_HEARTBEATS` (10) heartbeat
+/// intervals instead of queueing without bound (decision 101).
+#[test]
+fn a_worker_that_heartbeats_but_never_reads_is_disconnected() {
+    use support::gateway::Gateway;
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 100\nassignment_timeout_ms = 20000\n"
+        ))
+        .cores(1)
+        .start();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&gw.bus.unwrap().into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello_with_capacity("deaf", 256)).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(_)));
+    wait_worker(&gw, "deaf", "connected");
+    // From here on it only writes: a heartbeat every 50 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hb = s.try_clone().unwrap();
+    let stopping = stop.clone();
+    let beats = std::thread::spawn(move || {
+        let mut frame = Vec::new();
+        encode(
+            &Frame::Heartbeat(sortie_core::bus::Heartbeat {
+                active: 0,
+                capacity: 256,
+            }),
+            &mut frame,
+        )
+        .unwrap();
+        while !stopping.load(Ordering::Relaxed) && hb.write_all(&frame).is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    // Requests with large bodies give the lane bytes to write that nobody takes.
+    let body = b64(&"x".repeat(1000 * 1024));
+    let env = json!({"method": "POST", "url": "http://127.0.0.1:9/",
+                     "body": {"mode": "inline_base64", "data_base64": body}});
+    let api = gw.api;
+    let requests: Vec<_> = (0..16)
+        .map(|_| {
+            let env = env.clone();
+            std::thread::spawn(move || request_at(api, &env))
+        })
+        .collect();
+    let started = Instant::now();
+    wait_worker(&gw, "deaf", "disconnected");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "disconnected after {:?}",
+        started.elapsed()
+    );
+    // Every request ends (none waits for its assignment timeout of 20 s).
+    for r in requests {
+        let r = r.join().unwrap();
+        assert_ne!(r.status, 200, "{}", r.text());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    beats.join().unwrap();
+    assert!(
+        closed_within(&mut s, Duration::from_secs(5)),
+        "the control closed the lane"
+    );
 }

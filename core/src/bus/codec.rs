@@ -73,6 +73,9 @@ pub enum FrameError {
     /// A boolean, option or enum tag has a value outside its range.
     #[error("{0}: invalid tag")]
     InvalidTag(&'static str),
+    /// A connection's first frame is not a `Hello`.
+    #[error("first frame of type 0x{0:02x} is not a hello")]
+    NotHello(u8),
 }
 
 /// What [`decode`] found at the start of a buffer.
@@ -82,6 +85,100 @@ pub enum Decoded {
     Partial(usize),
     /// A frame and the bytes it took.
     Frame(Frame, usize),
+}
+
+/// Bytes read from a lane and not yet decoded. Frames are taken from the front by moving an
+/// offset; the bytes before it are dropped once per read ([`FrameBuf::spare`]), so a read
+/// that brings thousands of small frames costs one move of what is left, not one move of the
+/// whole buffer per frame.
+#[derive(Debug, Default)]
+pub struct FrameBuf {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameBuf {
+    /// An empty buffer.
+    pub fn new() -> FrameBuf {
+        FrameBuf::default()
+    }
+
+    /// A buffer holding bytes already read (a lane handed to another core).
+    pub fn from_vec(buf: Vec<u8>) -> FrameBuf {
+        FrameBuf { buf, start: 0 }
+    }
+
+    /// The next whole frame, if one is buffered.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        match decode(self.pending())? {
+            Decoded::Frame(f, used) => {
+                self.start += used;
+                if self.start == self.buf.len() {
+                    self.buf.clear();
+                    self.start = 0;
+                }
+                Ok(Some(f))
+            }
+            Decoded::Partial(_) => Ok(None),
+        }
+    }
+
+    /// The bytes not decoded yet.
+    pub fn pending(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
+    /// The buffer to append the next read to, after dropping the bytes of the frames already
+    /// taken.
+    pub fn spare(&mut self) -> &mut Vec<u8> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        &mut self.buf
+    }
+
+    /// The bytes not decoded yet, as a vector.
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.spare();
+        self.buf
+    }
+}
+
+/// The largest `Hello` a valid worker can send, as the frame length prefix counts it (type
+/// byte and payload): every field at its limit. A connection's first frame must be a `Hello`
+/// no longer than this, which the listener checks from the first five bytes, before
+/// buffering the rest (decision 101).
+pub const MAX_HELLO_BYTES: usize = 1
+    + 2
+    + 2
+    + (2 + MAX_NAME_BYTES)
+    + (2 + MAX_SESSION_BYTES)
+    + (2 + MAX_TOKEN_BYTES)
+    + 2
+    + 2
+    + (2 + MAX_WORKER_TAGS * (2 + MAX_NAME_BYTES))
+    + 3 * (1 + 2 + MAX_NAME_BYTES)
+    + (2 + 3 * (2 + MAX_NAME_BYTES))
+    + (2 + MAX_WORKER_POOLS * (2 + MAX_NAME_BYTES))
+    + (2 + MAX_WORKER_PROFILES * (2 + MAX_NAME_BYTES))
+    + 4;
+
+/// Whether the start of a connection's first frame can be a `Hello`: once its five header
+/// bytes are in, the type must be `Hello` and the length at most [`MAX_HELLO_BYTES`]. Fewer
+/// bytes pass (more are needed to tell).
+pub fn check_first_frame(buf: &[u8]) -> Result<(), FrameError> {
+    let Some(&[a, b, c, d, ty]) = buf.get(..HEADER_BYTES) else {
+        return Ok(());
+    };
+    let len = u32::from_be_bytes([a, b, c, d]);
+    if ty != 0x01 {
+        return Err(FrameError::NotHello(ty));
+    }
+    if len as usize > MAX_HELLO_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(())
 }
 
 /// Decodes the frame at the start of `buf`.

@@ -798,3 +798,89 @@ fn version_3_welcome_seed_decodes() {
         other => panic!("seed does not decode: {other:?}"),
     }
 }
+
+/// A `Hello` with every field at its limit is exactly [`MAX_HELLO_BYTES`] long: the bound the
+/// listener checks from a first frame's header is the largest valid hello, no less.
+#[test]
+fn the_largest_hello_is_the_first_frame_bound() {
+    let name = |c: char| c.to_string().repeat(256);
+    let names = |n: usize| (0..n).map(|i| format!("{i:0>256}")).collect::<Vec<_>>();
+    let f = Frame::Hello(Box::new(Hello {
+        version_min: 2,
+        version_max: 3,
+        worker_id: name('w'),
+        session: "s".repeat(crate::worker::MAX_SESSION_BYTES),
+        token: vec![b't'; MAX_TOKEN_BYTES],
+        lane: 0,
+        lanes: 1,
+        capabilities: AdvertisedCapabilities {
+            tags: names(crate::worker::MAX_WORKER_TAGS),
+            country: Some(name('c')),
+            region: Some(name('r')),
+            ip_type: Some(name('i')),
+            ingress: names(3),
+            pools: names(crate::worker::MAX_WORKER_POOLS),
+            fingerprint_profiles: names(crate::worker::MAX_WORKER_PROFILES),
+            capacity: u32::MAX,
+        },
+    }));
+    let bytes = encoded(&f);
+    assert_eq!(bytes.len(), 4 + MAX_HELLO_BYTES);
+    assert_eq!(check_first_frame(&bytes), Ok(()));
+    assert!(matches!(
+        decode(&bytes),
+        Ok(Decoded::Frame(Frame::Hello(_), _))
+    ));
+}
+
+#[test]
+fn a_first_frame_is_judged_from_its_five_header_bytes() {
+    let hb = encoded(&Frame::Heartbeat(Heartbeat {
+        active: 0,
+        capacity: 0,
+    }));
+    // Four bytes tell nothing yet; the fifth names the type.
+    assert_eq!(check_first_frame(&hb[..4]), Ok(()));
+    assert_eq!(
+        check_first_frame(&hb[..5]),
+        Err(FrameError::NotHello(hb[4]))
+    );
+    let mut long = (MAX_HELLO_BYTES as u32 + 1).to_be_bytes().to_vec();
+    long.push(0x01);
+    assert_eq!(
+        check_first_frame(&long),
+        Err(FrameError::TooLarge(MAX_HELLO_BYTES as u32 + 1))
+    );
+    assert_eq!(check_first_frame(&encoded(&hello())), Ok(()));
+}
+
+/// Frames leave the buffer by an offset; what is left moves once per read, and a frame split
+/// over reads is whole once its last byte is in.
+#[test]
+fn a_frame_buffer_takes_frames_from_the_front_and_keeps_the_rest() {
+    let one = encoded(&Frame::Cancel { stream: 7 });
+    let mut wire = Vec::new();
+    for _ in 0..1000 {
+        wire.extend_from_slice(&one);
+    }
+    wire.extend_from_slice(&one[..3]);
+    let mut fb = FrameBuf::new();
+    fb.spare().extend_from_slice(&wire);
+    let mut n = 0;
+    while let Some(f) = fb.next_frame().unwrap() {
+        assert_eq!(f, Frame::Cancel { stream: 7 });
+        n += 1;
+    }
+    assert_eq!(n, 1000);
+    assert_eq!(fb.pending(), &one[..3]);
+    fb.spare().extend_from_slice(&one[3..]);
+    assert_eq!(fb.next_frame().unwrap(), Some(Frame::Cancel { stream: 7 }));
+    assert!(fb.pending().is_empty());
+    assert_eq!(fb.next_frame().unwrap(), None);
+    let mut fb = FrameBuf::from_vec(one.clone());
+    fb.spare().extend_from_slice(&one[..2]);
+    assert!(fb.next_frame().unwrap().is_some());
+    assert_eq!(fb.into_vec(), one[..2].to_vec());
+    let mut bad = FrameBuf::from_vec(vec![0, 0, 0, 0]);
+    assert_eq!(bad.next_frame(), Err(FrameError::Empty));
+}

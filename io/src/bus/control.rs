@@ -14,22 +14,30 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sortie_core::bus::{
-    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, Hello, LaneSettings,
-    Reject, ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES,
+    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, FrameBuf, Hello,
+    LaneSettings, Reject, ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES,
     PROTOCOL_VERSION,
 };
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use subtle::ConstantTimeEq as _;
 
 use super::conn::Conn;
-use super::{read_frame, Outbox, Queue};
+use super::{read_frame, read_hello, Outbox, Queue};
 use crate::control::core::CoreMailbox;
 use crate::control::state::ControlState;
 
-/// How long a new connection may take to finish TLS and send its hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection may take to finish TLS and send its hello: short, since a
+/// connection that has not authenticated holds a slot of [`MAX_PRE_AUTH_PER_CORE`]
+/// (decision 101). A worker across a continent needs a few round trips, well under it.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections of one core's bus listener that may be before their hello at once; the next
+/// is closed as soon as it is accepted (decision 101).
+pub const MAX_PRE_AUTH_PER_CORE: usize = 256;
 /// A lane silent for this many heartbeat intervals is closed and its worker disconnected.
 pub const MISSED_HEARTBEATS: u32 = 3;
+/// A lane whose one write (at most 256 KiB) has not completed for this many heartbeat
+/// intervals is closed: the worker stopped reading (decision 101).
+pub const WRITE_STALL_HEARTBEATS: u32 = 10;
 /// Response body bytes a worker may send before the control grants more.
 pub const INITIAL_WINDOW: u32 = MAX_DATA_BYTES as u32;
 /// Time past the request's deadline the control waits for the worker's own timeout error
@@ -296,6 +304,8 @@ pub struct BusCore {
     shared: Arc<BusShared>,
     state: Arc<ControlState>,
     lanes: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+    /// Connections accepted on this core and not past their hello yet.
+    pre_auth: Cell<usize>,
 }
 
 /// A connection handed from the core that accepted it to the core its hello names.
@@ -303,7 +313,7 @@ pub struct Handoff {
     stream: std::net::TcpStream,
     tls: Option<rustls::Connection>,
     hello: Box<Hello>,
-    rest: Vec<u8>,
+    rest: FrameBuf,
 }
 
 impl BusCore {
@@ -314,6 +324,7 @@ impl BusCore {
             shared,
             state,
             lanes: RefCell::new(HashMap::new()),
+            pre_auth: Cell::new(0),
         })
     }
 
@@ -333,9 +344,18 @@ impl BusCore {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    if self.pre_auth.get() >= MAX_PRE_AUTH_PER_CORE {
+                        tracing::debug!(%peer, "bus connection closed: too many before their hello");
+                        drop(stream);
+                        continue;
+                    }
+                    self.pre_auth.set(self.pre_auth.get() + 1);
                     let me = self.clone();
                     monoio::spawn(async move {
-                        match monoio::time::timeout(HELLO_TIMEOUT, me.clone().greet(stream)).await {
+                        let greeted =
+                            monoio::time::timeout(HELLO_TIMEOUT, me.clone().greet(stream)).await;
+                        me.pre_auth.set(me.pre_auth.get().saturating_sub(1));
+                        match greeted {
                             Ok(Err(e)) => {
                                 tracing::debug!(%peer, error = %e, "bus connection refused")
                             }
@@ -363,8 +383,8 @@ impl BusCore {
                 .map_err(|e| format!("TLS: {e}"))?,
             None => Conn::plain(stream),
         };
-        let mut buf = Vec::new();
-        let hello = match read_frame(&mut conn, &mut buf)
+        let mut buf = FrameBuf::new();
+        let hello = match read_hello(&mut conn, &mut buf)
             .await
             .map_err(|e| e.to_string())?
         {
@@ -454,7 +474,7 @@ impl BusCore {
         self: Rc<Self>,
         mut conn: Conn<monoio::net::TcpStream>,
         hello: Box<Hello>,
-        rest: Vec<u8>,
+        rest: FrameBuf,
     ) {
         let s = &self.shared.settings;
         let caps = match hello.capabilities.clone().validate() {
@@ -691,6 +711,26 @@ impl BusCore {
             for l in stale {
                 tracing::warn!(worker = %l.worker_id, lane = l.index, "no heartbeat; closing the lane");
                 self.close(&l, Loss::Disconnected);
+            }
+            // A worker that heartbeats but stops reading: its lane's writes make no progress
+            // (or its queue outgrows any honest backlog). Close it, abandoning what it holds.
+            let stall = every * WRITE_STALL_HEARTBEATS;
+            let stuck: Vec<Rc<Lane>> = self
+                .lanes
+                .borrow()
+                .values()
+                .filter(|l| l.out.is_stuck(stall))
+                .cloned()
+                .collect();
+            for l in stuck {
+                tracing::warn!(
+                    worker = %l.worker_id,
+                    lane = l.index,
+                    queued = l.out.queued(),
+                    "the worker does not read its lane; closing it"
+                );
+                self.close(&l, Loss::Disconnected);
+                l.out.abort();
             }
         }
     }

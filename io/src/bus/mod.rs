@@ -21,7 +21,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use sortie_core::bus::{encode, EncodeError, Frame};
+use sortie_core::bus::{encode, EncodeError, Frame, FrameBuf};
 
 /// A level-triggered wake-up for one waiting task of this core: `notify` marks it, the next
 /// `wait` consumes the mark.
@@ -61,15 +61,30 @@ impl Future for NotifyWait<'_> {
 /// stops reading makes new assignments `transport_unavailable` instead of growing the queue.
 pub(crate) const MAX_QUEUED_BYTES: usize = 8 * 1024 * 1024;
 
+/// Bytes one lane may hold queued at all, control frames included: past it the peer has
+/// stopped reading for good (stream data already waits at [`MAX_QUEUED_BYTES`]; only control
+/// frames, such as configuration pushes, can go beyond), and the lane is closed (decision 101).
+pub(crate) const MAX_OUTBOX_BYTES: usize = 2 * MAX_QUEUED_BYTES + sortie_core::bus::MAX_FRAME_BYTES;
+
+/// Most bytes of one write: a lane is judged by how long one such write takes
+/// ([`Outbox::is_stuck`]).
+const MAX_WRITE_BYTES: usize = 256 * 1024;
+
 /// Frames waiting to be written on one lane, already encoded; the lane's writer task takes
-/// them all at once.
+/// them all at once and writes them in pieces of at most `MAX_WRITE_BYTES`.
 #[derive(Default)]
 pub(crate) struct Outbox {
     buf: RefCell<Vec<u8>>,
+    /// Bytes at the front of `buf` already handed to the writer.
+    taken: Cell<usize>,
     /// Bytes the writer took and is still writing.
     writing: Cell<usize>,
+    /// When the piece being written started, while one is.
+    writing_since: Cell<Option<std::time::Instant>>,
     ready: Notify,
     is_closed: Cell<bool>,
+    /// Wakes a writer waiting on a write when the lane is abandoned.
+    abort: Notify,
     /// Senders waiting for the queue to fall under `MAX_QUEUED_BYTES`.
     drained: RefCell<Vec<Waker>>,
 }
@@ -109,7 +124,39 @@ impl Outbox {
 
     /// Bytes queued or being written.
     pub(crate) fn queued(&self) -> usize {
-        self.buf.borrow().len() + self.writing.get()
+        self.buf.borrow().len() - self.taken.get() + self.writing.get()
+    }
+
+    /// The next piece for the writer, at most `MAX_WRITE_BYTES`: the whole queue when it is
+    /// that small (swapped with `spare`, no copy), else copied from the front. The bytes
+    /// handed over leave the queue by an offset, dropped once they are the larger part, so a
+    /// long queue costs each byte a bounded number of moves.
+    fn next_piece(&self, spare: &mut Vec<u8>) -> Option<Vec<u8>> {
+        let mut b = self.buf.borrow_mut();
+        let at = self.taken.get();
+        if at >= b.len() {
+            b.clear();
+            self.taken.set(0);
+            return None;
+        }
+        if at == 0 && b.len() <= MAX_WRITE_BYTES {
+            spare.clear();
+            return Some(std::mem::replace(&mut *b, std::mem::take(spare)));
+        }
+        let end = (at + MAX_WRITE_BYTES).min(b.len());
+        let mut piece = std::mem::take(spare);
+        piece.clear();
+        piece.extend_from_slice(b.get(at..end).unwrap_or_default());
+        if end == b.len() {
+            b.clear();
+            self.taken.set(0);
+        } else if end > b.len() - end {
+            b.drain(..end);
+            self.taken.set(0);
+        } else {
+            self.taken.set(end);
+        }
+        Some(piece)
     }
 
     /// Stops the writer after what is queued.
@@ -119,24 +166,40 @@ impl Outbox {
         self.wake_drained();
     }
 
-    /// The writer task: writes what is queued until the outbox closes or a write fails.
+    /// Stops the writer now, abandoning a write the peer does not take and what is queued.
+    pub(crate) fn abort(&self) {
+        self.close();
+        self.abort.notify();
+    }
+
+    /// Whether the peer stopped reading: more than `MAX_OUTBOX_BYTES` queued, or one piece
+    /// of at most `MAX_WRITE_BYTES` in the writing for longer than `stall`.
+    pub(crate) fn is_stuck(&self, stall: std::time::Duration) -> bool {
+        self.queued() > MAX_OUTBOX_BYTES
+            || self
+                .writing_since
+                .get()
+                .is_some_and(|since| since.elapsed() > stall)
+    }
+
+    /// The writer task: writes what is queued until the outbox closes or a write fails, or
+    /// until [`Outbox::abort`].
     pub(crate) async fn run<S: monoio::io::AsyncWriteRent>(&self, mut conn: conn::Conn<S>) {
         let mut spare = Vec::new();
         loop {
-            let pending = {
-                let mut b = self.buf.borrow_mut();
-                if b.is_empty() {
-                    None
-                } else {
-                    spare.clear();
-                    Some(std::mem::replace(&mut *b, std::mem::take(&mut spare)))
-                }
-            };
-            match pending {
+            match self.next_piece(&mut spare) {
                 Some(bytes) => {
                     self.writing.set(bytes.len());
-                    let (r, back) = conn.write_all(bytes).await;
+                    self.writing_since.set(Some(std::time::Instant::now()));
+                    let written = monoio::select! {
+                        w = conn.write_all(bytes) => Some(w),
+                        _ = self.abort.wait() => None,
+                    };
                     self.writing.set(0);
+                    self.writing_since.set(None);
+                    let Some((r, back)) = written else {
+                        return;
+                    };
                     spare = back;
                     if r.is_err() {
                         self.is_closed.set(true);
@@ -202,21 +265,37 @@ impl std::fmt::Display for ReadError {
 }
 
 /// Reads from `conn` until one whole frame is buffered in `buf`, and decodes it. `Ok(None)` at
-/// the end of the stream.
+/// the end of the stream. Linear in the bytes read: frames leave `buf` by an offset
+/// (`FrameBuf`), however small and many they are.
 pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
     conn: &mut conn::Conn<S>,
-    buf: &mut Vec<u8>,
+    buf: &mut FrameBuf,
 ) -> Result<Option<Frame>, ReadError> {
     loop {
-        match sortie_core::bus::decode(buf) {
-            Ok(sortie_core::bus::Decoded::Frame(f, used)) => {
-                buf.drain(..used);
-                return Ok(Some(f));
-            }
-            Ok(sortie_core::bus::Decoded::Partial(_)) => {}
-            Err(e) => return Err(ReadError::Frame(e)),
+        if let Some(f) = buf.next_frame().map_err(ReadError::Frame)? {
+            return Ok(Some(f));
         }
-        match conn.read(buf).await {
+        match conn.read(buf.spare()).await {
+            Ok(0) => return Ok(None),
+            Ok(_) => {}
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+}
+
+/// Reads a connection's first frame, which must be a `Hello` no longer than the largest valid
+/// one: anything else fails as soon as its five header bytes are in, before the rest is
+/// buffered (decision 101).
+pub(crate) async fn read_hello<S: monoio::io::AsyncReadRent>(
+    conn: &mut conn::Conn<S>,
+    buf: &mut FrameBuf,
+) -> Result<Option<Frame>, ReadError> {
+    loop {
+        sortie_core::bus::check_first_frame(buf.pending()).map_err(ReadError::Frame)?;
+        if let Some(f) = buf.next_frame().map_err(ReadError::Frame)? {
+            return Ok(Some(f));
+        }
+        match conn.read(buf.spare()).await {
             Ok(0) => return Ok(None),
             Ok(_) => {}
             Err(e) => return Err(ReadError::Io(e)),

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 use sortie_core::bus::{
-    Assign, BodySource, EncodeError, Frame, Heartbeat, Hello, ResponseHead, StreamError, StreamId,
-    Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Assign, BodySource, EncodeError, Frame, FrameBuf, Heartbeat, Hello, ResponseHead, StreamError,
+    StreamId, Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
 };
 use sortie_core::config::WorkerFile;
 use sortie_core::destination::DestinationPolicy;
@@ -512,7 +512,7 @@ async fn lane_session(
             lanes,
             capabilities: shared.caps.clone(),
         };
-        let mut buf = Vec::new();
+        let mut buf = FrameBuf::new();
         let mut out = Vec::new();
         sortie_core::bus::encode(&Frame::Hello(Box::new(hello)), &mut out)
             .map_err(|e| e.to_string())?;
