@@ -747,6 +747,34 @@ impl Config {
             check_secret(&p, &d.secret, true)?;
         }
         check_secret("admin", &self.admin.secret, false)?;
+        // Tokens written in the file must differ (decision 102; the ones from the environment
+        // are compared once resolved, at start).
+        let inline: Vec<(String, &str)> = self
+            .deployments
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                d.secret
+                    .token
+                    .as_deref()
+                    .map(|t| (format!("deployments[{i}].token"), t))
+            })
+            .chain(
+                self.admin
+                    .secret
+                    .token
+                    .as_deref()
+                    .map(|t| ("admin.token".to_string(), t)),
+            )
+            .collect();
+        for (i, (a, ta)) in inline.iter().enumerate() {
+            if let Some((b, _)) = inline.iter().skip(i + 1).find(|(_, tb)| tb == ta) {
+                return Err(err(
+                    b.clone(),
+                    format!("the same token as {a}: give each its own"),
+                ));
+            }
+        }
 
         let o = &self.object_storage;
         if o.enabled && o.max_object_bytes == 0 {
@@ -1086,6 +1114,27 @@ fn check_secret(path: &str, s: &SecretRef, required: bool) -> Result<(), ConfigE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tokens written in the file are compared at load (decision 102): a deployment's token
+    /// may be neither another deployment's nor the admin token.
+    #[test]
+    fn a_token_given_twice_is_refused() {
+        let dep = |id: &str, t: &str| format!("[[deployments]]\nid = \"{id}\"\ntoken = \"{t}\"\n");
+        let e = Config::from_toml(&(dep("a", "0123456789abcdef") + &dep("b", "0123456789abcdef")))
+            .unwrap_err();
+        assert_eq!(e.path, "deployments[1].token", "{e}");
+        assert!(e.to_string().contains("deployments[0].token"), "{e}");
+        assert!(!e.to_string().contains("0123456789abcdef"), "{e}");
+        let e = Config::from_toml(
+            &(dep("a", "0123456789abcdef") + "[admin]\ntoken = \"0123456789abcdef\"\n"),
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "admin.token", "{e}");
+        assert!(
+            Config::from_toml(&(dep("a", "0123456789abcdef") + &dep("b", "fedcba9876543210")))
+                .is_ok()
+        );
+    }
 
     #[test]
     fn empty_file_gives_embedded_defaults() {

@@ -34,6 +34,42 @@ pub enum TokenError {
         /// What went wrong.
         error: String,
     },
+    /// Two secrets that must differ are the same token: two deployments (a request could not
+    /// tell which it is), or a deployment and the admin API (a deployment could administer
+    /// the gateway). Names the keys, never the token.
+    #[error("{first} and {second} have the same token: give each its own")]
+    Shared {
+        /// Key path of the first.
+        first: String,
+        /// Key path of the second.
+        second: String,
+    },
+}
+
+/// Refuses tokens shared between deployments, or between a deployment and the admin API
+/// (compared in constant time; the error names keys only).
+fn check_distinct(deployments: &[(String, String)], admin: &str) -> Result<(), TokenError> {
+    let key = |i: usize| {
+        let id = deployments.get(i).map(|(id, _)| id.as_str()).unwrap_or("");
+        format!("deployments[{i}] ({id})")
+    };
+    for (i, (_, a)) in deployments.iter().enumerate() {
+        if token_matches(admin, a.as_bytes()) {
+            return Err(TokenError::Shared {
+                first: key(i),
+                second: "admin".into(),
+            });
+        }
+        for (j, (_, b)) in deployments.iter().enumerate().skip(i + 1) {
+            if token_matches(a, b.as_bytes()) {
+                return Err(TokenError::Shared {
+                    first: key(i),
+                    second: key(j),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Tokens in force for this process.
@@ -157,10 +193,11 @@ pub fn resolve(config: &Config, data_dir: &Path) -> Result<ResolvedTokens, Token
         }
     }
     let admin = from_secret("admin", &config.admin.secret)?;
-    if !deployments.is_empty() && admin.is_some() {
+    if let (false, Some(admin)) = (deployments.is_empty(), &admin) {
+        check_distinct(&deployments, admin)?;
         return Ok(ResolvedTokens {
             deployments,
-            admin: admin.unwrap_or_default(),
+            admin: admin.clone(),
             file: None,
             is_new_file: false,
         });
@@ -201,6 +238,7 @@ pub fn resolve(config: &Config, data_dir: &Path) -> Result<ResolvedTokens, Token
             a
         }
     };
+    check_distinct(&deployments, &admin)?;
     let is_new_file = changed;
     if changed {
         write_private(&file, &stored).map_err(|e| ferr(e.to_string()))?;
@@ -371,6 +409,46 @@ mod tests {
         assert_eq!(a.deployments, b.deployments);
         assert_eq!(a.admin, b.admin);
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// Two deployments with one token, or a deployment with the admin token, are refused at
+    /// start once the environment's tokens are resolved (the file's own are compared by the
+    /// configuration already); the message names the keys and never the token.
+    #[test]
+    fn shared_tokens_are_refused_and_not_shown() {
+        let var = |n: &str| format!("SORTIE_TEST_SHARED_TOKEN_{}_{n}", std::process::id());
+        std::env::set_var(var("A"), "tok-shared-1234567890");
+        std::env::set_var(var("B"), "tok-shared-1234567890");
+        std::env::set_var(var("C"), "tok-other-1234567890");
+        let dep = |id: &str, v: &str| {
+            format!(
+                "[[deployments]]\nid = \"{id}\"\ntoken_env = \"{}\"\n",
+                var(v)
+            )
+        };
+        let admin = |v: &str| format!("[admin]\ntoken_env = \"{}\"\n", var(v));
+        for (toml, first, second) in [
+            (
+                dep("a", "A") + &dep("b", "B") + &admin("C"),
+                "deployments[0] (a)",
+                "deployments[1] (b)",
+            ),
+            (
+                dep("a", "C") + &dep("b", "A") + &admin("B"),
+                "deployments[1] (b)",
+                "admin",
+            ),
+        ] {
+            let c = Config::from_toml(&toml).unwrap();
+            let e = resolve(&c, Path::new("/nonexistent"))
+                .err()
+                .expect("refused");
+            let text = e.to_string();
+            assert!(text.contains(first) && text.contains(second), "{text}");
+            assert!(!text.contains("tok-shared"), "{text}");
+        }
+        let c = Config::from_toml(&(dep("a", "A") + &admin("C"))).unwrap();
+        assert!(resolve(&c, Path::new("/nonexistent")).is_ok());
     }
 
     #[test]
