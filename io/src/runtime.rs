@@ -2,6 +2,7 @@
 //! epoll driver as fallback) and owning its own `SO_REUSEPORT` listeners. A connection lives and
 //! dies on the core that accepted it.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -146,6 +147,10 @@ pub fn exit_on_core_panic() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         report(info);
+        if CONTAINING.with(Cell::get) > 0 {
+            // Inside `contain_panic`: that call fails, the process goes on.
+            return;
+        }
         let thread = std::thread::current();
         let Some(name) = thread.name().filter(|n| n.starts_with(CORE_THREAD_PREFIX)) else {
             return;
@@ -157,6 +162,23 @@ pub fn exit_on_core_panic() {
         );
         std::process::exit(CORE_PANIC_EXIT_CODE);
     }));
+}
+
+thread_local! {
+    /// How many `contain_panic` calls this thread is inside.
+    static CONTAINING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f`, turning a panic inside it into an error naming `what`: for untrusted input handed
+/// to a library we do not control, called from C (BoringSSL's certificate decompression
+/// callbacks, where unwinding must not cross the boundary) or on a thread that must outlive
+/// one bad job. The panic is reported as usual, but the panic policy does not stop the
+/// process for it (decision 041).
+pub fn contain_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    CONTAINING.with(|c| c.set(c.get() + 1));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(c.get().saturating_sub(1)));
+    r.map_err(|_| format!("{what} panicked"))
 }
 
 /// Runs a future to completion on a new runtime of the given driver, on this thread.
@@ -190,6 +212,25 @@ pub fn run_on<Fut: Future<Output = ()>>(driver: Driver, fut: Fut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A panic inside `contain_panic` on a core thread fails that call and leaves the thread
+    /// (and the process, under the panic policy) running; outside it the policy would exit.
+    #[test]
+    fn a_contained_panic_on_a_core_thread_fails_only_its_call() {
+        exit_on_core_panic();
+        let t = std::thread::Builder::new()
+            .name(format!("{CORE_THREAD_PREFIX}-test"))
+            .spawn(|| {
+                let r: Result<(), String> =
+                    contain_panic("the decoder", || panic!("a decoder bug on hostile input"));
+                let after = contain_panic("the decoder", || 7);
+                (r, after)
+            })
+            .unwrap();
+        let (r, after) = t.join().expect("the thread survived");
+        assert_eq!(r, Err("the decoder panicked".to_string()));
+        assert_eq!(after, Ok(7));
+    }
 
     #[test]
     fn reuseport_binds_one_port_for_all_cores() {

@@ -244,6 +244,27 @@ fn commit(tx: postgres::Transaction<'_>) -> Outcome<()> {
     Ok(Ok(()))
 }
 
+/// The connection thread's loop: runs each job in turn until the queue closes. A job that
+/// panics fails alone (its caller sees the store unavailable for that call) and its connection
+/// is dropped, so that a transaction it left open rolls back; the next job reconnects. Before,
+/// one panic ended the thread and every later call failed until a restart.
+fn run_jobs(rx: mpsc::Receiver<Job>, conn: &mut Connection) {
+    for job in rx {
+        // A job whose caller gave up (or whose deadline passed while it was queued behind a
+        // slow one) is dropped unrun; its caller answered `Busy`.
+        if Instant::now() >= job.deadline || job.state.load(Ordering::Acquire) != JOB_PENDING {
+            continue;
+        }
+        CURRENT.with(|c| *c.borrow_mut() = Some((job.deadline, job.state.clone())));
+        let run = job.run;
+        if let Err(e) = crate::runtime::contain_panic("a PostgreSQL store job", || run(conn)) {
+            tracing::error!(error = %e, "PostgreSQL store job failed; reconnecting for the next");
+            conn.client = None;
+        }
+        CURRENT.with(|c| *c.borrow_mut() = None);
+    }
+}
+
 /// The connection thread's state: the settings and the open connection, if any.
 struct Connection {
     config: PostgresConfig,
@@ -315,20 +336,7 @@ impl PostgresStore {
         };
         let thread = std::thread::Builder::new()
             .name("sortie-pg".into())
-            .spawn(move || {
-                for job in rx {
-                    // A job whose caller gave up (or whose deadline passed while it was queued
-                    // behind a slow one) is dropped unrun; its caller answered `Busy`.
-                    if Instant::now() >= job.deadline
-                        || job.state.load(Ordering::Acquire) != JOB_PENDING
-                    {
-                        continue;
-                    }
-                    CURRENT.with(|c| *c.borrow_mut() = Some((job.deadline, job.state.clone())));
-                    (job.run)(&mut conn);
-                    CURRENT.with(|c| *c.borrow_mut() = None);
-                }
-            })
+            .spawn(move || run_jobs(rx, &mut conn))
             .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL thread: {e}")))?;
         Ok(Self {
             jobs: Some(tx),
@@ -1308,6 +1316,44 @@ impl RecordStore for PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job that panics fails alone: the next job on the same thread runs, and the
+    /// connection the panicking one used is dropped (no server is needed: these jobs do not
+    /// touch it).
+    #[test]
+    fn a_panicking_job_does_not_end_the_connection_thread() {
+        let config = PostgresConfig::parse("postgres://sortie@127.0.0.1:9/none", None).unwrap();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (done_tx, done) = mpsc::channel::<&'static str>();
+        let job = |run: Box<dyn FnOnce(&mut Connection) + Send>| Job {
+            run,
+            deadline: Instant::now() + Duration::from_secs(30),
+            state: Arc::new(AtomicU8::new(JOB_PENDING)),
+        };
+        let first = done_tx.clone();
+        tx.send(job(Box::new(move |_| {
+            let _keep = first;
+            panic!("a bug in one store operation")
+        })))
+        .unwrap();
+        tx.send(job(Box::new(move |_| {
+            let _ = done_tx.send("the next job ran");
+        })))
+        .unwrap();
+        drop(tx);
+        let t = std::thread::spawn(move || {
+            let mut conn = Connection {
+                config,
+                client: None,
+            };
+            run_jobs(rx, &mut conn);
+        });
+        assert_eq!(
+            done.recv_timeout(Duration::from_secs(10)),
+            Ok("the next job ran")
+        );
+        t.join().expect("the connection thread ended normally");
+    }
 
     #[test]
     fn the_url_is_parsed_and_its_password_never_printed() {

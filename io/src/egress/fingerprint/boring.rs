@@ -322,10 +322,14 @@ impl CertificateCompressor for Zlib {
     const CAN_DECOMPRESS: bool = true;
 
     fn decompress<W: io::Write>(&self, input: &[u8], output: &mut W) -> io::Result<()> {
-        let out =
-            miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(input, MAX_CERT_CHAIN_BYTES)
-                .map_err(|e| io::Error::other(format!("zlib: {e:?}")))?;
-        output.write_all(&out)
+        contained("zlib", || {
+            let out = miniz_oxide::inflate::decompress_to_vec_zlib_with_limit(
+                input,
+                MAX_CERT_CHAIN_BYTES,
+            )
+            .map_err(|e| io::Error::other(format!("zlib: {e:?}")))?;
+            output.write_all(&out)
+        })
     }
 }
 
@@ -335,9 +339,11 @@ impl CertificateCompressor for Brotli {
     const CAN_DECOMPRESS: bool = true;
 
     fn decompress<W: io::Write>(&self, input: &[u8], output: &mut W) -> io::Result<()> {
-        let mut r =
-            brotli_decompressor::Decompressor::new(input, 4096).take(MAX_CERT_CHAIN_BYTES as u64);
-        io::copy(&mut r, output).map(|_| ())
+        contained("brotli", || {
+            let mut r = brotli_decompressor::Decompressor::new(input, 4096)
+                .take(MAX_CERT_CHAIN_BYTES as u64);
+            io::copy(&mut r, output).map(|_| ())
+        })
     }
 }
 
@@ -347,10 +353,19 @@ impl CertificateCompressor for Zstd {
     const CAN_DECOMPRESS: bool = true;
 
     fn decompress<W: io::Write>(&self, input: &[u8], output: &mut W) -> io::Result<()> {
-        let r = ruzstd::decoding::StreamingDecoder::new(input)
-            .map_err(|e| io::Error::other(format!("zstd: {e}")))?;
-        io::copy(&mut r.take(MAX_CERT_CHAIN_BYTES as u64), output).map(|_| ())
+        contained("zstd", || {
+            let r = ruzstd::decoding::StreamingDecoder::new(input)
+                .map_err(|e| io::Error::other(format!("zstd: {e}")))?;
+            io::copy(&mut r.take(MAX_CERT_CHAIN_BYTES as u64), output).map(|_| ())
+        })
     }
+}
+
+/// Runs a decompressor on the server's bytes. BoringSSL calls it from C on a hot core: a
+/// panic in the decoder must neither unwind across that boundary (an abort) nor stop the
+/// process under the panic policy; it fails this handshake as a decompression error does.
+fn contained(what: &str, f: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    crate::runtime::contain_panic(what, f).unwrap_or_else(|e| Err(io::Error::other(e)))
 }
 
 #[cfg(test)]
@@ -383,6 +398,15 @@ mod tests {
                 (Err(_), Some(_)) => {}
             }
         }
+    }
+
+    /// A decoder that panics on a server's bytes fails that decompression; nothing unwinds
+    /// into BoringSSL.
+    #[test]
+    fn a_decoder_panic_fails_its_decompression() {
+        let e = contained("zstd", || panic!("a decoder bug")).unwrap_err();
+        assert_eq!(e.to_string(), "zstd panicked");
+        assert!(contained("zstd", || Ok(())).is_ok());
     }
 
     #[test]
