@@ -481,7 +481,10 @@ fn hold_receipt(on: &Gateway, other: &Gateway, id: &str, stall: &Upstream) -> st
 
 /// A control stopped with SIGTERM removes its heartbeat row as it exits (decision 098), and a
 /// receipt a request still held when the shutdown deadline cut it off is `verified` again the
-/// moment the control is gone, not once its row would have expired.
+/// moment the control is gone, not once its row would have expired. What it waits for: the
+/// request (its upstream stalls for 120 s) runs through the 10 s shutdown grace, the core cuts
+/// it off at the grace and stops, and the control, whose wait for its cores lasts the grace
+/// plus a margin, leaves: the exit comes after the grace and before grace plus margin.
 #[test]
 fn a_control_stopped_gracefully_removes_its_row_and_returns_what_it_held() {
     let url = cluster().fresh_database("leave");
@@ -499,8 +502,14 @@ fn a_control_stopped_gracefully_removes_its_row_and_returns_what_it_held() {
     let stall = Upstream::start(upstream::slow_head(Duration::from_secs(120)));
     let held = hold_receipt(&a, &b, &id, &stall);
 
+    let stopping = Instant::now();
     let status = a.terminate();
+    let took = stopping.elapsed();
     assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(15),
+        "exited after {took:?}: the request was to run through the 10 s grace, no longer"
+    );
     assert_eq!(
         db_i64(&mut db, "SELECT count(*) FROM controls", &[]),
         1,

@@ -72,6 +72,12 @@ fn open_store(
 
 /// How long in-flight requests may run after SIGTERM/SIGINT before the process exits anyway.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long past [`SHUTDOWN_GRACE`] the process waits for its cores: at the grace each core
+/// closes its remaining connections (cancelling their requests, whose guards release what they
+/// hold) and stops, within moments. A core not stopped by then is stuck, and the control does
+/// not leave the shared store (decision 098). Without the margin the process's deadline and the
+/// cores' own grace timers ran out together, and whether a control left was a race.
+pub const CORE_STOP_MARGIN: Duration = Duration::from_secs(5);
 
 /// A startup failure, with what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -544,7 +550,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     let _ = signals.forever().next();
     tracing::info!("shutting down: finishing in-flight requests");
     trigger.trigger();
-    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE + CORE_STOP_MARGIN;
     let mut is_every_core_done = true;
     for h in handles {
         while !h.is_finished() && std::time::Instant::now() < deadline {
@@ -567,8 +573,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             crate::control::presence::leave(&cold);
         } else {
             tracing::warn!(
-                "requests still running past the shutdown grace: this control's row is left to \
-                 expire, and its receipts with it"
+                "a core still running past the shutdown grace and its margin: this control's \
+                 row is left to expire, and its receipts with it"
             );
         }
     }
