@@ -10,8 +10,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use serde_json::json;
 use support::gateway::{
-    admin, admin_items, parse_response, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
+    admin, admin_items, parse_response, request_api, wait_until, Gateway, Resp, DEPLOYMENT_TOKEN,
     LOOPBACK_SNAPSHOT,
 };
 use support::proxy::{
@@ -751,4 +752,52 @@ fn absolute_form_https_targets_use_tls_from_the_gateway() {
     assert!(seen.starts_with("GET /tls-abs HTTP/1.1\r\n"), "{seen}");
     assert_eq!(header(&seen, "host"), [format!("localhost:{}", up.port())]);
     assert!(header(&seen, "proxy-authorization").is_empty(), "{seen}");
+}
+
+/// Port 25 (SMTP relay) is refused by default on every ingress, before routing, with the reason
+/// `port` (decision 103); `control.denied_destination_ports = []` refuses none.
+#[test]
+fn the_smtp_relay_port_is_refused_on_every_ingress_by_default() {
+    let gw = Gateway::start();
+    let r = request_api(
+        &gw,
+        &json!({"method": "GET", "url": "http://127.0.0.1:25/"}),
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.json()["code"], "destination_denied", "{}", r.text());
+    assert_eq!(r.json()["details"]["reason"], "port", "{}", r.text());
+    let r = curl_response(&curl_as_test(&gw, &["http://127.0.0.1:25/"]));
+    assert_eq!(r.status, 403);
+    assert_eq!(r.json()["details"]["reason"], "port", "{}", r.text());
+    assert_eq!(
+        r.header("proxy-status"),
+        Some("sortie; error=destination_ip_prohibited; details=\"destination_denied\"")
+    );
+    let (_s, status) = open_tunnel(&gw, 25);
+    assert!(status.starts_with("HTTP/1.1 403"), "{status}");
+    // Any other port goes its usual way (nothing listens on 587 here).
+    let r = request_api(
+        &gw,
+        &json!({"method": "GET", "url": "http://127.0.0.1:587/"}),
+    );
+    assert_eq!(
+        r.json()["code"],
+        "upstream_connection_refused",
+        "{}",
+        r.text()
+    );
+
+    let open = Gateway::builder()
+        .control("denied_destination_ports = []")
+        .start();
+    let r = request_api(
+        &open,
+        &json!({"method": "GET", "url": "http://127.0.0.1:25/"}),
+    );
+    assert_eq!(
+        r.json()["code"],
+        "upstream_connection_refused",
+        "{}",
+        r.text()
+    );
 }

@@ -116,7 +116,14 @@ pub struct ControlConfig {
     pub bus: BusConfig,
     /// `[control.proxy]`.
     pub proxy: ProxyLimitsConfig,
+    /// Destination ports no ingress connects to, whatever the address (decision 103): SMTP's
+    /// relay port 25 by default; `[]` refuses none.
+    pub denied_destination_ports: Vec<u16>,
 }
+
+/// Default of `control.denied_destination_ports`: SMTP relay, the port an open egress is
+/// abused for first.
+pub const DEFAULT_DENIED_DESTINATION_PORTS: &[u16] = &[25];
 
 /// Default of `control.bus.heartbeat_ms`.
 pub const DEFAULT_BUS_HEARTBEAT_MS: u32 = 1000;
@@ -256,6 +263,7 @@ impl Default for ControlConfig {
             server: ServerLimitsConfig::default(),
             bus: BusConfig::default(),
             proxy: ProxyLimitsConfig::default(),
+            denied_destination_ports: DEFAULT_DENIED_DESTINATION_PORTS.to_vec(),
         }
     }
 }
@@ -731,6 +739,22 @@ impl Config {
                 "control.server.max_connections_per_core",
                 format!("must be 1 to {MAX_CONNECTIONS_PER_CORE_LIMIT}"),
             ));
+        }
+
+        let ports = &self.control.denied_destination_ports;
+        if ports.len() > crate::destination::DeniedPorts::MAX {
+            return Err(err(
+                "control.denied_destination_ports",
+                format!("at most {} ports", crate::destination::DeniedPorts::MAX),
+            ));
+        }
+        for (i, p) in ports.iter().enumerate() {
+            if *p == 0 || ports.iter().skip(i + 1).any(|q| q == p) {
+                return Err(err(
+                    format!("control.denied_destination_ports[{i}]"),
+                    "ports are 1 to 65535, each once",
+                ));
+            }
         }
 
         let mut seen = Vec::new();

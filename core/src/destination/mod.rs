@@ -7,10 +7,12 @@
 mod cidr;
 mod class;
 mod policy;
+mod ports;
 
 pub use cidr::{Cidr, CidrError};
 pub use class::{canonical, classify, classify_v4, classify_v6, IpClass, METADATA_V4, METADATA_V6};
 pub use policy::{Denied, DestinationPolicy};
+pub use ports::DeniedPorts;
 
 #[cfg(test)]
 mod tests {

@@ -241,6 +241,10 @@ async fn handle_inner(
         Ok(r) => r,
         Err(e) => return error_answer(&e, request_id),
     };
+    // Decision 103: a refused port never reaches routing, a worker or a proxy.
+    if let Err(e) = limits.denied_ports.check(req.url.port) {
+        return error_answer(&e, request_id);
+    }
     drop(body);
     let deadline = started + Duration::from_millis(req.timeout_ms);
 

@@ -343,6 +343,7 @@ impl ProxyHandler {
         let url = parse_target_url(req.target()).map_err(|e| {
             ApiError::new(ErrorCode::InvalidRequest, format!("request target: {e}"))
         })?;
+        self.ctx.state.limits.denied_ports.check(url.port)?;
         let hints = route_hints(req.headers())?;
         let active = self.ctx.state.active();
         let assigned = assign(
@@ -557,6 +558,7 @@ impl ProxyHandler {
         started: Instant,
     ) -> Result<Response, ApiError> {
         let (host, port) = parse_connect_target(req.target())?;
+        self.ctx.state.limits.denied_ports.check(port)?;
         let hints = route_hints(req.headers())?;
         let active = self.ctx.state.active();
         let host_text = match &host {

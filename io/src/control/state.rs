@@ -50,6 +50,8 @@ pub struct Limits {
     pub proxy_idle_timeout: Duration,
     /// `control.proxy.tunnel_idle_timeout_ms`: a tunnel with no byte moving is closed.
     pub tunnel_idle_timeout: Duration,
+    /// `control.denied_destination_ports`: checked on every ingress before routing.
+    pub denied_ports: sortie_core::destination::DeniedPorts,
 }
 
 /// One worker's live counters. Stable for the life of the process: tables rebuilt after a
@@ -252,6 +254,10 @@ impl ControlState {
                 tunnel_idle_timeout: Duration::from_millis(
                     config.control.proxy.tunnel_idle_timeout_ms,
                 ),
+                denied_ports: sortie_core::destination::DeniedPorts::new(
+                    &config.control.denied_destination_ports,
+                )
+                .unwrap_or_default(),
             },
             admission: AdmissionLimits::leak(
                 auth.len(),
