@@ -801,3 +801,30 @@ fn the_smtp_relay_port_is_refused_on_every_ingress_by_default() {
         r.text()
     );
 }
+
+/// A destination whose body is malformed before any byte of it reached the client (`zz` as
+/// the first chunk size) gets the client a 502 with `Proxy-Status: ... http_protocol_error`,
+/// as a malformed head does, not a connection closed with nothing.
+#[test]
+fn a_body_malformed_before_its_first_byte_answers_502_with_proxy_status() {
+    let up = Upstream::start(std::sync::Arc::new(|_: &upstream::Request| {
+        vec![
+            upstream::Step::Write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n".to_vec(),
+            ),
+            upstream::Step::Close,
+        ]
+    }));
+    let gw = Gateway::builder().start();
+    let mut s = TcpStream::connect(gw.proxy.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(proxied_get(&up.url("/bad-chunk"), up.port()).as_bytes())
+        .unwrap();
+    let (raw, _) = read_one(&mut s);
+    let r = parse_response(&raw);
+    assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(r.header("connection"), Some("close"));
+    let status = r.header("proxy-status").unwrap_or_default();
+    assert!(status.contains("error=http_protocol_error"), "{status}");
+    assert_eq!(r.json()["code"], "protocol_error", "{}", r.text());
+}

@@ -469,6 +469,8 @@ impl ProxyHandler {
         out.body = ResponseBody::Stream(Box::new(RelayedBody {
             reader: resp.body,
             length,
+            request_id: request_id.to_owned(),
+            failure: None,
             cancelled,
             metrics: Arc::clone(&self.ctx.metrics),
             core: self.ctx.core,
@@ -484,6 +486,10 @@ impl ProxyHandler {
 struct RelayedBody {
     reader: ResponseBodyReader,
     length: Option<u64>,
+    /// For the error answer when the body fails before any byte reached the client.
+    request_id: String,
+    /// Why the last read failed.
+    failure: Option<ApiError>,
     cancelled: Cancelled,
     /// Where spliced bytes are counted.
     metrics: Arc<crate::metrics::Metrics>,
@@ -511,10 +517,22 @@ impl StreamBody for RelayedBody {
             };
             match read {
                 Some(Ok(more)) => Ok(more),
-                Some(Err(e)) => Err(std::io::Error::other(e.message)),
+                Some(Err(e)) => {
+                    let err = std::io::Error::other(e.message.clone());
+                    self.failure = Some(e);
+                    Err(err)
+                }
                 None => Err(std::io::Error::other("cancelled by operator")),
             }
         })
+    }
+
+    /// A destination whose body fails before a byte of it reached the client (a malformed
+    /// first chunk, a reset, an idle destination) gets the client the registry's answer, with
+    /// `Proxy-Status`, as a failure of the head would: the status line was not sent yet.
+    fn failure_response(&mut self, _error: &std::io::Error) -> Option<Response> {
+        let e = self.failure.take()?;
+        Some(proxy_error(&e, &self.request_id))
     }
 
     fn take_ready(&mut self) -> Option<Bytes> {

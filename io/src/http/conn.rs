@@ -644,10 +644,17 @@ async fn write_stream(
             }
         }
     }
+    let mut is_first = head_len > 0;
     loop {
         buf.truncate(head_len);
         buf.resize(head_len + prefix, 0);
-        if !stream.read_into(&mut buf).await? {
+        let more = match stream.read_into(&mut buf).await {
+            Ok(more) => more,
+            Err(e) if is_first => return write_failure(io, stream, e).await,
+            Err(e) => return Err(e),
+        };
+        is_first = false;
+        if !more {
             break;
         }
         let data_len = buf.len() - head_len - prefix;
@@ -693,6 +700,26 @@ async fn write_stream(
         io.write_all_timed(buf).await?;
     }
     Ok(())
+}
+
+/// A streamed body failed before any byte of its response was written: sends the stream's
+/// failure response in place of the head when it has one (`Connection: close`), and returns
+/// the error either way, so that the connection closes.
+async fn write_failure(
+    io: &mut ConnIo,
+    stream: &mut dyn StreamBody,
+    error: io::Error,
+) -> io::Result<()> {
+    if let Some(resp) = stream.failure_response(&error) {
+        let mut out = Vec::with_capacity(256);
+        if let Ok(has_body) = encode_head(&mut out, &resp, false, ConnectionField::Close) {
+            if let (true, ResponseBody::Full(b)) = (has_body, &resp.body) {
+                out.extend_from_slice(b);
+            }
+            io.write_all_timed(out).await?;
+        }
+    }
+    Err(error)
 }
 
 /// `now + d`, or a far deadline when the sum does not fit (an absurdly long configured timeout).

@@ -46,6 +46,15 @@ pub trait StreamBody {
         None
     }
 
+    /// The response to send instead when the body fails before any byte of the response
+    /// reached the client: the head is not sent yet, so the client can still be told what
+    /// went wrong (a gateway error) rather than see the connection close with nothing. `None`
+    /// (the default) closes the connection as for an error mid-body. The connection closes
+    /// after it either way.
+    fn failure_response(&mut self, _error: &io::Error) -> Option<Response> {
+        None
+    }
+
     /// Whether [`StreamBody::splice_into`] can move the rest of the body (false by default).
     fn can_splice(&self) -> bool {
         false
