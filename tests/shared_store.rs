@@ -955,3 +955,79 @@ fn a_part_committed_while_complete_waits_is_composed() {
     assert_eq!(v["parts"].as_array().map(Vec::len), Some(2), "{v}");
     assert_eq!(v["size_bytes"], body.len(), "{v}");
 }
+
+/// A control whose store calls are stuck keeps its heartbeat (decision 104): the beat has a
+/// connection of its own, so one slow call cannot get a live control declared dead while it
+/// still holds receipts. The database stalls A's receipt assignment at its `COMMIT` (a deferred
+/// trigger waits on a lock the test holds) for 5 s, more than A's 2 s expiry; A's row must stay
+/// fresh all along, and B must recover nothing.
+#[test]
+fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
+    let url = cluster().fresh_database("beat");
+    let s3 = S3Server::start();
+    let key = shared_key();
+    let b = with_receipts(Gateway::builder(), &url, &s3, &key).start();
+    let a = with_receipts_and(
+        Gateway::builder(),
+        &url,
+        &s3,
+        &key,
+        "heartbeat_ms = 200\ncontrol_expiry_ms = 2000\n",
+    )
+    .start();
+    let body = upstream::pattern(1000);
+    let id = create_request_receipt(&a, &body);
+    put_part(&a, &id, 1, &body);
+    complete(&a, &id);
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
+    assert_eq!(db_i64(&mut db, "SELECT count(*) FROM controls", &[]), 2);
+    db.batch_execute(
+        "CREATE FUNCTION stall_commit() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_advisory_xact_lock(4343); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER stall AFTER UPDATE ON receipts \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION stall_commit(); \
+         SELECT pg_advisory_lock(4343);",
+    )
+    .expect("a stalling commit");
+    let echo = Upstream::start(upstream::echo());
+    let api = a.api;
+    let url_echo = echo.url("/stalled");
+    let request = std::thread::spawn(move || {
+        request_at(
+            api,
+            &json!({"method": "POST", "url": url_echo,
+                    "body": {"mode": "receipt", "receipt_id": id}}),
+        )
+    });
+    // A's row: the one B is not.
+    let b_id = wait_for_control_id(&mut db, &b);
+    let a_rows = |db: &mut postgres::Client| {
+        db_i64(
+            db,
+            "SELECT count(*) FROM controls WHERE control_id <> $1",
+            &[&b_id],
+        )
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        assert_eq!(a_rows(&mut db), 1, "A's row was removed while A was alive");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    db.batch_execute("SELECT pg_advisory_unlock(4343)")
+        .expect("unlock");
+    let r = request.join().expect("the request thread");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(a_rows(&mut db), 1);
+}
+
+/// The id of control `gw` in the `controls` table, by the address it recorded.
+fn wait_for_control_id(db: &mut postgres::Client, gw: &Gateway) -> String {
+    let address = gw.admin.expect("an admin listener").to_string();
+    let row = db
+        .query_one(
+            "SELECT control_id FROM controls WHERE address = $1",
+            &[&address],
+        )
+        .expect("the control's row");
+    row.get(0)
+}

@@ -331,6 +331,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     };
     // With a shared store, this control's heartbeat row lets the others recover the receipts
     // it holds should it die (decision 094).
+    let mut presence = None;
     if shared.is_some() {
         let address = listeners
             .admin
@@ -338,8 +339,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .map_or(listeners.api.1, |a| a.1)
             .to_string();
         let timing = crate::control::presence::Timing::from_config(&config.store);
-        crate::control::presence::start(&cold, address, timing)
-            .map_err(|e| ioe(format!("store: control heartbeat: {e}")))?;
+        presence = Some(
+            crate::control::presence::start(&cold, address, timing)
+                .map_err(|e| ioe(format!("store: control heartbeat: {e}")))?,
+        );
         crate::control::presence::watch_cancels(&cold, state.clone(), timing.cancel_poll)
             .map_err(|e| ioe(format!("store: cancel intents: {e}")))?;
     }
@@ -568,6 +571,10 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     // Last store write of a shared store: the others need not wait for this control's row to
     // expire (decision 098). Only once every core stopped: a request still running past the
     // grace may still use the receipt it holds, which leaving would hand to another control.
+    // No beat after this: the row is removed just below, or left to expire.
+    if let Some(p) = presence.take() {
+        p.stop();
+    }
     if shared.is_some() {
         if is_every_core_done {
             crate::control::presence::leave(&cold);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::control::state::ControlState;
-use crate::store::{ColdHandle, StoreError};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::store::{ColdHandle, PresenceLane, StoreError};
 
 /// A cancel intent no control carried out within this is removed: the request had ended, or
 /// never ran. Longer than [`CANCEL_WAIT`], so the owner can still find it.
@@ -48,47 +50,92 @@ impl Timing {
     }
 }
 
+/// The running heartbeat of this control; [`Presence::stop`] ends it before the control
+/// leaves (or lets its row expire).
+#[derive(Debug)]
+pub struct Presence {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Presence {
+    /// Ends the heartbeat and waits for its thread: after this no beat writes the row.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
 /// Registers this control (blocking, so that its row exists before it serves anything that
-/// can hold a receipt) and starts the heartbeat on the cold thread. `address` is where this
-/// control answers, recorded for operators.
-pub fn start(cold: &ColdHandle, address: String, timing: Timing) -> Result<(), StoreError> {
+/// can hold a receipt) and starts the heartbeat: on a PostgreSQL store a thread of its own
+/// beating through the store's heartbeat connection (decision 104), never behind other store
+/// calls. `address` is where this control answers, recorded for operators.
+pub fn start(cold: &ColdHandle, address: String, timing: Timing) -> Result<Presence, StoreError> {
     let started_at = crate::clock::now_rfc3339();
     {
         let (address, started_at) = (address.clone(), started_at.clone());
         cold.call_blocking(move |s| s.control_heartbeat(&address, &started_at, timing.expiry))?;
     }
-    cold.spawn(move |ctx| async move {
-        // Outages are logged when they start and when they end, not at every beat.
-        let mut failing = false;
-        loop {
-            let now = crate::clock::now_rfc3339();
-            let beat = ctx.store(|s| {
-                s.control_heartbeat(&address, &started_at, timing.expiry)?;
-                s.recover_dead_controls(timing.expiry, &now)
-            });
-            match beat {
-                Ok(recovered) => {
-                    if failing {
-                        tracing::info!("control heartbeat restored");
-                        failing = false;
-                    }
-                    if recovered > 0 {
-                        tracing::info!(
-                            recovered,
-                            "receipts held by a control no longer seen were recovered"
-                        );
-                    }
-                }
-                Err(e) => {
-                    if !failing {
-                        tracing::warn!(error = %e, "control heartbeat failed");
-                        failing = true;
-                    }
-                }
-            }
-            tokio::time::sleep(timing.heartbeat).await;
-        }
+    let stop = Arc::new(AtomicBool::new(false));
+    let Some(lane) = cold.call_blocking(|s| Ok(s.presence_lane()))? else {
+        // A store only one control uses keeps no row: nothing to beat.
+        return Ok(Presence { stop, thread: None });
+    };
+    let stopping = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("sortie-presence".into())
+        .spawn(move || beat_until_stopped(&lane, &address, &started_at, timing, &stopping))
+        .map_err(|e| StoreError::Io(format!("cannot start the heartbeat thread: {e}")))?;
+    Ok(Presence {
+        stop,
+        thread: Some(thread),
     })
+}
+
+/// The heartbeat loop on its own thread: a beat, then a pause of one period (cut short by
+/// [`Presence::stop`]). Outages are logged when they start and when they end.
+fn beat_until_stopped(
+    lane: &PresenceLane,
+    address: &str,
+    started_at: &str,
+    timing: Timing,
+    stop: &AtomicBool,
+) {
+    let mut failing = false;
+    while !stop.load(Ordering::Acquire) {
+        let now = crate::clock::now_rfc3339();
+        log_beat(
+            lane.beat(address, started_at, timing.expiry, &now),
+            &mut failing,
+        );
+        std::thread::park_timeout(timing.heartbeat);
+    }
+}
+
+fn log_beat(beat: Result<usize, StoreError>, failing: &mut bool) {
+    match beat {
+        Ok(recovered) => {
+            if *failing {
+                tracing::info!("control heartbeat restored");
+                *failing = false;
+            }
+            if recovered > 0 {
+                tracing::info!(
+                    recovered,
+                    "receipts held by a control no longer seen were recovered"
+                );
+            }
+        }
+        Err(e) => {
+            if !*failing {
+                tracing::warn!(error = %e, "control heartbeat failed");
+                *failing = true;
+            }
+        }
+    }
 }
 
 /// Removes this control's row as it stops gracefully, after its cores finished (decision 098):

@@ -23,7 +23,8 @@ pub use cold::{
 pub use error::StoreError;
 pub use migrations::{POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION};
 pub use postgres::{
-    PostgresConfig, PostgresStore, CALL_TIMEOUT, CONFIG_CHANNEL, CONNECT_TIMEOUT, WORKERS_CHANNEL,
+    PostgresConfig, PostgresStore, PresenceLane, CALL_TIMEOUT, CONFIG_CHANNEL, CONNECT_TIMEOUT,
+    WORKERS_CHANNEL,
 };
 pub use record::{ConfigRecord, PartRecord, ReceiptRecord, WorkerSettings};
 pub use sqlite::{AccessMode, SqliteOptions, SqliteStore, DATABASE_FILE_NAME};
@@ -233,6 +234,13 @@ pub trait RecordStore {
         _updated_at: &str,
     ) -> Result<usize, StoreError> {
         Ok(0)
+    }
+
+    /// The heartbeat's own connection, on a store several controls share (decision 104): the
+    /// presence loop beats through it, never behind the store calls of requests. `None` for a
+    /// store only one control uses.
+    fn presence_lane(&self) -> Option<PresenceLane> {
+        None
     }
 
     /// Asks the controls sharing the store to cancel `request_id` (decision 095): writes (or

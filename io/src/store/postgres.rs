@@ -19,7 +19,7 @@
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -310,7 +310,9 @@ pub struct PostgresStore {
     /// How long a call waits for its job ([`CALL_TIMEOUT`]).
     call_timeout: Duration,
     /// Set by [`RecordStore::control_leave`]: heartbeats no longer write the row back.
-    has_left: bool,
+    has_left: Arc<AtomicBool>,
+    /// The heartbeat's own connection (decision 104).
+    presence: PresenceLane,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -338,13 +340,31 @@ impl PostgresStore {
             .name("sortie-pg".into())
             .spawn(move || run_jobs(rx, &mut conn))
             .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL thread: {e}")))?;
+        // The heartbeat's connection opens at its first beat; its thread ends when the last
+        // handle to it is gone.
+        let (beat_tx, beat_rx) = mpsc::channel::<Job>();
+        let mut beat_conn = Connection {
+            config: config.clone(),
+            client: None,
+        };
+        std::thread::Builder::new()
+            .name("sortie-pg-beat".into())
+            .spawn(move || run_jobs(beat_rx, &mut beat_conn))
+            .map_err(|e| StoreError::Io(format!("cannot start the PostgreSQL thread: {e}")))?;
+        let control_id = mint_control_id()?;
+        let has_left = Arc::new(AtomicBool::new(false));
         Ok(Self {
             jobs: Some(tx),
             thread: Some(thread),
             target: config.target(),
-            control_id: mint_control_id()?,
+            presence: PresenceLane {
+                jobs: beat_tx,
+                control_id: control_id.clone(),
+                has_left: has_left.clone(),
+            },
+            control_id,
             call_timeout: CALL_TIMEOUT,
-            has_left: false,
+            has_left,
         })
     }
 
@@ -367,42 +387,162 @@ impl PostgresStore {
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (reply, answer) = mpsc::sync_channel(1);
-        let state = Arc::new(AtomicU8::new(JOB_PENDING));
-        let deadline = Instant::now() + self.call_timeout;
-        let job = Job {
-            run: Box::new(move |conn| {
-                let _ = reply.send(conn.run(f));
-            }),
-            deadline,
-            state: state.clone(),
-        };
-        self.jobs
-            .as_ref()
-            .ok_or(StoreError::Unavailable)?
-            .send(job)
-            .map_err(|_| StoreError::Unavailable)?;
-        match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(result) => result,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                match state.compare_exchange(
-                    JOB_PENDING,
-                    JOB_ABANDONED,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    // The job will be skipped or roll back: nothing is written.
-                    Ok(_) => Err(StoreError::Busy),
-                    // The answer may have arrived just now.
-                    Err(_) => match answer.try_recv() {
-                        Ok(result) => result,
-                        Err(_) => Err(StoreError::OutcomeUnknown),
-                    },
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Unavailable),
-        }
+        call_on(self.jobs.as_ref(), self.call_timeout, f)
     }
+}
+
+/// Runs `f` on the connection thread behind `jobs`, waiting at most `timeout`: `Busy` when it
+/// gave up before the job ran (it then never runs), `OutcomeUnknown` when the job was running.
+fn call_on<T: Send + 'static>(
+    jobs: Option<&mpsc::Sender<Job>>,
+    timeout: Duration,
+    f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send + 'static,
+) -> Result<T, StoreError> {
+    let (reply, answer) = mpsc::sync_channel(1);
+    let state = Arc::new(AtomicU8::new(JOB_PENDING));
+    let deadline = Instant::now() + timeout;
+    let job = Job {
+        run: Box::new(move |conn| {
+            let _ = reply.send(conn.run(f));
+        }),
+        deadline,
+        state: state.clone(),
+    };
+    jobs.ok_or(StoreError::Unavailable)?
+        .send(job)
+        .map_err(|_| StoreError::Unavailable)?;
+    match answer.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(result) => result,
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            match state.compare_exchange(
+                JOB_PENDING,
+                JOB_ABANDONED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                // The job will be skipped or roll back: nothing is written.
+                Ok(_) => Err(StoreError::Busy),
+                // The answer may have arrived just now.
+                Err(_) => match answer.try_recv() {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::OutcomeUnknown),
+                },
+            }
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Unavailable),
+    }
+}
+
+/// This control's heartbeat on its own connection and thread (decision 104): the beat (its
+/// row refreshed, then the receipts of controls not seen within their expiry recovered) never
+/// waits behind the store calls of requests and admin, each of which may wait up to
+/// [`CALL_TIMEOUT`]; one slow call used to make a live control miss its beats and be declared
+/// dead while it still sent the receipts it held.
+#[derive(Clone)]
+pub struct PresenceLane {
+    jobs: mpsc::Sender<Job>,
+    control_id: String,
+    has_left: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for PresenceLane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PresenceLane")
+            .field("control_id", &self.control_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PresenceLane {
+    /// One beat: this control's row refreshed (never written back once it left), then the
+    /// receipts of dead controls recovered. Waits at most a third of `expiry`, so a beat that
+    /// gives up leaves two more before the others may count this control dead. Returns how
+    /// many receipts were recovered.
+    pub fn beat(
+        &self,
+        address: &str,
+        started_at: &str,
+        expiry: Duration,
+        updated_at: &str,
+    ) -> Result<usize, StoreError> {
+        let (id, address, started_at, updated_at) = (
+            self.control_id.clone(),
+            address.to_owned(),
+            started_at.to_owned(),
+            updated_at.to_owned(),
+        );
+        let has_left = self.has_left.clone();
+        let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
+        let timeout = (expiry / 3).clamp(Duration::from_millis(100), CALL_TIMEOUT);
+        // Two calls: a job commits one transaction (the commit claims the job, decision 096).
+        let beat_id = id.clone();
+        flat(call_on(Some(&self.jobs), timeout, move |c| {
+            if has_left.load(Ordering::Acquire) {
+                return Ok(Ok(()));
+            }
+            heartbeat_tx(c, &beat_id, &address, &started_at, expiry_ms)
+        }))?;
+        flat(call_on(Some(&self.jobs), timeout, move |c| {
+            recover_dead_tx(c, &id, &updated_at, expiry_ms)
+        }))
+    }
+}
+
+/// Registers or refreshes the row of control `id`, by the store's clock.
+fn heartbeat_tx(
+    c: &mut Client,
+    id: &str,
+    address: &str,
+    started_at: &str,
+    expiry_ms: i64,
+) -> Result<Result<(), StoreError>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.execute(
+        &format!(
+            "INSERT INTO controls \
+             (control_id, address, started_at, last_seen_unix_ms, expiry_ms) \
+             VALUES ($1, $2, $3, {DB_NOW_MS}, $4) ON CONFLICT (control_id) DO UPDATE \
+             SET address = excluded.address, \
+             last_seen_unix_ms = excluded.last_seen_unix_ms, \
+             expiry_ms = excluded.expiry_ms"
+        ),
+        &[&id, &address, &started_at, &expiry_ms],
+    )?;
+    commit(tx)
+}
+
+/// Recovers the receipts held by controls other than `id` not seen within their expiry, and
+/// removes those controls' rows; returns how many receipts moved.
+fn recover_dead_tx(
+    c: &mut Client,
+    id: &str,
+    updated_at: &str,
+    expiry_ms: i64,
+) -> Result<Result<usize, StoreError>, postgres::Error> {
+    let mut tx = c.transaction()?;
+    // A holder counts as alive only while its row is fresh: a row removed as dead does not
+    // come back to life for receipts already recovered.
+    let moved = tx.execute(
+        &format!(
+            "UPDATE receipts SET \
+             state = CASE state WHEN 'verifying' THEN 'uploading' ELSE 'verified' END, \
+             holder = NULL, attempt = NULL, updated_at = $1 \
+             WHERE state IN ('verifying', 'assigned') AND holder IS NOT NULL \
+             AND holder <> $2 AND NOT EXISTS (SELECT 1 FROM controls \
+             WHERE controls.control_id = receipts.holder \
+             AND controls.last_seen_unix_ms >= \
+             {DB_NOW_MS} - COALESCE(controls.expiry_ms, $3))"
+        ),
+        &[&updated_at, &id, &expiry_ms],
+    )?;
+    tx.execute(
+        &format!(
+            "DELETE FROM controls WHERE control_id <> $1 \
+             AND last_seen_unix_ms < {DB_NOW_MS} - COALESCE(expiry_ms, $2)"
+        ),
+        &[&id, &expiry_ms],
+    )?;
+    Ok(commit(tx)?.map(|()| usize::try_from(moved).unwrap_or(usize::MAX)))
 }
 
 impl Drop for PostgresStore {
@@ -1176,7 +1316,7 @@ impl RecordStore for PostgresStore {
         started_at: &str,
         expiry: Duration,
     ) -> Result<(), StoreError> {
-        if self.has_left {
+        if self.has_left.load(Ordering::Acquire) {
             return Ok(());
         }
         let (id, address, started_at) = (
@@ -1185,27 +1325,13 @@ impl RecordStore for PostgresStore {
             started_at.to_owned(),
         );
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
-        flat(self.call(move |c| {
-            let mut tx = c.transaction()?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO controls \
-                     (control_id, address, started_at, last_seen_unix_ms, expiry_ms) \
-                     VALUES ($1, $2, $3, {DB_NOW_MS}, $4) ON CONFLICT (control_id) DO UPDATE \
-                     SET address = excluded.address, \
-                     last_seen_unix_ms = excluded.last_seen_unix_ms, \
-                     expiry_ms = excluded.expiry_ms"
-                ),
-                &[&id, &address, &started_at, &expiry_ms],
-            )?;
-            commit(tx)
-        }))
+        flat(self.call(move |c| heartbeat_tx(c, &id, &address, &started_at, expiry_ms)))
     }
 
     fn control_leave(&mut self, updated_at: &str) -> Result<usize, StoreError> {
         // Even when the call fails: a stopping control must not write its row back, and the
         // row then expires as after a crash.
-        self.has_left = true;
+        self.has_left.store(true, Ordering::Release);
         let (id, updated_at) = (self.control_id.clone(), updated_at.to_owned());
         flat(self.call(move |c| {
             let mut tx = c.transaction()?;
@@ -1228,32 +1354,11 @@ impl RecordStore for PostgresStore {
     ) -> Result<usize, StoreError> {
         let (id, updated_at) = (self.control_id.clone(), updated_at.to_owned());
         let expiry_ms = i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX);
-        flat(self.call(move |c| {
-            let mut tx = c.transaction()?;
-            // A holder counts as alive only while its row is fresh: a row removed as dead does
-            // not come back to life for receipts already recovered.
-            let moved = tx.execute(
-                &format!(
-                    "UPDATE receipts SET \
-                     state = CASE state WHEN 'verifying' THEN 'uploading' ELSE 'verified' END, \
-                     holder = NULL, attempt = NULL, updated_at = $1 \
-                     WHERE state IN ('verifying', 'assigned') AND holder IS NOT NULL \
-                     AND holder <> $2 AND NOT EXISTS (SELECT 1 FROM controls \
-                     WHERE controls.control_id = receipts.holder \
-                     AND controls.last_seen_unix_ms >= \
-                     {DB_NOW_MS} - COALESCE(controls.expiry_ms, $3))"
-                ),
-                &[&updated_at, &id, &expiry_ms],
-            )?;
-            tx.execute(
-                &format!(
-                    "DELETE FROM controls WHERE control_id <> $1 \
-                     AND last_seen_unix_ms < {DB_NOW_MS} - COALESCE(expiry_ms, $2)"
-                ),
-                &[&id, &expiry_ms],
-            )?;
-            Ok(commit(tx)?.map(|()| usize::try_from(moved).unwrap_or(usize::MAX)))
-        }))
+        flat(self.call(move |c| recover_dead_tx(c, &id, &updated_at, expiry_ms)))
+    }
+
+    fn presence_lane(&self) -> Option<PresenceLane> {
+        Some(self.presence.clone())
     }
 
     fn request_cancel(&mut self, request_id: &str) -> Result<bool, StoreError> {
