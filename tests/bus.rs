@@ -1087,3 +1087,68 @@ fn a_worker_that_heartbeats_but_never_reads_is_disconnected() {
         "the control closed the lane"
     );
 }
+
+/// With `[[control.bus.workers]]` each worker has its own token, bound to its id (decision
+/// 105): a `Hello` naming another worker's id with this token, or an id the control does not
+/// list, is refused with `auth_failed`; a pool outside the worker's grant refuses it with
+/// `invalid_worker`; a capacity above the grant is clipped to it.
+#[test]
+fn workers_authenticate_with_their_own_tokens_and_claim_only_what_is_granted() {
+    use support::gateway::Gateway;
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\nplaintext = true\nheartbeat_ms = 500\n\
+             [[control.bus.workers]]\nid = \"wa\"\ntoken = \"{WORKER_TOKEN}\"\nmax_capacity = 2\npools = [\"direct\"]\n\
+             [[control.bus.workers]]\nid = \"wb\"\ntoken = \"another-worker-token-0123456789\"\n"
+        ))
+        .cores(1)
+        .start();
+    let bus = gw.bus.unwrap();
+    let refused = |hello: Vec<u8>| -> sortie_core::bus::Reject {
+        let mut s = TcpStream::connect(bus).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&hello).unwrap();
+        let mut buf = Vec::new();
+        match next_frame(&mut s, &mut buf) {
+            Frame::Reject(r) => r,
+            other => panic!("admitted: {other:?}"),
+        }
+    };
+    // wa's token under wb's id, and an id nobody configured.
+    let r = refused(hello("wb"));
+    assert_eq!(r.reason, "auth_failed", "{r:?}");
+    let r = refused(hello("wz"));
+    assert_eq!(r.reason, "auth_failed", "{r:?}");
+    assert!(r.message.contains("not configured"), "{r:?}");
+    // wa claiming a pool it was not granted.
+    let mut out = Vec::new();
+    encode(
+        &Frame::Hello(Box::new(Hello {
+            version_min: sortie_core::bus::PROTOCOL_VERSION_MIN,
+            version_max: sortie_core::bus::PROTOCOL_VERSION,
+            worker_id: "wa".into(),
+            session: "wa-greedy".into(),
+            token: WORKER_TOKEN.as_bytes().to_vec(),
+            lane: 0,
+            lanes: 0,
+            capabilities: sortie_core::worker::AdvertisedCapabilities {
+                pools: vec!["acme".into()],
+                capacity: 4,
+                ..Default::default()
+            },
+        })),
+        &mut out,
+    )
+    .unwrap();
+    let r = refused(out);
+    assert_eq!(r.reason, "invalid_worker", "{r:?}");
+    assert!(r.message.contains("acme"), "{r:?}");
+    // The real wa registers with its own token; its capacity of 64 is held to the grant's 2.
+    let _w = start_worker("wa", bus, None, "capacity = 64\n");
+    let w = wait_worker(&gw, "wa", "connected");
+    assert_eq!(w["capacity"]["max"], 2, "{w}");
+    let (up, _) = recording(Duration::ZERO);
+    assert_eq!(request_at(gw.api, &get(&up.url("/own-token"))).status, 200);
+}

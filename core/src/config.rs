@@ -153,6 +153,55 @@ pub struct BusConfig {
     /// address on each worker's bus connection with the API listener's port, over `http`.
     #[serde(default)]
     pub api_base_url: Option<String>,
+    /// `[[control.bus.workers]]`: each worker's own token and grants (decision 105). When any
+    /// is given, only these ids are admitted, each with its own token, and `token` /
+    /// `token_env` (the shared token) must not be set.
+    pub workers: Vec<BusWorkerConfig>,
+}
+
+/// Most `[[control.bus.workers]]` entries.
+pub const MAX_BUS_WORKERS: usize = 10_000;
+
+/// `[[control.bus.workers]]`: one worker's credential and what it may claim (decision 105).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusWorkerConfig {
+    /// The worker id its `Hello` must name.
+    pub id: String,
+    /// Its token (or `token_env`).
+    #[serde(default)]
+    pub token: Option<String>,
+    /// The environment variable holding its token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// Most concurrent requests it may take: a larger advertised capacity is clipped to this.
+    #[serde(default)]
+    pub max_capacity: Option<u32>,
+    /// The pools it may serve; a `Hello` claiming another is refused. Unset: any.
+    #[serde(default)]
+    pub pools: Option<Vec<String>>,
+    /// The tags it may advertise; a `Hello` claiming another is refused. Unset: any.
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+}
+
+impl BusWorkerConfig {
+    /// Its token as a secret reference.
+    pub fn secret(&self) -> SecretRef {
+        SecretRef {
+            token: self.token.clone(),
+            token_env: self.token_env.clone(),
+        }
+    }
+
+    /// What the control grants it.
+    pub fn grant(&self) -> crate::worker::WorkerGrant<'_> {
+        crate::worker::WorkerGrant {
+            max_capacity: self.max_capacity,
+            pools: self.pools.as_deref(),
+            tags: self.tags.as_deref(),
+        }
+    }
 }
 
 impl Default for BusConfig {
@@ -166,11 +215,63 @@ impl Default for BusConfig {
             heartbeat_ms: DEFAULT_BUS_HEARTBEAT_MS,
             assignment_timeout_ms: DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS,
             api_base_url: None,
+            workers: Vec::new(),
         }
     }
 }
 
 impl BusConfig {
+    fn validate_workers(&self) -> Result<(), ConfigError> {
+        if self.token.is_some() || self.token_env.is_some() {
+            return Err(err(
+                "control.bus.token",
+                "a shared worker token is not used with [[control.bus.workers]]: each worker \
+                 has its own",
+            ));
+        }
+        if self.workers.len() > MAX_BUS_WORKERS {
+            return Err(err(
+                "control.bus.workers",
+                format!("at most {MAX_BUS_WORKERS} entries"),
+            ));
+        }
+        for (i, w) in self.workers.iter().enumerate() {
+            let p = format!("control.bus.workers[{i}]");
+            if !is_valid_id(&w.id) {
+                return Err(err(format!("{p}.id"), "not a valid id"));
+            }
+            if self.workers.iter().take(i).any(|o| o.id == w.id) {
+                return Err(err(
+                    format!("{p}.id"),
+                    format!("duplicate worker id {:?}", w.id),
+                ));
+            }
+            check_secret(&p, &w.secret(), true)?;
+            if let Some(t) = &w.token {
+                if self
+                    .workers
+                    .iter()
+                    .take(i)
+                    .any(|o| o.token.as_ref() == Some(t))
+                {
+                    return Err(err(
+                        format!("{p}.token"),
+                        "the same token as another worker: give each its own",
+                    ));
+                }
+            }
+            if w.max_capacity
+                .is_some_and(|c| !(1..=crate::worker::MAX_WORKER_CAPACITY).contains(&c))
+            {
+                return Err(err(
+                    format!("{p}.max_capacity"),
+                    format!("must be 1 to {}", crate::worker::MAX_WORKER_CAPACITY),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The worker token as a secret reference.
     pub fn secret(&self) -> SecretRef {
         SecretRef {
@@ -208,7 +309,11 @@ impl BusConfig {
                 ));
             }
         }
-        check_secret("control.bus", &self.secret(), is_listening)?;
+        if self.workers.is_empty() {
+            check_secret("control.bus", &self.secret(), is_listening)?;
+        } else {
+            self.validate_workers()?;
+        }
         check_transport(
             "control.bus",
             self.plaintext,
@@ -1138,6 +1243,62 @@ fn check_secret(path: &str, s: &SecretRef, required: bool) -> Result<(), ConfigE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `[[control.bus.workers]]` (decision 105): each entry needs its own token, ids and tokens
+    /// are unique, and the shared token is not set beside them.
+    #[test]
+    fn per_worker_bus_credentials_are_checked() {
+        let base = "[control]\nbus_listen = \"127.0.0.1:7070\"\n[control.bus]\nplaintext = true\n";
+        let entry = |id: &str, t: &str| {
+            format!("[[control.bus.workers]]\nid = \"{id}\"\ntoken = \"{t}\"\n")
+        };
+        let ok = format!(
+            "{base}{}{}",
+            entry("wa", "aaaaaaaaaaaaaaaa"),
+            entry("wb", "bbbbbbbbbbbbbbbb")
+        );
+        let c = Config::from_toml_control(&ok).unwrap();
+        assert_eq!(c.control.bus.workers.len(), 2);
+        for (text, path) in [
+            (
+                format!(
+                    "{base}token = \"cccccccccccccccc\"\n{}",
+                    entry("wa", "aaaaaaaaaaaaaaaa")
+                ),
+                "control.bus.token",
+            ),
+            (
+                format!(
+                    "{base}{}{}",
+                    entry("wa", "aaaaaaaaaaaaaaaa"),
+                    entry("wa", "bbbbbbbbbbbbbbbb")
+                ),
+                "control.bus.workers[1].id",
+            ),
+            (
+                format!(
+                    "{base}{}{}",
+                    entry("wa", "aaaaaaaaaaaaaaaa"),
+                    entry("wb", "aaaaaaaaaaaaaaaa")
+                ),
+                "control.bus.workers[1].token",
+            ),
+            (
+                format!("{base}{}", entry("wa", "short")),
+                "control.bus.workers[0].token",
+            ),
+            (
+                format!(
+                    "{base}{}max_capacity = 0\n",
+                    entry("wa", "aaaaaaaaaaaaaaaa")
+                ),
+                "control.bus.workers[0].max_capacity",
+            ),
+        ] {
+            let e = Config::from_toml_control(&text).unwrap_err();
+            assert_eq!(e.path, path, "{e}");
+        }
+    }
 
     /// Tokens written in the file are compared at load (decision 102): a deployment's token
     /// may be neither another deployment's nor the admin token.

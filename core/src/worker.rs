@@ -148,6 +148,52 @@ pub struct AdvertisedCapabilities {
     pub capacity: u32,
 }
 
+/// What the control's configuration grants one worker (`[[control.bus.workers]]`, decision
+/// 105): most concurrent requests, and the pools and tags it may claim (`None`: any).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WorkerGrant<'a> {
+    /// Most concurrent requests the control lets it take.
+    pub max_capacity: Option<u32>,
+    /// The pools it may serve.
+    pub pools: Option<&'a [String]>,
+    /// The tags it may advertise.
+    pub tags: Option<&'a [String]>,
+}
+
+impl AdvertisedCapabilities {
+    /// Holds what a worker advertises to what the control grants it (decision 105): a capacity
+    /// above the grant is clipped to it (the worker still serves, at the granted bound); a pool
+    /// or tag outside the grant refuses the worker, naming it, since routing by a claim the
+    /// control never made would send it requests it may not take.
+    pub fn apply_grant(&mut self, grant: &WorkerGrant<'_>) -> Result<(), CapabilityError> {
+        if let Some(max) = grant.max_capacity {
+            self.capacity = self.capacity.min(max);
+        }
+        if let Some(pools) = grant.pools {
+            let claimed: Vec<&str> = if self.pools.is_empty() {
+                vec![DEFAULT_POOL]
+            } else {
+                self.pools.iter().map(String::as_str).collect()
+            };
+            if let Some(p) = claimed.iter().find(|p| !pools.iter().any(|g| g == *p)) {
+                return Err(cap_err(
+                    "pools",
+                    format!("pool {p:?} is not granted to this worker"),
+                ));
+            }
+        }
+        if let Some(tags) = grant.tags {
+            if let Some(t) = self.tags.iter().find(|t| !tags.contains(t)) {
+                return Err(cap_err(
+                    "tags",
+                    format!("tag {t:?} is not granted to this worker"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn claim(field: &str, s: String, max: usize) -> Result<Box<str>, CapabilityError> {
     if s.is_empty() {
         return Err(cap_err(field, "must not be empty"));
@@ -730,6 +776,52 @@ impl WorkerRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A grant clips capacity and refuses pools and tags beyond it (decision 105).
+    #[test]
+    fn a_grant_clips_capacity_and_refuses_claims_beyond_it() {
+        let pools = vec!["direct".to_string(), "acme".to_string()];
+        let tags = vec!["fast".to_string()];
+        let grant = WorkerGrant {
+            max_capacity: Some(8),
+            pools: Some(&pools),
+            tags: Some(&tags),
+        };
+        let mut a = AdvertisedCapabilities {
+            capacity: 100,
+            tags: vec!["fast".into()],
+            ..Default::default()
+        };
+        a.apply_grant(&grant).unwrap();
+        assert_eq!(a.capacity, 8);
+        let mut low = AdvertisedCapabilities {
+            capacity: 3,
+            pools: vec!["acme".into()],
+            ..Default::default()
+        };
+        low.apply_grant(&grant).unwrap();
+        assert_eq!(low.capacity, 3);
+        let mut greedy = AdvertisedCapabilities {
+            pools: vec!["other".into()],
+            ..Default::default()
+        };
+        assert_eq!(greedy.apply_grant(&grant).unwrap_err().field, "pools");
+        let mut tagged = AdvertisedCapabilities {
+            tags: vec!["slow".into()],
+            ..Default::default()
+        };
+        assert_eq!(tagged.apply_grant(&grant).unwrap_err().field, "tags");
+        // No pools claimed means the default pool, which must be granted too.
+        let only_acme = vec!["acme".to_string()];
+        let mut default_pool = AdvertisedCapabilities::default();
+        let g = WorkerGrant {
+            pools: Some(&only_acme),
+            ..Default::default()
+        };
+        assert!(default_pool.apply_grant(&g).is_err());
+        let mut any = AdvertisedCapabilities::default();
+        assert!(any.apply_grant(&WorkerGrant::default()).is_ok());
+    }
 
     fn caps(tags: &[&str]) -> AdvertisedCapabilities {
         AdvertisedCapabilities {

@@ -607,9 +607,27 @@ fn bus_shared(
     api_port: u16,
 ) -> Result<Arc<crate::bus::control::BusShared>, ServeError> {
     let b = &config.control.bus;
-    let token = tokens::from_secret("control.bus", &b.secret())
-        .map_err(|e| ServeError::Config(e.to_string()))?
-        .ok_or_else(|| ServeError::Config("control.bus: needs token or token_env".into()))?;
+    // Decision 105: each worker's own token when `[[control.bus.workers]]` lists them, else
+    // the one shared token.
+    let credentials = if b.workers.is_empty() {
+        let token = tokens::from_secret("control.bus", &b.secret())
+            .map_err(|e| ServeError::Config(e.to_string()))?
+            .ok_or_else(|| ServeError::Config("control.bus: needs token or token_env".into()))?;
+        crate::bus::control::Credentials::Shared(token.into_bytes())
+    } else {
+        let mut entries = Vec::with_capacity(b.workers.len());
+        for (i, w) in b.workers.iter().enumerate() {
+            let path = format!("control.bus.workers[{i}]");
+            let token = tokens::from_secret(&path, &w.secret())
+                .map_err(|e| ServeError::Config(e.to_string()))?
+                .ok_or_else(|| ServeError::Config(format!("{path}: needs token or token_env")))?;
+            entries.push(crate::bus::control::WorkerCredential {
+                token: token.into_bytes(),
+                entry: w.clone(),
+            });
+        }
+        crate::bus::control::Credentials::PerWorker(entries)
+    };
     let tls = if b.plaintext {
         None
     } else {
@@ -632,7 +650,7 @@ fn bus_shared(
     };
     Ok(crate::bus::control::BusShared::new(
         crate::bus::control::BusSettings {
-            token: token.into_bytes(),
+            credentials,
             tls,
             heartbeat_ms: b.heartbeat_ms,
             assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),

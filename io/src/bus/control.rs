@@ -46,8 +46,8 @@ const DEADLINE_GRACE: Duration = Duration::from_millis(500);
 
 /// The bus settings of a control, shared by its cores.
 pub struct BusSettings {
-    /// The worker token.
-    pub token: Vec<u8>,
+    /// Who may attach (decision 105).
+    pub credentials: Credentials,
     /// The TLS server configuration; `None` for plain TCP (`control.bus.plaintext`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// `control.bus.heartbeat_ms`.
@@ -68,6 +68,53 @@ pub struct BusSettings {
     /// `control.proxy.idle_timeout_ms`, announced to version 3 workers for the forward
     /// proxy's relayed requests (decision 068).
     pub proxy_idle_ms: u32,
+}
+
+/// Who may attach to the bus: every worker with the one shared token, or only the workers the
+/// configuration lists, each with its own token and grants (decision 105).
+pub enum Credentials {
+    /// `control.bus.token`: any worker id with this token.
+    Shared(Vec<u8>),
+    /// `[[control.bus.workers]]`: each id with its own token.
+    PerWorker(Vec<WorkerCredential>),
+}
+
+/// One worker's resolved token and its configuration entry.
+pub struct WorkerCredential {
+    /// The token it must present.
+    pub token: Vec<u8>,
+    /// Its entry (id, grants).
+    pub entry: sortie_core::config::BusWorkerConfig,
+}
+
+impl Credentials {
+    /// Checks a `Hello`'s token for its worker id, in constant time over the token; the
+    /// refusal's message, for the `Reject`.
+    fn admit(&self, worker_id: &str, token: &[u8]) -> Result<(), &'static str> {
+        let expected = match self {
+            Credentials::Shared(t) => t,
+            Credentials::PerWorker(list) => match list.iter().find(|c| c.entry.id == worker_id) {
+                Some(c) => &c.token,
+                None => return Err("this worker id is not configured on this control"),
+            },
+        };
+        if bool::from(token.ct_eq(expected)) {
+            Ok(())
+        } else {
+            Err("invalid worker token")
+        }
+    }
+
+    /// What the configuration grants `worker_id`, with per-worker credentials.
+    fn grant(&self, worker_id: &str) -> Option<sortie_core::worker::WorkerGrant<'_>> {
+        match self {
+            Credentials::Shared(_) => None,
+            Credentials::PerWorker(list) => list
+                .iter()
+                .find(|c| c.entry.id == worker_id)
+                .map(|c| c.entry.grant()),
+        }
+    }
 }
 
 struct SessionEntry {
@@ -398,8 +445,8 @@ impl BusCore {
                 message: message.into(),
             })
         };
-        let refusal = if !bool::from(hello.token.as_slice().ct_eq(&s.token)) {
-            Some(reject("auth_failed", "invalid worker token"))
+        let refusal = if let Err(why) = s.credentials.admit(&hello.worker_id, &hello.token) {
+            Some(reject("auth_failed", why))
         } else if negotiate(hello.version_min, hello.version_max).is_none() {
             Some(reject(
                 "unsupported_version",
@@ -477,7 +524,12 @@ impl BusCore {
         rest: FrameBuf,
     ) {
         let s = &self.shared.settings;
-        let caps = match hello.capabilities.clone().validate() {
+        let mut advertised = hello.capabilities.clone();
+        let granted = match s.credentials.grant(&hello.worker_id) {
+            Some(g) => advertised.apply_grant(&g),
+            None => Ok(()),
+        };
+        let caps = match granted.and_then(|()| advertised.validate()) {
             Ok(c) => Ok(c),
             Err(e) => Err(Reject {
                 reason: "invalid_worker".into(),
