@@ -766,24 +766,7 @@ fn lanes_outlive_the_hello_time_limit() {
 /// already sent end with `assignment_timeout`.
 #[test]
 fn a_lane_that_stops_draining_makes_new_requests_transport_unavailable() {
-    use support::gateway::Gateway;
-    let gw = Gateway::builder()
-        .control_mode()
-        .control("bus_listen = \"127.0.0.1:0\"")
-        .section(&format!(
-            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 30000\nassignment_timeout_ms = 20000\n"
-        ))
-        .cores(1)
-        .start();
-    // A small receive buffer, so that the kernel holds little of what the control writes.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&gw.bus.unwrap().into()).unwrap();
-    let mut s: TcpStream = sock.into();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(&hello_with_capacity("stuck", 256)).unwrap();
-    let mut buf = Vec::new();
-    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(_)));
+    let (gw, mut s, mut buf) = slow_reading_fake_worker("stuck", 30_000);
     assert!(matches!(next_frame(&mut s, &mut buf), Frame::ConfigPush(_)));
     wait_worker(&gw, "stuck", "connected");
     // From here on the fake never reads. Each request queues its assignment and 1000 KiB of
@@ -928,6 +911,33 @@ fn a_response_head_beyond_the_bus_limits_fails_its_request_and_not_the_lane() {
     drop(w);
 }
 
+/// A one-core control (plain bus, `heartbeat_ms`, a 20 s assignment timeout) and a fake worker
+/// `id` registered on it with the core codec through a 4 KiB receive buffer, so that the kernel
+/// holds little of what the control writes; returns them after the `Welcome`, with the buffer
+/// of frames read so far.
+fn slow_reading_fake_worker(
+    id: &str,
+    heartbeat_ms: u32,
+) -> (support::gateway::Gateway, TcpStream, Vec<u8>) {
+    let gw = support::gateway::Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = {heartbeat_ms}\nassignment_timeout_ms = 20000\n"
+        ))
+        .cores(1)
+        .start();
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&gw.bus.unwrap().into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello_with_capacity(id, 256)).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(_)));
+    (gw, s, buf)
+}
+
 /// Reads until the control closes the connection: true when it did within `within` (end of
 /// stream or reset), false when the read timed out with the connection still open.
 fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
@@ -1016,23 +1026,7 @@ fn connections_past_the_pre_authentication_bound_are_closed_as_accepted() {
 /// intervals instead of queueing without bound (decision 101).
 #[test]
 fn a_worker_that_heartbeats_but_never_reads_is_disconnected() {
-    use support::gateway::Gateway;
-    let gw = Gateway::builder()
-        .control_mode()
-        .control("bus_listen = \"127.0.0.1:0\"")
-        .section(&format!(
-            "[control.bus]\ntoken = \"{WORKER_TOKEN}\"\nplaintext = true\nheartbeat_ms = 100\nassignment_timeout_ms = 20000\n"
-        ))
-        .cores(1)
-        .start();
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    sock.connect(&gw.bus.unwrap().into()).unwrap();
-    let mut s: TcpStream = sock.into();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(&hello_with_capacity("deaf", 256)).unwrap();
-    let mut buf = Vec::new();
-    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(_)));
+    let (gw, mut s, _) = slow_reading_fake_worker("deaf", 100);
     wait_worker(&gw, "deaf", "connected");
     // From here on it only writes: a heartbeat every 50 ms.
     let stop = Arc::new(AtomicBool::new(false));

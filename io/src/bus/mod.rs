@@ -271,16 +271,7 @@ pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
     conn: &mut conn::Conn<S>,
     buf: &mut FrameBuf,
 ) -> Result<Option<Frame>, ReadError> {
-    loop {
-        if let Some(f) = buf.next_frame().map_err(ReadError::Frame)? {
-            return Ok(Some(f));
-        }
-        match conn.read(buf.spare()).await {
-            Ok(0) => return Ok(None),
-            Ok(_) => {}
-            Err(e) => return Err(ReadError::Io(e)),
-        }
-    }
+    read_checked(conn, buf, false).await
 }
 
 /// Reads a connection's first frame, which must be a `Hello` no longer than the largest valid
@@ -290,8 +281,18 @@ pub(crate) async fn read_hello<S: monoio::io::AsyncReadRent>(
     conn: &mut conn::Conn<S>,
     buf: &mut FrameBuf,
 ) -> Result<Option<Frame>, ReadError> {
+    read_checked(conn, buf, true).await
+}
+
+async fn read_checked<S: monoio::io::AsyncReadRent>(
+    conn: &mut conn::Conn<S>,
+    buf: &mut FrameBuf,
+    is_first: bool,
+) -> Result<Option<Frame>, ReadError> {
     loop {
-        sortie_core::bus::check_first_frame(buf.pending()).map_err(ReadError::Frame)?;
+        if is_first {
+            sortie_core::bus::check_first_frame(buf.pending()).map_err(ReadError::Frame)?;
+        }
         if let Some(f) = buf.next_frame().map_err(ReadError::Frame)? {
             return Ok(Some(f));
         }
