@@ -187,11 +187,11 @@ fn token_after(line: &str, label: &str) -> String {
 
 #[test]
 fn serve_without_config_creates_the_data_dir_and_shows_tokens_once() {
-    let (api, admin) = ("127.0.0.1:8080", "127.0.0.1:8081");
+    let (api, admin, proxy) = ("127.0.0.1:8080", "127.0.0.1:8081", "127.0.0.1:3128");
     assert!(
-        is_free(api) && is_free(admin),
-        "this test starts the gateway without a config file, on its default ports {api} and \
-         {admin}: stop what listens there"
+        is_free(api) && is_free(admin) && is_free(proxy),
+        "this test starts the gateway without a config file, on its default ports {api}, \
+         {admin} and {proxy}: stop what listens there"
     );
     let cwd = temp_dir("nocfg");
     let mut p = Proc::start(&["serve"], &cwd, &[]);
@@ -224,6 +224,10 @@ fn serve_without_config_creates_the_data_dir_and_shows_tokens_once() {
     assert!(banner.contains("embedded defaults"), "{banner}");
     assert!(banner.contains("http://127.0.0.1:8080"), "{banner}");
     assert!(banner.contains("http://127.0.0.1:8081"), "{banner}");
+    assert!(
+        banner.contains("proxy:     http://127.0.0.1:3128"),
+        "{banner}"
+    );
 
     let data = cwd.join("sortie-data");
     let tokens = data.join("tokens.toml");
@@ -249,6 +253,28 @@ fn serve_without_config_creates_the_data_dir_and_shows_tokens_once() {
     assert_eq!(r.json()["code"], "destination_denied");
     let r = envelope_with(api_addr, &admin_token, &env);
     assert_eq!(r.status, 401, "the admin token is not a deployment token");
+    // The forward proxy of the embedded defaults answers on loopback with the deployment's
+    // Basic credentials (the README's `curl -x` lines), up to the same destination policy.
+    let mut s = std::net::TcpStream::connect(proxy).expect("the proxy listener");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("read timeout");
+    use base64::Engine as _;
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("dep_default:{deployment}"));
+    std::io::Write::write_all(
+        &mut s,
+        format!(
+            "GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\
+             Proxy-Authorization: Basic {basic}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .expect("send through the proxy");
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut raw).expect("the proxy's answer");
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 403"), "{text}");
+    assert!(text.contains("destination_denied"), "{text}");
     let r = http(
         admin.parse().expect("addr"),
         "GET",

@@ -125,6 +125,9 @@ pub struct ControlConfig {
 /// abused for first.
 pub const DEFAULT_DENIED_DESTINATION_PORTS: &[u16] = &[25];
 
+/// The forward-proxy listener of the embedded defaults (`sortie serve` without a file).
+pub const EMBEDDED_PROXY_LISTEN: &str = "127.0.0.1:3128";
+
 /// Default of `control.bus.heartbeat_ms`.
 pub const DEFAULT_BUS_HEARTBEAT_MS: u32 = 1000;
 /// Default of `control.bus.assignment_timeout_ms`.
@@ -714,6 +717,10 @@ impl Config {
     /// The embedded defaults of `sortie serve` with no file.
     pub fn embedded_default() -> Config {
         let mut c = Config::default();
+        // `sortie serve` without a file is how people try the gateway first: the forward proxy
+        // answers too, on loopback, with the deployment's Basic credentials (decision 106). A
+        // file names the listeners it wants.
+        c.control.proxy_listen = Some(EMBEDDED_PROXY_LISTEN.into());
         // The defaults are valid by construction; validation fills in the default worker.
         let _ = c.validate();
         c
@@ -1322,9 +1329,17 @@ mod tests {
     }
 
     #[test]
-    fn empty_file_gives_embedded_defaults() {
+    fn empty_file_gives_embedded_defaults_but_the_proxy() {
         let c = Config::from_toml("").unwrap();
-        assert_eq!(c, Config::embedded_default());
+        // Only the embedded defaults (no file at all) add the loopback forward proxy.
+        let mut embedded = Config::embedded_default();
+        assert_eq!(
+            embedded.control.proxy_listen.as_deref(),
+            Some("127.0.0.1:3128")
+        );
+        assert_eq!(c.control.proxy_listen, None);
+        embedded.control.proxy_listen = None;
+        assert_eq!(c, embedded);
         assert_eq!(c.control.api_listen, "127.0.0.1:8080");
         assert_eq!(c.control.admin_listen.as_deref(), Some("127.0.0.1:8081"));
         assert_eq!(c.control.request.max_timeout_ms, 120_000);
