@@ -166,7 +166,6 @@ fn check_snapshot(file: &PathBuf) -> ExitCode {
 }
 
 fn serve(path: Option<PathBuf>) -> ExitCode {
-    init_logging();
     let config = match &path {
         None => Config::embedded_default(),
         Some(p) => {
@@ -183,6 +182,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
             }
         }
     };
+    init_logging(config.log.format);
     match sortie_io::serve::run(config, path) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -193,7 +193,6 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
 }
 
 fn control(path: &PathBuf) -> ExitCode {
-    init_logging();
     let text = match read(path) {
         Ok(t) => t,
         Err(code) => return code,
@@ -205,6 +204,7 @@ fn control(path: &PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    init_logging(config.log.format);
     match sortie_io::serve::run(config, Some(path.clone())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -215,7 +215,6 @@ fn control(path: &PathBuf) -> ExitCode {
 }
 
 fn worker(path: &PathBuf) -> ExitCode {
-    init_logging();
     let text = match read(path) {
         Ok(t) => t,
         Err(code) => return code,
@@ -227,6 +226,7 @@ fn worker(path: &PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    init_logging(file.log.format);
     // The profiles this worker may advertise are the ones its own self-test verifies.
     if sortie_io::egress::fingerprint::IS_BUILT {
         let ca = file.egress.ca_file.as_deref().map(std::path::Path::new);
@@ -368,15 +368,25 @@ fn capture(ca_out: Option<PathBuf>, http1: bool, count: usize) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Logs go to stderr; `RUST_LOG` filters them (default `info`; per-request lines are
-/// `sortie::request=debug`).
-fn init_logging() {
+/// Logs go to stderr, as text or one JSON object per line (`log.format`, decision 107);
+/// `RUST_LOG` filters them (default `info`; per-request lines are `sortie::request=debug`).
+/// Errors in reading the configuration come before it, as plain lines.
+fn init_logging(format: sortie_core::config::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        sortie_core::config::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        sortie_core::config::LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init(),
+    };
 }

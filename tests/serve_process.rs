@@ -630,3 +630,57 @@ fn a_panic_on_a_core_stops_the_process_with_status_70() {
         "{out}"
     );
 }
+
+/// `log.format = "json"` (decision 107): every log line on stderr is one JSON object with the
+/// time, level and message at the top level, and per-request lines carry their fields; no
+/// token appears in the log, even at debug level.
+#[test]
+fn json_logs_are_one_object_per_line_without_secrets() {
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("jsonlog");
+    let cfg = write_config(&dir, "[log]\nformat = \"json\"\n");
+    let cfg = cfg.display().to_string();
+    let mut p = Proc::start(&["serve", "--config", &cfg], &dir, &[("RUST_LOG", "debug")]);
+    let api = p
+        .until(|l| l.trim_start().starts_with("api:"))
+        .and_then(|l| banner_addr(&l))
+        .expect("api address");
+    let r = envelope_with(
+        api,
+        DEPLOYMENT_TOKEN,
+        &json!({"method": "GET", "url": up.url("/j")}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = envelope_with(
+        api,
+        "wrong-token-value",
+        &json!({"method": "GET", "url": up.url("/")}),
+    );
+    assert_eq!(r.status, 401);
+    p.find(|l| l.starts_with("stderr: {") && l.contains("request_id"))
+        .expect("a per-request line with its fields");
+    p.sigterm();
+    let status = p.wait();
+    assert!(status.success(), "{status:?}");
+    let mut lines = 0;
+    for line in p
+        .output()
+        .lines()
+        .filter_map(|l| l.strip_prefix("stderr: "))
+    {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"));
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
+        assert!(v["message"].is_string(), "{line}");
+        assert!(
+            !line.contains(DEPLOYMENT_TOKEN) && !line.contains(ADMIN_TOKEN),
+            "{line}"
+        );
+        assert!(!line.contains("wrong-token-value"), "{line}");
+        lines += 1;
+    }
+    assert!(lines >= 3, "{}", p.output());
+}

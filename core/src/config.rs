@@ -87,6 +87,29 @@ pub struct Config {
     /// `[[workers]]`: local executors of `serve`.
     #[serde(default)]
     pub workers: Vec<WorkerConfig>,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[log]`: how the process writes its log to stderr (decision 107).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` (the default: one readable line per event) or `json` (one JSON object per line).
+    pub format: LogFormat,
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `message` and the event's fields at the
+    /// top level, for log pipelines.
+    Json,
 }
 
 /// `[control]`.
@@ -1069,6 +1092,9 @@ pub struct WorkerFile {
     /// `[egress]`.
     #[serde(default)]
     pub egress: EgressConfig,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: LogConfig,
 }
 
 /// `[worker]`: a remote worker's identity, its controls and what it advertises.
