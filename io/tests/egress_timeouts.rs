@@ -81,9 +81,10 @@ fn stalled_body_runs_into_the_total_deadline_before_the_idle_limit() {
 
 #[test]
 fn a_slow_but_moving_body_is_not_idle() {
-    // Three pauses each shorter than the idle limit, longer together.
+    // Three pauses of 300 ms against an idle limit of 600 ms: each well under the limit,
+    // 0.9 s together, so the body arrives only if every byte resets the idle timer.
     let script: upstream::Script = std::sync::Arc::new(|_: &upstream::Request| {
-        let pause = Duration::from_millis(100);
+        let pause = Duration::from_millis(300);
         vec![
             upstream::Step::Write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\na".to_vec()),
             upstream::Step::Pause(pause),
@@ -99,8 +100,14 @@ fn a_slow_but_moving_body_is_not_idle() {
         let egress = egress(None);
         let mut req = request(Method::Get, &up.url("/"));
         req.timeouts.idle = Duration::from_millis(600);
+        let started = std::time::Instant::now();
         let resp = egress.execute(&req).await.expect("response");
         assert_eq!(resp.body, b"abcd");
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
     });
 }
 
