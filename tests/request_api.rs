@@ -1173,23 +1173,42 @@ fn sticky_session_unavailable_when_the_pinned_worker_drains_and_fallback_is_off(
     ok(&request_api(&gw, &sticky("s1")));
 }
 
+/// A sticky session pinned to w1 falls back to w2 when w1 is unavailable and fallback is
+/// allowed, and is pinned there: told apart by the source address each worker binds.
 #[test]
 fn sticky_fallback_repins_when_allowed() {
-    let up = Upstream::start(upstream::echo());
+    let peers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let p = peers.clone();
+    let up = Upstream::start(std::sync::Arc::new(move |r: &upstream::Request| {
+        p.lock().unwrap().push(r.peer.ip().to_string());
+        vec![upstream::Step::Write(upstream::response(200, &[], b"ok"))]
+    }));
     let snap = snapshot(
         json!([rule("sticky", json!({}), &["direct"], 600, true)]),
         json!([{"id": "direct"}]),
     );
     let gw = Gateway::builder()
         .snapshot(Some(&snap))
-        .workers("[[workers]]\nid = \"w1\"\n\n[[workers]]\nid = \"w2\"\n")
+        .workers(
+            "[[workers]]\nid = \"w1\"\nbind_address = \"127.0.0.2\"\n\n\
+             [[workers]]\nid = \"w2\"\nbind_address = \"127.0.0.3\"\n",
+        )
         .start();
     let body = json!({"method": "GET", "url": up.url("/"), "routing": {"sticky_session_id": "s"}});
     worker_action(&gw, "w2", "drain");
     ok(&request_api(&gw, &body));
     worker_action(&gw, "w2", "undrain");
+    // Still pinned to w1 while it is available.
+    ok(&request_api(&gw, &body));
     worker_action(&gw, "w1", "disable");
     ok(&request_api(&gw, &body));
+    // Re-pinned to w2: it stays there once w1 is back.
+    worker_action(&gw, "w1", "enable");
+    ok(&request_api(&gw, &body));
+    assert_eq!(
+        *peers.lock().unwrap(),
+        ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
