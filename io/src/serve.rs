@@ -615,16 +615,19 @@ fn bus_shared(
             .ok_or_else(|| ServeError::Config("control.bus: needs token or token_env".into()))?;
         crate::bus::control::Credentials::Shared(token.into_bytes())
     } else {
-        let mut entries = Vec::with_capacity(b.workers.len());
+        let mut entries = std::collections::HashMap::with_capacity(b.workers.len());
         for (i, w) in b.workers.iter().enumerate() {
             let path = format!("control.bus.workers[{i}]");
             let token = tokens::from_secret(&path, &w.secret())
                 .map_err(|e| ServeError::Config(e.to_string()))?
                 .ok_or_else(|| ServeError::Config(format!("{path}: needs token or token_env")))?;
-            entries.push(crate::bus::control::WorkerCredential {
-                token: token.into_bytes(),
-                entry: w.clone(),
-            });
+            entries.insert(
+                w.id.clone(),
+                crate::bus::control::WorkerCredential {
+                    token: token.into_bytes(),
+                    entry: w.clone(),
+                },
+            );
         }
         crate::bus::control::Credentials::PerWorker(entries)
     };

@@ -169,10 +169,7 @@ pub fn parse_message(message: &[u8]) -> Result<ClientHello, HelloError> {
     };
     body.take(32).ok_or(bad("no random"))?;
     body.vec8().ok_or(bad("bad session id"))?;
-    let mut ciphers = Reader(body.vec16().ok_or(bad("bad cipher suites"))?);
-    while let Some(c) = ciphers.u16() {
-        hello.ciphers.push(c);
-    }
+    hello.ciphers = u16s(body.vec16().ok_or(bad("bad cipher suites"))?);
     body.vec8().ok_or(bad("bad compression methods"))?;
     if body.0.is_empty() {
         // A ClientHello without extensions (TLS 1.2 and older allow it).
@@ -186,22 +183,19 @@ pub fn parse_message(message: &[u8]) -> Result<ClientHello, HelloError> {
         let mut d = Reader(data);
         match ty {
             EXT_SUPPORTED_VERSIONS => {
-                let mut list = Reader(d.vec8().ok_or(bad("bad supported_versions"))?);
-                while let Some(v) = list.u16() {
-                    hello.supported_versions.push(v);
-                }
+                hello
+                    .supported_versions
+                    .extend(u16s(d.vec8().ok_or(bad("bad supported_versions"))?));
             }
             EXT_SIGNATURE_ALGORITHMS => {
-                let mut list = Reader(d.vec16().ok_or(bad("bad signature_algorithms"))?);
-                while let Some(v) = list.u16() {
-                    hello.signature_algorithms.push(v);
-                }
+                hello
+                    .signature_algorithms
+                    .extend(u16s(d.vec16().ok_or(bad("bad signature_algorithms"))?));
             }
             EXT_SUPPORTED_GROUPS => {
-                let mut list = Reader(d.vec16().ok_or(bad("bad supported_groups"))?);
-                while let Some(v) = list.u16() {
-                    hello.groups.push(v);
-                }
+                hello
+                    .groups
+                    .extend(u16s(d.vec16().ok_or(bad("bad supported_groups"))?));
             }
             EXT_EC_POINT_FORMATS => {
                 hello.point_formats = d.vec8().ok_or(bad("bad ec_point_formats"))?.to_vec();
@@ -224,16 +218,14 @@ pub fn parse_message(message: &[u8]) -> Result<ClientHello, HelloError> {
                 }
             }
             EXT_COMPRESS_CERTIFICATE => {
-                let mut list = Reader(d.vec8().ok_or(bad("bad compress_certificate"))?);
-                while let Some(v) = list.u16() {
-                    hello.cert_compression.push(v);
-                }
+                hello
+                    .cert_compression
+                    .extend(u16s(d.vec8().ok_or(bad("bad compress_certificate"))?));
             }
             EXT_DELEGATED_CREDENTIALS => {
-                let mut list = Reader(d.vec16().ok_or(bad("bad delegated_credentials"))?);
-                while let Some(v) = list.u16() {
-                    hello.delegated_credentials.push(v);
-                }
+                hello
+                    .delegated_credentials
+                    .extend(u16s(d.vec16().ok_or(bad("bad delegated_credentials"))?));
             }
             EXT_RECORD_SIZE_LIMIT => {
                 hello.record_size_limit = Some(d.u16().ok_or(bad("bad record_size_limit"))?);
@@ -242,6 +234,12 @@ pub fn parse_message(message: &[u8]) -> Result<ClientHello, HelloError> {
         }
     }
     Ok(hello)
+}
+
+/// The big-endian 16-bit values of a list's bytes, in order (a trailing odd byte is ignored).
+fn u16s(list: &[u8]) -> Vec<u16> {
+    let mut r = Reader(list);
+    std::iter::from_fn(|| r.u16()).collect()
 }
 
 /// A cursor over untrusted bytes; every read is checked.

@@ -75,8 +75,9 @@ pub struct BusSettings {
 pub enum Credentials {
     /// `control.bus.token`: any worker id with this token.
     Shared(Vec<u8>),
-    /// `[[control.bus.workers]]`: each id with its own token.
-    PerWorker(Vec<WorkerCredential>),
+    /// `[[control.bus.workers]]`: each id with its own token, by id (looked up once per
+    /// `Hello`, however many workers are listed).
+    PerWorker(HashMap<String, WorkerCredential>),
 }
 
 /// One worker's resolved token and its configuration entry.
@@ -93,7 +94,7 @@ impl Credentials {
     fn admit(&self, worker_id: &str, token: &[u8]) -> Result<(), &'static str> {
         let expected = match self {
             Credentials::Shared(t) => t,
-            Credentials::PerWorker(list) => match list.iter().find(|c| c.entry.id == worker_id) {
+            Credentials::PerWorker(by_id) => match by_id.get(worker_id) {
                 Some(c) => &c.token,
                 None => return Err("this worker id is not configured on this control"),
             },
@@ -109,10 +110,7 @@ impl Credentials {
     fn grant(&self, worker_id: &str) -> Option<sortie_core::worker::WorkerGrant<'_>> {
         match self {
             Credentials::Shared(_) => None,
-            Credentials::PerWorker(list) => list
-                .iter()
-                .find(|c| c.entry.id == worker_id)
-                .map(|c| c.entry.grant()),
+            Credentials::PerWorker(by_id) => by_id.get(worker_id).map(|c| c.entry.grant()),
         }
     }
 }

@@ -644,16 +644,16 @@ async fn write_stream(
             }
         }
     }
-    let mut is_first = head_len > 0;
     loop {
         buf.truncate(head_len);
         buf.resize(head_len + prefix, 0);
         let more = match stream.read_into(&mut buf).await {
             Ok(more) => more,
-            Err(e) if is_first => return write_failure(io, stream, e).await,
+            // The head is still unsent (it goes out with the first piece): nothing reached
+            // the client yet.
+            Err(e) if head_len > 0 => return write_failure(io, stream, e).await,
             Err(e) => return Err(e),
         };
-        is_first = false;
         if !more {
             break;
         }

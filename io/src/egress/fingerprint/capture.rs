@@ -18,7 +18,9 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ServerConfig, ServerConnection};
-use sortie_core::fingerprint::client_hello::{parse_records, HelloError, MAX_CLIENT_HELLO_BYTES};
+use sortie_core::fingerprint::client_hello::{
+    parse_records, ClientHello, HelloError, MAX_CLIENT_HELLO_BYTES,
+};
 use sortie_core::fingerprint::http2::{self, Http2Error, Http2Start, MAX_PREFACE_BYTES};
 use sortie_core::fingerprint::tls::{fingerprint, TlsFingerprint};
 
@@ -30,6 +32,8 @@ const READ_LIMIT: Duration = Duration::from_secs(10);
 pub struct Capture {
     /// The TLS records up to the end of the ClientHello, as received.
     pub client_hello: Vec<u8>,
+    /// The same ClientHello, parsed.
+    pub hello: ClientHello,
     /// Its fingerprints.
     pub tls: TlsFingerprint,
     /// The protocol chosen by ALPN, if any.
@@ -55,8 +59,8 @@ impl Capture {
     /// profile files). Lists keep GREASE values, in wire order.
     pub fn to_json(&self) -> serde_json::Value {
         use serde_json::json;
-        let hello = parse_records(&self.client_hello).unwrap_or_default();
-        let unpadded = sortie_core::fingerprint::tls::fingerprint_unpadded(&hello);
+        let hello = &self.hello;
+        let unpadded = sortie_core::fingerprint::tls::fingerprint_unpadded(hello);
         let alpn: Vec<String> = hello
             .alpn
             .iter()
@@ -335,6 +339,7 @@ fn serve(tcp: TcpStream, config: Arc<ServerConfig>) -> Result<Capture, String> {
     let _ = conn.complete_io(&mut io);
     Ok(Capture {
         client_hello: hello,
+        hello: parsed,
         tls,
         alpn,
         http2,

@@ -104,10 +104,7 @@ pub fn tls_strings(profile: &Profile, c: &Capture) -> TlsFingerprint {
     if !profile.tls.padding_varies {
         return c.tls.clone();
     }
-    match sortie_core::fingerprint::client_hello::parse_records(&c.client_hello) {
-        Ok(hello) => sortie_core::fingerprint::tls::fingerprint_unpadded(&hello),
-        Err(_) => c.tls.clone(),
-    }
+    sortie_core::fingerprint::tls::fingerprint_unpadded(&c.hello)
 }
 
 struct Installed {
