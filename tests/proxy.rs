@@ -775,31 +775,22 @@ fn the_smtp_relay_port_is_refused_on_every_ingress_by_default() {
     );
     let (_s, status) = open_tunnel(&gw, 25);
     assert!(status.starts_with("HTTP/1.1 403"), "{status}");
-    // Any other port goes its usual way (nothing listens on 587 here).
-    let r = request_api(
-        &gw,
-        &json!({"method": "GET", "url": "http://127.0.0.1:587/"}),
-    );
-    assert_eq!(
-        r.json()["code"],
-        "upstream_connection_refused",
-        "{}",
-        r.text()
-    );
-
+    // Any other port goes its usual way: nothing listens there, the connection is refused.
+    let refused = |gw: &Gateway, port: u16| {
+        let url = format!("http://127.0.0.1:{port}/");
+        let r = request_api(gw, &json!({"method": "GET", "url": url}));
+        assert_eq!(
+            r.json()["code"],
+            "upstream_connection_refused",
+            "{}",
+            r.text()
+        );
+    };
+    refused(&gw, 587);
     let open = Gateway::builder()
         .control("denied_destination_ports = []")
         .start();
-    let r = request_api(
-        &open,
-        &json!({"method": "GET", "url": "http://127.0.0.1:25/"}),
-    );
-    assert_eq!(
-        r.json()["code"],
-        "upstream_connection_refused",
-        "{}",
-        r.text()
-    );
+    refused(&open, 25);
 }
 
 /// A destination whose body is malformed before any byte of it reached the client (`zz` as

@@ -124,6 +124,13 @@ impl Proc {
         assert!(ok.success());
     }
 
+    /// The API listener's address, from the banner.
+    fn api_addr(&mut self) -> SocketAddr {
+        self.until(|l| l.trim_start().starts_with("api:"))
+            .and_then(|l| banner_addr(&l))
+            .expect("api address")
+    }
+
     fn output(&self) -> String {
         self.seen.join("\n")
     }
@@ -541,10 +548,7 @@ fn legacy_epoll_driver_serves_requests() {
         .until(|l| l.trim_start().starts_with("cores:"))
         .expect("banner");
     assert!(cores.contains("(epoll)"), "{cores}");
-    let api = p
-        .until(|l| l.trim_start().starts_with("api:"))
-        .and_then(|l| banner_addr(&l))
-        .expect("api address");
+    let api = p.api_addr();
     let r = envelope_with(
         api,
         DEPLOYMENT_TOKEN,
@@ -641,10 +645,7 @@ fn json_logs_are_one_object_per_line_without_secrets() {
     let cfg = write_config(&dir, "[log]\nformat = \"json\"\n");
     let cfg = cfg.display().to_string();
     let mut p = Proc::start(&["serve", "--config", &cfg], &dir, &[("RUST_LOG", "debug")]);
-    let api = p
-        .until(|l| l.trim_start().starts_with("api:"))
-        .and_then(|l| banner_addr(&l))
-        .expect("api address");
+    let api = p.api_addr();
     let r = envelope_with(
         api,
         DEPLOYMENT_TOKEN,

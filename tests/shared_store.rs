@@ -601,18 +601,7 @@ fn db_i64(
 #[test]
 fn the_receipts_of_a_killed_control_are_recovered_by_the_other() {
     const EXPIRY_MS: i64 = 2_000;
-    let url = cluster().fresh_database("heartbeat");
-    let s3 = S3Server::start();
-    let key = shared_key();
-    let b = with_receipts(Gateway::builder(), &url, &s3, &key).start();
-    let a = with_receipts_and(
-        Gateway::builder(),
-        &url,
-        &s3,
-        &key,
-        &format!("heartbeat_ms = 200\ncontrol_expiry_ms = {EXPIRY_MS}\n"),
-    )
-    .start();
+    let (url, _s3, b, a) = pair_with_a_fast_expiring("heartbeat", EXPIRY_MS);
     let mut db = postgres::Client::connect(&url, postgres::NoTls).expect("connect");
     assert_eq!(db_i64(&mut db, "SELECT count(*) FROM controls", &[]), 2);
 
@@ -956,14 +945,11 @@ fn a_part_committed_while_complete_waits_is_composed() {
     assert_eq!(v["size_bytes"], body.len(), "{v}");
 }
 
-/// A control whose store calls are stuck keeps its heartbeat (decision 104): the beat has a
-/// connection of its own, so one slow call cannot get a live control declared dead while it
-/// still holds receipts. The database stalls A's receipt assignment at its `COMMIT` (a deferred
-/// trigger waits on a lock the test holds) for 5 s, more than A's 2 s expiry; A's row must stay
-/// fresh all along, and B must recover nothing.
-#[test]
-fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
-    let url = cluster().fresh_database("beat");
+/// Two controls with receipts on a fresh database `name` and one bucket: B on the default
+/// timing, A beating every 200 ms with an expiry of `expiry_ms` (decision 099). Returns the
+/// database URL, the S3 server (keep it alive), B and A.
+fn pair_with_a_fast_expiring(name: &str, expiry_ms: i64) -> (String, S3Server, Gateway, Gateway) {
+    let url = cluster().fresh_database(name);
     let s3 = S3Server::start();
     let key = shared_key();
     let b = with_receipts(Gateway::builder(), &url, &s3, &key).start();
@@ -972,9 +958,20 @@ fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
         &url,
         &s3,
         &key,
-        "heartbeat_ms = 200\ncontrol_expiry_ms = 2000\n",
+        &format!("heartbeat_ms = 200\ncontrol_expiry_ms = {expiry_ms}\n"),
     )
     .start();
+    (url, s3, b, a)
+}
+
+/// A control whose store calls are stuck keeps its heartbeat (decision 104): the beat has a
+/// connection of its own, so one slow call cannot get a live control declared dead while it
+/// still holds receipts. The database stalls A's receipt assignment at its `COMMIT` (a deferred
+/// trigger waits on a lock the test holds) for 5 s, more than A's 2 s expiry; A's row must stay
+/// fresh all along, and B must recover nothing.
+#[test]
+fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
+    let (url, _s3, b, a) = pair_with_a_fast_expiring("beat", 2_000);
     let body = upstream::pattern(1000);
     let id = create_request_receipt(&a, &body);
     put_part(&a, &id, 1, &body);
@@ -1000,7 +997,7 @@ fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
         )
     });
     // A's row: the one B is not.
-    let b_id = wait_for_control_id(&mut db, &b);
+    let b_id = control_id_of(&mut db, &b);
     let a_rows = |db: &mut postgres::Client| {
         db_i64(
             db,
@@ -1021,7 +1018,7 @@ fn a_control_whose_store_calls_stall_keeps_its_heartbeat() {
 }
 
 /// The id of control `gw` in the `controls` table, by the address it recorded.
-fn wait_for_control_id(db: &mut postgres::Client, gw: &Gateway) -> String {
+fn control_id_of(db: &mut postgres::Client, gw: &Gateway) -> String {
     let address = gw.admin.expect("an admin listener").to_string();
     let row = db
         .query_one(

@@ -68,16 +68,21 @@ fn finish(mut child: Child) -> (String, String, bool) {
     (out, err, ok)
 }
 
-/// The strings the profile expects, as captured from curl_cffi. The HEADERS priority is
-/// compared only when `with_priority`: for Firefox 133 the sources disagree (decision 081) and
-/// curl_cffi 0.16.3 sends weight 256 where the profile, after curl-impersonate, sends 42.
-fn assert_matches_profile(profile: &Profile, c: &Capture, with_priority: bool) {
-    let problems: Vec<String> = compare(profile, c)
+/// How a capture from curl_cffi differs from what the profile expects. Firefox 133's HEADERS
+/// priority is left out: the sources disagree (decision 081), and curl_cffi 0.16.3 sends weight
+/// 256 where the profile, after curl-impersonate, sends 42.
+fn differences(profile: &Profile, c: &Capture) -> Vec<String> {
+    let with_priority = profile.name != FIREFOX_133.name;
+    compare(profile, c)
         .into_iter()
         .filter(|p| with_priority || !p.starts_with("HEADERS priority"))
-        .collect();
+        .collect()
+}
+
+/// The strings the profile expects, as captured from curl_cffi ([`differences`]).
+fn assert_matches_profile(profile: &Profile, c: &Capture) {
     assert_eq!(
-        problems,
+        differences(profile, c),
         Vec::<String>::new(),
         "{}: JA4_r {} JA3N string {}",
         profile.name,
@@ -94,10 +99,8 @@ fn curl_cffi_chrome_131_shuffles_its_extensions_with_the_same_strings() {
     let mut orders = Vec::new();
     for _ in 0..3 {
         let c = curl_cffi(&server, "chrome131");
-        assert_matches_profile(&CHROME_131, &c, true);
-        let hello = sortie_core::fingerprint::client_hello::parse_records(&c.client_hello)
-            .expect("a ClientHello");
-        orders.push(hello.extensions);
+        assert_matches_profile(&CHROME_131, &c);
+        orders.push(c.hello.extensions);
     }
     assert!(orders.iter().any(|o| *o != orders[0]), "{orders:?}");
 }
@@ -182,22 +185,27 @@ fn compared_targets() -> Vec<(&'static Profile, &'static str)> {
         .collect()
 }
 
+/// curl_cffi's connection for each profile it has a target for (at least its 38), with the
+/// profile and the target.
+fn curl_cffi_for_every_profile(
+    server: &CaptureServer,
+) -> (Vec<(&'static Profile, &'static str)>, Vec<Capture>) {
+    let pairs = compared_targets();
+    assert!(pairs.len() >= 38, "{}", pairs.len());
+    let targets: Vec<&str> = pairs.iter().map(|(_, t)| *t).collect();
+    let captures = curl_cffi_each(server, &targets);
+    (pairs, captures)
+}
+
 /// Every profile recorded from curl_cffi gives, through curl_cffi, the profile's JA4, JA4_r,
 /// JA3N, Akamai string and HEADERS priority (Firefox 133's priority excepted, decision 081).
 #[test]
 fn every_curl_cffi_target_gives_its_profiles_strings() {
     let server = CaptureServer::start().expect("capture server");
-    let pairs = compared_targets();
-    assert!(pairs.len() >= 38, "{}", pairs.len());
-    let targets: Vec<&str> = pairs.iter().map(|(_, t)| *t).collect();
-    let captures = curl_cffi_each(&server, &targets);
+    let (pairs, captures) = curl_cffi_for_every_profile(&server);
     let mut failures = Vec::new();
     for ((profile, target), c) in pairs.iter().zip(&captures) {
-        let with_priority = profile.name != FIREFOX_133.name;
-        let problems: Vec<String> = compare(profile, c)
-            .into_iter()
-            .filter(|p| with_priority || !p.starts_with("HEADERS priority"))
-            .collect();
+        let problems = differences(profile, c);
         if !problems.is_empty() {
             failures.push(format!("{} ({target}): {problems:?}", profile.name));
         }
@@ -227,10 +235,7 @@ fn sortie_and_curl_cffi_give_the_same_strings_for_every_target() {
             r.problems
         );
     }
-    let pairs = compared_targets();
-    assert!(pairs.len() >= 38, "{}", pairs.len());
-    let targets: Vec<&str> = pairs.iter().map(|(_, t)| *t).collect();
-    let theirs = curl_cffi_each(&server, &targets);
+    let (pairs, theirs) = curl_cffi_for_every_profile(&server);
     let mut failures = Vec::new();
     for ((profile, target), theirs) in pairs.iter().zip(&theirs) {
         if let Some(why) = profile.unsupported {
