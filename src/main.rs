@@ -234,7 +234,7 @@ fn worker(path: &PathBuf) -> ExitCode {
             eprintln!("sortie: fingerprint self-test could not run: {e}");
         }
     }
-    match sortie_io::bus::worker::run(file) {
+    match sortie_io::worker::run(file) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");

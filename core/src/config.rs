@@ -9,6 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Deserialize;
 
+use crate::hints::{CountryCode, Ingress};
 use crate::limits::{
     DEFAULT_BODY_TIMEOUT_MS, DEFAULT_EGRESS_CONNECT_TIMEOUT_MS, DEFAULT_EGRESS_IDLE_TIMEOUT_MS,
     DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT,
@@ -23,7 +24,6 @@ use crate::limits::{
     DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT, DEFAULT_PROXY_IDLE_TIMEOUT_MS,
     DEFAULT_TUNNEL_IDLE_TIMEOUT_MS, MAX_TUNNELS_PER_DEPLOYMENT_LIMIT, MAX_TUNNEL_IDLE_TIMEOUT_MS,
 };
-use crate::routing::{CountryCode, Ingress};
 
 /// Default of `object_storage.max_object_bytes`: 5 GiB (decision 002).
 pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 5 * 1024 * 1024 * 1024;
@@ -144,9 +144,7 @@ pub struct ControlConfig {
     pub denied_destination_ports: Vec<u16>,
 }
 
-/// Default of `control.denied_destination_ports`: SMTP relay, the port an open egress is
-/// abused for first.
-pub const DEFAULT_DENIED_DESTINATION_PORTS: &[u16] = &[25];
+pub use crate::destination::DEFAULT_DENIED_DESTINATION_PORTS;
 
 /// The forward-proxy listener of the embedded defaults (`sortie serve` without a file).
 pub const EMBEDDED_PROXY_LISTEN: &str = "127.0.0.1:3128";

@@ -7,11 +7,14 @@
 
 pub mod bus;
 pub mod config;
+pub mod config_id;
 pub mod destination;
+pub mod dispatch;
 pub mod error;
 pub mod etag;
 pub mod fingerprint;
 pub mod h1;
+pub mod hints;
 pub mod ids;
 pub mod json;
 pub mod limits;

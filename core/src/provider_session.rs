@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::routing::{CountryCode, RouteHints};
+use crate::hints::{CountryCode, RouteHints};
 
 /// Domain-separation tag, the first item of the derivation input. A new derivation gets a new
 /// tag, so values of different versions can never collide by construction.

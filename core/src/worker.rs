@@ -6,13 +6,13 @@
 //! a worker that advertises no pools belongs to `direct`; a worker is routable only while it is
 //! registered and connected (local executors register as connected and never disconnect),
 //! enabled and not draining. The per-worker count of active requests is not kept here: it lives
-//! in atomics of the IO layer and reaches routing through [`crate::routing::CapacityView`].
+//! in atomics of the IO layer and reaches routing through its `CapacityView`.
 
 use std::collections::BTreeMap;
 
+use crate::config_id::{ConfigId, IdError};
+use crate::hints::{CountryCode, Ingress};
 use crate::limits;
-use crate::routing::{CountryCode, Ingress};
-use crate::snapshot::{ConfigId, IdError};
 
 /// Most tags one worker may advertise.
 pub const MAX_WORKER_TAGS: usize = 256;

@@ -58,6 +58,31 @@ pub(crate) fn civil_from_days(days: u64) -> (u64, u32, u32) {
     (yoe + era * 400 + u64::from(m <= 2), m, d)
 }
 
+/// Completes when no byte moved in either direction for `limit`, checked every quarter of it:
+/// one timer per tunnel instead of one per read.
+pub(crate) async fn idle_watch(
+    up: &std::cell::Cell<u64>,
+    down: &std::cell::Cell<u64>,
+    limit: std::time::Duration,
+) {
+    let step = limit / 4;
+    let mut seen = (up.get(), down.get());
+    let mut quiet = std::time::Duration::ZERO;
+    loop {
+        monoio::time::sleep(step).await;
+        let now = (up.get(), down.get());
+        if now == seen {
+            quiet += step;
+            if quiet >= limit {
+                return;
+            }
+        } else {
+            seen = now;
+            quiet = std::time::Duration::ZERO;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,13 +4,17 @@
 pub mod bus;
 pub mod clock;
 pub mod control;
+pub mod dispatch;
 pub mod dns;
 pub mod egress;
 mod fd;
 pub mod http;
+pub mod ingress;
 pub mod metrics;
+pub mod remote;
 pub mod runtime;
 pub mod serve;
 mod splice;
 pub mod store;
 pub mod tokens;
+pub mod worker;

@@ -10,8 +10,6 @@ use std::sync::Mutex;
 
 use sortie_core::routing::Ingress;
 
-use crate::control::state::ControlState;
-
 /// Upper bounds of the latency buckets, in milliseconds.
 const BUCKETS_MS: [u64; 14] = [
     1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
@@ -55,6 +53,30 @@ struct Shard {
     tunnels: [AtomicU64; 3],
     /// Response body bytes the forward proxy spliced socket to socket (decision 025).
     spliced: AtomicU64,
+}
+
+/// The gauges of one scrape, read from the control's state by its owner.
+#[derive(Debug, Default)]
+pub struct Gauges {
+    /// Revision of the active configuration snapshot.
+    pub revision: u64,
+    /// Every registered worker.
+    pub workers: Vec<WorkerGauge>,
+    /// Health of every upstream proxy endpoint.
+    pub proxy_endpoints: Vec<crate::egress::EndpointHealthView>,
+}
+
+/// One worker's gauges.
+#[derive(Debug)]
+pub struct WorkerGauge {
+    /// The worker id.
+    pub id: String,
+    /// Requests in flight on it from this control.
+    pub active: u32,
+    /// Its capacity.
+    pub capacity: u32,
+    /// A connected remote worker's own load as its last heartbeat reported.
+    pub reported: Option<u32>,
 }
 
 /// All metrics of the process.
@@ -127,8 +149,8 @@ impl Metrics {
         }
     }
 
-    /// Renders the Prometheus text format.
-    pub fn render(&self, state: &ControlState) -> String {
+    /// Renders the Prometheus text format, the counters of every shard beside `gauges`.
+    pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::with_capacity(4096);
         let mut totals: HashMap<(String, &'static str, &'static str), u64> = HashMap::new();
         for s in &self.shards {
@@ -215,24 +237,15 @@ impl Metrics {
             "sortie_tunnel_bytes_total{{direction=\"down\"}} {}",
             tunnel(2)
         );
-        let active = state.active();
         out.push_str("# HELP sortie_config_revision Revision of the active configuration snapshot.\n# TYPE sortie_config_revision gauge\n");
-        let _ = writeln!(out, "sortie_config_revision {}", active.revision);
+        let _ = writeln!(out, "sortie_config_revision {}", gauges.revision);
         // The text format wants all samples of a family in one group after its TYPE line, so
-        // the per-worker values are collected first and written family by family.
-        let workers: Vec<(String, u32, u32, Option<u32>)> = state.with_registry(|reg, slots| {
-            reg.iter()
-                .map(|w| {
-                    let slot = slots.get(w.id().as_str());
-                    let n = slot.map_or(0, |s| s.active());
-                    // A remote worker's own load, while its session is connected.
-                    let reported = slot
-                        .and_then(|s| s.reported())
-                        .filter(|_| w.state() == sortie_core::worker::WorkerState::Connected);
-                    (escape(w.id().as_str()), n, w.capacity(n).max, reported)
-                })
-                .collect()
-        });
+        // the per-worker values are written family by family.
+        let workers: Vec<(String, u32, u32, Option<u32>)> = gauges
+            .workers
+            .iter()
+            .map(|w| (escape(&w.id), w.active, w.capacity, w.reported))
+            .collect();
         let all_active: u64 = workers.iter().map(|(_, n, _, _)| u64::from(*n)).sum();
         out.push_str("# HELP sortie_worker_active_requests Requests in flight per worker.\n# TYPE sortie_worker_active_requests gauge\n");
         for (id, n, _, _) in &workers {
@@ -255,7 +268,7 @@ impl Metrics {
         }
         out.push_str("# HELP sortie_active_requests Requests in flight.\n# TYPE sortie_active_requests gauge\n");
         let _ = writeln!(out, "sortie_active_requests {all_active}");
-        render_proxy_endpoints(&mut out, &state.proxy_endpoints());
+        render_proxy_endpoints(&mut out, &gauges.proxy_endpoints);
         out
     }
 }

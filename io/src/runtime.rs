@@ -1,6 +1,11 @@
 //! Thread per core: N pinned threads, each running its own monoio runtime (io_uring, with the
 //! epoll driver as fallback) and owning its own `SO_REUSEPORT` listeners. A connection lives and
 //! dies on the core that accepted it.
+//!
+//! Listeners are bound in the main thread so that bind errors surface at startup. A panic on a
+//! core thread exits the process with status 70 (decision 041); `contain_panic` is its one
+//! exception, for untrusted bytes handed to code we do not control (BoringSSL's certificate
+//! decompressors). `MONOIO_FORCE_LEGACY_DRIVER=1` selects the epoll driver.
 
 use std::cell::Cell;
 use std::future::Future;

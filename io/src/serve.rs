@@ -17,16 +17,17 @@ use sortie_core::config::{parse_listen, Config, StoreBackend};
 use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT_JSON};
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
 
-use crate::control::admin::AdminContext;
-use crate::control::api::ApiContext;
-use crate::control::core::{mailbox, run_mailbox, ActiveRequests, MailboxReceiver};
-use crate::control::proxy::{ProxyHandler, TunnelCounts};
+use crate::control::admission::TunnelCounts;
+use crate::control::core::{mailbox, ActiveRequests, CoreCommand, MailboxReceiver};
 use crate::control::receipts::Receipts;
 use crate::control::state::ControlState;
-use crate::control::web::{AdminHandler, ApiHandler};
+use crate::dispatch::CoreContext;
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{client_config, Egress, PoolLimits};
 use crate::http::{self, ServerConfig, ShutdownTrigger};
+use crate::ingress::admin::AdminContext;
+use crate::ingress::proxy::ProxyHandler;
+use crate::ingress::web::{AdminHandler, ApiHandler};
 use crate::metrics::Metrics;
 use crate::runtime::{bind_reuseport, core_count, spawn_cores, Driver};
 use crate::store::objects::Objects;
@@ -111,7 +112,7 @@ fn local_registry(
     let profiles = if config.workers.is_empty() {
         Vec::new()
     } else {
-        verify_fingerprints(config.egress.ca_file.as_deref().map(Path::new))
+        crate::egress::fingerprint::verify_and_log(config.egress.ca_file.as_deref().map(Path::new))
     };
     for (i, w) in config.workers.iter().enumerate() {
         let caps = AdvertisedCapabilities {
@@ -146,47 +147,6 @@ fn local_registry(
         }
     }
     Ok(registry)
-}
-
-/// Runs the fingerprint self-test of this process, logs each profile's outcome and returns
-/// the names of the profiles that passed.
-pub(crate) fn verify_fingerprints(ca_file: Option<&Path>) -> Vec<String> {
-    use crate::egress::fingerprint;
-    if !fingerprint::IS_BUILT {
-        tracing::info!(
-            "no fingerprint profiles: {}",
-            fingerprint::UNAVAILABLE_REASON
-        );
-        return Vec::new();
-    }
-    match fingerprint::verify_at_startup(ca_file) {
-        Ok(results) => {
-            for r in &results {
-                if r.is_pass() {
-                    tracing::debug!(profile = r.profile.name, "fingerprint self-test passed");
-                } else if let Some(why) = r.unsupported() {
-                    tracing::debug!(
-                        profile = r.profile.name,
-                        why,
-                        "fingerprint profile not expressible by this build; not advertised"
-                    );
-                } else {
-                    tracing::warn!(
-                        profile = r.profile.name,
-                        problems = %r.problems.join("; "),
-                        "fingerprint self-test failed; the profile is not advertised"
-                    );
-                }
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "fingerprint self-test could not run"),
-    }
-    let verified = fingerprint::verified_profiles();
-    tracing::info!(
-        profiles = verified.len(),
-        "fingerprint self-test done; `sortie fingerprints` lists them"
-    );
-    verified
 }
 
 fn bootstrap_json(config: &Config) -> Result<String, ServeError> {
@@ -363,7 +323,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     let admin_ctx = Arc::new(AdminContext::new(
         state.clone(),
         cold.clone(),
-        Arc::new(move || metrics_render.render(&metrics_state)),
+        Arc::new(move || metrics_render.render(&metrics_state.gauges())),
     ));
 
     let mut mailboxes = Vec::with_capacity(n);
@@ -470,7 +430,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             debug_panic_core(ctx.index);
             let active = Rc::new(ActiveRequests::default());
             let bus = bus_shared
-                .map(|shared| crate::bus::control::BusCore::new(ctx.index, shared, state.clone()));
+                .map(|shared| crate::remote::BusCore::new(ctx.index, shared, state.clone()));
             if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
                 match monoio::net::TcpListener::from_std(sock) {
                     Ok(l) => {
@@ -494,7 +454,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
                     Ok(l) => {
                         // The proxy shares the core's egress pool and active list with the
                         // request API.
-                        let mut ctx = ApiContext::new(
+                        let mut ctx = CoreContext::new(
                             state.clone(),
                             active.clone(),
                             egress.clone(),
@@ -605,7 +565,7 @@ fn bus_shared(
     cores: usize,
     addr: SocketAddr,
     api_port: u16,
-) -> Result<Arc<crate::bus::control::BusShared>, ServeError> {
+) -> Result<Arc<crate::remote::BusShared>, ServeError> {
     let b = &config.control.bus;
     // Decision 105: each worker's own token when `[[control.bus.workers]]` lists them, else
     // the one shared token.
@@ -613,7 +573,7 @@ fn bus_shared(
         let token = tokens::from_secret("control.bus", &b.secret())
             .map_err(|e| ServeError::Config(e.to_string()))?
             .ok_or_else(|| ServeError::Config("control.bus: needs token or token_env".into()))?;
-        crate::bus::control::Credentials::Shared(token.into_bytes())
+        crate::remote::Credentials::Shared(token.into_bytes())
     } else {
         let mut entries = std::collections::HashMap::with_capacity(b.workers.len());
         for (i, w) in b.workers.iter().enumerate() {
@@ -623,13 +583,13 @@ fn bus_shared(
                 .ok_or_else(|| ServeError::Config(format!("{path}: needs token or token_env")))?;
             entries.insert(
                 w.id.clone(),
-                crate::bus::control::WorkerCredential {
+                crate::remote::WorkerCredential {
                     token: token.into_bytes(),
                     entry: w.clone(),
                 },
             );
         }
-        crate::bus::control::Credentials::PerWorker(entries)
+        crate::remote::Credentials::PerWorker(entries)
     };
     let tls = if b.plaintext {
         None
@@ -651,23 +611,21 @@ fn bus_shared(
         }
         None => api_port,
     };
-    Ok(crate::bus::control::BusShared::new(
-        crate::bus::control::BusSettings {
-            credentials,
-            tls,
-            heartbeat_ms: b.heartbeat_ms,
-            assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
-            cores,
-            control_id: format!("control-{addr}"),
-            api_base_url: b
-                .api_base_url
-                .as_deref()
-                .map(|u| u.trim_end_matches('/').to_string()),
-            api_port,
-            receipt_port,
-            proxy_idle_ms: u32::try_from(config.control.proxy.idle_timeout_ms).unwrap_or(u32::MAX),
-        },
-    ))
+    Ok(crate::remote::BusShared::new(crate::remote::BusSettings {
+        credentials,
+        tls,
+        heartbeat_ms: b.heartbeat_ms,
+        assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
+        cores,
+        control_id: format!("control-{addr}"),
+        api_base_url: b
+            .api_base_url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_string()),
+        api_port,
+        receipt_port,
+        proxy_idle_ms: u32::try_from(config.control.proxy.idle_timeout_ms).unwrap_or(u32::MAX),
+    }))
 }
 
 /// Debug builds only: `SORTIE_DEBUG_PANIC_CORE=<index>` makes that core panic shortly after it
@@ -795,4 +753,32 @@ fn print_banner(
     }
     use std::io::Write as _;
     let _ = io::stdout().flush();
+}
+
+/// Serves the core's mailbox until every sender is gone.
+async fn run_mailbox(
+    mut rx: MailboxReceiver,
+    active: Rc<ActiveRequests>,
+    bus: Option<Rc<crate::remote::BusCore>>,
+) {
+    while let Some(cmd) = rx.next().await {
+        match cmd {
+            CoreCommand::ListActive(reply) => {
+                let _ = reply.send(active.list());
+            }
+            CoreCommand::Cancel(id, reply) => {
+                let _ = reply.send(active.cancel(&id));
+            }
+            CoreCommand::AdoptLane(h) => {
+                if let Some(bus) = &bus {
+                    monoio::spawn(bus.clone().adopt_handoff(h));
+                }
+            }
+            CoreCommand::PushConfig(version, payload) => {
+                if let Some(bus) = &bus {
+                    bus.push_config(version, &payload);
+                }
+            }
+        }
+    }
 }

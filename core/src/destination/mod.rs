@@ -12,7 +12,7 @@ mod ports;
 pub use cidr::{Cidr, CidrError};
 pub use class::{canonical, classify, classify_v4, classify_v6, IpClass, METADATA_V4, METADATA_V6};
 pub use policy::{Denied, DestinationPolicy};
-pub use ports::DeniedPorts;
+pub use ports::{DeniedPorts, DEFAULT_DENIED_DESTINATION_PORTS};
 
 #[cfg(test)]
 mod tests {

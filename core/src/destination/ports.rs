@@ -46,10 +46,14 @@ impl DeniedPorts {
     }
 }
 
+/// Default of `control.denied_destination_ports`: SMTP relay, the port an open egress is
+/// abused for first.
+pub const DEFAULT_DENIED_DESTINATION_PORTS: &[u16] = &[25];
+
 impl Default for DeniedPorts {
     /// SMTP relay (25), as `control.denied_destination_ports` defaults to.
     fn default() -> Self {
-        DeniedPorts::new(crate::config::DEFAULT_DENIED_DESTINATION_PORTS).unwrap_or(DeniedPorts {
+        DeniedPorts::new(DEFAULT_DENIED_DESTINATION_PORTS).unwrap_or(DeniedPorts {
             ports: [0; DeniedPorts::MAX],
             len: 0,
         })

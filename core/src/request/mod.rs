@@ -14,12 +14,12 @@ pub use self::headers::{check_header_totals, is_tchar, rejection_reason, validat
 pub use self::url::{parse_host, parse_target_url, Host, Scheme, TargetUrl, UrlError};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::hints::{CountryCode, RouteHints};
 use crate::json::{from_slice_strict, CowStr, JsonError};
 use crate::limits::{
     MAX_PROFILE_NAME_BYTES, MAX_REQUEST_ENVELOPE_BYTES, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS,
     MAX_ROUTING_TAG_BYTES, MAX_STICKY_SESSION_ID_BYTES, MIN_TIMEOUT_MS,
 };
-use crate::routing::{CountryCode, RouteHints};
 
 /// An HTTP method a request may use (spec: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

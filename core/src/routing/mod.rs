@@ -6,19 +6,19 @@
 //! claim exactly; capacity and sticky pins decide among eligible workers. The outcome is a
 //! [`RouteDecision`] or a [`RouteError`] that maps to exactly one registry code.
 
-mod hints;
+pub mod matching;
 mod pins;
 mod table;
 
 use std::fmt;
 
-pub use hints::{CountryCode, Ingress, RouteHints};
+pub use crate::hints::{CountryCode, Ingress, RouteHints};
 pub use pins::{Pin, PinKey, StickyPins, DEFAULT_MAX_STICKY_PINS};
 pub use table::RoutingTable;
 
+use crate::config_id::ConfigId;
 use crate::error::{ApiError, ErrorCode};
 use crate::provider_session::ProviderSession;
-use crate::snapshot::ConfigId;
 
 /// The position of a worker in a [`RoutingTable`] (index order = the order the table was built
 /// from). The IO layer keeps its per-worker active counters in the same order.

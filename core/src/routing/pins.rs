@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::snapshot::ConfigId;
+use crate::config_id::ConfigId;
 
 /// A sensible bound for one store: 65,536 pins, a few MiB.
 pub const DEFAULT_MAX_STICKY_PINS: usize = 65_536;

@@ -271,13 +271,9 @@ impl RoutingTable {
         capacity: &C,
     ) -> Result<RouteDecision, RouteError> {
         // Spec, Routing rules 1 and 2: ascending priority, first rule whose constraints match.
-        let Some((rule_index, rule)) = self
-            .snapshot
-            .rules()
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.constraints().matches(req.hints, req.ingress, req.host))
-        else {
+        let Some((rule_index, rule)) = self.snapshot.rules().iter().enumerate().find(|(_, r)| {
+            super::matching::matches(r.constraints(), req.hints, req.ingress, req.host)
+        }) else {
             return Err(RouteError::NoMatch);
         };
         let want = self.resolve(req.hints, req.ingress);

@@ -10,13 +10,12 @@
 
 mod encode;
 mod host;
-mod id;
 mod proxy;
 mod validate;
 mod wire;
 
+pub use crate::config_id::{ConfigId, IdError, MAX_ID_BYTES};
 pub use host::{normalize_hostname, HostError, HostPattern, MAX_HOSTNAME_BYTES, MAX_LABEL_BYTES};
-pub use id::{ConfigId, IdError, MAX_ID_BYTES};
 pub use proxy::{
     parse_env_name, EnvNameError, PasswordError, Placeholder, ProxyAddr, ProxyHost, ProxyResolve,
     ProxyScheme, ProxyUrlError, RenderError, Secret, TemplateError, TemplateValues,
@@ -25,9 +24,9 @@ pub use proxy::{
 };
 
 use crate::destination::Cidr;
+use crate::hints::{CountryCode, Ingress};
 use crate::json::JsonError;
 use crate::limits;
-use crate::routing::{CountryCode, Ingress, RouteHints};
 
 /// Most rules in one snapshot (decision 006).
 pub const MAX_RULES: usize = 1024;
@@ -245,37 +244,6 @@ impl Constraints {
             && self.ip_type.is_none()
             && self.ingress.is_none()
             && self.host.is_none()
-    }
-
-    /// Whether a request with these hints, arriving on `ingress` for destination `host`,
-    /// satisfies every configured constraint.
-    pub fn matches(&self, hints: &RouteHints, ingress: Ingress, host: &str) -> bool {
-        if let Some(c) = self.country {
-            if hints.country != Some(c) {
-                return false;
-            }
-        }
-        if let Some(r) = &self.region {
-            if hints.region.as_deref() != Some(&**r) {
-                return false;
-            }
-        }
-        if let Some(t) = &self.ip_type {
-            if hints.ip_type.as_deref() != Some(&**t) {
-                return false;
-            }
-        }
-        if let Some(i) = self.ingress {
-            if i != ingress {
-                return false;
-            }
-        }
-        if let Some(h) = &self.host {
-            if !h.matches(host) {
-                return false;
-            }
-        }
-        true
     }
 }
 
@@ -626,89 +594,5 @@ mod tests {
         let s = decode(r#"{"routing":{"rules":[]},"pools":[]}"#).unwrap();
         assert!(s.rules().is_empty() && s.pools().is_empty());
         assert_eq!(round_trip(&s), s);
-    }
-
-    #[test]
-    fn constraint_matching_table() {
-        let s = decode(
-            r#"{"routing":{"rules":[{"id":"r","priority":1,"pools":["p"],
-                "constraints":{"country":"US","region":"us-east","ip_type":"residential","ingress":"proxy","host":"*.example.com"}}]},
-              "pools":[{"id":"p"}]}"#,
-        )
-        .unwrap();
-        let c = s.rules()[0].constraints();
-        let full = RouteHints {
-            country: CountryCode::parse("us"),
-            region: Some("us-east".into()),
-            ip_type: Some("residential".into()),
-            ..Default::default()
-        };
-        assert!(c.matches(&full, Ingress::Proxy, "a.example.com"));
-        let cases: Vec<(RouteHints, Ingress, &str)> = vec![
-            (
-                RouteHints {
-                    country: None,
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (
-                RouteHints {
-                    country: CountryCode::parse("DE"),
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (
-                RouteHints {
-                    region: None,
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (
-                RouteHints {
-                    region: Some("US-EAST".into()),
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (
-                RouteHints {
-                    ip_type: None,
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (
-                RouteHints {
-                    ip_type: Some("datacenter".into()),
-                    ..full.clone()
-                },
-                Ingress::Proxy,
-                "a.example.com",
-            ),
-            (full.clone(), Ingress::Api, "a.example.com"),
-            (full.clone(), Ingress::Connect, "a.example.com"),
-            (full.clone(), Ingress::Proxy, "example.com"),
-            (full.clone(), Ingress::Proxy, "a.example.org"),
-            (full.clone(), Ingress::Proxy, ""),
-        ];
-        for (hints, ingress, host) in cases {
-            assert!(
-                !c.matches(&hints, ingress, host),
-                "{hints:?} {ingress:?} {host}"
-            );
-        }
-        // A rule without constraints matches anything, hints or not.
-        let d = ValidatedSnapshot::default_snapshot();
-        let none = &d.rules()[0].constraints();
-        assert!(none.matches(&RouteHints::default(), Ingress::Connect, ""));
-        assert!(none.matches(&full, Ingress::Api, "x"));
     }
 }

@@ -13,8 +13,8 @@ use super::{
     MAX_RULES, MAX_STICKY_TTL_SECONDS, MIN_DEFAULT_TIMEOUT_MS,
 };
 use crate::destination::Cidr;
+use crate::hints::{CountryCode, Ingress};
 use crate::limits;
-use crate::routing::{CountryCode, Ingress};
 
 /// Bytes of a submitted value quoted in an error message; the rest is cut so that a hostile
 /// value cannot make the message large.

@@ -3,17 +3,13 @@
 //! 060–062).
 //!
 //! - `conn.rs`: one connection, plain or TLS, split into a reader and a writer task.
-//! - `control.rs`: the control side: the listener, admission, the hand-over of a lane to the
-//!   core its hello names, per-core lane tables, and remote execution of a routed request.
-//! - `ingress.rs`: the forward proxy's absolute-form requests and CONNECT tunnels on remote
-//!   workers (streamed bodies and tunnel bytes under the worker's credit).
-//! - `worker.rs`: `sortie worker`: lanes to every control, registration, execution of
-//!   assignments with the egress client, heartbeats, reconnection.
+//! - this file: frame reading and buffering (`FrameBuf`, `read_frame`), the outbox a lane writes
+//!   from, and the per-core notification and queue primitives both ends use.
+//!
+//! The control's side of the bus (listener, lanes, remote execution) is `crate::remote`; the
+//! worker process is `crate::worker`. This module knows neither.
 
 pub(crate) mod conn;
-pub mod control;
-pub(crate) mod ingress;
-pub mod worker;
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -302,4 +298,12 @@ async fn read_checked<S: monoio::io::AsyncReadRent>(
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
+}
+
+/// A connection handed from the core that accepted it to the core its hello names.
+pub struct Handoff {
+    pub(crate) stream: std::net::TcpStream,
+    pub(crate) tls: Option<rustls::Connection>,
+    pub(crate) hello: Box<sortie_core::bus::Hello>,
+    pub(crate) rest: FrameBuf,
 }

@@ -8,6 +8,7 @@
 //! holds plain references instead of reference-counted pointers.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use sortie_core::error::{ApiError, ErrorCode};
 
@@ -122,9 +123,65 @@ fn refusal(reason: &'static str, limit: u64) -> ApiError {
         .with_detail("limit", limit.to_string())
 }
 
+/// Concurrent tunnels per deployment, shared by every core.
+pub struct TunnelCounts {
+    counts: Vec<AtomicU32>,
+    max: u32,
+}
+
+impl TunnelCounts {
+    /// Counters for `deployments` deployments, each limited to `max` tunnels.
+    pub fn new(deployments: usize, max: u32) -> TunnelCounts {
+        TunnelCounts {
+            counts: (0..deployments).map(|_| AtomicU32::new(0)).collect(),
+            max,
+        }
+    }
+
+    /// Takes one tunnel of the deployment, or `None` at its limit.
+    pub(crate) fn try_take(self: &Arc<Self>, d: DeploymentRef) -> Option<TunnelPermit> {
+        let c = self.counts.get(d.index())?;
+        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < self.max).then_some(n + 1)
+        })
+        .ok()?;
+        Some(TunnelPermit {
+            counts: Arc::clone(self),
+            index: d.index(),
+        })
+    }
+
+    /// The limit of each deployment.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Tunnels the deployment holds now.
+    pub fn current(&self, d: DeploymentRef) -> u32 {
+        self.counts
+            .get(d.index())
+            .map_or(0, |c| c.load(Ordering::Acquire))
+    }
+}
+
+/// One tunnel of a deployment, given back when dropped.
+pub(crate) struct TunnelPermit {
+    counts: Arc<TunnelCounts>,
+    index: usize,
+}
+
+impl Drop for TunnelPermit {
+    fn drop(&mut self) {
+        if let Some(c) = self.counts.counts.get(self.index) {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::Authenticator;
 
     fn dep(i: usize) -> DeploymentRef {
         crate::tokens::Authenticator::new(&[
@@ -162,5 +219,33 @@ mod tests {
         assert_eq!(limits.body_bytes_in_flight(), 100);
         drop((first, second, third));
         assert_eq!((limits.in_flight(a), limits.body_bytes_in_flight()), (0, 0));
+    }
+
+    fn deployments() -> (Authenticator, DeploymentRef, DeploymentRef) {
+        let auth = Authenticator::new(&[
+            ("dep_a".to_string(), "token-a".to_string()),
+            ("dep_b".to_string(), "token-b".to_string()),
+        ]);
+        let a = auth.authenticate(b"token-a").unwrap();
+        let b = auth.authenticate(b"token-b").unwrap();
+        (auth, a, b)
+    }
+
+    #[test]
+    fn tunnel_limit_is_per_deployment_and_permits_give_back() {
+        let (_auth, a, b) = deployments();
+        let counts = Arc::new(TunnelCounts::new(2, 2));
+        let first = counts.try_take(a).expect("first");
+        let second = counts.try_take(a).expect("second");
+        assert!(counts.try_take(a).is_none(), "a third tunnel of dep_a");
+        assert_eq!(counts.current(a), 2);
+        // Another deployment has its own count.
+        let other = counts.try_take(b).expect("dep_b");
+        assert_eq!(counts.current(b), 1);
+        drop(first);
+        assert_eq!(counts.current(a), 1);
+        let again = counts.try_take(a).expect("a slot came back");
+        drop((second, other, again));
+        assert_eq!((counts.current(a), counts.current(b)), (0, 0));
     }
 }

@@ -29,7 +29,7 @@ pub enum CoreCommand {
     /// Cancel a request if it runs on the core; answers whether it did.
     Cancel(String, oneshot::Sender<bool>),
     /// Take over a bus lane another core accepted (its hello names this core).
-    AdoptLane(Box<crate::bus::control::Handoff>),
+    AdoptLane(Box<crate::bus::Handoff>),
     /// Push a configuration revision to the remote workers whose lane 0 is on this core.
     PushConfig(u64, Arc<Vec<u8>>),
 }
@@ -210,31 +210,19 @@ impl ActiveRequests {
     }
 }
 
-/// Serves the core's mailbox until every sender is gone.
-pub async fn run_mailbox(
-    mut rx: MailboxReceiver,
-    active: Rc<ActiveRequests>,
-    bus: Option<Rc<crate::bus::control::BusCore>>,
-) {
-    while let Some(cmd) = rx.rx.next().await {
-        match cmd {
-            CoreCommand::ListActive(reply) => {
-                let _ = reply.send(active.list());
-            }
-            CoreCommand::Cancel(id, reply) => {
-                let _ = reply.send(active.cancel(&id));
-            }
-            CoreCommand::AdoptLane(h) => {
-                if let Some(bus) = &bus {
-                    monoio::spawn(bus.clone().adopt_handoff(h));
-                }
-            }
-            CoreCommand::PushConfig(version, payload) => {
-                if let Some(bus) = &bus {
-                    bus.push_config(version, &payload);
-                }
-            }
-        }
+/// Sends a newly activated configuration to every remote worker (through core 0, which holds
+/// every worker's lane 0).
+pub fn push_config(state: &ControlState, version: u64, payload: Vec<u8>) {
+    if let Some(m) = state.mailboxes.get().and_then(|m| m.first()) {
+        m.send(CoreCommand::PushConfig(version, Arc::new(payload)));
+    }
+}
+
+/// The receiving end of the mailbox, for the core that serves it.
+impl MailboxReceiver {
+    /// The next command, or `None` once every sender is gone.
+    pub async fn next(&mut self) -> Option<CoreCommand> {
+        self.rx.next().await
     }
 }
 

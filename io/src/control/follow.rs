@@ -209,7 +209,7 @@ fn sync_config(
     };
     let payload = snapshot.to_json();
     if state.activate(record.revision, Arc::new(snapshot)) {
-        crate::bus::control::push_config(state, record.revision, payload);
+        crate::control::core::push_config(state, record.revision, payload);
         tracing::info!(revision = record.revision, actor = %record.actor, action = %record.action, "configuration activated from the shared store");
     }
     Ok(())

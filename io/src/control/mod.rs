@@ -1,17 +1,14 @@
-//! The control plane of one process: shared state, per-core context, the API handlers and the
-//! embedded operator dashboard.
+//! State shared by every core of a control process and the services on it: the active
+//! configuration and worker registry (`state`), following the shared store (`follow`), presence
+//! and recovery across controls (`presence`), admission limits (`admission`), the per-core
+//! active-request table and mailbox (`core`), and the receipt service (`receipts`).
+//!
+//! Nothing here handles a client request's way through the gateway: the ingresses are in
+//! `crate::ingress`, routing and execution in `crate::dispatch`.
 
-pub mod admin;
 pub mod admission;
-pub mod api;
 pub mod core;
-pub mod dashboard;
 pub mod follow;
-pub mod openapi;
 pub mod presence;
-pub mod proxy;
 pub mod receipts;
 pub mod state;
-mod streamed;
-mod tunnel;
-pub mod web;

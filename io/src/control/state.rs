@@ -2,6 +2,11 @@
 //! lock-free through `arc-swap`), per-worker capacity counters (atomics), sticky pins (sharded),
 //! credentials and limits. Writers (admin API, worker registration) are rare and serialised by
 //! one mutex; readers on the hot path only load an `Arc`.
+//!
+//! Sticky pins live in 64 shards chosen by a per-process keyed hash, with a quota per deployment
+//! (decision 044). Each pool's upstream proxy is built per activation and published with the
+//! snapshot. `ControlState::activate` only moves forward, so the follower and a local commit may
+//! publish in either order.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
@@ -421,6 +426,34 @@ impl ControlState {
     /// The health of every upstream proxy endpoint any snapshot named, for `/metrics`.
     pub fn proxy_endpoints(&self) -> Vec<EndpointHealthView> {
         proxy_health().view(crate::clock::monotonic_ms_at(std::time::Instant::now()))
+    }
+
+    /// The gauges of a `/metrics` scrape: the active revision, every registered worker's load
+    /// and capacity, and the upstream proxy endpoints' health.
+    pub fn gauges(&self) -> crate::metrics::Gauges {
+        let revision = self.active().revision;
+        let workers = self.with_registry(|reg, slots| {
+            reg.iter()
+                .map(|w| {
+                    let slot = slots.get(w.id().as_str());
+                    let active = slot.map_or(0, |s| s.active());
+                    crate::metrics::WorkerGauge {
+                        id: w.id().as_str().to_string(),
+                        active,
+                        capacity: w.capacity(active).max,
+                        // A remote worker's own load, while its session is connected.
+                        reported: slot
+                            .and_then(|s| s.reported())
+                            .filter(|_| w.state() == sortie_core::worker::WorkerState::Connected),
+                    }
+                })
+                .collect()
+        });
+        crate::metrics::Gauges {
+            revision,
+            workers,
+            proxy_endpoints: self.proxy_endpoints(),
+        }
     }
 
     /// The pin shard of a (deployment, sticky session) pair.

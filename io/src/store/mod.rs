@@ -7,6 +7,16 @@
 //! gateway runs; hot cores hold a [`ColdHandle`] whose async methods send the operation over a
 //! bounded channel and await a one-shot reply. Startup code may use a store directly (to
 //! bootstrap the first config before any core runs) and then hand it to [`ColdThread::start`].
+//!
+//! SQLite runs in WAL mode with `synchronous=FULL`. PostgreSQL's connection lives on a `sortie-pg`
+//! thread (the synchronous client cannot run inside the cold thread's tokio runtime) and each call
+//! waits at most 15 s; a call that gave up never commits later (decision 096); TLS only with
+//! `sslmode=require`, verified; every compare-and-set is one conditional statement in one
+//! transaction, and a config commit `NOTIFY`s `sortie_config`. The cold thread runs a tokio
+//! current-thread runtime with a `LocalSet`: record-store jobs run one at a time, object-store
+//! work runs as local tasks so that many bodies stream at once; bodies cross in chunks of at most
+//! 256 KiB over 4-deep channels and are hashed on the cold thread. A readiness probe runs every
+//! second (`ColdHandle::is_ready`, decision 040).
 
 mod cold;
 mod error;

@@ -304,3 +304,40 @@ async fn probe(
     }
     Ok(())
 }
+
+/// Runs the fingerprint self-test of this process, logs each profile's outcome and returns
+/// the names of the profiles that passed.
+pub fn verify_and_log(ca_file: Option<&Path>) -> Vec<String> {
+    if !IS_BUILT {
+        tracing::info!("no fingerprint profiles: {}", UNAVAILABLE_REASON);
+        return Vec::new();
+    }
+    match verify_at_startup(ca_file) {
+        Ok(results) => {
+            for r in &results {
+                if r.is_pass() {
+                    tracing::debug!(profile = r.profile.name, "fingerprint self-test passed");
+                } else if let Some(why) = r.unsupported() {
+                    tracing::debug!(
+                        profile = r.profile.name,
+                        why,
+                        "fingerprint profile not expressible by this build; not advertised"
+                    );
+                } else {
+                    tracing::warn!(
+                        profile = r.profile.name,
+                        problems = %r.problems.join("; "),
+                        "fingerprint self-test failed; the profile is not advertised"
+                    );
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "fingerprint self-test could not run"),
+    }
+    let verified = verified_profiles();
+    tracing::info!(
+        profiles = verified.len(),
+        "fingerprint self-test done; `sortie fingerprints` lists them"
+    );
+    verified
+}

@@ -16,7 +16,6 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,71 +31,25 @@ use sortie_core::request::{parse_target_url, Method};
 use sortie_core::routing::Ingress;
 use subtle::ConstantTimeEq as _;
 
-use super::api::{assign, ApiContext};
-use super::core::{ActiveGuard, Cancelled};
 use super::tunnel::{relay, Early};
-use crate::bus::ingress::{Dispatched, Reroute};
+use crate::control::admission::TunnelCounts;
+use crate::control::core::Cancelled;
+use crate::dispatch::{self, Assigned, CoreContext, Holding, Resend, Route};
 use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
 };
 use crate::http::{
     Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
 };
+use crate::remote::proxy::ProxyAssignment;
+use crate::remote::BusCore;
 use crate::tokens::DeploymentRef;
-
-/// Concurrent tunnels per deployment, shared by every core.
-pub struct TunnelCounts {
-    counts: Vec<AtomicU32>,
-    max: u32,
-}
-
-impl TunnelCounts {
-    /// Counters for `deployments` deployments, each limited to `max` tunnels.
-    pub fn new(deployments: usize, max: u32) -> TunnelCounts {
-        TunnelCounts {
-            counts: (0..deployments).map(|_| AtomicU32::new(0)).collect(),
-            max,
-        }
-    }
-
-    /// Takes one tunnel of the deployment, or `None` at its limit.
-    fn try_take(self: &Arc<Self>, d: DeploymentRef) -> Option<TunnelPermit> {
-        let c = self.counts.get(d.index())?;
-        c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < self.max).then_some(n + 1)
-        })
-        .ok()?;
-        Some(TunnelPermit {
-            counts: Arc::clone(self),
-            index: d.index(),
-        })
-    }
-
-    /// Tunnels the deployment holds now.
-    pub fn current(&self, d: DeploymentRef) -> u32 {
-        self.counts
-            .get(d.index())
-            .map_or(0, |c| c.load(Ordering::Acquire))
-    }
-}
-
-/// One tunnel of a deployment, given back when dropped.
-struct TunnelPermit {
-    counts: Arc<TunnelCounts>,
-    index: usize,
-}
-
-impl Drop for TunnelPermit {
-    fn drop(&mut self) {
-        if let Some(c) = self.counts.counts.get(self.index) {
-            c.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
+use sortie_core::bus::Field;
+use sortie_core::dispatch::{BodyState, Failure};
 
 /// The proxy listener's handler on one core.
 pub struct ProxyHandler {
-    ctx: Rc<ApiContext>,
+    ctx: Rc<CoreContext>,
     tunnels: Arc<TunnelCounts>,
     /// The last `Proxy-Authorization` value this core accepted, with its deployment: clients
     /// send the same one request after request; a constant-time compare with it saves the
@@ -128,7 +81,7 @@ fn new_request_id() -> String {
 impl ProxyHandler {
     /// A handler for one core, sharing the core's egress executor and active list through
     /// `ctx` and the tunnel counts with every core.
-    pub fn new(ctx: ApiContext, tunnels: Arc<TunnelCounts>) -> ProxyHandler {
+    pub fn new(ctx: CoreContext, tunnels: Arc<TunnelCounts>) -> ProxyHandler {
         ProxyHandler {
             ctx: Rc::new(ctx),
             tunnels,
@@ -334,6 +287,7 @@ impl ProxyHandler {
         body: &mut Body<'_>,
         started: Instant,
     ) -> Result<Response, ApiError> {
+        let ctx = &*self.ctx;
         let method = Method::parse(req.method()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
@@ -343,21 +297,9 @@ impl ProxyHandler {
         let url = parse_target_url(req.target()).map_err(|e| {
             ApiError::new(ErrorCode::InvalidRequest, format!("request target: {e}"))
         })?;
-        self.ctx.state.limits.denied_ports.check(url.port)?;
+        ctx.state.limits.denied_ports.check(url.port)?;
         let hints = route_hints(req.headers())?;
-        let active = self.ctx.state.active();
-        let assigned = assign(
-            &self.ctx,
-            &active,
-            deployment,
-            &hints,
-            Ingress::Proxy,
-            &url.host_str(),
-            None,
-            started,
-        )?;
-        let (tracked, cancelled) = self.ctx.active.track(request_id, deployment);
-
+        let active = ctx.state.active();
         let fields: Vec<(&str, &[u8])> = req.headers().collect();
         let tokens = connection_tokens(&fields);
         let forwarded: Vec<(&str, &[u8])> = fields
@@ -370,69 +312,79 @@ impl ProxyHandler {
             BodyFraming::ContentLength(n) => BodyLength::Known(n),
             BodyFraming::Chunked => BodyLength::Chunked,
         };
-        let (tracked, mut cancelled, assigned) = if assigned.is_remote {
-            let mut source = ClientBody { body, length };
-            let route = Reroute {
-                active: &active,
-                hints: &hints,
-                ingress: Ingress::Proxy,
-                host: &url.host_str(),
-                started,
-            };
-            match crate::bus::ingress::relay(
-                &self.ctx,
-                request_id,
-                deployment,
-                self.deadline(started),
-                method.as_str(),
-                req.target(),
-                &forwarded,
-                &mut source,
-                &route,
-                (tracked, cancelled, assigned),
-            )
-            .await
-            {
-                Dispatched::Answered(r) => return r,
-                // Refused by the remote workers: routing chose a local one.
-                Dispatched::Local(held) => held,
-            }
-        } else {
-            (tracked, cancelled, assigned)
+        let host = url.host_str();
+        let route = Route {
+            active: &active,
+            deployment,
+            hints: &hints,
+            ingress: Ingress::Proxy,
+            host: &host,
+            fingerprint: None,
+            started,
         };
-        let stream_req = StreamRequest {
-            method,
-            url: &url,
-            headers: &forwarded,
-            deadline: self.deadline(started),
-            timeouts: Timeouts {
-                idle: self.ctx.state.limits.proxy_idle_timeout,
-                ..self.ctx.state.limits.egress_timeouts
-            },
-            policy: &active.policy,
-            worker_id: &assigned.decision.worker_id,
-            bind_address: assigned.slot.bind_address(),
-            // RFC 9110 §9.2.2: a proxy may retry an idempotent request without a body.
-            is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
-            via: assigned.via.as_ref(),
-            tenant,
-            // Plain bodies are spliced to the client (decision 025).
-            may_splice: true,
+        // The client's body is read as it is sent: a worker that refused read none of it; a
+        // lost one may have.
+        let resend = Resend {
+            is_replayable: false,
+            body: BodyState::Streamed,
         };
+        let deadline = self.deadline(started);
+        let (tracked, mut cancelled) = ctx.active.track(request_id, deployment);
         let mut source = ClientBody { body, length };
-        let opened = monoio::select! {
-            r = Box::pin(self.ctx.egress.open(&stream_req, &mut source)) => Some(r),
-            _ = &mut cancelled => None,
+        let job = ProxyJob {
+            request_id,
+            deployment,
+            deadline,
+            method: req.method(),
+            target: req.target(),
+            forwarded: &forwarded,
         };
-        let mut resp = match opened {
-            None => return Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
-            Some(r) => r?,
+        let (upstream, assigned) = dispatch::run(ctx, &route, resend, async |a: &Assigned| {
+            if a.is_remote {
+                return remote_relay(ctx, &job, a, &mut source, &mut cancelled)
+                    .await
+                    .map(Upstream::Remote);
+            }
+            let stream_req = StreamRequest {
+                method,
+                url: &url,
+                headers: &forwarded,
+                deadline,
+                timeouts: Timeouts {
+                    idle: ctx.state.limits.proxy_idle_timeout,
+                    ..ctx.state.limits.egress_timeouts
+                },
+                policy: &active.policy,
+                worker_id: &a.decision.worker_id,
+                bind_address: a.slot.bind_address(),
+                // RFC 9110 §9.2.2: a proxy may retry an idempotent request without a body.
+                is_replayable: matches!(method, Method::Get | Method::Head | Method::Options),
+                via: a.via.as_ref(),
+                tenant,
+                // Plain bodies are spliced to the client (decision 025).
+                may_splice: true,
+            };
+            monoio::select! {
+                r = Box::pin(ctx.egress.open(&stream_req, &mut source)) => {
+                    r.map(Upstream::Local).map_err(Failure::Error)
+                }
+                _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+            }
+        })
+        .await?;
+        let worker = assigned.decision.worker_id.clone();
+        let holding = Holding::new(tracked, assigned, None);
+        let mut resp = match upstream {
+            Upstream::Remote(opened) => {
+                return Ok(opened.into_response(req.method(), cancelled, holding));
+            }
+            Upstream::Local(resp) => resp,
         };
         tracing::debug!(
             target: "sortie::proxy",
             request_id = %request_id,
             deployment = %deployment,
-            worker = %assigned.decision.worker_id.as_str(),
+            worker = %worker.as_str(),
             status = resp.status,
             "proxied response head"
         );
@@ -472,13 +424,91 @@ impl ProxyHandler {
             request_id: request_id.to_owned(),
             failure: None,
             cancelled,
-            metrics: Arc::clone(&self.ctx.metrics),
-            core: self.ctx.core,
-            _tracked: tracked,
-            _assigned: assigned,
+            metrics: Arc::clone(&ctx.metrics),
+            core: ctx.core,
+            _holding: holding,
         }));
         Ok(out)
     }
+}
+
+/// What the attempts of one proxied request share.
+struct ProxyJob<'a> {
+    request_id: &'a str,
+    deployment: &'a str,
+    /// The head's total deadline.
+    deadline: Instant,
+    method: &'a str,
+    target: &'a str,
+    /// The request's fields without hop-by-hop ones.
+    forwarded: &'a [(&'a str, &'a [u8])],
+}
+
+/// Where a proxied request's response comes from. Moved once per request; boxing the common
+/// local case would cost an allocation per request instead.
+#[allow(clippy::large_enum_variant)]
+enum Upstream {
+    Local(crate::egress::StreamedResponse),
+    Remote(crate::remote::proxy::Opened),
+}
+
+fn cancelled_error() -> ApiError {
+    ApiError::new(ErrorCode::Cancelled, "cancelled by operator")
+}
+
+/// The bus of this core, for an attempt on a remote worker.
+fn bus_of(ctx: &CoreContext) -> Result<&Rc<BusCore>, Failure> {
+    ctx.bus.as_ref().ok_or_else(|| {
+        Failure::Error(ApiError::new(
+            ErrorCode::TransportUnavailable,
+            "no worker bus on this control",
+        ))
+    })
+}
+
+/// What the remote worker needs of the request besides its head (decision 064).
+fn proxy_assignment<'a>(job: &ProxyJob<'a>, a: &Assigned) -> ProxyAssignment<'a> {
+    ProxyAssignment {
+        request_id: job.request_id,
+        deployment_id: job.deployment,
+        deadline: job.deadline,
+        pool: a.decision.pool_id.as_str().to_string(),
+        provider_session: a.decision.provider_session,
+        proxy_username: a.via.as_ref().and_then(|v| v.username()).map(str::to_owned),
+    }
+}
+
+/// The attempt on a remote worker: the head, then (once the worker accepted) the streamed body,
+/// until the response head comes back. Nothing of the body is read before `Accept`, so a
+/// refusal leaves it whole for the next worker.
+async fn remote_relay<B: BodySource>(
+    ctx: &CoreContext,
+    job: &ProxyJob<'_>,
+    a: &Assigned,
+    body: &mut B,
+    cancelled: &mut Cancelled,
+) -> Result<crate::remote::proxy::Opened, Failure> {
+    let bus = bus_of(ctx)?;
+    let headers: Vec<Field> = job
+        .forwarded
+        .iter()
+        .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
+        .collect();
+    // A head the bus cannot carry is the client's error.
+    if let Err(why) = sortie_core::bus::check_request_head(job.method, job.target, &headers) {
+        return Err(ApiError::new(ErrorCode::InvalidRequest, why).into());
+    }
+    let worker_id = a.decision.worker_id.as_str();
+    bus.relay(
+        worker_id,
+        &proxy_assignment(job, a),
+        job.method,
+        job.target.to_string(),
+        headers,
+        body,
+        cancelled,
+    )
+    .await
 }
 
 /// A destination's response body on its way to the client. It holds the request's place in
@@ -494,8 +524,8 @@ struct RelayedBody {
     /// Where spliced bytes are counted.
     metrics: Arc<crate::metrics::Metrics>,
     core: usize,
-    _tracked: ActiveGuard,
-    _assigned: super::api::Assigned,
+    /// The request's place in the active list and its capacity, until the body ends.
+    _holding: Holding,
 }
 
 impl StreamBody for RelayedBody {
@@ -575,107 +605,94 @@ impl ProxyHandler {
         request_id: &str,
         started: Instant,
     ) -> Result<Response, ApiError> {
+        let ctx = &*self.ctx;
         let (host, port) = parse_connect_target(req.target())?;
-        self.ctx.state.limits.denied_ports.check(port)?;
+        ctx.state.limits.denied_ports.check(port)?;
         let hints = route_hints(req.headers())?;
-        let active = self.ctx.state.active();
+        let active = ctx.state.active();
         let host_text = match &host {
             sortie_core::request::Host::Domain(name) => name.to_string(),
             other => other.to_string().trim_matches(['[', ']']).to_string(),
         };
-        let assigned = assign(
-            &self.ctx,
-            &active,
+        let route = Route {
+            active: &active,
             deployment,
-            &hints,
-            Ingress::Connect,
-            &host_text,
-            None,
+            hints: &hints,
+            ingress: Ingress::Connect,
+            host: &host_text,
+            fingerprint: None,
             started,
-        )?;
-        let permit = self.tunnels.try_take(d).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::ExecutorCapacityExhausted,
-                format!(
-                    "the deployment holds its limit of {} concurrent tunnels",
-                    self.tunnels.max
-                ),
-            )
-        })?;
-        let (tracked, cancelled) = self.ctx.active.track(request_id, deployment);
-        let deadline = self.deadline(started);
-        let (tracked, mut cancelled, assigned, permit) = if assigned.is_remote {
-            let route = Reroute {
-                active: &active,
-                hints: &hints,
-                ingress: Ingress::Connect,
-                host: &host_text,
-                started,
-            };
-            match crate::bus::ingress::connect(
-                &self.ctx,
-                request_id,
-                deployment,
-                deadline,
-                req.target(),
-                &route,
-                (tracked, cancelled, assigned, permit),
-            )
-            .await
-            {
-                Dispatched::Answered(r) => return r,
-                // Refused by the remote workers: routing chose a local one.
-                Dispatched::Local(held) => held,
-            }
-        } else {
-            (tracked, cancelled, assigned, permit)
         };
-        let (bind, connect_limit) = (
-            assigned.slot.bind_address(),
-            self.ctx.state.limits.egress_timeouts.connect,
-        );
+        let resend = Resend {
+            is_replayable: false,
+            body: BodyState::Streamed,
+        };
+        let deadline = self.deadline(started);
+        let (tracked, mut cancelled) = ctx.active.track(request_id, deployment);
+        let job = ProxyJob {
+            request_id,
+            deployment,
+            deadline,
+            method: "CONNECT",
+            target: req.target(),
+            forwarded: &[],
+        };
         let tenant = Some(d.index());
-        let egress = &self.ctx.egress;
-        // A pool behind an upstream proxy tunnels through it (decision 072).
-        let dial = async {
-            match &assigned.via {
-                Some(route) => {
-                    let policy = &active.policy;
-                    egress
-                        .dial_via(
-                            route,
-                            &host,
-                            port,
-                            bind,
-                            policy,
-                            connect_limit,
-                            deadline,
-                            tenant,
-                        )
-                        .await
+        // Taken once routing found a worker, so a routing error is answered as such.
+        let mut permit = None;
+        let (opened, assigned) = dispatch::run(ctx, &route, resend, async |a: &Assigned| {
+            if permit.is_none() {
+                permit = Some(self.tunnels.try_take(d).ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::ExecutorCapacityExhausted,
+                        format!(
+                            "the deployment holds its limit of {} concurrent tunnels",
+                            self.tunnels.max()
+                        ),
+                    )
+                })?);
+            }
+            if a.is_remote {
+                let bus = bus_of(ctx)?;
+                if let Err(why) = sortie_core::bus::check_request_head("CONNECT", job.target, &[]) {
+                    return Err(ApiError::new(ErrorCode::InvalidRequest, why).into());
                 }
-                None => egress
-                    .dial(
-                        &host,
-                        port,
-                        bind,
-                        &active.policy,
-                        connect_limit,
-                        deadline,
-                        tenant,
+                return bus
+                    .tunnel(
+                        a.decision.worker_id.as_str(),
+                        &proxy_assignment(&job, a),
+                        job.target.to_string(),
+                        &mut cancelled,
                     )
                     .await
-                    .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer, Vec::new())),
+                    .map(OpenedTunnel::Remote);
             }
-        };
-        let dialled = monoio::select! {
-            r = Box::pin(dial) => Some(r),
-            _ = &mut cancelled => None,
-        };
-        let (upstream, _peer, first_down) = match dialled {
-            None => return Err(ApiError::new(ErrorCode::Cancelled, "cancelled by operator")),
-            Some(r) => r?,
-        };
+            let (bind, connect_limit) = (a.slot.bind_address(), ctx.state.limits.egress_timeouts.connect);
+            let policy = &active.policy;
+            // A pool behind an upstream proxy tunnels through it (decision 072).
+            let dial = async {
+                match &a.via {
+                    Some(via) => {
+                        ctx.egress
+                            .dial_via(via, &host, port, bind, policy, connect_limit, deadline, tenant)
+                            .await
+                    }
+                    None => ctx
+                        .egress
+                        .dial(&host, port, bind, policy, connect_limit, deadline, tenant)
+                        .await
+                        .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer, Vec::new())),
+                }
+            };
+            monoio::select! {
+                r = Box::pin(dial) => match r {
+                    Ok((upstream, _peer, first_down)) => Ok(OpenedTunnel::Local(upstream, first_down)),
+                    Err(e) => Err(Failure::Error(e)),
+                },
+                _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+            }
+        })
+        .await?;
         tracing::debug!(
             target: "sortie::proxy",
             request_id = %request_id,
@@ -683,21 +700,35 @@ impl ProxyHandler {
             worker = %assigned.decision.worker_id.as_str(),
             "tunnel open"
         );
+        let holding = Holding::new(tracked, assigned, permit);
+        let idle_timeout = ctx.state.limits.tunnel_idle_timeout;
+        let (upstream, first_down) = match opened {
+            OpenedTunnel::Remote(t) => {
+                let metrics = ctx.metrics.clone();
+                return Ok(t.into_response(cancelled, idle_timeout, metrics, ctx.core, holding));
+            }
+            OpenedTunnel::Local(upstream, first_down) => (upstream, first_down),
+        };
         let tunnel = TunnelJob {
             upstream,
             first_down,
             cancelled,
-            _tracked: tracked,
-            _assigned: assigned,
-            _permit: permit,
-            metrics: self.ctx.metrics.clone(),
-            core: self.ctx.core,
-            idle_timeout: self.ctx.state.limits.tunnel_idle_timeout,
+            _holding: holding,
+            metrics: ctx.metrics.clone(),
+            core: ctx.core,
+            idle_timeout,
         };
         let mut r = Response::new(200);
         r.body = ResponseBody::Tunnel(Box::new(tunnel));
         Ok(r)
     }
+}
+
+/// A tunnel's upstream end: a local connection (with the destination's first bytes when they
+/// came with an upstream proxy's reply), or a remote worker's stream.
+enum OpenedTunnel {
+    Local(TunnelStream, Vec<u8>),
+    Remote(crate::remote::proxy::OpenTunnel),
 }
 
 /// An open tunnel waiting for the client's socket.
@@ -706,9 +737,8 @@ struct TunnelJob {
     /// The destination's first bytes, when they came with an upstream proxy's reply.
     first_down: Vec<u8>,
     cancelled: Cancelled,
-    _tracked: ActiveGuard,
-    _assigned: super::api::Assigned,
-    _permit: TunnelPermit,
+    /// Held as long as the tunnel: its place in the active list, capacity and tunnel permit.
+    _holding: Holding,
     metrics: Arc<crate::metrics::Metrics>,
     core: usize,
     /// `control.proxy.tunnel_idle_timeout_ms`.
@@ -726,9 +756,7 @@ impl Tunnel for TunnelJob {
                 upstream,
                 first_down,
                 mut cancelled,
-                _tracked,
-                _assigned,
-                _permit,
+                _holding,
                 metrics,
                 core,
                 idle_timeout,
@@ -748,7 +776,7 @@ impl Tunnel for TunnelJob {
                         "broken"
                     }
                 },
-                _ = idle_watch(&up_bytes, &down_bytes, idle_timeout) => "idle",
+                _ = crate::clock::idle_watch(&up_bytes, &down_bytes, idle_timeout) => "idle",
                 _ = &mut cancelled => "cancelled",
             };
             metrics.record_tunnel(core, up_bytes.get(), down_bytes.get());
@@ -763,59 +791,9 @@ impl Tunnel for TunnelJob {
     }
 }
 
-/// Completes when no byte moved in either direction for `limit`, checked every quarter of it:
-/// one timer per tunnel instead of one per read.
-pub(crate) async fn idle_watch(up: &Cell<u64>, down: &Cell<u64>, limit: Duration) {
-    let step = limit / 4;
-    let mut seen = (up.get(), down.get());
-    let mut quiet = Duration::ZERO;
-    loop {
-        monoio::time::sleep(step).await;
-        let now = (up.get(), down.get());
-        if now == seen {
-            quiet += step;
-            if quiet >= limit {
-                return;
-            }
-        } else {
-            seen = now;
-            quiet = Duration::ZERO;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::Authenticator;
-
-    fn deployments() -> (Authenticator, DeploymentRef, DeploymentRef) {
-        let auth = Authenticator::new(&[
-            ("dep_a".to_string(), "token-a".to_string()),
-            ("dep_b".to_string(), "token-b".to_string()),
-        ]);
-        let a = auth.authenticate(b"token-a").unwrap();
-        let b = auth.authenticate(b"token-b").unwrap();
-        (auth, a, b)
-    }
-
-    #[test]
-    fn tunnel_limit_is_per_deployment_and_permits_give_back() {
-        let (_auth, a, b) = deployments();
-        let counts = Arc::new(TunnelCounts::new(2, 2));
-        let first = counts.try_take(a).expect("first");
-        let second = counts.try_take(a).expect("second");
-        assert!(counts.try_take(a).is_none(), "a third tunnel of dep_a");
-        assert_eq!(counts.current(a), 2);
-        // Another deployment has its own count.
-        let other = counts.try_take(b).expect("dep_b");
-        assert_eq!(counts.current(b), 1);
-        drop(first);
-        assert_eq!(counts.current(a), 1);
-        let again = counts.try_take(a).expect("a slot came back");
-        drop((second, other, again));
-        assert_eq!((counts.current(a), counts.current(b)), (0, 0));
-    }
 
     #[test]
     fn errors_carry_proxy_status_and_the_envelope() {

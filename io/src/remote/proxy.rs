@@ -6,9 +6,9 @@
 //! tunnel idle limit, with byte counters, and ends when the operator cancels it or the worker's
 //! lane is lost (the client's connection then closes).
 //!
-//! `control/proxy.rs` calls in here at its dispatch point, once routing chose a remote worker.
+//! The forward proxy's attempt (`crate::ingress::proxy`) calls in here when routing chose a
+//! remote worker; the dispatch loop handles a refusal.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -23,10 +23,8 @@ use sortie_core::bus::{Assign, BodySource as Body, Field, Frame, StreamId, MAX_D
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
 
-use super::control::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
-use crate::control::api::{ApiContext, Assigned};
-use crate::control::core::{ActiveGuard, Cancelled};
-use crate::control::proxy::idle_watch;
+use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
+use crate::control::core::Cancelled;
 use crate::egress::{BodyLength, BodySource};
 use crate::http::{Response, ResponseBody, StreamBody, Tunnel};
 
@@ -43,237 +41,6 @@ pub(crate) struct ProxyAssignment<'a> {
     pub(crate) provider_session: Option<sortie_core::provider_session::ProviderSession>,
     /// The rendered upstream proxy username; never logged.
     pub(crate) proxy_username: Option<String>,
-}
-
-impl<'a> ProxyAssignment<'a> {
-    fn of(
-        request_id: &'a str,
-        deployment_id: &'a str,
-        deadline: Instant,
-        assigned: &Assigned,
-    ) -> ProxyAssignment<'a> {
-        ProxyAssignment {
-            request_id,
-            deployment_id,
-            deadline,
-            pool: assigned.decision.pool_id.as_str().to_string(),
-            provider_session: assigned.decision.provider_session,
-            proxy_username: assigned
-                .via
-                .as_ref()
-                .and_then(|v| v.username())
-                .map(str::to_owned),
-        }
-    }
-}
-
-fn bus_of(ctx: &ApiContext) -> Result<&Rc<BusCore>, ApiError> {
-    ctx.bus.as_ref().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::TransportUnavailable,
-            "no worker bus on this control",
-        )
-    })
-}
-
-/// What the forward proxy needs to route a request again when a remote worker refuses it
-/// (the worker is the authority on its own capacity): routing runs once more without the
-/// workers that refused, as the request API does (decision 062).
-pub(crate) struct Reroute<'a> {
-    pub(crate) active: &'a crate::control::state::Active,
-    pub(crate) hints: &'a sortie_core::routing::RouteHints,
-    pub(crate) ingress: sortie_core::routing::Ingress,
-    pub(crate) host: &'a str,
-    pub(crate) started: Instant,
-}
-
-impl Reroute<'_> {
-    fn assign(
-        &self,
-        ctx: &ApiContext,
-        deployment: &str,
-        excluded: &[sortie_core::routing::WorkerIndex],
-    ) -> Result<Assigned, ApiError> {
-        crate::control::api::assign_excluding(
-            ctx,
-            self.active,
-            deployment,
-            self.hints,
-            self.ingress,
-            self.host,
-            None,
-            self.started,
-            excluded,
-        )
-    }
-}
-
-/// How a forward-proxy request dispatched to remote workers ended.
-pub(crate) enum Dispatched<K> {
-    /// A remote worker answered, or the request failed.
-    Answered(Result<Response, ApiError>),
-    /// The remote workers refused and routing chose a local worker: the caller runs the
-    /// request locally with what it handed over (the assignment now names the local worker).
-    Local(K),
-}
-
-/// What one refusal leaves: the next worker to try, or the answer.
-enum Next {
-    Remote(Assigned),
-    Local(Assigned),
-    Failed(ApiError),
-}
-
-/// After `assigned`'s worker refused: routes again without every worker that refused.
-fn after_refusal(
-    ctx: &ApiContext,
-    deployment: &str,
-    route: &Reroute<'_>,
-    excluded: &mut Vec<sortie_core::routing::WorkerIndex>,
-    assigned: Assigned,
-    reason: &str,
-) -> Next {
-    tracing::debug!(
-        target: "sortie::proxy",
-        worker = %assigned.decision.worker_id.as_str(),
-        %reason,
-        "assignment refused; routing again"
-    );
-    if !crate::control::api::may_offer_again(excluded) {
-        return Next::Failed(ApiError::new(
-            ErrorCode::ExecutorCapacityExhausted,
-            "every eligible worker refused the assignment",
-        ));
-    }
-    excluded.push(assigned.decision.worker);
-    // The refused worker's unit of capacity goes back before routing runs again.
-    drop(assigned);
-    match route.assign(ctx, deployment, excluded) {
-        Ok(a) if a.is_remote => Next::Remote(a),
-        Ok(a) => Next::Local(a),
-        Err(e) => Next::Failed(e),
-    }
-}
-
-/// The forward proxy's dispatch to remote workers for an absolute-form request: the request
-/// keeps its capacity and place in the active list until the response body ends. A worker's
-/// refusal routes the request again; the client's body is not read before a worker accepted.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn relay<B: BodySource>(
-    ctx: &ApiContext,
-    request_id: &str,
-    deployment: &str,
-    deadline: Instant,
-    method: &str,
-    target: &str,
-    forwarded: &[(&str, &[u8])],
-    body: &mut B,
-    route: &Reroute<'_>,
-    (tracked, cancelled, assigned): (ActiveGuard, Cancelled, Assigned),
-) -> Dispatched<(ActiveGuard, Cancelled, Assigned)> {
-    let bus = match bus_of(ctx) {
-        Ok(b) => b,
-        Err(e) => return Dispatched::Answered(Err(e)),
-    };
-    let headers: Vec<Field> = forwarded
-        .iter()
-        .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
-        .collect();
-    // A head the bus cannot carry is the client's error, found before any worker is asked.
-    if let Err(why) = sortie_core::bus::check_request_head(method, target, &headers) {
-        return Dispatched::Answered(Err(ApiError::new(ErrorCode::InvalidRequest, why)));
-    }
-    let mut cancelled = cancelled;
-    let mut assigned = assigned;
-    let mut excluded = Vec::new();
-    loop {
-        let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
-        let worker_id = assigned.decision.worker_id.as_str().to_string();
-        let opened = bus
-            .relay(
-                &worker_id,
-                &a,
-                method,
-                target.to_string(),
-                headers.clone(),
-                body,
-                &mut cancelled,
-            )
-            .await;
-        match opened {
-            Ok(open) => {
-                let keep: Vec<Box<dyn Any>> = vec![Box::new(tracked), Box::new(assigned)];
-                return Dispatched::Answered(Ok(open.into_response(method, cancelled, keep)));
-            }
-            Err(RemoteFailure::Refused(reason)) => {
-                match after_refusal(ctx, deployment, route, &mut excluded, assigned, &reason) {
-                    Next::Remote(a) => assigned = a,
-                    Next::Local(a) => return Dispatched::Local((tracked, cancelled, a)),
-                    Next::Failed(e) => return Dispatched::Answered(Err(e)),
-                }
-            }
-            Err(f) => return Dispatched::Answered(Err(to_api_error(f, &worker_id))),
-        }
-    }
-}
-
-/// The forward proxy's dispatch to remote workers for a CONNECT tunnel; `permit` (the
-/// deployment's tunnel count) is held as long as the tunnel. A worker's refusal routes the
-/// tunnel again.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn connect<P: 'static>(
-    ctx: &ApiContext,
-    request_id: &str,
-    deployment: &str,
-    deadline: Instant,
-    target: &str,
-    route: &Reroute<'_>,
-    (tracked, cancelled, assigned, permit): (ActiveGuard, Cancelled, Assigned, P),
-) -> Dispatched<(ActiveGuard, Cancelled, Assigned, P)> {
-    let bus = match bus_of(ctx) {
-        Ok(b) => b,
-        Err(e) => return Dispatched::Answered(Err(e)),
-    };
-    if let Err(why) = sortie_core::bus::check_request_head("CONNECT", target, &[]) {
-        return Dispatched::Answered(Err(ApiError::new(ErrorCode::InvalidRequest, why)));
-    }
-    let mut cancelled = cancelled;
-    let mut assigned = assigned;
-    let mut excluded = Vec::new();
-    loop {
-        let a = ProxyAssignment::of(request_id, deployment, deadline, &assigned);
-        let worker_id = assigned.decision.worker_id.as_str().to_string();
-        match bus
-            .tunnel(&worker_id, &a, target.to_string(), &mut cancelled)
-            .await
-        {
-            Ok((guard, slot)) => {
-                let keep: Vec<Box<dyn Any>> =
-                    vec![Box::new(tracked), Box::new(assigned), Box::new(permit)];
-                let mut r = Response::new(200);
-                r.body = ResponseBody::Tunnel(Box::new(RemoteTunnel {
-                    guard,
-                    slot,
-                    cancelled,
-                    idle_timeout: ctx.state.limits.tunnel_idle_timeout,
-                    metrics: ctx.metrics.clone(),
-                    core: bus.core(),
-                    _keep: keep,
-                }));
-                return Dispatched::Answered(Ok(r));
-            }
-            Err(RemoteFailure::Refused(reason)) => {
-                match after_refusal(ctx, deployment, route, &mut excluded, assigned, &reason) {
-                    Next::Remote(a) => assigned = a,
-                    Next::Local(a) => {
-                        return Dispatched::Local((tracked, cancelled, a, permit));
-                    }
-                    Next::Failed(e) => return Dispatched::Answered(Err(e)),
-                }
-            }
-            Err(f) => return Dispatched::Answered(Err(to_api_error(f, &worker_id))),
-        }
-    }
 }
 
 impl ProxyAssignment<'_> {
@@ -307,28 +74,13 @@ impl ProxyAssignment<'_> {
             fingerprint_profile: None,
             // A relayed body is streamed, not held: no limit but the client's patience.
             max_response_bytes: u64::MAX,
-            window: super::control::INITIAL_WINDOW,
+            window: super::INITIAL_WINDOW,
         }
     }
 }
 
 fn cancelled_error() -> ApiError {
     ApiError::new(ErrorCode::Cancelled, "cancelled by operator")
-}
-
-/// A proxied request's error as the forward proxy answers it.
-fn to_api_error(f: RemoteFailure, worker_id: &str) -> ApiError {
-    match f {
-        RemoteFailure::Error(e) => e,
-        RemoteFailure::Lost { .. } => ApiError::new(
-            ErrorCode::WorkerDisconnected,
-            format!("worker {worker_id} disconnected mid-request"),
-        ),
-        RemoteFailure::Refused(reason) => ApiError::new(
-            ErrorCode::ExecutorCapacityExhausted,
-            format!("worker {worker_id} refused the assignment ({reason})"),
-        ),
-    }
 }
 
 /// Sends `bytes` on the stream in `Data` frames within the worker's credit, waiting for more
@@ -413,7 +165,7 @@ async fn head(
 
 /// An absolute-form request a remote worker accepted and answered with a head; its body
 /// follows on the stream.
-pub(super) struct Opened {
+pub(crate) struct Opened {
     guard: StreamGuard,
     slot: Rc<StreamSlot>,
     head: sortie_core::bus::ResponseHead,
@@ -424,11 +176,11 @@ impl Opened {
     /// The client's response: the head's fields without hop-by-hop ones, the body relayed as
     /// it arrives. `keep` is held until the response body ends (the request's capacity and
     /// place in the active list).
-    fn into_response(
+    pub(crate) fn into_response<K: 'static>(
         self,
         method: &str,
         cancelled: Cancelled,
-        keep: Vec<Box<dyn Any>>,
+        keep: K,
     ) -> Response {
         let h = self.head;
         let tokens = connection_tokens(&h.headers);
@@ -483,7 +235,7 @@ impl BusCore {
     /// accepted, the streamed body, until the response head comes back. Nothing of the body
     /// is read before `Accept`, so a refusal leaves it whole for the next worker.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn relay<B: BodySource>(
+    pub(crate) async fn relay<B: BodySource>(
         &self,
         worker_id: &str,
         a: &ProxyAssignment<'_>,
@@ -544,13 +296,13 @@ impl BusCore {
 
     /// Opens a CONNECT tunnel through a remote worker: the worker dials (directly or through
     /// the pool's upstream proxy) and answers `200`, or a registry error.
-    pub(super) async fn tunnel(
+    pub(crate) async fn tunnel(
         &self,
         worker_id: &str,
         a: &ProxyAssignment<'_>,
         authority: String,
         cancelled: &mut Cancelled,
-    ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
+    ) -> Result<OpenTunnel, RemoteFailure> {
         let assign = a.assign(2, "CONNECT", authority, Vec::new(), Body::Tunnel);
         let (mut guard, slot) = self.open(worker_id, assign)?;
         let h = {
@@ -573,13 +325,44 @@ impl BusCore {
                 .with_detail("side", "worker"),
             ));
         }
-        Ok((guard, slot))
+        Ok(OpenTunnel { guard, slot })
+    }
+}
+
+/// A tunnel a remote worker opened: its stream, until the client's socket is handed over.
+pub(crate) struct OpenTunnel {
+    guard: StreamGuard,
+    slot: Rc<StreamSlot>,
+}
+
+impl OpenTunnel {
+    /// The client's `200`, whose hand-over runs the tunnel; `keep` is held as long as the
+    /// tunnel (its capacity, place in the active list and tunnel permit).
+    pub(crate) fn into_response<K: 'static>(
+        self,
+        cancelled: Cancelled,
+        idle_timeout: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+        core: usize,
+        keep: K,
+    ) -> Response {
+        let mut r = Response::new(200);
+        r.body = ResponseBody::Tunnel(Box::new(RemoteTunnel {
+            guard: self.guard,
+            slot: self.slot,
+            cancelled,
+            idle_timeout,
+            metrics,
+            core,
+            _keep: keep,
+        }));
+        r
     }
 }
 
 /// A remote worker's response body on its way to the client; credit goes back as the client
 /// takes it, so a slow client holds the worker at one window.
-struct RemoteBody {
+struct RemoteBody<K> {
     guard: StreamGuard,
     slot: Rc<StreamSlot>,
     length: Option<u64>,
@@ -588,10 +371,11 @@ struct RemoteBody {
     /// Whether the request body was sent whole; if not, the stream is cancelled at the end
     /// (the worker stops waiting for the rest).
     is_upload_done: bool,
-    _keep: Vec<Box<dyn Any>>,
+    /// What the request holds until its body ends (its capacity, its place in the active list).
+    _keep: K,
 }
 
-impl StreamBody for RemoteBody {
+impl<K> StreamBody for RemoteBody<K> {
     fn length(&self) -> Option<u64> {
         self.length
     }
@@ -646,17 +430,18 @@ impl StreamBody for RemoteBody {
 }
 
 /// An open tunnel through a remote worker, waiting for the client's socket.
-struct RemoteTunnel {
+struct RemoteTunnel<K> {
     guard: StreamGuard,
     slot: Rc<StreamSlot>,
     cancelled: Cancelled,
     idle_timeout: Duration,
     metrics: Arc<crate::metrics::Metrics>,
     core: usize,
-    _keep: Vec<Box<dyn Any>>,
+    /// What the tunnel holds while it runs.
+    _keep: K,
 }
 
-impl Tunnel for RemoteTunnel {
+impl<K: 'static> Tunnel for RemoteTunnel<K> {
     fn run(
         self: Box<Self>,
         client: TcpStream,
@@ -737,7 +522,7 @@ impl Tunnel for RemoteTunnel {
             };
             let ended = monoio::select! {
                 ok = relay => if ok { "closed" } else { "broken" },
-                _ = idle_watch(&up_bytes, &down_bytes, t.idle_timeout) => "idle",
+                _ = crate::clock::idle_watch(&up_bytes, &down_bytes, t.idle_timeout) => "idle",
                 _ = &mut t.cancelled => "cancelled",
             };
             // Both directions ended in order: nothing to cancel; otherwise the guard's drop

@@ -4,6 +4,13 @@
 //! cores. Assignments run with the same egress client as a local worker; response bodies go
 //! back within the control's flow-control window. Losing any lane of a control closes all of
 //! them, and the worker reconnects with exponential backoff and jitter (decision 061).
+//!
+//! The worker runs the fingerprint self-test and advertises the verified profiles. One applied
+//! configuration per control, shared by that control's lanes only (decision 066); a pool's
+//! `password_env` is read from the worker's own environment. Receipt bodies are fetched from the
+//! control's signed worker route, only from the host the lane dialled and the receipt port its
+//! welcome announced, connecting to that address alone. Relayed requests run under the control's
+//! proxy idle limit; tunnels use `Egress::dial`/`dial_via`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,8 +35,8 @@ use sortie_core::request::{parse_target_url, Method};
 use sortie_core::snapshot::ConfigId;
 use sortie_core::worker::AdvertisedCapabilities;
 
-use super::conn::Conn;
-use super::{read_frame, Notify, Outbox, Queue};
+use crate::bus::conn::Conn;
+use crate::bus::{read_frame, Notify, Outbox, Queue};
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{
     BodyLength, BodySource as EgressBody, Egress, HealthRegistry, ProxyPool, ProxyRoute,
@@ -137,7 +144,7 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     .ok_or("worker: needs token or token_env")?;
     let tls = match (&w.ca_file, w.plaintext) {
         (_, true) => None,
-        (Some(ca), false) => Some(super::conn::client_config(ca)?),
+        (Some(ca), false) => Some(crate::bus::conn::client_config(ca)?),
         (None, false) => return Err("worker.ca_file is required, or plaintext = true".into()),
     };
     let egress_tls =
@@ -146,8 +153,9 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     let resolver = ResolverPool::start().map_err(|e| e.to_string())?;
     // The worker advertises exactly the profiles whose loopback self-test passed in this
     // process, before it dials any control (decision 082).
-    let fingerprint_profiles =
-        crate::serve::verify_fingerprints(file.egress.ca_file.as_deref().map(std::path::Path::new));
+    let fingerprint_profiles = crate::egress::fingerprint::verify_and_log(
+        file.egress.ca_file.as_deref().map(std::path::Path::new),
+    );
     let n = crate::runtime::core_count(w.cores);
     let session = format!("s{}", hex(&crate::tokens::random_bytes::<12>()));
     let shared = Arc::new(Shared {

@@ -11,13 +11,14 @@ use sortie_core::limits::{MAX_ADMIN_BODY_BYTES, MAX_REQUEST_ENVELOPE_BYTES};
 use sortie_core::request::envelope_too_large;
 
 use super::admin::{self, AdminContext, AdminRequest};
-use super::admission::InFlight;
-use super::api::{self, ApiContext};
-use super::core::ActiveRequests;
+use super::api;
 use super::dashboard;
 use super::openapi;
-use super::receipts::{self, Receipts, RECEIPT_OBJECTS_PATH};
-use super::state::ControlState;
+use crate::control::admission::InFlight;
+use crate::control::core::ActiveRequests;
+use crate::control::receipts::{self, Receipts, RECEIPT_OBJECTS_PATH};
+use crate::control::state::ControlState;
+use crate::dispatch::CoreContext;
 use crate::egress::Egress;
 use crate::http::{Admitted, Body, BodyError, Handler, RequestParts, Response};
 use crate::metrics::Metrics;
@@ -28,7 +29,7 @@ pub const REQUESTS_PATH: &str = "/api/v1/requests";
 
 /// The request API listener's handler.
 pub struct ApiHandler {
-    ctx: ApiContext,
+    ctx: CoreContext,
 }
 
 impl ApiHandler {
@@ -41,12 +42,12 @@ impl ApiHandler {
         core: usize,
     ) -> ApiHandler {
         ApiHandler {
-            ctx: ApiContext::new(state, active, egress, metrics, core),
+            ctx: CoreContext::new(state, active, egress, metrics, core),
         }
     }
 
     /// Lets the request API assign to remote workers through this core's bus lanes.
-    pub fn with_bus(mut self, bus: Rc<crate::bus::control::BusCore>) -> ApiHandler {
+    pub fn with_bus(mut self, bus: Rc<crate::remote::BusCore>) -> ApiHandler {
         self.ctx.bus = Some(bus);
         self
     }

@@ -18,9 +18,9 @@ use sortie_core::worker::{
     ActionError, WorkerAction, WorkerRecord, WorkerSettings as CoreSettings,
 };
 
-use super::core::{cancel_request, list_active};
-use super::state::ControlState;
 use crate::clock;
+use crate::control::core::{cancel_request, list_active};
+use crate::control::state::ControlState;
 use crate::store::{ColdHandle, ConfigRecord, StoreError, HISTORY_LIMIT};
 use crate::tokens::{bearer, token_matches};
 
@@ -364,7 +364,7 @@ async fn commit_and_activate(
         Ok(record) => {
             let payload = snapshot.to_json();
             if ctx.state.activate(record.revision, Arc::new(snapshot)) {
-                crate::bus::control::push_config(&ctx.state, record.revision, payload);
+                crate::control::core::push_config(&ctx.state, record.revision, payload);
             }
             tracing::info!(revision = record.revision, actor = %record.actor, action = %record.action, "configuration activated");
             AdminAnswer::json(200, record_json(&record)).with_etag(record.revision)

@@ -5,6 +5,24 @@
 //!
 //! A worker session becomes routable once it has a lane to every core (so any core can assign
 //! to it without a cross-core hop), and stops being routable when its first lane is lost.
+//!
+//! `proxy.rs`: the forward proxy's absolute-form requests and CONNECT tunnels on a remote
+//! worker (streamed bodies and tunnel bytes under the worker's credit, decision 064).
+//!
+//! Admission (decision 101): a bus listener per core, at most 256 connections waiting for their
+//! hello, the first frame judged from its five header bytes. After TLS and the hello the
+//! accepting core checks the token (shared, or the worker's own with its grants, decision 105),
+//! the version and the lane, then hands the descriptor and TLS session to the core the lane names
+//! through its mailbox (`crate::bus::Handoff`). Heartbeat supervision runs per core and also closes
+//! a lane whose writes stopped progressing; lane 0's heartbeat load goes to the worker's slot for
+//! `/metrics` (decision 069). The welcome of version 3 announces the receipt port and the proxy
+//! idle limit (decision 068). `BusCore::execute` runs a routed request on the receiving core's
+//! lane with the assignment timeout, credit, and `Cancel` from a guard's `Drop`; `BusCore::start`
+//! returns the head and a `RemoteReader`, which `crate::dispatch::streamed` stores as a response
+//! receipt. Each stream's slot holds its event queue and the worker's credit for what the control
+//! sends; the sans-IO lanes of `sortie_core::bus` check each side's data against the window.
+
+pub(crate) mod proxy;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -21,9 +39,9 @@ use sortie_core::bus::{
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use subtle::ConstantTimeEq as _;
 
-use super::conn::Conn;
-use super::{read_frame, read_hello, Outbox, Queue};
-use crate::control::core::CoreMailbox;
+use crate::bus::conn::Conn;
+use crate::bus::{read_frame, read_hello, Handoff, Outbox, Queue};
+use crate::control::core::CoreCommand;
 use crate::control::state::ControlState;
 
 /// How long a new connection may take to finish TLS and send its hello: short, since a
@@ -291,7 +309,7 @@ impl BusShared {
 pub(super) struct StreamSlot {
     pub(super) events: Queue<Event>,
     pub(super) credit: Cell<u64>,
-    pub(super) credit_ready: super::Notify,
+    pub(super) credit_ready: crate::bus::Notify,
     /// The stream ended (refused, failed, lane lost): nothing more may be sent on it.
     pub(super) is_over: Cell<bool>,
 }
@@ -323,7 +341,7 @@ pub(crate) struct Lane {
     streams: RefCell<HashMap<StreamId, Rc<StreamSlot>>>,
     pub(super) out: Outbox,
     is_closed: Cell<bool>,
-    stop: super::Notify,
+    stop: crate::bus::Notify,
     last_rx: Cell<Instant>,
     index: u16,
     /// The control's address on this connection, as the worker dialled it.
@@ -353,14 +371,6 @@ pub struct BusCore {
     pre_auth: Cell<usize>,
 }
 
-/// A connection handed from the core that accepted it to the core its hello names.
-pub struct Handoff {
-    stream: std::net::TcpStream,
-    tls: Option<rustls::Connection>,
-    hello: Box<Hello>,
-    rest: FrameBuf,
-}
-
 impl BusCore {
     /// The bus of one core.
     pub fn new(core: usize, shared: Arc<BusShared>, state: Arc<ControlState>) -> Rc<BusCore> {
@@ -371,11 +381,6 @@ impl BusCore {
             lanes: RefCell::new(HashMap::new()),
             pre_auth: Cell::new(0),
         })
-    }
-
-    /// This core's index.
-    pub(crate) fn core(&self) -> usize {
-        self.core
     }
 
     /// Lanes on this core.
@@ -484,7 +489,7 @@ impl BusCore {
             .mailboxes
             .get()
             .and_then(|m| m.get(target))
-            .is_some_and(|m| m.adopt_lane(Box::new(handoff)));
+            .is_some_and(|m| m.send(CoreCommand::AdoptLane(Box::new(handoff))));
         if sent {
             Ok(())
         } else {
@@ -567,7 +572,7 @@ impl BusCore {
             streams: RefCell::new(HashMap::new()),
             out: Outbox::default(),
             is_closed: Cell::new(false),
-            stop: super::Notify::default(),
+            stop: crate::bus::Notify::default(),
             last_rx: Cell::new(Instant::now()),
             index: hello.lane,
             local: conn.local_addr(),
@@ -623,12 +628,12 @@ impl BusCore {
                     self.close(&lane, Loss::Disconnected);
                     break;
                 }
-                Err(super::ReadError::Io(e)) => {
+                Err(crate::bus::ReadError::Io(e)) => {
                     tracing::info!(worker = %lane.worker_id, lane = lane.index, error = %e, "bus lane failed");
                     self.close(&lane, Loss::Disconnected);
                     break;
                 }
-                Err(super::ReadError::Frame(reason)) => {
+                Err(crate::bus::ReadError::Frame(reason)) => {
                     tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus frame error; closing the lane");
                     self.close(&lane, Loss::Protocol);
                     break;
@@ -822,7 +827,7 @@ impl BusCore {
                 "the bus lane cannot take the assignment",
             ))
         };
-        if lane.out.queued() > super::MAX_QUEUED_BYTES {
+        if lane.out.queued() > crate::bus::MAX_QUEUED_BYTES {
             // The worker stopped reading (or its link is far slower than the traffic).
             return Err(RemoteFailure::Error(ApiError::new(
                 ErrorCode::TransportUnavailable,
@@ -1172,30 +1177,5 @@ pub(crate) struct RemoteResponse {
     pub(crate) body: Vec<u8>,
 }
 
-/// Why a remote execution did not answer.
-pub(crate) enum RemoteFailure {
-    /// The worker refused the assignment: routing tries another eligible worker.
-    Refused(String),
-    /// The lane was lost after the worker accepted; `has_head` says whether a response head
-    /// had arrived (decision 062).
-    Lost { has_head: bool },
-    /// A registry error.
-    Error(ApiError),
-}
-
-impl CoreMailbox {
-    fn adopt_lane(&self, h: Box<Handoff>) -> bool {
-        self.send(crate::control::core::CoreCommand::AdoptLane(h))
-    }
-}
-
-/// Sends a newly activated configuration to every remote worker (through core 0, which holds
-/// every worker's lane 0).
-pub fn push_config(state: &ControlState, version: u64, payload: Vec<u8>) {
-    if let Some(m) = state.mailboxes.get().and_then(|m| m.first()) {
-        m.send(crate::control::core::CoreCommand::PushConfig(
-            version,
-            Arc::new(payload),
-        ));
-    }
-}
+/// How a remote attempt ended without an answer: `sortie_core::dispatch` decides what follows.
+pub(crate) use sortie_core::dispatch::Failure as RemoteFailure;

@@ -12,7 +12,7 @@ use sortie_core::receipt::ReceiptState;
 use sortie_core::request::{RequestBody, ResponseBodyMode, ValidatedRequest};
 use tokio::sync::mpsc;
 
-use super::receipts::Receipts;
+use crate::control::receipts::Receipts;
 use crate::egress::{BodyLength, BodySource, Egress, StreamRequest, Timeouts};
 use crate::store::objects::{self, ObjectError, CHUNK_BYTES, CHUNK_QUEUE};
 use crate::store::ReceiptRecord;
@@ -76,7 +76,7 @@ impl BodyReader for crate::egress::ResponseBodyReader {
     }
 }
 
-impl BodyReader for crate::bus::control::RemoteReader {
+impl BodyReader for crate::remote::RemoteReader {
     fn announced_length(&self) -> Option<u64> {
         None
     }

@@ -1,0 +1,562 @@
+//! `POST /api/v1/requests`: authenticate, decode and validate, then the one dispatch loop
+//! (`crate::dispatch::run`) with this ingress's attempt on a local or remote worker; encode the
+//! result — or the one error envelope of the registry.
+//!
+//! This is the per-request path: no blocking, no locks but a sticky-pin shard for sticky
+//! requests, per-request logs only at debug level (target `sortie::request`).
+
+use std::time::{Duration, Instant};
+
+use sortie_core::dispatch::{BodyState, Failure};
+use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::fingerprint::BUILTIN_PROFILES;
+use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
+use sortie_core::receipt::ReceiptState;
+use sortie_core::request::{
+    decode_request, RequestBody, ResponseBodyMode, ValidatedRequest, ValidationContext,
+};
+use sortie_core::result::{RequestResult, ResultBody, Timing};
+use sortie_core::routing::Ingress;
+
+use crate::dispatch::streamed::{self, Exchange, ExchangeBody, Target};
+use crate::dispatch::{self, Assigned, CoreContext, Resend, Route};
+use crate::egress::EgressRequest;
+use crate::tokens::{bearer, DeploymentRef};
+use subtle::ConstantTimeEq as _;
+
+/// An answer of the request API: status and JSON body.
+pub struct ApiAnswer {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body.
+    pub body: Vec<u8>,
+    /// `ok` or the error code, for metrics.
+    outcome: &'static str,
+    /// Stage timings of a transported request, for metrics.
+    stages: Option<[u64; 4]>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn error_answer(e: &ApiError, request_id: &str) -> ApiAnswer {
+    ApiAnswer {
+        status: e.http_status(),
+        body: e.to_json(request_id),
+        outcome: e.code.as_str(),
+        stages: None,
+    }
+}
+
+fn is_json_content_type(v: Option<&[u8]>) -> bool {
+    let Some(v) = v else { return false };
+    let media = v.split(|&b| b == b';').next().unwrap_or(b"").trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+}
+
+fn auth_failure(request_id: &str) -> ApiAnswer {
+    let e = ApiError::new(
+        ErrorCode::AuthFailure,
+        "missing or invalid deployment token",
+    );
+    error_answer(&e, request_id)
+}
+
+/// Authenticates a request from its head alone, so that an unauthenticated client is never
+/// asked for its body (no `100 Continue`) and the token is checked before anything else, the
+/// envelope size included (decision 001). A request without a valid deployment token gets its
+/// `auth_failure` answer here.
+pub fn authenticate(
+    ctx: &CoreContext,
+    authorization: Option<&[u8]>,
+) -> Result<DeploymentRef, ApiAnswer> {
+    if let Some(token) = authorization.and_then(bearer) {
+        if let Some((last, d)) = &*ctx.last_token.borrow() {
+            // Constant time in the token's bytes; only the length may differ early.
+            if bool::from(last.as_slice().ct_eq(token)) {
+                return Ok(*d);
+            }
+        }
+        if let Some(d) = ctx.state.auth.authenticate(token) {
+            *ctx.last_token.borrow_mut() = Some((token.to_vec(), d));
+            return Ok(d);
+        }
+    }
+    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let answer = auth_failure(&request_id);
+    ctx.metrics
+        .record(ctx.core, Ingress::Api, "-", answer.outcome, answer.stages);
+    Err(answer)
+}
+
+/// Counts a request refused at admission (decision 043) in the metrics, as any answer is.
+pub fn record_refusal(ctx: &CoreContext, deployment: DeploymentRef, e: &ApiError) {
+    let deployment = ctx.state.auth.id(deployment);
+    ctx.metrics
+        .record(ctx.core, Ingress::Api, deployment, e.code.as_str(), None);
+    tracing::debug!(
+        target: "sortie::request",
+        deployment = %deployment,
+        code = e.code.as_str(),
+        "refused at admission"
+    );
+}
+
+/// Serves one `POST /api/v1/requests` of an authenticated deployment whose body has been read.
+pub async fn handle(
+    ctx: &CoreContext,
+    deployment: DeploymentRef,
+    content_type: Option<&[u8]>,
+    body: Vec<u8>,
+) -> ApiAnswer {
+    let tenant = Some(deployment.index());
+    let deployment = ctx.state.auth.id(deployment);
+    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let mut pending = Unanswered {
+        ctx,
+        request_id: &request_id,
+        deployment,
+        is_answered: false,
+    };
+    let answer = handle_inner(ctx, &request_id, deployment, tenant, content_type, body).await;
+    pending.is_answered = true;
+    ctx.metrics.record(
+        ctx.core,
+        Ingress::Api,
+        deployment,
+        answer.outcome,
+        answer.stages,
+    );
+    answer
+}
+
+/// Counts a request whose future was dropped before it answered (its caller left, so the HTTP
+/// server dropped it) as `cancelled`: the guards inside released its capacity and upstream
+/// connection on the way.
+struct Unanswered<'a> {
+    ctx: &'a CoreContext,
+    request_id: &'a str,
+    deployment: &'a str,
+    is_answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.is_answered {
+            return;
+        }
+        let outcome = ErrorCode::Cancelled.as_str();
+        self.ctx
+            .metrics
+            .record(self.ctx.core, Ingress::Api, self.deployment, outcome, None);
+        tracing::debug!(
+            target: "sortie::request",
+            request_id = %self.request_id,
+            deployment = %self.deployment,
+            code = outcome,
+            "caller left; request cancelled"
+        );
+    }
+}
+
+async fn handle_inner(
+    ctx: &CoreContext,
+    request_id: &str,
+    deployment: &str,
+    tenant: crate::dns::Tenant,
+    content_type: Option<&[u8]>,
+    mut body: Vec<u8>,
+) -> ApiAnswer {
+    let started = Instant::now();
+    if !is_json_content_type(content_type) {
+        let e = ApiError::new(
+            ErrorCode::InvalidRequest,
+            "Content-Type must be application/json",
+        );
+        return error_answer(&e, request_id);
+    }
+    let active = ctx.state.active();
+    let limits = ctx.state.limits;
+    let vctx = ValidationContext {
+        max_inline_request_body_bytes: limits.max_inline_request_body_bytes,
+        max_timeout_ms: limits.max_timeout_ms,
+        default_timeout_ms: active.snapshot.default_timeout_ms(),
+        is_object_storage_enabled: ctx.receipts.is_some(),
+        fingerprint_profiles: BUILTIN_PROFILES,
+    };
+    let mut req = match decode_request(&mut body, &vctx) {
+        Ok(r) => r,
+        Err(e) => return error_answer(&e, request_id),
+    };
+    // Decision 103: a refused port never reaches routing, a worker or a proxy.
+    if let Err(e) = limits.denied_ports.check(req.url.port) {
+        return error_answer(&e, request_id);
+    }
+    drop(body);
+    let job = Job {
+        request_id,
+        deployment,
+        tenant,
+        deadline: started + Duration::from_millis(req.timeout_ms),
+    };
+    // What routing reads stays here; the request itself goes to the attempts.
+    let host = String::from(&*req.url.host_str());
+    let hints = std::mem::take(&mut req.routing);
+    let fingerprint = req.fingerprint_profile.take();
+    let route = Route {
+        active: &active,
+        deployment,
+        hints: &hints,
+        ingress: Ingress::Api,
+        host: &host,
+        fingerprint: fingerprint.as_deref(),
+        started,
+    };
+    let resend = Resend {
+        is_replayable: req.is_replayable,
+        body: match req.body {
+            RequestBody::Receipt(_) => BodyState::Held,
+            _ => BodyState::Whole,
+        },
+    };
+    let (_tracked, mut cancelled) = ctx.active.track(request_id, deployment);
+    // A request receipt held for remote attempts, kept across refusals; released (consumed
+    // or verified again) before the answer goes out.
+    let mut remote_hold: Option<RemoteHold<'_>> = None;
+    let mut assigned_at = started;
+    // A remote attempt borrows the request; a local one takes it (and its body), and nothing
+    // follows a local attempt.
+    let mut req = Some(req);
+    let outcome = dispatch::run(ctx, &route, resend, async |assigned: &Assigned| {
+        assigned_at = Instant::now();
+        let attempt = async {
+            let Some(r) = req.as_ref() else {
+                return Err(internal("the request ran locally already").into());
+            };
+            if assigned.is_remote {
+                remote_attempt(ctx, &job, r, &route, assigned, &mut remote_hold).await
+            } else {
+                // Refused by remote workers, routed to a local one: the receipt goes back to
+                // `verified` before the local attempt takes it.
+                if let Some(h) = remote_hold.take() {
+                    h.hold.release(ReceiptState::Verified).await;
+                }
+                let Some(r) = req.take() else {
+                    return Err(internal("the request ran locally already").into());
+                };
+                local_attempt(ctx, &job, r, route.fingerprint, assigned)
+                    .await
+                    .map_err(Failure::Error)
+            }
+        };
+        monoio::select! {
+            r = Box::pin(attempt) => r,
+            _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+        }
+    })
+    .await;
+    if let Some(h) = remote_hold.take() {
+        let to = match &outcome {
+            Ok(_) => ReceiptState::Consumed,
+            Err(_) => ReceiptState::Verified,
+        };
+        h.hold.release(to).await;
+    }
+    let (resp, assigned) = match outcome {
+        Ok(r) => r,
+        Err(e) => {
+            log_failure(request_id, deployment, None, &e, started);
+            return error_answer(&e, request_id);
+        }
+    };
+    let done = Instant::now();
+    // The body in the envelope is already de-framed: the fields that describe the upstream
+    // connection are left out.
+    let tokens = connection_tokens(&resp.headers);
+    let headers: Vec<(&[u8], &[u8])> = resp
+        .headers
+        .iter()
+        .filter(|(n, _)| !is_hop_by_hop_response_field(n, &tokens))
+        .map(|(n, v)| (&n[..], &v[..]))
+        .collect();
+    let timing = Timing {
+        routing_ms: millis(assigned.routed - started),
+        assignment_ms: millis(assigned_at.saturating_duration_since(assigned.routed)),
+        egress_ms: millis(done - assigned_at),
+        total_ms: millis(done - started),
+    };
+    let out = RequestResult {
+        request_id,
+        status: resp.status,
+        headers: &headers,
+        body: match &resp.body {
+            ExchangeBody::Inline { start, rest } => ResultBody::InlineParts(start, rest),
+            ExchangeBody::Receipt {
+                receipt_id,
+                size_bytes,
+                sha256_hex,
+            } => ResultBody::Receipt {
+                receipt_id,
+                size_bytes: *size_bytes,
+                sha256_hex,
+            },
+        },
+        timing,
+    };
+    tracing::debug!(
+        target: "sortie::request",
+        request_id = %request_id,
+        deployment = %deployment,
+        rule = %assigned.decision.rule_id.as_str(),
+        worker = %assigned.decision.worker_id.as_str(),
+        status = resp.status,
+        routing_ms = timing.routing_ms,
+        egress_ms = timing.egress_ms,
+        total_ms = timing.total_ms,
+        "request done"
+    );
+    ApiAnswer {
+        status: 200,
+        body: out.to_json(),
+        outcome: "ok",
+        stages: Some([
+            timing.routing_ms,
+            timing.assignment_ms,
+            timing.egress_ms,
+            timing.total_ms,
+        ]),
+    }
+}
+
+/// What every attempt of one request shares.
+struct Job<'a> {
+    request_id: &'a str,
+    deployment: &'a str,
+    /// The deployment, for its share of the resolver (decision 045).
+    tenant: crate::dns::Tenant,
+    /// The request's total deadline.
+    deadline: Instant,
+}
+
+/// A request receipt held for remote attempts, with its id and size: the worker fetches the
+/// body from the control's signed route (decision 065).
+struct RemoteHold<'a> {
+    hold: streamed::Hold<'a>,
+    id: String,
+    size: u64,
+}
+
+fn cancelled_error() -> ApiError {
+    ApiError::new(ErrorCode::Cancelled, "cancelled by operator")
+}
+
+fn internal(why: &str) -> ApiError {
+    ApiError::new(ErrorCode::ControlInternalError, why.to_string())
+}
+
+fn no_storage() -> ApiError {
+    ApiError::new(
+        ErrorCode::BodyRefUnavailable,
+        "object storage is not enabled",
+    )
+}
+
+/// One attempt on a remote worker: the whole request in the assignment (a receipt body by
+/// its signed URL), the response inline or streamed into a new response receipt.
+async fn remote_attempt<'r>(
+    ctx: &'r CoreContext,
+    job: &Job<'_>,
+    req: &ValidatedRequest,
+    route: &Route<'_>,
+    assigned: &Assigned,
+    remote_hold: &mut Option<RemoteHold<'r>>,
+) -> Result<Exchange, Failure> {
+    let Some(bus) = &ctx.bus else {
+        return Err(ApiError::new(
+            ErrorCode::TransportUnavailable,
+            "no worker bus on this control",
+        )
+        .into());
+    };
+    let worker_id = assigned.decision.worker_id.as_str();
+    // A receipt body is fetched by the worker from the control's signed worker route
+    // (decision 065): the URL is a bearer credential and is never logged.
+    let (body, receipt) = match &req.body {
+        RequestBody::None => (bytes::Bytes::new(), None),
+        RequestBody::Inline(b) => (bytes::Bytes::from(b.clone()), None),
+        RequestBody::Receipt(id) => {
+            let Some(receipts) = &ctx.receipts else {
+                return Err(no_storage().into());
+            };
+            if let Some(e) = bus.receipt_refusal() {
+                return Err(e.into());
+            }
+            if remote_hold.is_none() {
+                let (r, hold) = streamed::take_receipt(receipts, job.deployment, id).await?;
+                *remote_hold = Some(RemoteHold {
+                    hold,
+                    id: r.receipt_id,
+                    size: r.size_bytes,
+                });
+            }
+            let Some(base) = bus.api_base_url(worker_id) else {
+                return Err(ApiError::new(
+                    ErrorCode::TransportUnavailable,
+                    format!("no bus lane to worker {worker_id} on this core"),
+                )
+                .into());
+            };
+            let (id, size) = remote_hold
+                .as_ref()
+                .map(|h| (h.id.as_str(), h.size))
+                .unwrap_or_default();
+            let path = receipts.signed_object_path(job.deployment, job.request_id, id);
+            (bytes::Bytes::new(), Some((format!("{base}{path}"), size)))
+        }
+    };
+    let to_receipt = req.response_body_mode == ResponseBodyMode::Receipt;
+    if to_receipt && ctx.receipts.is_none() {
+        return Err(no_storage().into());
+    }
+    let limits = ctx.state.limits;
+    let remote = crate::remote::RemoteJob {
+        request_id: job.request_id,
+        deployment_id: job.deployment,
+        method: req.method.as_str(),
+        url: req.url.to_string(),
+        headers: req
+            .headers
+            .iter()
+            .map(|h| (h.name.as_bytes().to_vec(), h.value.clone()))
+            .collect(),
+        body,
+        receipt,
+        deadline: job.deadline,
+        is_replayable: req.is_replayable,
+        pool: assigned.decision.pool_id.as_str(),
+        provider_session: assigned.decision.provider_session,
+        proxy_username: assigned.via.as_ref().and_then(|v| v.username()),
+        fingerprint_profile: route.fingerprint,
+        max_response_bytes: match (&ctx.receipts, to_receipt) {
+            (Some(r), true) => usize::try_from(r.max_object_bytes()).unwrap_or(usize::MAX),
+            _ => limits.max_inline_response_body_bytes,
+        },
+    };
+    match (&ctx.receipts, to_receipt) {
+        (Some(receipts), true) => {
+            // The worker's body goes into a new response receipt as it arrives.
+            let (h, mut reader) = bus.start(worker_id, &remote).await?;
+            let body = streamed::store_response(receipts, job.deployment, &mut reader).await?;
+            Ok(Exchange {
+                status: h.status,
+                headers: h
+                    .headers
+                    .into_iter()
+                    .map(|(n, v)| (bytes::Bytes::from(n), bytes::Bytes::from(v)))
+                    .collect(),
+                body,
+            })
+        }
+        _ => bus.execute(worker_id, &remote).await.map(|resp| Exchange {
+            status: resp.status,
+            headers: resp.headers,
+            body: ExchangeBody::Inline {
+                start: bytes::Bytes::new(),
+                rest: resp.body,
+            },
+        }),
+    }
+}
+
+/// The attempt on a local worker: the egress client on this core, the body inline or streamed
+/// from or to a receipt.
+async fn local_attempt(
+    ctx: &CoreContext,
+    job: &Job<'_>,
+    req: ValidatedRequest,
+    fingerprint: Option<&str>,
+    assigned: &Assigned,
+) -> Result<Exchange, ApiError> {
+    let active = ctx.state.active();
+    let limits = ctx.state.limits;
+    let (decision, slot, via) = (&assigned.decision, &assigned.slot, assigned.via.as_ref());
+    // Routing only chose a worker advertising the profile, and a local worker advertises only
+    // the profiles this process verified (decision 082).
+    let fingerprint = match fingerprint {
+        None => None,
+        Some(name) => Some(crate::egress::fingerprint::verified(name).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::UnsupportedFingerprint,
+                format!("this process did not verify profile {name}"),
+            )
+        })?),
+    };
+    let is_streamed = matches!(req.body, RequestBody::Receipt(_))
+        || req.response_body_mode == ResponseBodyMode::Receipt;
+    if let (Some(receipts), true) = (&ctx.receipts, is_streamed) {
+        let target = Target {
+            egress: &ctx.egress,
+            policy: &active.policy,
+            worker_id: &decision.worker_id,
+            bind_address: slot.bind_address(),
+            deadline: job.deadline,
+            max_inline_response_body_bytes: limits.max_inline_response_body_bytes,
+            timeouts: limits.egress_timeouts,
+            via,
+            tenant: job.tenant,
+            fingerprint,
+        };
+        return streamed::execute(receipts, job.deployment, req, &target).await;
+    }
+    let body = match req.body {
+        RequestBody::None => bytes::Bytes::new(),
+        RequestBody::Inline(b) => bytes::Bytes::from(b),
+        RequestBody::Receipt(_) => return Err(no_storage()),
+    };
+    let egress_req = EgressRequest {
+        method: req.method,
+        url: req.url,
+        headers: req.headers,
+        body,
+        deadline: job.deadline,
+        max_response_body_bytes: limits.max_inline_response_body_bytes,
+        policy: active.policy.clone(),
+        worker_id: decision.worker_id.clone(),
+        bind_address: slot.bind_address(),
+        is_replayable: req.is_replayable,
+        timeouts: limits.egress_timeouts,
+        via: via.cloned(),
+        tenant: job.tenant,
+        fingerprint,
+    };
+    // In two parts: the body's start is not copied behind the head; the envelope encodes both
+    // as one.
+    let resp = ctx.egress.execute_split(&egress_req).await?;
+    Ok(Exchange {
+        status: resp.status,
+        headers: resp.headers,
+        body: ExchangeBody::Inline {
+            start: resp.body_start,
+            rest: resp.body,
+        },
+    })
+}
+
+fn log_failure(
+    request_id: &str,
+    deployment: &str,
+    worker: Option<&str>,
+    e: &ApiError,
+    started: Instant,
+) {
+    tracing::debug!(
+        target: "sortie::request",
+        request_id = %request_id,
+        deployment = %deployment,
+        worker = worker.unwrap_or("-"),
+        code = e.code.as_str(),
+        total_ms = millis(started.elapsed()),
+        "request failed"
+    );
+}
