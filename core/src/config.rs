@@ -780,10 +780,19 @@ impl Config {
     }
 
     fn validate_with(&mut self, is_local_implied: bool) -> Result<(), ConfigError> {
+        self.validate_control()?;
+        self.validate_credentials()?;
+        self.validate_storage()?;
+        self.validate_workers(is_local_implied)
+    }
+
+    /// `[control]` and its tables: listeners, cores, request, server and proxy limits, the
+    /// refused destination ports.
+    fn validate_control(&self) -> Result<(), ConfigError> {
         self.control
             .bus
             .validate(self.control.bus_listen.is_some())?;
-        let c = &mut self.control;
+        let c = &self.control;
         parse_listen("control.api_listen", &c.api_listen)?;
         for (k, v) in [
             ("control.admin_listen", &c.admin_listen),
@@ -890,6 +899,11 @@ impl Config {
             }
         }
 
+        Ok(())
+    }
+
+    /// `[[deployments]]` and `[admin]`: ids, token sources, and no token written twice.
+    fn validate_credentials(&self) -> Result<(), ConfigError> {
         let mut seen = Vec::new();
         for (i, d) in self.deployments.iter().enumerate() {
             let p = format!("deployments[{i}]");
@@ -933,6 +947,11 @@ impl Config {
             }
         }
 
+        Ok(())
+    }
+
+    /// `[object_storage]`, `[store]` and the egress CA file.
+    fn validate_storage(&self) -> Result<(), ConfigError> {
         let o = &self.object_storage;
         if o.enabled && o.max_object_bytes == 0 {
             return Err(err(
@@ -982,6 +1001,11 @@ impl Config {
             }
         }
 
+        Ok(())
+    }
+
+    /// `[[workers]]`, with the implied local worker when none is configured.
+    fn validate_workers(&mut self, is_local_implied: bool) -> Result<(), ConfigError> {
         if self.workers.len() > MAX_CONFIG_WORKERS {
             return Err(err(
                 "workers",

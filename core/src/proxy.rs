@@ -182,6 +182,16 @@ pub fn is_hop_by_hop_response_field(name: &[u8], connection_tokens: &[&[u8]]) ->
         .any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// Whether a destination's response field goes back to the forward proxy's client: not
+/// hop-by-hop, not `Content-Length` (the proxy frames the body it relays itself), and not
+/// `Proxy-Authenticate` (a challenge for the destination's proxy is not the gateway's; decision
+/// 021). The same rule for a local and a remote worker's response.
+pub fn is_relayed_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
+    !is_hop_by_hop_response_field(name, connection_tokens)
+        && !name.eq_ignore_ascii_case(b"content-length")
+        && !name.eq_ignore_ascii_case(b"proxy-authenticate")
+}
+
 /// Parses the authority-form target of `CONNECT` (RFC 9110 §9.3.6: `uri-host ":" port`, the
 /// port required and non-zero). Errors are `invalid_request`.
 pub fn parse_connect_target(target: &str) -> Result<(Host, u16), ApiError> {
@@ -495,6 +505,31 @@ mod tests {
                 let ty = proxy_error_type(*code, t);
                 assert!(RFC9209.contains(&ty), "{code}: {ty}");
             }
+        }
+    }
+
+    #[test]
+    fn relayed_response_fields_leave_out_framing_and_proxy_challenges() {
+        let fields: Vec<(&[u8], &[u8])> = vec![(b"Connection", b"x-drop")];
+        let tokens = connection_tokens(&fields);
+        for kept in ["content-type", "set-cookie", "www-authenticate", "etag"] {
+            assert!(
+                is_relayed_response_field(kept.as_bytes(), &tokens),
+                "{kept}"
+            );
+        }
+        for dropped in [
+            "Content-Length",
+            "proxy-authenticate",
+            "connection",
+            "transfer-encoding",
+            "keep-alive",
+            "X-Drop",
+        ] {
+            assert!(
+                !is_relayed_response_field(dropped.as_bytes(), &tokens),
+                "{dropped}"
+            );
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::control::admission::TunnelCounts;
 use crate::control::core::{mailbox, ActiveRequests, CoreCommand, MailboxReceiver};
 use crate::control::receipts::Receipts;
 use crate::control::state::ControlState;
-use crate::dispatch::CoreContext;
+use crate::dispatch::Dispatcher;
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{client_config, Egress, PoolLimits};
 use crate::http::{self, ServerConfig, ShutdownTrigger};
@@ -176,24 +176,22 @@ fn bind(
     bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
 }
 
-/// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
-pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
-    // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
-    // right after its banner) is a graceful stop rather than the default, abrupt termination.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
-    let data_dir = PathBuf::from(&config.control.data_dir);
-    ensure_data_dir(&data_dir)?;
-    let open_files = match crate::fd::raise_open_file_limit() {
-        Ok(l) => Some(l.soft),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
-            None
-        }
-    };
+/// What startup reads from the record store before anything serves.
+struct Loaded {
+    store: Box<dyn RecordStore + Send>,
+    /// PostgreSQL's settings, when the store is shared.
+    shared: Option<PostgresConfig>,
+    revision: u64,
+    snapshot: ValidatedSnapshot,
+    registry: WorkerRegistry,
+}
 
-    let (mut store, shared) = open_store(&config, &data_dir)?;
+/// Opens the store, writes the first configuration on a first start, reads the newest one and
+/// the worker settings, and recovers the receipts the last stop interrupted.
+fn load_store(config: &Config, data_dir: &Path) -> Result<Loaded, ServeError> {
+    let (mut store, shared) = open_store(config, data_dir)?;
     let record = store
-        .bootstrap(&bootstrap_json(&config)?, &crate::clock::now_rfc3339())
+        .bootstrap(&bootstrap_json(config)?, &crate::clock::now_rfc3339())
         .map_err(|e| ioe(format!("store: {e}")))?;
     let latest = store
         .latest_config()
@@ -206,7 +204,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             latest.revision
         ))
     })?;
-    let registry = local_registry(&config, &mut *store)?;
+    let registry = local_registry(config, &mut *store)?;
     // Crash recovery of receipts (decision 034) before anything can read them. On a shared
     // store only receipts no live control can still be working on (decision 093).
     let now_ms = crate::clock::unix_ms();
@@ -222,6 +220,37 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             "receipts interrupted by the last stop were recovered"
         );
     }
+    Ok(Loaded {
+        store,
+        shared,
+        revision: latest.revision,
+        snapshot,
+        registry,
+    })
+}
+
+/// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
+pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
+    // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
+    // right after its banner) is a graceful stop rather than the default, abrupt termination.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
+    let data_dir = PathBuf::from(&config.control.data_dir);
+    ensure_data_dir(&data_dir)?;
+    let open_files = match crate::fd::raise_open_file_limit() {
+        Ok(l) => Some(l.soft),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
+            None
+        }
+    };
+
+    let Loaded {
+        store,
+        shared,
+        revision,
+        snapshot,
+        registry,
+    } = load_store(&config, &data_dir)?;
     let objects = if config.object_storage.enabled {
         Some(Objects::from_config(&config.object_storage, &data_dir).map_err(ServeError::Config)?)
     } else {
@@ -243,7 +272,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     };
 
     let n = core_count(config.control.cores);
-    let listeners = Listeners {
+    let mut listeners = Listeners {
         bus: match &config.control.bus_listen {
             Some(a) => Some(bind("control.bus_listen", a, n)?),
             None => None,
@@ -272,7 +301,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         tokens::Authenticator::new(&resolved.deployments),
         resolved.admin.clone(),
         registry,
-        latest.revision,
+        revision,
         Arc::new(snapshot),
     ));
     // With a shared store, revisions and worker settings committed by the other controls
@@ -310,13 +339,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),
         None => None,
     };
-    let bus_socks = Arc::new(std::sync::Mutex::new(
-        listeners
-            .bus
-            .as_ref()
-            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
-            .unwrap_or_default(),
-    ));
     let metrics = Arc::new(Metrics::new(n));
     let metrics_state = state.clone();
     let metrics_render = metrics.clone();
@@ -335,23 +357,6 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     }
     let _ = state.mailboxes.set(mailboxes);
     let receivers = Arc::new(std::sync::Mutex::new(receivers));
-    let api_socks = Arc::new(std::sync::Mutex::new(
-        listeners.api.0.into_iter().map(Some).collect::<Vec<_>>(),
-    ));
-    let admin_socks = Arc::new(std::sync::Mutex::new(
-        listeners
-            .admin
-            .as_ref()
-            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
-            .unwrap_or_default(),
-    ));
-    let proxy_socks = Arc::new(std::sync::Mutex::new(
-        listeners
-            .proxy
-            .as_ref()
-            .map(|(v, _)| v.iter().map(|l| l.try_clone().ok()).collect::<Vec<_>>())
-            .unwrap_or_default(),
-    ));
     let tunnels = Arc::new(TunnelCounts::new(
         state.auth.len(),
         config.control.proxy.max_tunnels_per_deployment,
@@ -372,145 +377,71 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         open_files,
         shared.as_ref().is_some_and(PostgresConfig::is_tls),
     );
-    if let Some(limit) = open_files {
-        // A request in flight holds a client and an upstream descriptor.
-        let per_core = config.control.server.max_connections_per_core as u64;
-        let wanted = (n as u64).saturating_mul(per_core.saturating_mul(2));
-        if limit < wanted {
-            tracing::warn!(
-                limit,
-                wanted,
-                "the open-file limit caps connections below the per-core limits; raise the hard \
-                 limit (ulimit -Hn, or LimitNOFILE= for a systemd service)"
-            );
-        }
-    }
-
+    warn_if_descriptors_short(open_files, n, &config);
     crate::runtime::exit_on_core_panic();
     let server_config = ServerConfig::from_limits(&config.control.server);
     let pool_limits = PoolLimits {
         idle_timeout: Duration::from_millis(config.egress.pool_idle_timeout_ms),
         ..PoolLimits::default()
     };
-    let core_state = state.clone();
-    let core_trigger = trigger.clone();
-    let handles = spawn_cores(n, move |ctx| {
-        let state = core_state.clone();
-        let signal = core_trigger.signal();
-        let rx = receivers
-            .lock()
-            .ok()
-            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
-        let api_sock = api_socks
-            .lock()
-            .ok()
-            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
-        let admin_sock = admin_socks
-            .lock()
-            .ok()
-            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
-        let proxy_sock = proxy_socks
-            .lock()
-            .ok()
-            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
-        let bus_sock = bus_socks
-            .lock()
-            .ok()
-            .and_then(|mut v| v.get_mut(ctx.index).and_then(Option::take));
-        let bus_shared = bus_shared.clone();
-        let tunnels = tunnels.clone();
-        let tls = tls.clone();
-        let resolver = resolver.clone();
-        let admin_ctx = admin_ctx.clone();
-        let metrics = metrics.clone();
-        let server_config = server_config.clone();
-        let receipts = receipts.clone();
-        async move {
-            #[cfg(debug_assertions)]
-            debug_panic_core(ctx.index);
-            let active = Rc::new(ActiveRequests::default());
-            let bus = bus_shared
-                .map(|shared| crate::remote::BusCore::new(ctx.index, shared, state.clone()));
-            if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
-                match monoio::net::TcpListener::from_std(sock) {
-                    Ok(l) => {
-                        monoio::spawn(bus.clone().serve(l));
-                    }
-                    Err(e) => tracing::error!(error = %e, "bus listener"),
-                }
-            }
-            if let Some(rx) = rx {
-                monoio::spawn(run_mailbox(rx, active.clone(), bus.clone()));
-            }
-            let egress = Rc::new(Egress::with_pool_limits(
-                Resolver::new(resolver),
-                &tls,
-                pool_limits,
-            ));
-            let cfg = Rc::new(server_config);
-            let mut tasks = Vec::new();
-            if let Some(sock) = proxy_sock {
-                match monoio::net::TcpListener::from_std(sock) {
-                    Ok(l) => {
-                        // The proxy shares the core's egress pool and active list with the
-                        // request API.
-                        let mut ctx = CoreContext::new(
-                            state.clone(),
-                            active.clone(),
-                            egress.clone(),
-                            metrics.clone(),
-                            ctx.index,
-                        );
-                        // Remote workers relay proxied requests over this core's lanes.
-                        ctx.bus = bus.clone();
-                        let h = Rc::new(ProxyHandler::new(ctx, tunnels));
-                        tasks.push(monoio::spawn(http::serve(
-                            l,
-                            h,
-                            cfg.clone(),
-                            signal.clone(),
-                        )));
-                    }
-                    Err(e) => tracing::error!(error = %e, "proxy listener"),
-                }
-            }
-            let mut api =
-                ApiHandler::new(state.clone(), active, egress, metrics.clone(), ctx.index);
-            if let Some(r) = receipts {
-                api = api.with_receipts(r);
-            }
-            if let Some(b) = bus {
-                api = api.with_bus(b);
-            }
-            let api = Rc::new(api);
-            if let Some(sock) = admin_sock {
-                match monoio::net::TcpListener::from_std(sock) {
-                    Ok(l) => {
-                        let h = Rc::new(AdminHandler::new(admin_ctx));
-                        tasks.push(monoio::spawn(http::serve(
-                            l,
-                            h,
-                            cfg.clone(),
-                            signal.clone(),
-                        )));
-                    }
-                    Err(e) => tracing::error!(error = %e, "admin listener"),
-                }
-            }
-            if let Some(sock) = api_sock {
-                match monoio::net::TcpListener::from_std(sock) {
-                    Ok(l) => http::serve(l, api, cfg, signal).await,
-                    Err(e) => tracing::error!(error = %e, "api listener"),
-                }
-            }
-            for t in tasks {
-                t.await;
-            }
-        }
-    })
-    .map_err(ioe)?;
+    let [api_socks, admin_socks, proxy_socks, bus_socks] = listeners.per_core();
+    let parts = Arc::new(CoreParts {
+        state: state.clone(),
+        trigger: trigger.clone(),
+        receivers,
+        api_socks,
+        admin_socks,
+        proxy_socks,
+        bus_socks,
+        bus_shared,
+        tunnels,
+        tls,
+        resolver,
+        admin_ctx,
+        metrics,
+        server_config,
+        receipts,
+        pool_limits,
+    });
+    let handles =
+        spawn_cores(n, move |ctx| serve_core(ctx.index, parts.take(ctx.index))).map_err(ioe)?;
 
     let _ = signals.forever().next();
+    stop(Running {
+        trigger,
+        handles,
+        follower,
+        presence,
+        is_shared: shared.is_some(),
+        cold,
+        cold_thread,
+    });
+    Ok(())
+}
+
+/// What a running control stops, in order.
+struct Running {
+    trigger: ShutdownTrigger,
+    handles: Vec<std::thread::JoinHandle<()>>,
+    follower: Option<crate::control::follow::Follower>,
+    presence: Option<crate::control::presence::Presence>,
+    is_shared: bool,
+    cold: crate::store::ColdHandle,
+    cold_thread: std::thread::JoinHandle<()>,
+}
+
+/// The graceful stop: the cores finish their requests within the grace, then the follower,
+/// the heartbeat and the cold thread stop.
+fn stop(r: Running) {
+    let Running {
+        trigger,
+        handles,
+        follower,
+        mut presence,
+        is_shared,
+        cold,
+        cold_thread,
+    } = r;
     tracing::info!("shutting down: finishing in-flight requests");
     trigger.trigger();
     let deadline = std::time::Instant::now() + SHUTDOWN_GRACE + CORE_STOP_MARGIN;
@@ -535,7 +466,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     if let Some(p) = presence.take() {
         p.stop();
     }
-    if shared.is_some() {
+    if is_shared {
         if is_every_core_done {
             crate::control::presence::leave(&cold);
         } else {
@@ -548,7 +479,218 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     cold.shutdown();
     let _ = cold_thread.join();
     tracing::info!("stopped");
-    Ok(())
+}
+
+/// Warns when the open-file limit is below what the per-core connection limits may use: a
+/// request in flight holds a client and an upstream descriptor.
+fn warn_if_descriptors_short(open_files: Option<u64>, cores: usize, config: &Config) {
+    let Some(limit) = open_files else { return };
+    let per_core = config.control.server.max_connections_per_core as u64;
+    let wanted = (cores as u64).saturating_mul(per_core.saturating_mul(2));
+    if limit < wanted {
+        tracing::warn!(
+            limit,
+            wanted,
+            "the open-file limit caps connections below the per-core limits; raise the hard \
+             limit (ulimit -Hn, or LimitNOFILE= for a systemd service)"
+        );
+    }
+}
+
+impl Listeners {
+    /// Moves each listener's sockets, one per core, out for the cores to take (API, admin,
+    /// proxy, bus); the addresses stay for the banner.
+    fn per_core(&mut self) -> [Arc<CoreSockets>; 4] {
+        let each = |l: Option<&mut (Vec<std::net::TcpListener>, SocketAddr)>| {
+            let socks = l.map(|(v, _)| std::mem::take(v)).unwrap_or_default();
+            Arc::new(std::sync::Mutex::new(
+                socks.into_iter().map(Some).collect::<Vec<_>>(),
+            ))
+        };
+        [
+            each(Some(&mut self.api)),
+            each(self.admin.as_mut()),
+            each(self.proxy.as_mut()),
+            each(self.bus.as_mut()),
+        ]
+    }
+}
+
+/// A socket per core of one listener, each taken by its core.
+type CoreSockets = std::sync::Mutex<Vec<Option<std::net::TcpListener>>>;
+
+/// What startup hands to the cores: shared pieces, and per-core ones each core takes once.
+struct CoreParts {
+    state: Arc<ControlState>,
+    trigger: ShutdownTrigger,
+    receivers: Arc<std::sync::Mutex<Vec<Option<MailboxReceiver>>>>,
+    api_socks: Arc<CoreSockets>,
+    admin_socks: Arc<CoreSockets>,
+    proxy_socks: Arc<CoreSockets>,
+    bus_socks: Arc<CoreSockets>,
+    bus_shared: Option<Arc<crate::remote::BusShared>>,
+    tunnels: Arc<TunnelCounts>,
+    tls: Arc<rustls::ClientConfig>,
+    resolver: ResolverPool,
+    admin_ctx: Arc<AdminContext>,
+    metrics: Arc<Metrics>,
+    server_config: ServerConfig,
+    receipts: Option<Arc<Receipts>>,
+    pool_limits: PoolLimits,
+}
+
+/// One core's share of [`CoreParts`].
+struct CorePart {
+    state: Arc<ControlState>,
+    signal: crate::http::ShutdownSignal,
+    rx: Option<MailboxReceiver>,
+    api_sock: Option<std::net::TcpListener>,
+    admin_sock: Option<std::net::TcpListener>,
+    proxy_sock: Option<std::net::TcpListener>,
+    bus_sock: Option<std::net::TcpListener>,
+    bus_shared: Option<Arc<crate::remote::BusShared>>,
+    tunnels: Arc<TunnelCounts>,
+    tls: Arc<rustls::ClientConfig>,
+    resolver: ResolverPool,
+    admin_ctx: Arc<AdminContext>,
+    metrics: Arc<Metrics>,
+    server_config: ServerConfig,
+    receipts: Option<Arc<Receipts>>,
+    pool_limits: PoolLimits,
+}
+
+impl CoreParts {
+    /// Core `index`'s share: its sockets and mailbox taken, the rest shared.
+    fn take(&self, index: usize) -> CorePart {
+        let take = |socks: &CoreSockets| {
+            socks
+                .lock()
+                .ok()
+                .and_then(|mut v| v.get_mut(index).and_then(Option::take))
+        };
+        CorePart {
+            state: self.state.clone(),
+            signal: self.trigger.signal(),
+            rx: self
+                .receivers
+                .lock()
+                .ok()
+                .and_then(|mut v| v.get_mut(index).and_then(Option::take)),
+            api_sock: take(&self.api_socks),
+            admin_sock: take(&self.admin_socks),
+            proxy_sock: take(&self.proxy_socks),
+            bus_sock: take(&self.bus_socks),
+            bus_shared: self.bus_shared.clone(),
+            tunnels: self.tunnels.clone(),
+            tls: self.tls.clone(),
+            resolver: self.resolver.clone(),
+            admin_ctx: self.admin_ctx.clone(),
+            metrics: self.metrics.clone(),
+            server_config: self.server_config.clone(),
+            receipts: self.receipts.clone(),
+            pool_limits: self.pool_limits,
+        }
+    }
+}
+
+/// Serves one core until shutdown: its bus lanes and mailbox, then the proxy, admin and API
+/// listeners on one egress executor and one active-request table.
+async fn serve_core(index: usize, part: CorePart) {
+    #[cfg(debug_assertions)]
+    debug_panic_core(index);
+    let CorePart {
+        state,
+        signal,
+        rx,
+        api_sock,
+        admin_sock,
+        proxy_sock,
+        bus_sock,
+        bus_shared,
+        tunnels,
+        tls,
+        resolver,
+        admin_ctx,
+        metrics,
+        server_config,
+        receipts,
+        pool_limits,
+    } = part;
+    let active = Rc::new(ActiveRequests::default());
+    let bus = bus_shared.map(|shared| crate::remote::BusCore::new(index, shared, state.clone()));
+    if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
+        match monoio::net::TcpListener::from_std(sock) {
+            Ok(l) => {
+                monoio::spawn(bus.clone().serve(l));
+            }
+            Err(e) => tracing::error!(error = %e, "bus listener"),
+        }
+    }
+    if let Some(rx) = rx {
+        monoio::spawn(run_mailbox(rx, active.clone(), bus.clone()));
+    }
+    let egress = Rc::new(Egress::with_pool_limits(
+        Resolver::new(resolver),
+        &tls,
+        pool_limits,
+    ));
+    let cfg = Rc::new(server_config);
+    let mut tasks = Vec::new();
+    if let Some(sock) = proxy_sock {
+        match monoio::net::TcpListener::from_std(sock) {
+            Ok(l) => {
+                // The proxy shares the core's egress pool and active list with the request API.
+                let mut ctx = Dispatcher::new(
+                    state.clone(),
+                    active.clone(),
+                    egress.clone(),
+                    metrics.clone(),
+                    index,
+                );
+                // Remote workers relay proxied requests over this core's lanes.
+                ctx.bus = bus.clone();
+                let h = Rc::new(ProxyHandler::new(ctx, tunnels));
+                tasks.push(monoio::spawn(http::serve(
+                    l,
+                    h,
+                    cfg.clone(),
+                    signal.clone(),
+                )));
+            }
+            Err(e) => tracing::error!(error = %e, "proxy listener"),
+        }
+    }
+    let mut api = ApiHandler::new(state.clone(), active, egress, metrics.clone(), index);
+    if let Some(r) = receipts {
+        api = api.with_receipts(r);
+    }
+    if let Some(b) = bus {
+        api = api.with_bus(b);
+    }
+    let api = Rc::new(api);
+    if let Some(sock) = admin_sock {
+        match monoio::net::TcpListener::from_std(sock) {
+            Ok(l) => {
+                let h = Rc::new(AdminHandler::new(admin_ctx));
+                tasks.push(monoio::spawn(http::serve(
+                    l,
+                    h,
+                    cfg.clone(),
+                    signal.clone(),
+                )));
+            }
+            Err(e) => tracing::error!(error = %e, "admin listener"),
+        }
+    }
+    if let Some(sock) = api_sock {
+        match monoio::net::TcpListener::from_std(sock) {
+            Ok(l) => http::serve(l, api, cfg, signal).await,
+            Err(e) => tracing::error!(error = %e, "api listener"),
+        }
+    }
+    for t in tasks {
+        t.await;
+    }
 }
 
 /// The bound addresses the banner reports.

@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::tokens::DeploymentRef;
 
 /// What one core needs to dispatch requests of every ingress.
-pub struct CoreContext {
+pub struct Dispatcher {
     /// Shared control state.
     pub state: Arc<ControlState>,
     /// Requests running on this core.
@@ -61,7 +61,7 @@ pub struct CoreContext {
     pub bus: Option<Rc<crate::remote::BusCore>>,
 }
 
-impl CoreContext {
+impl Dispatcher {
     /// A context for one core.
     pub fn new(
         state: Arc<ControlState>,
@@ -70,7 +70,7 @@ impl CoreContext {
         metrics: Arc<Metrics>,
         core: usize,
     ) -> Self {
-        CoreContext {
+        Dispatcher {
             state,
             active,
             egress,
@@ -116,7 +116,7 @@ pub(crate) struct Resend {
 /// one that failed it before) gets it. The failed worker's unit of capacity goes back before
 /// routing runs again. Answers the attempt's result with the assignment it ran on.
 pub(crate) async fn run<T>(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     route: &Route<'_>,
     resend: Resend,
     mut attempt: impl AsyncFnMut(&Assigned) -> Result<T, Failure>,
@@ -199,7 +199,7 @@ pub(crate) struct Assigned {
 /// fingerprint profile must be advertised by the worker (Request API rule 6); a pool behind an
 /// upstream proxy gets its username rendered here, once for every exchange of the request.
 pub(crate) fn assign(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     route: &Route<'_>,
     excluded: &[WorkerIndex],
 ) -> Result<Assigned, ApiError> {

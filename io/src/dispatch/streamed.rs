@@ -54,38 +54,6 @@ pub(crate) struct Target<'a> {
     pub(crate) fingerprint: Option<&'static sortie_core::fingerprint::profile::Profile>,
 }
 
-/// A response body being read for storage: the destination's, or a remote worker's over the
-/// bus (decision 065).
-pub(crate) trait BodyReader {
-    /// The length the framing announced, when it did.
-    fn announced_length(&self) -> Option<u64>;
-    /// Appends the next piece to `out`; `false` at the end.
-    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError>;
-}
-
-impl BodyReader for crate::egress::ResponseBodyReader {
-    fn announced_length(&self) -> Option<u64> {
-        match self.framing() {
-            sortie_core::h1::ResponseFraming::ContentLength(n) => Some(n),
-            _ => None,
-        }
-    }
-
-    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
-        self.read_into(out).await
-    }
-}
-
-impl BodyReader for crate::remote::RemoteReader {
-    fn announced_length(&self) -> Option<u64> {
-        None
-    }
-
-    async fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
-        self.next_or_error(out).await
-    }
-}
-
 fn unavailable(why: &str) -> ApiError {
     ApiError::new(ErrorCode::BodyRefUnavailable, why.to_string())
 }
@@ -398,13 +366,13 @@ async fn attempt<'a>(
 /// Streams the upstream body into a new object and records it as a verified response receipt.
 /// The record is written only after the whole object is stored, so no partial object is ever
 /// visible; an object left by a failure in between has no record and is removed.
-pub(crate) async fn store_response<R: BodyReader>(
+pub(crate) async fn store_response<R: BodySource>(
     receipts: &Receipts,
     deployment: &str,
     body: &mut R,
 ) -> Result<ExchangeBody, ApiError> {
     let max = receipts.max_object_bytes();
-    if body.announced_length().is_some_and(|n| n > max) {
+    if matches!(body.length(), BodyLength::Known(n) if n > max) {
         return Err(too_large(max));
     }
     let mut record = receipts.new_record(deployment, "response", 0, String::new(), None);
@@ -420,13 +388,12 @@ pub(crate) async fn store_response<R: BodyReader>(
         }
     });
     let feed = async move {
-        let mut buf = Vec::with_capacity(CHUNK_BYTES);
         let mut pending = BytesMut::new();
         loop {
-            buf.clear();
-            let more = body.next_piece(&mut buf).await.map_err(download_error)?;
-            if !buf.is_empty() {
-                pending.extend_from_slice(&buf);
+            let piece = body.next_chunk().await.map_err(download_error)?;
+            let more = piece.is_some();
+            if let Some(piece) = piece {
+                pending.extend_from_slice(&piece);
             }
             let is_due = pending.len() >= CHUNK_BYTES || (!more && !pending.is_empty());
             if is_due && tx.send(pending.split().freeze()).await.is_err() {

@@ -300,88 +300,22 @@ impl Egress {
             }
             None => &req.headers,
         };
-        let mut head = None;
-        let mut may_retry = req.is_replayable;
-        let mut may_retry_unprocessed = true;
-        let mut may_reuse = true;
-        loop {
-            let (conn, connect_ms, is_reused) = self
-                .obtain(&key, Dial::of(req, via), may_reuse, started)
-                .await?;
-            let mut conn = match conn {
-                Opened::H2(c) => match self.execute_h2(&c, req, headers).await {
-                    Ok((status, headers, body)) => {
-                        return Ok(EgressResponse {
-                            status,
-                            headers,
-                            body_start: Bytes::new(),
-                            body,
-                            peer_addr: c.peer(),
-                            connect_ms,
-                            egress_ms: millis(started.elapsed()),
-                            is_connection_reused: is_reused,
-                        })
-                    }
-                    Err(f) => {
-                        if retry_h2(&f, is_reused, &mut may_retry, &mut may_retry_unprocessed) {
-                            tracing::debug!("HTTP/2 stream failed before a response; retrying");
-                            may_reuse = false;
-                            continue;
-                        }
-                        return Err(f.error);
-                    }
-                },
-                Opened::Http1(conn) => conn,
-            };
-            let head = match &head {
-                Some(h) => h,
-                None => head.insert(client::request_head(
-                    req.method,
-                    &req.url,
-                    headers,
-                    req.body.len(),
-                )?),
-            };
-            let x = Exchange {
-                method: req.method,
-                head,
-                body: &req.body,
-                deadline: req.deadline,
-                timeouts: &req.timeouts,
-                max_response_body_bytes: req.max_response_body_bytes,
-            };
-            match client::exchange(&mut conn, &x).await {
-                Ok(resp) => {
-                    let peer_addr = conn.peer();
-                    let finished = Instant::now();
-                    if resp.is_reusable {
-                        self.inner.pool.put(key, conn, finished);
-                    }
-                    return Ok(EgressResponse {
-                        status: resp.status,
-                        headers: resp.headers,
-                        body_start: resp.body_start,
-                        body: resp.body,
-                        peer_addr,
-                        connect_ms,
-                        egress_ms: millis(finished - started),
-                        is_connection_reused: is_reused,
-                    });
-                }
-                Err(Failure {
-                    is_before_response: true,
-                    ..
-                }) if is_reused && may_retry => {
-                    // The upstream closed the idle connection while we were sending: the
-                    // request may not have been seen at all. `replayable` permits sending it
-                    // again, once, on a connection of our own making.
-                    tracing::debug!("pooled connection broke before a response; retrying");
-                    may_retry = false;
-                    may_reuse = false;
-                }
-                Err(f) => return Err(f.error),
-            }
-        }
+        let mut attempt = Buffered {
+            egress: self,
+            req,
+            headers,
+            key: &key,
+            head: None,
+            started,
+        };
+        self.run_attempts(
+            &key,
+            Dial::of(req, via),
+            started,
+            req.is_replayable,
+            &mut attempt,
+        )
+        .await
     }
 
     /// One buffered exchange over HTTP/2: the whole body under the response limit.
@@ -614,6 +548,166 @@ async fn connect_fingerprinted(
             fingerprint::UNAVAILABLE_REASON
         ),
     ))
+}
+
+/// How a connection was obtained for an attempt.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Obtained {
+    /// Milliseconds spent connecting (0 for a pooled connection).
+    pub(crate) connect_ms: u64,
+    /// Whether the connection came from the pool.
+    pub(crate) is_reused: bool,
+}
+
+/// One exchange on a connection of the pool, run by [`Egress::run_attempts`] once per attempt:
+/// the buffered exchange of [`Egress::execute_split`] and the streamed one of [`Egress::open`].
+pub(crate) trait Attempt {
+    /// What a successful exchange answers.
+    type Output;
+    /// The exchange as a stream of an HTTP/2 connection.
+    async fn over_h2(
+        &mut self,
+        conn: &Rc<H2Conn>,
+        got: Obtained,
+    ) -> Result<Self::Output, H2Failure>;
+    /// The exchange on an HTTP/1.1 connection, which is the exchange's from then on (to pool
+    /// at a clean end, or to hand to a body reader).
+    async fn over_h1(&mut self, conn: Conn, got: Obtained) -> Result<Self::Output, Failure>;
+    /// Whether an HTTP/2 stream the server did not process may be sent again; a stream whose
+    /// request body was streamed from its source may not unless none of it left.
+    fn may_resend_unprocessed(&self, f: &H2Failure) -> bool;
+}
+
+impl Egress {
+    /// The one upstream retry loop: obtains a connection for `key` (pooled unless a retry
+    /// asked for a fresh one) and runs `attempt` on it; sends again at most once after a
+    /// reused connection broke before any response byte when the request is replayable, and
+    /// at most once after an HTTP/2 stream the server provably did not process.
+    pub(crate) async fn run_attempts<A: Attempt>(
+        &self,
+        key: &PoolKey,
+        dial: Dial<'_>,
+        started: Instant,
+        is_replayable: bool,
+        attempt: &mut A,
+    ) -> Result<A::Output, ApiError> {
+        let mut may_retry = is_replayable;
+        let mut may_retry_unprocessed = true;
+        let mut may_reuse = true;
+        loop {
+            let (conn, connect_ms, is_reused) = self.obtain(key, dial, may_reuse, started).await?;
+            let got = Obtained {
+                connect_ms,
+                is_reused,
+            };
+            match conn {
+                Opened::H2(c) => match attempt.over_h2(&c, got).await {
+                    Ok(out) => return Ok(out),
+                    Err(f) => {
+                        let mut allowance =
+                            may_retry_unprocessed && attempt.may_resend_unprocessed(&f);
+                        if !retry_h2(&f, is_reused, &mut may_retry, &mut allowance) {
+                            return Err(f.error);
+                        }
+                        may_retry_unprocessed = allowance;
+                        tracing::debug!("HTTP/2 stream failed before a response; retrying");
+                    }
+                },
+                Opened::Http1(conn) => match attempt.over_h1(conn, got).await {
+                    Ok(out) => return Ok(out),
+                    Err(Failure {
+                        is_before_response: true,
+                        ..
+                    }) if is_reused && may_retry => {
+                        // The upstream closed the idle connection while we were sending: the
+                        // request may not have been seen at all. `replayable` permits sending
+                        // it again, once, on a connection of our own making.
+                        tracing::debug!("pooled connection broke before a response; retrying");
+                        may_retry = false;
+                    }
+                    Err(f) => return Err(f.error),
+                },
+            }
+            may_reuse = false;
+        }
+    }
+}
+
+/// The buffered exchange of [`Egress::execute_split`]: the whole body under the response limit.
+struct Buffered<'a> {
+    egress: &'a Egress,
+    req: &'a EgressRequest,
+    /// The request's fields, in a profile's order when it has one.
+    headers: &'a [Header],
+    key: &'a PoolKey,
+    /// The HTTP/1.1 request head, encoded on the first HTTP/1.1 attempt.
+    head: Option<Vec<u8>>,
+    started: Instant,
+}
+
+impl Attempt for Buffered<'_> {
+    type Output = EgressResponse;
+
+    async fn over_h2(
+        &mut self,
+        c: &Rc<H2Conn>,
+        got: Obtained,
+    ) -> Result<EgressResponse, H2Failure> {
+        let (status, headers, body) = self.egress.execute_h2(c, self.req, self.headers).await?;
+        Ok(EgressResponse {
+            status,
+            headers,
+            body_start: Bytes::new(),
+            body,
+            peer_addr: c.peer(),
+            connect_ms: got.connect_ms,
+            egress_ms: millis(self.started.elapsed()),
+            is_connection_reused: got.is_reused,
+        })
+    }
+
+    async fn over_h1(&mut self, mut conn: Conn, got: Obtained) -> Result<EgressResponse, Failure> {
+        let req = self.req;
+        let head = match &self.head {
+            Some(h) => h,
+            None => self.head.insert(
+                client::request_head(req.method, &req.url, self.headers, req.body.len()).map_err(
+                    |error| Failure {
+                        error,
+                        is_before_response: false,
+                    },
+                )?,
+            ),
+        };
+        let x = Exchange {
+            method: req.method,
+            head,
+            body: &req.body,
+            deadline: req.deadline,
+            timeouts: &req.timeouts,
+            max_response_body_bytes: req.max_response_body_bytes,
+        };
+        let resp = client::exchange(&mut conn, &x).await?;
+        let peer_addr = conn.peer();
+        let finished = Instant::now();
+        if resp.is_reusable {
+            self.egress.inner.pool.put(self.key.clone(), conn, finished);
+        }
+        Ok(EgressResponse {
+            status: resp.status,
+            headers: resp.headers,
+            body_start: resp.body_start,
+            body: resp.body,
+            peer_addr,
+            connect_ms: got.connect_ms,
+            egress_ms: millis(finished - self.started),
+            is_connection_reused: got.is_reused,
+        })
+    }
+
+    fn may_resend_unprocessed(&self, _: &H2Failure) -> bool {
+        true
+    }
 }
 
 /// A new or pooled connection, by the protocol it speaks.

@@ -34,7 +34,7 @@ use super::error::{self, Stage};
 use super::h2conn::{self, H2Body, H2Conn, H2Failure, H2Head, Retry};
 use super::pool::PoolKey;
 use super::stream::{Conn, READ_BUF_BYTES};
-use super::{retry_h2, Dial, Egress, Inner, Opened, ProxyRoute, Timeouts};
+use super::{Attempt, Dial, Egress, Inner, Obtained, ProxyRoute, Timeouts};
 use crate::dns::Tenant;
 use crate::splice;
 
@@ -63,6 +63,31 @@ pub trait BodySource {
     /// The next piece of the body, `None` at its end. An error aborts the exchange and is
     /// returned by [`Egress::open`] as it is.
     async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError>;
+}
+
+/// A destination's response body as the source of another exchange or of a stored object
+/// (decision 065): the body of one exchange read as the body of the next thing.
+impl BodySource for ResponseBodyReader {
+    fn length(&self) -> BodyLength {
+        match self.framing {
+            ResponseFraming::None => BodyLength::None,
+            ResponseFraming::ContentLength(n) => BodyLength::Known(n),
+            _ => BodyLength::Chunked,
+        }
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        let mut piece = Vec::new();
+        loop {
+            let more = self.read_into(&mut piece).await?;
+            if !piece.is_empty() {
+                return Ok(Some(Bytes::from(piece)));
+            }
+            if !more {
+                return Ok(None);
+            }
+        }
+    }
 }
 
 /// A body held in memory (possibly empty).
@@ -516,109 +541,17 @@ impl Egress {
             tenant: req.tenant,
             profile,
         };
-        let mut may_retry = req.is_replayable && length == BodyLength::None;
-        let mut may_retry_unprocessed = true;
-        let mut may_reuse = true;
-        loop {
-            let (conn, connect_ms, is_reused) = self.obtain(&key, dial, may_reuse, started).await?;
-            let mut conn = match conn {
-                Opened::Http1(conn) => conn,
-                Opened::H2(c) => {
-                    match self.open_h2(&c, req, length, body).await {
-                        Ok(head) => {
-                            let framing = head.framing;
-                            let is_finished = framing == ResponseFraming::None;
-                            return Ok(StreamedResponse {
-                                status: head.status,
-                                headers: head.headers,
-                                peer_addr: c.peer(),
-                                connect_ms,
-                                is_connection_reused: is_reused,
-                                body: ResponseBodyReader {
-                                    conn: None,
-                                    h2: (!is_finished).then_some(head.body),
-                                    decoder: BodyDecoder::for_response(
-                                        ResponseFraming::None,
-                                        BodyLimits::with_max_body(0),
-                                    )
-                                    .map_err(error::protocol_error)?,
-                                    framing,
-                                    early: Bytes::new(),
-                                    is_keep_alive: false,
-                                    has_leftover: false,
-                                    is_finished,
-                                    deadline: req.deadline,
-                                    idle: req.timeouts.idle,
-                                    home: self.inner.clone(),
-                                    key: None,
-                                },
-                            });
-                        }
-                        Err(f) => {
-                            // A streamed body already taken from its source cannot be sent
-                            // again; `NotSent` means none was.
-                            let unprocessed_ok =
-                                f.retry == Retry::NotSent || length == BodyLength::None;
-                            let mut allowance = may_retry_unprocessed && unprocessed_ok;
-                            if retry_h2(&f, is_reused, &mut may_retry, &mut allowance) {
-                                may_retry_unprocessed = allowance;
-                                tracing::debug!("HTTP/2 stream failed before a response; retrying");
-                                may_reuse = false;
-                                continue;
-                            }
-                            return Err(f.error);
-                        }
-                    }
-                }
-            };
-            match exchange_head(&mut conn, req, &head, length, body).await {
-                Ok((head, early)) => {
-                    let decoder = BodyDecoder::for_response(
-                        head.framing,
-                        BodyLimits::with_max_body(u64::MAX),
-                    )
-                    .map_err(error::protocol_error)?;
-                    let is_finished = decoder.is_done() && early.is_empty();
-                    let mut reader = ResponseBodyReader {
-                        conn: Some(conn),
-                        h2: None,
-                        decoder,
-                        framing: head.framing,
-                        early,
-                        is_keep_alive: head.is_keep_alive,
-                        has_leftover: false,
-                        is_finished: false,
-                        deadline: req.deadline,
-                        idle: req.timeouts.idle,
-                        home: self.inner.clone(),
-                        key: Some(key),
-                    };
-                    if is_finished {
-                        // No body at all (HEAD, 204, 304, `Content-Length: 0`): the
-                        // connection is ready for the pool right away.
-                        reader.finish(false);
-                    }
-                    let peer_addr = reader.conn.as_ref().map_or(dial_peer(req), Conn::peer);
-                    return Ok(StreamedResponse {
-                        status: head.status,
-                        headers: head.headers,
-                        peer_addr,
-                        connect_ms,
-                        is_connection_reused: is_reused,
-                        body: reader,
-                    });
-                }
-                Err(Failure {
-                    is_before_response: true,
-                    ..
-                }) if is_reused && may_retry => {
-                    tracing::debug!("pooled connection broke before a response; retrying");
-                    may_retry = false;
-                    may_reuse = false;
-                }
-                Err(f) => return Err(f.error),
-            }
-        }
+        let is_replayable = req.is_replayable && length == BodyLength::None;
+        let mut attempt = Streamed {
+            egress: self,
+            req,
+            head: &head,
+            length,
+            body,
+            key: &key,
+        };
+        self.run_attempts(&key, dial, started, is_replayable, &mut attempt)
+            .await
     }
 
     /// The head of a streamed exchange over HTTP/2.
@@ -827,6 +760,111 @@ fn upload_mismatch() -> ApiError {
         ErrorCode::StreamUploadAborted,
         "the request body did not match its declared length",
     )
+}
+
+/// The streamed exchange of [`Egress::open`]: the request body from its source, the answer at
+/// the response head with a reader for the body.
+struct Streamed<'a, 'r, B> {
+    egress: &'a Egress,
+    req: &'a StreamRequest<'r>,
+    /// The HTTP/1.1 request head.
+    head: &'a Bytes,
+    length: BodyLength,
+    body: &'a mut B,
+    key: &'a PoolKey,
+}
+
+impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
+    type Output = StreamedResponse;
+
+    async fn over_h2(
+        &mut self,
+        c: &Rc<H2Conn>,
+        got: Obtained,
+    ) -> Result<StreamedResponse, H2Failure> {
+        let head = self
+            .egress
+            .open_h2(c, self.req, self.length, self.body)
+            .await?;
+        let framing = head.framing;
+        let is_finished = framing == ResponseFraming::None;
+        let decoder =
+            BodyDecoder::for_response(ResponseFraming::None, BodyLimits::with_max_body(0))
+                .map_err(|e| H2Failure {
+                    error: error::protocol_error(e),
+                    retry: Retry::No,
+                })?;
+        Ok(StreamedResponse {
+            status: head.status,
+            headers: head.headers,
+            peer_addr: c.peer(),
+            connect_ms: got.connect_ms,
+            is_connection_reused: got.is_reused,
+            body: ResponseBodyReader {
+                conn: None,
+                h2: (!is_finished).then_some(head.body),
+                decoder,
+                framing,
+                early: Bytes::new(),
+                is_keep_alive: false,
+                has_leftover: false,
+                is_finished,
+                deadline: self.req.deadline,
+                idle: self.req.timeouts.idle,
+                home: self.egress.inner.clone(),
+                key: None,
+            },
+        })
+    }
+
+    async fn over_h1(
+        &mut self,
+        mut conn: Conn,
+        got: Obtained,
+    ) -> Result<StreamedResponse, Failure> {
+        let (head, early) =
+            exchange_head(&mut conn, self.req, self.head, self.length, self.body).await?;
+        let decoder = BodyDecoder::for_response(head.framing, BodyLimits::with_max_body(u64::MAX))
+            .map_err(|e| Failure {
+                error: error::protocol_error(e),
+                is_before_response: false,
+            })?;
+        let is_finished = decoder.is_done() && early.is_empty();
+        let mut reader = ResponseBodyReader {
+            conn: Some(conn),
+            h2: None,
+            decoder,
+            framing: head.framing,
+            early,
+            is_keep_alive: head.is_keep_alive,
+            has_leftover: false,
+            is_finished: false,
+            deadline: self.req.deadline,
+            idle: self.req.timeouts.idle,
+            home: self.egress.inner.clone(),
+            key: Some(self.key.clone()),
+        };
+        if is_finished {
+            // No body at all (HEAD, 204, 304, `Content-Length: 0`): the connection is ready for
+            // the pool right away.
+            reader.finish(false);
+        }
+        let peer_addr = reader.conn.as_ref().map_or(dial_peer(self.req), Conn::peer);
+        Ok(StreamedResponse {
+            status: head.status,
+            headers: head.headers,
+            peer_addr,
+            connect_ms: got.connect_ms,
+            is_connection_reused: got.is_reused,
+            body: reader,
+        })
+    }
+
+    /// A streamed body already taken from its source cannot be sent again; `NotSent` means
+    /// none was.
+    fn may_resend_unprocessed(&self, f: &H2Failure) -> bool {
+        f.retry == Retry::NotSent || self.length == BodyLength::None
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use sortie_core::result::{RequestResult, ResultBody, Timing};
 use sortie_core::routing::Ingress;
 
 use crate::dispatch::streamed::{self, Exchange, ExchangeBody, Target};
-use crate::dispatch::{self, Assigned, CoreContext, Resend, Route};
+use crate::dispatch::{self, Assigned, Dispatcher, Resend, Route};
 use crate::egress::EgressRequest;
 use crate::tokens::{bearer, DeploymentRef};
 use subtle::ConstantTimeEq as _;
@@ -68,7 +68,7 @@ fn auth_failure(request_id: &str) -> ApiAnswer {
 /// envelope size included (decision 001). A request without a valid deployment token gets its
 /// `auth_failure` answer here.
 pub fn authenticate(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     authorization: Option<&[u8]>,
 ) -> Result<DeploymentRef, ApiAnswer> {
     if let Some(token) = authorization.and_then(bearer) {
@@ -91,7 +91,7 @@ pub fn authenticate(
 }
 
 /// Counts a request refused at admission (decision 043) in the metrics, as any answer is.
-pub fn record_refusal(ctx: &CoreContext, deployment: DeploymentRef, e: &ApiError) {
+pub fn record_refusal(ctx: &Dispatcher, deployment: DeploymentRef, e: &ApiError) {
     let deployment = ctx.state.auth.id(deployment);
     ctx.metrics
         .record(ctx.core, Ingress::Api, deployment, e.code.as_str(), None);
@@ -105,7 +105,7 @@ pub fn record_refusal(ctx: &CoreContext, deployment: DeploymentRef, e: &ApiError
 
 /// Serves one `POST /api/v1/requests` of an authenticated deployment whose body has been read.
 pub async fn handle(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     deployment: DeploymentRef,
     content_type: Option<&[u8]>,
     body: Vec<u8>,
@@ -135,7 +135,7 @@ pub async fn handle(
 /// server dropped it) as `cancelled`: the guards inside released its capacity and upstream
 /// connection on the way.
 struct Unanswered<'a> {
-    ctx: &'a CoreContext,
+    ctx: &'a Dispatcher,
     request_id: &'a str,
     deployment: &'a str,
     is_answered: bool,
@@ -161,7 +161,7 @@ impl Drop for Unanswered<'_> {
 }
 
 async fn handle_inner(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     request_id: &str,
     deployment: &str,
     tenant: crate::dns::Tenant,
@@ -365,7 +365,7 @@ fn no_storage() -> ApiError {
 /// One attempt on a remote worker: the whole request in the assignment (a receipt body by
 /// its signed URL), the response inline or streamed into a new response receipt.
 async fn remote_attempt<'r>(
-    ctx: &'r CoreContext,
+    ctx: &'r Dispatcher,
     job: &Job<'_>,
     req: &ValidatedRequest,
     route: &Route<'_>,
@@ -472,7 +472,7 @@ async fn remote_attempt<'r>(
 /// The attempt on a local worker: the egress client on this core, the body inline or streamed
 /// from or to a receipt.
 async fn local_attempt(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     job: &Job<'_>,
     req: ValidatedRequest,
     fingerprint: Option<&str>,

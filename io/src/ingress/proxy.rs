@@ -24,7 +24,7 @@ use monoio::net::TcpStream;
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
 use sortie_core::proxy::{
-    connection_tokens, is_forwarded_request_field, is_hop_by_hop_response_field, parse_basic,
+    connection_tokens, is_forwarded_request_field, is_relayed_response_field, parse_basic,
     parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
 };
 use sortie_core::request::{parse_target_url, Method};
@@ -34,7 +34,7 @@ use subtle::ConstantTimeEq as _;
 use super::tunnel::{relay, Early};
 use crate::control::admission::TunnelCounts;
 use crate::control::core::Cancelled;
-use crate::dispatch::{self, Assigned, CoreContext, Holding, Resend, Route};
+use crate::dispatch::{self, Assigned, Dispatcher, Holding, Resend, Route};
 use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
 };
@@ -49,7 +49,7 @@ use sortie_core::dispatch::{BodyState, Failure};
 
 /// The proxy listener's handler on one core.
 pub struct ProxyHandler {
-    ctx: Rc<CoreContext>,
+    ctx: Rc<Dispatcher>,
     tunnels: Arc<TunnelCounts>,
     /// The last `Proxy-Authorization` value this core accepted, with its deployment: clients
     /// send the same one request after request; a constant-time compare with it saves the
@@ -81,7 +81,7 @@ fn new_request_id() -> String {
 impl ProxyHandler {
     /// A handler for one core, sharing the core's egress executor and active list through
     /// `ctx` and the tunnel counts with every core.
-    pub fn new(ctx: CoreContext, tunnels: Arc<TunnelCounts>) -> ProxyHandler {
+    pub fn new(ctx: Dispatcher, tunnels: Arc<TunnelCounts>) -> ProxyHandler {
         ProxyHandler {
             ctx: Rc::new(ctx),
             tunnels,
@@ -404,11 +404,7 @@ impl ProxyHandler {
         let mut out = Response::new(resp.status);
         out.headers = head_fields
             .iter()
-            .filter(|(n, _)| {
-                !is_hop_by_hop_response_field(n, &tokens)
-                    && !n.eq_ignore_ascii_case(b"content-length")
-                    && !n.eq_ignore_ascii_case(b"proxy-authenticate")
-            })
+            .filter(|(n, _)| is_relayed_response_field(n, &tokens))
             .filter_map(|(n, v)| {
                 let name = std::str::from_utf8(n).ok()?.to_owned();
                 Some((name.into(), v.clone()))
@@ -457,7 +453,7 @@ fn cancelled_error() -> ApiError {
 }
 
 /// The bus of this core, for an attempt on a remote worker.
-fn bus_of(ctx: &CoreContext) -> Result<&Rc<BusCore>, Failure> {
+fn bus_of(ctx: &Dispatcher) -> Result<&Rc<BusCore>, Failure> {
     ctx.bus.as_ref().ok_or_else(|| {
         Failure::Error(ApiError::new(
             ErrorCode::TransportUnavailable,
@@ -482,7 +478,7 @@ fn proxy_assignment<'a>(job: &ProxyJob<'a>, a: &Assigned) -> ProxyAssignment<'a>
 /// until the response head comes back. Nothing of the body is read before `Accept`, so a
 /// refusal leaves it whole for the next worker.
 async fn remote_relay<B: BodySource>(
-    ctx: &CoreContext,
+    ctx: &Dispatcher,
     job: &ProxyJob<'_>,
     a: &Assigned,
     body: &mut B,

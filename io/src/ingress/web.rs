@@ -18,7 +18,7 @@ use crate::control::admission::InFlight;
 use crate::control::core::ActiveRequests;
 use crate::control::receipts::{self, Receipts, RECEIPT_OBJECTS_PATH};
 use crate::control::state::ControlState;
-use crate::dispatch::CoreContext;
+use crate::dispatch::Dispatcher;
 use crate::egress::Egress;
 use crate::http::{Admitted, Body, BodyError, Handler, RequestParts, Response};
 use crate::metrics::Metrics;
@@ -29,7 +29,7 @@ pub const REQUESTS_PATH: &str = "/api/v1/requests";
 
 /// The request API listener's handler.
 pub struct ApiHandler {
-    ctx: CoreContext,
+    ctx: Dispatcher,
 }
 
 impl ApiHandler {
@@ -42,7 +42,7 @@ impl ApiHandler {
         core: usize,
     ) -> ApiHandler {
         ApiHandler {
-            ctx: CoreContext::new(state, active, egress, metrics, core),
+            ctx: Dispatcher::new(state, active, egress, metrics, core),
         }
     }
 

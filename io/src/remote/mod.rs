@@ -43,6 +43,7 @@ use crate::bus::conn::Conn;
 use crate::bus::{read_frame, read_hello, Handoff, Outbox, Queue};
 use crate::control::core::CoreCommand;
 use crate::control::state::ControlState;
+use crate::egress::BodyLength;
 
 /// How long a new connection may take to finish TLS and send its hello: short, since a
 /// connection that has not authenticated holds a slot of [`MAX_PRE_AUTH_PER_CORE`]
@@ -1070,7 +1071,7 @@ impl RemoteReader {
     }
 
     /// [`RemoteReader::next`] with the failure as the caller's error.
-    pub(crate) async fn next_or_error(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
+    async fn next_or_error(&mut self, out: &mut Vec<u8>) -> Result<bool, ApiError> {
         self.next(out).await.map_err(|f| match f {
             RemoteFailure::Error(e) => e,
             RemoteFailure::Lost { .. } | RemoteFailure::Refused(_) => ApiError::new(
@@ -1078,6 +1079,27 @@ impl RemoteReader {
                 format!("worker {} disconnected mid-request", self.worker_id),
             ),
         })
+    }
+}
+
+/// A remote worker's response body, of unknown length (the worker de-framed it), as the source
+/// of a stored object (decision 065).
+impl crate::egress::BodySource for RemoteReader {
+    fn length(&self) -> BodyLength {
+        BodyLength::Chunked
+    }
+
+    async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
+        let mut piece = Vec::new();
+        loop {
+            let more = self.next_or_error(&mut piece).await?;
+            if !piece.is_empty() {
+                return Ok(Some(Bytes::from(piece)));
+            }
+            if !more {
+                return Ok(None);
+            }
+        }
     }
 }
 

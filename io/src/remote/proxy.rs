@@ -21,7 +21,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
 use sortie_core::bus::{Assign, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
 use sortie_core::error::{ApiError, ErrorCode};
-use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
+use sortie_core::proxy::{connection_tokens, is_relayed_response_field};
 
 use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
@@ -207,11 +207,7 @@ impl Opened {
         out.headers = h
             .headers
             .iter()
-            .filter(|(n, _)| {
-                !is_hop_by_hop_response_field(n, &tokens)
-                    && !n.eq_ignore_ascii_case(b"content-length")
-                    && !n.eq_ignore_ascii_case(b"proxy-authenticate")
-            })
+            .filter(|(n, _)| is_relayed_response_field(n, &tokens))
             .filter_map(|(n, v)| {
                 let name = std::str::from_utf8(n).ok()?.to_owned();
                 Some((name.into(), Bytes::copy_from_slice(v)))
