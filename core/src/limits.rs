@@ -84,3 +84,10 @@ pub const MAX_TUNNEL_IDLE_TIMEOUT_MS: u64 = 86_400_000;
 pub const DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT: u32 = 1024;
 /// Largest accepted `control.proxy.max_tunnels_per_deployment`.
 pub const MAX_TUNNELS_PER_DEPLOYMENT_LIMIT: u32 = 1_000_000;
+
+/// Largest receipt part (decision 031): 128 MiB, at most `object_storage.max_object_bytes`.
+pub const MAX_RECEIPT_PART_BYTES: u64 = 128 * 1024 * 1024;
+/// Longest receipt idempotency key accepted.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
+/// Longest lifetime a signed worker URL of a receipt may claim (decision 033).
+pub const MAX_SIGNED_URL_SECONDS: u64 = 3600;

@@ -8,6 +8,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 
 use crate::error::receipt_error_json;
+use crate::limits::{MAX_IDEMPOTENCY_KEY_BYTES, MAX_RECEIPT_METADATA_BYTES};
 
 /// The state of a receipt (spec, States and transitions > Receipt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -430,6 +431,54 @@ pub fn check_parts(numbers: &[u32]) -> Result<PartCount, PartsError> {
     Err(PartsError::Missing { missing, highest })
 }
 
+/// The metadata of `POST /api/v1/receipts` (spec, Receipt API), decoded and checked.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewReceipt {
+    /// `request` or `response`.
+    pub direction: String,
+    /// The declared size, at most the configured object size.
+    pub size_bytes: u64,
+    /// The declared SHA-256, lowercase hex.
+    pub sha256_hex: String,
+    /// A caller's key making the create idempotent.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Whether `s` is a SHA-256 digest in hex (64 hexadecimal characters, either case).
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Decodes a create body (strict JSON, at most [`MAX_RECEIPT_METADATA_BYTES`]) and checks its
+/// fields; `max_object_bytes` is `object_storage.max_object_bytes`. The error is the message of
+/// the `400` answer.
+pub fn decode_new_receipt(bytes: &mut [u8], max_object_bytes: u64) -> Result<NewReceipt, String> {
+    let mut r: NewReceipt = crate::json::from_slice_strict(bytes, MAX_RECEIPT_METADATA_BYTES)
+        .map_err(|e| format!("malformed receipt metadata: {e}"))?;
+    if r.direction != "request" && r.direction != "response" {
+        return Err("direction must be request or response".into());
+    }
+    if !is_sha256_hex(&r.sha256_hex) {
+        return Err("sha256_hex must be 64 hexadecimal characters".into());
+    }
+    if r.size_bytes > max_object_bytes {
+        return Err(format!(
+            "size_bytes exceeds object_storage.max_object_bytes ({max_object_bytes})"
+        ));
+    }
+    if let Some(k) = &r.idempotency_key {
+        if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return Err(format!(
+                "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_BYTES} bytes"
+            ));
+        }
+    }
+    r.sha256_hex.make_ascii_lowercase();
+    Ok(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -714,6 +763,42 @@ mod tests {
             ("١", Err(PartsError::NotANumber)),
         ] {
             assert_eq!(parse_part_number(s), want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn new_receipt_metadata_is_checked_field_by_field() {
+        let sha = "AB".repeat(32);
+        let ok = format!(r#"{{"direction":"request","size_bytes":10,"sha256_hex":"{sha}"}}"#);
+        let r = decode_new_receipt(&mut ok.into_bytes(), 10).expect("valid");
+        assert_eq!(r.sha256_hex, "ab".repeat(32), "lowercased");
+        let cases = [
+            (
+                format!(r#"{{"direction":"up","size_bytes":1,"sha256_hex":"{sha}"}}"#),
+                "direction",
+            ),
+            (
+                r#"{"direction":"request","size_bytes":1,"sha256_hex":"zz"}"#.to_string(),
+                "sha256_hex",
+            ),
+            (
+                format!(r#"{{"direction":"request","size_bytes":11,"sha256_hex":"{sha}"}}"#),
+                "size_bytes",
+            ),
+            (
+                format!(
+                    r#"{{"direction":"request","size_bytes":1,"sha256_hex":"{sha}","idempotency_key":""}}"#
+                ),
+                "idempotency_key",
+            ),
+            (
+                format!(r#"{{"direction":"request","size_bytes":1,"sha256_hex":"{sha}","x":1}}"#),
+                "malformed",
+            ),
+        ];
+        for (doc, word) in cases {
+            let e = decode_new_receipt(&mut doc.clone().into_bytes(), 10).expect_err(&doc);
+            assert!(e.contains(word), "{doc}: {e}");
         }
     }
 }

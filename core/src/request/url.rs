@@ -94,8 +94,16 @@ impl TargetUrl {
     /// The host name for TLS SNI, DNS and routing: the domain, or the address literal without
     /// brackets. Built without allocating.
     pub fn host_str(&self) -> HostText<'_> {
+        self.host.text()
+    }
+}
+
+impl Host {
+    /// The host as text: the domain, or the address literal without brackets. Built without
+    /// allocating.
+    pub fn text(&self) -> HostText<'_> {
         let mut t = InlineText::default();
-        let _ = match &self.host {
+        let _ = match self {
             Host::Domain(d) => return HostText::Borrowed(d),
             Host::V4(a) => write!(t, "{a}"),
             Host::V6(a) => write!(t, "{a}"),

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ring::hmac;
-use serde::Deserialize;
 use sortie_core::error::receipt_error_json;
-use sortie_core::receipt::{check_parts, parse_part_number, ReceiptEvent, ReceiptState};
+use sortie_core::receipt::{
+    check_parts, decode_new_receipt, parse_part_number, ReceiptEvent, ReceiptState,
+};
 use tokio::sync::mpsc;
 
 use crate::http::{Body, Response, ResponseBody, StreamBody};
@@ -26,14 +27,10 @@ use crate::store::{ColdHandle, PartRecord, ReceiptRecord, StoreError};
 pub const RECEIPTS_PATH: &str = "/api/v1/receipts";
 /// Prefix of the worker route.
 pub const RECEIPT_OBJECTS_PATH: &str = "/api/v1/receipt-objects";
-/// Largest create body (spec, Limits: receipt metadata 64 KiB).
-pub const MAX_METADATA_BYTES: usize = 64 * 1024;
-/// Largest part (decision 031): 128 MiB, at most `object_storage.max_object_bytes`.
-pub const MAX_PART_BYTES: u64 = 128 * 1024 * 1024;
-/// Longest idempotency key accepted.
-pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
-/// Longest lifetime a signed worker URL may claim (decision 033).
-pub const MAX_SIGNED_URL_SECONDS: u64 = 3600;
+pub use sortie_core::limits::{
+    MAX_RECEIPT_METADATA_BYTES as MAX_METADATA_BYTES, MAX_RECEIPT_PART_BYTES as MAX_PART_BYTES,
+    MAX_SIGNED_URL_SECONDS,
+};
 /// Lifetime of the signed worker URLs this gateway issues (decision 033).
 pub const SIGNED_URL_SECONDS: u64 = 300;
 /// Name of the signing key file in the data directory.
@@ -71,20 +68,6 @@ fn not_found() -> Response {
 /// The `{id}` of a path is a receipt id or it names nothing.
 fn valid_id(id: &str) -> bool {
     sortie_core::ids::is_receipt_id(id)
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateBody {
-    direction: String,
-    size_bytes: u64,
-    sha256_hex: String,
-    #[serde(default)]
-    idempotency_key: Option<String>,
-}
-
-fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The record as JSON (spec, Receipt record).
@@ -302,36 +285,15 @@ impl Receipts {
             }
             Err(e) => return error(400, &format!("request body: {}", e.reason())).closing(),
         };
-        let req: CreateBody =
-            match sortie_core::json::from_slice_strict(&mut bytes, MAX_METADATA_BYTES) {
-                Ok(r) => r,
-                Err(e) => return error(400, &format!("malformed receipt metadata: {e}")),
-            };
-        if req.direction != "request" && req.direction != "response" {
-            return error(400, "direction must be request or response");
-        }
-        if !is_sha256_hex(&req.sha256_hex) {
-            return error(400, "sha256_hex must be 64 hexadecimal characters");
-        }
-        if req.size_bytes > self.max_object_bytes {
-            return error(
-                400,
-                &format!(
-                    "size_bytes exceeds object_storage.max_object_bytes ({})",
-                    self.max_object_bytes
-                ),
-            );
-        }
-        if let Some(k) = &req.idempotency_key {
-            if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY_BYTES {
-                return error(400, "idempotency_key must be 1 to 256 bytes");
-            }
-        }
+        let req = match decode_new_receipt(&mut bytes, self.max_object_bytes) {
+            Ok(r) => r,
+            Err(why) => return error(400, &why),
+        };
         let record = self.new_record(
             deployment,
             &req.direction,
             req.size_bytes,
-            req.sha256_hex.to_ascii_lowercase(),
+            req.sha256_hex,
             req.idempotency_key,
         );
         let id = record.receipt_id.clone();
@@ -494,7 +456,7 @@ impl Receipts {
             Some(v) => match std::str::from_utf8(v)
                 .ok()
                 .map(str::trim)
-                .filter(|s| is_sha256_hex(s))
+                .filter(|s| sortie_core::receipt::is_sha256_hex(s))
             {
                 Some(s) => Some(s.to_ascii_lowercase()),
                 None => {

@@ -201,7 +201,9 @@ async fn handle_inner(
         deadline: started + Duration::from_millis(req.timeout_ms),
     };
     // What routing reads stays here; the request itself goes to the attempts.
-    let host = String::from(&*req.url.host_str());
+    // The host's own `Arc`, so that routing's borrow does not hold the request.
+    let host = req.url.host.clone();
+    let host = host.text();
     let hints = std::mem::take(&mut req.routing);
     let fingerprint = req.fingerprint_profile.take();
     let route = Route {
@@ -245,7 +247,7 @@ async fn handle_inner(
                 let Some(r) = req.take() else {
                     return Err(internal("the request ran locally already").into());
                 };
-                local_attempt(ctx, &job, r, route.fingerprint, assigned)
+                local_attempt(ctx, &job, r, &route, assigned)
                     .await
                     .map_err(Failure::Error)
             }
@@ -475,15 +477,16 @@ async fn local_attempt(
     ctx: &Dispatcher,
     job: &Job<'_>,
     req: ValidatedRequest,
-    fingerprint: Option<&str>,
+    route: &Route<'_>,
     assigned: &Assigned,
 ) -> Result<Exchange, ApiError> {
-    let active = ctx.state.active();
+    // The configuration the request started under, as routing used it.
+    let active = route.active;
     let limits = ctx.state.limits;
     let (decision, slot, via) = (&assigned.decision, &assigned.slot, assigned.via.as_ref());
     // Routing only chose a worker advertising the profile, and a local worker advertises only
     // the profiles this process verified (decision 082).
-    let fingerprint = match fingerprint {
+    let fingerprint = match route.fingerprint {
         None => None,
         Some(name) => Some(crate::egress::fingerprint::verified(name).ok_or_else(|| {
             ApiError::new(

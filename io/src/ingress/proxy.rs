@@ -372,10 +372,9 @@ impl ProxyHandler {
             }
         })
         .await?;
-        let worker = assigned.decision.worker_id.clone();
-        let holding = Holding::new(tracked, assigned, None);
         let mut resp = match upstream {
             Upstream::Remote(opened) => {
+                let holding = Holding::new(tracked, assigned, None);
                 return Ok(opened.into_response(req.method(), cancelled, holding));
             }
             Upstream::Local(resp) => resp,
@@ -384,10 +383,11 @@ impl ProxyHandler {
             target: "sortie::proxy",
             request_id = %request_id,
             deployment = %deployment,
-            worker = %worker.as_str(),
+            worker = %assigned.decision.worker_id.as_str(),
             status = resp.status,
             "proxied response head"
         );
+        let holding = Holding::new(tracked, assigned, None);
         let head_fields = std::mem::take(&mut resp.headers);
         let tokens = connection_tokens(&head_fields);
         let declared_length = head_fields
