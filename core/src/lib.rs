@@ -4,6 +4,12 @@
 //! decisions are outputs. That keeps every rule deterministic, unit-testable and fuzzable.
 
 #![forbid(unsafe_code)]
+// Nothing a client, worker or upstream sends may panic the process: no unwrap, expect or panic
+// outside tests (clock reads are refused by `core/clippy.toml`).
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod bus;
 pub mod config;

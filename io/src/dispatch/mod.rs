@@ -2,15 +2,15 @@
 //! request API (inline and receipt bodies), the forward proxy's absolute-form requests and its
 //! CONNECT tunnels.
 //!
-//! 1. [`assign`]: routing (spec, Routing rules 1-6) and one unit of the chosen worker's
-//!    capacity, held by the [`Assigned`] until it is dropped.
+//! 1. `assign`: routing (spec, Routing rules 1-6) and one unit of the chosen worker's
+//!    capacity, held by the `Assigned` until it is dropped.
 //! 2. The ingress's attempt on that worker: the local executor (`crate::egress`) or a remote
 //!    worker over the bus (`crate::remote`), behind one closure.
 //! 3. An attempt that ended without an answer (refused, or its worker lost) goes to the rule of
 //!    `sortie_core::dispatch`, which says whether another worker is tried or what the answer is.
 //!
-//! [`run`] is that loop, the only one. A request that outlives its handler (a relayed response
-//! body, an open tunnel) keeps what it owns in one typed [`Holding`]: its place in the active
+//! `run` is that loop, the only one. A request that outlives its handler (a relayed response
+//! body, an open tunnel) keeps what it owns in one typed `Holding`: its place in the active
 //! list, its capacity, and a CONNECT tunnel's per-deployment permit.
 //!
 //! `streamed.rs`: exchanges whose request body comes from a receipt or whose response body goes

@@ -367,7 +367,7 @@ impl ResponseBodyReader {
     }
 
     /// Whether [`ResponseBodyReader::splice_into`] can move the rest of the body: a plain
-    /// HTTP/1.1 connection and a `Content-Length` body with at least [`SPLICE_MIN_BYTES`] left,
+    /// HTTP/1.1 connection and a `Content-Length` body with at least `SPLICE_MIN_BYTES` left,
     /// none of it held in user space (after [`ResponseBodyReader::take_early`]).
     pub fn can_splice(&self) -> bool {
         !self.is_finished

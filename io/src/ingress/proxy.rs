@@ -665,7 +665,7 @@ impl ProxyHandler {
             }
             let (bind, connect_limit) = (a.slot.bind_address(), ctx.state.limits.egress_timeouts.connect);
             let policy = &active.policy;
-            // A pool behind an upstream proxy tunnels through it (decision 072).
+            // A pool behind an upstream proxy tunnels through it (decision 070).
             let dial = async {
                 match &a.via {
                     Some(via) => {

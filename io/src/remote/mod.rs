@@ -1,6 +1,6 @@
 //! The control side of the bus: the listener on every core, admission of a lane, its hand-over
 //! to the core its hello names, the per-core lane table, heartbeat supervision, configuration
-//! pushes, and [`BusCore::execute`], which runs one routed request on a remote worker from the
+//! pushes, and `BusCore::execute`, which runs one routed request on a remote worker from the
 //! core that received it (decisions 060–062).
 //!
 //! A worker session becomes routable once it has a lane to every core (so any core can assign
