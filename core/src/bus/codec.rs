@@ -13,6 +13,9 @@
 //! The layout of each frame is in `docs/bus-protocol.md`. Decoding never panics on any input;
 //! incomplete input is [`Decoded::Partial`], not an error.
 
+// Bytes from a worker or a control: no index or slice that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use super::frame::*;
 use super::{MAX_DATA_BYTES, MAX_FRAME_BYTES};
 use crate::limits;
@@ -183,10 +186,10 @@ pub fn check_first_frame(buf: &[u8]) -> Result<(), FrameError> {
 
 /// Decodes the frame at the start of `buf`.
 pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
-    let Some(head) = buf.get(..4) else {
+    let Some(head) = buf.first_chunk::<4>() else {
         return Ok(Decoded::Partial(4));
     };
-    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    let len = u32::from_be_bytes(*head);
     if len == 0 {
         return Err(FrameError::Empty);
     }
@@ -197,7 +200,9 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
     let Some(body) = buf.get(4..total) else {
         return Ok(Decoded::Partial(total));
     };
-    let (ty, payload) = (body[0], &body[1..]);
+    let Some((&ty, payload)) = body.split_first() else {
+        return Err(FrameError::Empty);
+    };
     let mut r = Reader {
         buf: payload,
         at: 0,
@@ -317,25 +322,28 @@ impl<'a> Reader<'a> {
         Ok(s)
     }
 
+    /// The next `N` bytes as an array.
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], FrameError> {
+        self.take(N, field)?
+            .try_into()
+            .map_err(|_| FrameError::Truncated(field))
+    }
+
     fn u8(&mut self, field: &'static str) -> Result<u8, FrameError> {
-        Ok(self.take(1, field)?[0])
+        let [b] = self.array(field)?;
+        Ok(b)
     }
 
     fn u16(&mut self, field: &'static str) -> Result<u16, FrameError> {
-        let b = self.take(2, field)?;
-        Ok(u16::from_be_bytes([b[0], b[1]]))
+        Ok(u16::from_be_bytes(self.array(field)?))
     }
 
     fn u32(&mut self, field: &'static str) -> Result<u32, FrameError> {
-        let b = self.take(4, field)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_be_bytes(self.array(field)?))
     }
 
     fn u64(&mut self, field: &'static str) -> Result<u64, FrameError> {
-        let b = self.take(8, field)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_be_bytes(a))
+        Ok(u64::from_be_bytes(self.array(field)?))
     }
 
     fn bool(&mut self, field: &'static str) -> Result<bool, FrameError> {
@@ -696,7 +704,10 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
     if len > MAX_FRAME_BYTES {
         return Err(EncodeError(frame.name()));
     }
-    out[start..start + 4].copy_from_slice(&(len as u32).to_be_bytes());
+    // The four bytes reserved for the length at `start`.
+    out.get_mut(start..start + 4)
+        .ok_or(EncodeError(frame.name()))?
+        .copy_from_slice(&(len as u32).to_be_bytes());
     Ok(())
 }
 
