@@ -3,6 +3,9 @@
 //! On the per-request path of every listener (API, admin, forward proxy): no allocation beyond
 //! the header vector, no logging.
 
+// Parses untrusted bytes: no index or slice that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use super::error::H1Error;
 use super::head::{
     check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, is_target_byte,
@@ -397,7 +400,10 @@ fn split_host_port(value: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
     } else {
         let end = value.iter().position(|&b| b == b':').unwrap_or(value.len());
         let (host, rest) = value.split_at(end);
-        if !host.iter().all(|&b| HOST_BYTES[usize::from(b)]) {
+        if !host
+            .iter()
+            .all(|&b| HOST_BYTES.get(usize::from(b)).copied().unwrap_or(false))
+        {
             return None;
         }
         (host, rest)
@@ -412,6 +418,7 @@ fn split_host_port(value: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
 /// `unreserved / sub-delims / "%"` as a table: host validation runs on every request, and the
 /// table is several times faster than the chain of comparisons. Indexing by a `u8` cannot go
 /// out of bounds of 256 entries.
+#[allow(clippy::indexing_slicing)] // written at compile time, below 256
 static HOST_BYTES: [bool; 256] = {
     let mut table = [false; 256];
     let mut i = 0;

@@ -3,6 +3,9 @@
 //!
 //! This is on the per-request path.
 
+// Parses untrusted bytes: no index or slice that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use base64::Engine as _;
 
 use crate::error::{ApiError, ErrorCode};
@@ -52,11 +55,13 @@ const REJECTED: &[(&str, &str)] = &[
 const SERVICE_PREFIX: &str = "x-service-";
 
 /// Whether `b` is an RFC 9110 §5.6.2 `tchar`.
+#[allow(clippy::indexing_slicing)] // 256 entries, indexed by a byte
 pub const fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
 }
 
 /// `tchar` membership of every byte, so the check is one load.
+#[allow(clippy::indexing_slicing)] // written at compile time, below 256
 const TCHAR: [bool; 256] = {
     let mut t = [false; 256];
     let mut i = 0;
@@ -73,7 +78,10 @@ const TCHAR: [bool; 256] = {
 /// Whether `name` is a header the gateway manages or rejects, and why.
 pub fn rejection_reason(name: &str) -> Option<&'static str> {
     if name.len() >= SERVICE_PREFIX.len()
-        && name.as_bytes()[..SERVICE_PREFIX.len()].eq_ignore_ascii_case(SERVICE_PREFIX.as_bytes())
+        && name
+            .as_bytes()
+            .get(..SERVICE_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(SERVICE_PREFIX.as_bytes()))
     {
         return Some("X-Service-* headers are the gateway's own");
     }

@@ -4,6 +4,9 @@
 //!
 //! This is on the per-request path: no blocking, no logging above debug.
 
+// Parses untrusted bytes: no index or slice that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 mod headers;
 mod url;
 
@@ -439,7 +442,7 @@ pub fn validate_routing_fields(r: RoutingFields<'_>) -> Result<RouteHints, ApiEr
                     "routing.tags[{i}]: longer than {MAX_ROUTING_TAG_BYTES} bytes"
                 )));
             }
-            if tags[..i].contains(t) {
+            if tags.iter().take(i).any(|prev| prev == t) {
                 return Err(invalid(format!("routing.tags[{i}]: duplicate tag")));
             }
         }

@@ -3,6 +3,9 @@
 //!
 //! This is on the per-request path: no allocation beyond the validated result.
 
+// Parses untrusted bytes: no index or slice that could panic.
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
 use std::fmt::{self, Write as _};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -161,7 +164,11 @@ impl std::ops::Deref for HostText<'_> {
         match self {
             HostText::Borrowed(s) => s,
             // Only whole `&str`s are ever written, so the prefix is UTF-8.
-            HostText::Inline(t) => std::str::from_utf8(&t.buf[..t.len]).unwrap_or_default(),
+            HostText::Inline(t) => t
+                .buf
+                .get(..t.len)
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or_default(),
         }
     }
 }
@@ -372,11 +379,12 @@ pub fn parse_host(host: &str) -> Result<Host, UrlError> {
 }
 
 fn is_hex_literal(label: &str) -> bool {
-    let b = label.as_bytes();
-    b.len() > 2
-        && (b[0] == b'0')
-        && (b[1] | 0x20 == b'x')
-        && b[2..].iter().all(u8::is_ascii_hexdigit)
+    match label.as_bytes() {
+        [b'0', x, digits @ ..] if x | 0x20 == b'x' && !digits.is_empty() => {
+            digits.iter().all(u8::is_ascii_hexdigit)
+        }
+        _ => false,
+    }
 }
 
 /// A DNS label: 1 to 63 letters, digits, hyphens or underscores, not starting or ending with a
@@ -386,8 +394,8 @@ fn is_valid_label(l: &[u8]) -> bool {
         && l.len() <= MAX_LABEL_BYTES
         && l.iter()
             .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
-        && l[0] != b'-'
-        && l[l.len() - 1] != b'-'
+        && l.first() != Some(&b'-')
+        && l.last() != Some(&b'-')
 }
 
 /// Dotted-decimal with exactly four parts, each 0..=255 without leading zeros.
@@ -402,7 +410,7 @@ fn parse_strict_ipv4(s: &str) -> Option<Ipv4Addr> {
         if part.len() > 1 && part.starts_with('0') {
             return None;
         }
-        out[n] = part.parse::<u8>().ok()?;
+        *out.get_mut(n)? = part.parse::<u8>().ok()?;
         n += 1;
     }
     (n == 4).then(|| Ipv4Addr::from(out))
@@ -410,8 +418,8 @@ fn parse_strict_ipv4(s: &str) -> Option<Ipv4Addr> {
 
 fn check_escapes(b: &[u8]) -> Result<(), UrlError> {
     let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
+    while let Some(&c) = b.get(i) {
+        if c == b'%' {
             match (b.get(i + 1), b.get(i + 2)) {
                 (Some(h), Some(l)) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => i += 3,
                 _ => return Err(UrlError::BadEscape),
