@@ -1051,7 +1051,7 @@ impl Config {
                         format!("must be 1 to {MAX_ROUTING_TAG_BYTES} bytes"),
                     ));
                 }
-                if w.tags[..j].contains(t) {
+                if w.tags.iter().take(j).any(|prev| prev == t) {
                     return Err(err(format!("{p}.tags[{j}]"), "duplicate tag"));
                 }
             }

@@ -44,11 +44,13 @@ impl CountryCode {
     /// Parses a code of exactly two ASCII letters, any case, into uppercase. Whether the pair is
     /// an assigned ISO 3166-1 alpha-2 code is checked against the official list.
     pub fn parse(s: &str) -> Option<CountryCode> {
-        let b = s.as_bytes();
-        if b.len() != 2 || !b[0].is_ascii_alphabetic() || !b[1].is_ascii_alphabetic() {
+        let &[a, b] = s.as_bytes() else {
+            return None;
+        };
+        if !a.is_ascii_alphabetic() || !b.is_ascii_alphabetic() {
             return None;
         }
-        let code = [b[0].to_ascii_uppercase(), b[1].to_ascii_uppercase()];
+        let code = [a.to_ascii_uppercase(), b.to_ascii_uppercase()];
         if !is_assigned_iso3166(code) {
             return None;
         }
@@ -75,7 +77,7 @@ fn is_assigned_iso3166(code: [u8; 2]) -> bool {
     ISO3166_ALPHA2
         .as_bytes()
         .chunks(3)
-        .any(|c| c[0] == code[0] && c[1] == code[1])
+        .any(|c| c.get(..2) == Some(&code[..]))
 }
 
 /// Validated routing hints of one request (spec, Routing object).

@@ -7,12 +7,10 @@ pub const REQUEST_ID_PREFIX: &str = "req_";
 pub const RECEIPT_ID_PREFIX: &str = "rcpt_";
 
 fn render(prefix: &str, random: [u8; 16]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(prefix.len() + 32);
     s.push_str(prefix);
     for b in random {
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0x0f)]));
+        s.extend(crate::hex::pair(b).map(char::from));
     }
     s
 }
@@ -20,9 +18,9 @@ fn render(prefix: &str, random: [u8; 16]) -> String {
 fn has_shape(s: &str, prefix: &str) -> bool {
     s.len() == prefix.len() + 32
         && s.starts_with(prefix)
-        && s.as_bytes()[prefix.len()..]
-            .iter()
-            .all(|&b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && s.as_bytes()
+            .get(prefix.len()..)
+            .is_some_and(|id| id.iter().all(|&b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 /// A request id from 16 random bytes.

@@ -183,19 +183,17 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
             0..=0x1f | 0x7f => None,
             _ => continue,
         };
-        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(bytes.get(start..i).unwrap_or_default());
         match esc {
             Some(e) => out.extend_from_slice(e),
             None => {
-                const HEX: &[u8; 16] = b"0123456789abcdef";
                 out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 0xf) as usize]);
+                out.extend_from_slice(&crate::hex::pair(b));
             }
         }
         start = i + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
+    out.extend_from_slice(bytes.get(start..).unwrap_or_default());
     out.push(b'"');
 }
 

@@ -4,11 +4,16 @@
 //! decisions are outputs. That keeps every rule deterministic, unit-testable and fuzzable.
 
 #![forbid(unsafe_code)]
-// Nothing a client, worker or upstream sends may panic the process: no unwrap, expect or panic
-// outside tests (clock reads are refused by `core/clippy.toml`).
+// Nothing a client, worker or upstream sends may panic the process: no unwrap, expect, panic
+// or index that could fail outside tests (clock reads are refused by `core/clippy.toml`).
 #![cfg_attr(
     not(test),
-    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
 )]
 
 pub mod bus;
@@ -20,6 +25,7 @@ pub mod error;
 pub mod etag;
 pub mod fingerprint;
 pub mod h1;
+pub mod hex;
 pub mod hints;
 pub mod ids;
 pub mod json;

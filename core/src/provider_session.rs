@@ -110,11 +110,9 @@ impl ProviderSession {
 
     /// The 32 lowercase hex characters, without allocating.
     pub fn to_hex(&self) -> [u8; 32] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
         for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
-            pair[0] = HEX[usize::from(b >> 4)];
-            pair[1] = HEX[usize::from(b & 0xf)];
+            pair.copy_from_slice(&crate::hex::pair(b));
         }
         out
     }

@@ -71,12 +71,17 @@ fn write_b64_parts(out: &mut Vec<u8>, first: &[u8], second: &[u8]) {
     base64_simd::STANDARD.encode_append(aligned, out);
     let take = (3 - carry.len()).min(second.len());
     let (head, rest) = second.split_at(if carry.is_empty() { 0 } else { take });
+    // At most three bytes: a carry of one or two and the head that completes it.
     let mut joint = [0u8; 3];
     let joint_len = carry.len() + head.len();
-    joint[..carry.len()].copy_from_slice(carry);
-    joint[carry.len()..joint_len].copy_from_slice(head);
+    if let Some(dst) = joint.get_mut(..carry.len()) {
+        dst.copy_from_slice(carry);
+    }
+    if let Some(dst) = joint.get_mut(carry.len()..joint_len) {
+        dst.copy_from_slice(head);
+    }
     // Padded only when `second` ran out, which is then the end of the data.
-    base64_simd::STANDARD.encode_append(&joint[..joint_len], out);
+    base64_simd::STANDARD.encode_append(joint.get(..joint_len).unwrap_or_default(), out);
     base64_simd::STANDARD.encode_append(rest, out);
     out.push(b'"');
 }
@@ -87,13 +92,15 @@ fn write_u64(out: &mut Vec<u8>, v: u64) {
     let mut v = v;
     loop {
         i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
+        if let Some(d) = buf.get_mut(i) {
+            *d = b'0' + (v % 10) as u8;
+        }
         v /= 10;
-        if v == 0 {
+        if v == 0 || i == 0 {
             break;
         }
     }
-    out.extend_from_slice(&buf[i..]);
+    out.extend_from_slice(buf.get(i..).unwrap_or_default());
 }
 
 /// Header names are tokens on the wire; anything else is shown as lossy UTF-8.

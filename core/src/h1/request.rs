@@ -3,9 +3,6 @@
 //! On the per-request path of every listener (API, admin, forward proxy): no allocation beyond
 //! the header vector, no logging.
 
-// Parses untrusted bytes: no index or slice that could panic.
-#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
-
 use super::error::H1Error;
 use super::head::{
     check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, is_target_byte,

@@ -269,15 +269,13 @@ fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 }
 
 fn push_hex(out: &mut Vec<u8>, n: u64) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut digits = [0u8; 16];
     let mut i = digits.len();
     let mut n = n;
     loop {
         i -= 1;
-        // `n & 0xf` is below 16, the length of `HEX`.
         if let Some(slot) = digits.get_mut(i) {
-            *slot = HEX[(n & 0xf) as usize];
+            *slot = crate::hex::digit((n & 0xf) as u8);
         }
         n >>= 4;
         if n == 0 || i == 0 {

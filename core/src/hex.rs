@@ -1,0 +1,29 @@
+//! Lowercase hexadecimal digits, written without a table index that could panic: ids, provider
+//! sessions, JSON `\u00XX` escapes and chunk sizes share them.
+
+const DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// The lowercase hex digit of the low four bits of `n`.
+pub fn digit(n: u8) -> u8 {
+    // `n & 0xf` is below 16, the table's length; the fallback is never taken.
+    DIGITS.get(usize::from(n & 0xf)).copied().unwrap_or(b'0')
+}
+
+/// The two lowercase hex digits of `b`, high first.
+pub fn pair(b: u8) -> [u8; 2] {
+    [digit(b >> 4), digit(b)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_and_pairs() {
+        assert_eq!(pair(0x00), *b"00");
+        assert_eq!(pair(0x9f), *b"9f");
+        assert_eq!(pair(0xa0), *b"a0");
+        assert_eq!(pair(0xff), *b"ff");
+        assert_eq!(digit(0x3c), b'c');
+    }
+}
