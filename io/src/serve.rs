@@ -356,7 +356,7 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         receivers.push(Some(rx));
     }
     let _ = state.mailboxes.set(mailboxes);
-    let receivers = Arc::new(std::sync::Mutex::new(receivers));
+    let receivers = std::sync::Mutex::new(receivers);
     let tunnels = Arc::new(TunnelCounts::new(
         state.auth.len(),
         config.control.proxy.max_tunnels_per_deployment,
@@ -500,12 +500,10 @@ fn warn_if_descriptors_short(open_files: Option<u64>, cores: usize, config: &Con
 impl Listeners {
     /// Moves each listener's sockets, one per core, out for the cores to take (API, admin,
     /// proxy, bus); the addresses stay for the banner.
-    fn per_core(&mut self) -> [Arc<CoreSockets>; 4] {
+    fn per_core(&mut self) -> [CoreSockets; 4] {
         let each = |l: Option<&mut (Vec<std::net::TcpListener>, SocketAddr)>| {
             let socks = l.map(|(v, _)| std::mem::take(v)).unwrap_or_default();
-            Arc::new(std::sync::Mutex::new(
-                socks.into_iter().map(Some).collect::<Vec<_>>(),
-            ))
+            std::sync::Mutex::new(socks.into_iter().map(Some).collect::<Vec<_>>())
         };
         [
             each(Some(&mut self.api)),
@@ -516,18 +514,29 @@ impl Listeners {
     }
 }
 
-/// A socket per core of one listener, each taken by its core.
-type CoreSockets = std::sync::Mutex<Vec<Option<std::net::TcpListener>>>;
+/// One slot per core, each taken once by its core.
+type PerCore<T> = std::sync::Mutex<Vec<Option<T>>>;
+
+/// A socket per core of one listener.
+type CoreSockets = PerCore<std::net::TcpListener>;
+
+/// Takes core `index`'s slot.
+fn take_slot<T>(slots: &PerCore<T>, index: usize) -> Option<T> {
+    slots
+        .lock()
+        .ok()
+        .and_then(|mut v| v.get_mut(index).and_then(Option::take))
+}
 
 /// What startup hands to the cores: shared pieces, and per-core ones each core takes once.
 struct CoreParts {
     state: Arc<ControlState>,
     trigger: ShutdownTrigger,
-    receivers: Arc<std::sync::Mutex<Vec<Option<MailboxReceiver>>>>,
-    api_socks: Arc<CoreSockets>,
-    admin_socks: Arc<CoreSockets>,
-    proxy_socks: Arc<CoreSockets>,
-    bus_socks: Arc<CoreSockets>,
+    receivers: PerCore<MailboxReceiver>,
+    api_socks: CoreSockets,
+    admin_socks: CoreSockets,
+    proxy_socks: CoreSockets,
+    bus_socks: CoreSockets,
     bus_shared: Option<Arc<crate::remote::BusShared>>,
     tunnels: Arc<TunnelCounts>,
     tls: Arc<rustls::ClientConfig>,
@@ -539,56 +548,28 @@ struct CoreParts {
     pool_limits: PoolLimits,
 }
 
-/// One core's share of [`CoreParts`].
+/// One core's share: what it takes for itself, and the shared parts.
 struct CorePart {
-    state: Arc<ControlState>,
+    parts: Arc<CoreParts>,
     signal: crate::http::ShutdownSignal,
     rx: Option<MailboxReceiver>,
     api_sock: Option<std::net::TcpListener>,
     admin_sock: Option<std::net::TcpListener>,
     proxy_sock: Option<std::net::TcpListener>,
     bus_sock: Option<std::net::TcpListener>,
-    bus_shared: Option<Arc<crate::remote::BusShared>>,
-    tunnels: Arc<TunnelCounts>,
-    tls: Arc<rustls::ClientConfig>,
-    resolver: ResolverPool,
-    admin_ctx: Arc<AdminContext>,
-    metrics: Arc<Metrics>,
-    server_config: ServerConfig,
-    receipts: Option<Arc<Receipts>>,
-    pool_limits: PoolLimits,
 }
 
 impl CoreParts {
     /// Core `index`'s share: its sockets and mailbox taken, the rest shared.
-    fn take(&self, index: usize) -> CorePart {
-        let take = |socks: &CoreSockets| {
-            socks
-                .lock()
-                .ok()
-                .and_then(|mut v| v.get_mut(index).and_then(Option::take))
-        };
+    fn take(self: &Arc<Self>, index: usize) -> CorePart {
         CorePart {
-            state: self.state.clone(),
+            parts: Arc::clone(self),
             signal: self.trigger.signal(),
-            rx: self
-                .receivers
-                .lock()
-                .ok()
-                .and_then(|mut v| v.get_mut(index).and_then(Option::take)),
-            api_sock: take(&self.api_socks),
-            admin_sock: take(&self.admin_socks),
-            proxy_sock: take(&self.proxy_socks),
-            bus_sock: take(&self.bus_socks),
-            bus_shared: self.bus_shared.clone(),
-            tunnels: self.tunnels.clone(),
-            tls: self.tls.clone(),
-            resolver: self.resolver.clone(),
-            admin_ctx: self.admin_ctx.clone(),
-            metrics: self.metrics.clone(),
-            server_config: self.server_config.clone(),
-            receipts: self.receipts.clone(),
-            pool_limits: self.pool_limits,
+            rx: take_slot(&self.receivers, index),
+            api_sock: take_slot(&self.api_socks, index),
+            admin_sock: take_slot(&self.admin_socks, index),
+            proxy_sock: take_slot(&self.proxy_socks, index),
+            bus_sock: take_slot(&self.bus_socks, index),
         }
     }
 }
@@ -599,25 +580,20 @@ async fn serve_core(index: usize, part: CorePart) {
     #[cfg(debug_assertions)]
     debug_panic_core(index);
     let CorePart {
-        state,
+        parts,
         signal,
         rx,
         api_sock,
         admin_sock,
         proxy_sock,
         bus_sock,
-        bus_shared,
-        tunnels,
-        tls,
-        resolver,
-        admin_ctx,
-        metrics,
-        server_config,
-        receipts,
-        pool_limits,
     } = part;
+    let state = &parts.state;
     let active = Rc::new(ActiveRequests::default());
-    let bus = bus_shared.map(|shared| crate::remote::BusCore::new(index, shared, state.clone()));
+    let bus = parts
+        .bus_shared
+        .clone()
+        .map(|shared| crate::remote::BusCore::new(index, shared, state.clone()));
     if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
         match monoio::net::TcpListener::from_std(sock) {
             Ok(l) => {
@@ -630,11 +606,11 @@ async fn serve_core(index: usize, part: CorePart) {
         monoio::spawn(run_mailbox(rx, active.clone(), bus.clone()));
     }
     let egress = Rc::new(Egress::with_pool_limits(
-        Resolver::new(resolver),
-        &tls,
-        pool_limits,
+        Resolver::new(parts.resolver.clone()),
+        &parts.tls,
+        parts.pool_limits,
     ));
-    let cfg = Rc::new(server_config);
+    let cfg = Rc::new(parts.server_config.clone());
     let mut tasks = Vec::new();
     if let Some(sock) = proxy_sock {
         match monoio::net::TcpListener::from_std(sock) {
@@ -644,12 +620,12 @@ async fn serve_core(index: usize, part: CorePart) {
                     state.clone(),
                     active.clone(),
                     egress.clone(),
-                    metrics.clone(),
+                    parts.metrics.clone(),
                     index,
                 );
                 // Remote workers relay proxied requests over this core's lanes.
                 ctx.bus = bus.clone();
-                let h = Rc::new(ProxyHandler::new(ctx, tunnels));
+                let h = Rc::new(ProxyHandler::new(ctx, parts.tunnels.clone()));
                 tasks.push(monoio::spawn(http::serve(
                     l,
                     h,
@@ -660,8 +636,8 @@ async fn serve_core(index: usize, part: CorePart) {
             Err(e) => tracing::error!(error = %e, "proxy listener"),
         }
     }
-    let mut api = ApiHandler::new(state.clone(), active, egress, metrics.clone(), index);
-    if let Some(r) = receipts {
+    let mut api = ApiHandler::new(state.clone(), active, egress, parts.metrics.clone(), index);
+    if let Some(r) = parts.receipts.clone() {
         api = api.with_receipts(r);
     }
     if let Some(b) = bus {
@@ -671,7 +647,7 @@ async fn serve_core(index: usize, part: CorePart) {
     if let Some(sock) = admin_sock {
         match monoio::net::TcpListener::from_std(sock) {
             Ok(l) => {
-                let h = Rc::new(AdminHandler::new(admin_ctx));
+                let h = Rc::new(AdminHandler::new(parts.admin_ctx.clone()));
                 tasks.push(monoio::spawn(http::serve(
                     l,
                     h,

@@ -73,6 +73,7 @@ pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
     POOL_SWEEP_INTERVAL,
 };
+pub(crate) use streaming::next_appended;
 pub use streaming::{BodyLength, BodySource, ResponseBodyReader, StreamRequest, StreamedResponse};
 pub use tls::{client_config, TlsConfigError, ALPN_H2, ALPN_HTTP11, RESUMPTION_SESSIONS_PER_CORE};
 pub use upstream_proxy::{

@@ -77,15 +77,23 @@ impl BodySource for ResponseBodyReader {
     }
 
     async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
-        let mut piece = Vec::new();
-        loop {
-            let more = self.read_into(&mut piece).await?;
-            if !piece.is_empty() {
-                return Ok(Some(Bytes::from(piece)));
-            }
-            if !more {
-                return Ok(None);
-            }
+        next_appended(async |out: &mut Vec<u8>| self.read_into(out).await).await
+    }
+}
+
+/// The next non-empty piece of a body read by appending to a buffer (`read` answers whether
+/// more follows), as one chunk: the [`BodySource`] view of a response body reader.
+pub(crate) async fn next_appended(
+    mut read: impl AsyncFnMut(&mut Vec<u8>) -> Result<bool, ApiError>,
+) -> Result<Option<Bytes>, ApiError> {
+    let mut piece = Vec::new();
+    loop {
+        let more = read(&mut piece).await?;
+        if !piece.is_empty() {
+            return Ok(Some(Bytes::from(piece)));
+        }
+        if !more {
+            return Ok(None);
         }
     }
 }

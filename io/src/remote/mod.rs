@@ -1090,16 +1090,7 @@ impl crate::egress::BodySource for RemoteReader {
     }
 
     async fn next_chunk(&mut self) -> Result<Option<Bytes>, ApiError> {
-        let mut piece = Vec::new();
-        loop {
-            let more = self.next_or_error(&mut piece).await?;
-            if !piece.is_empty() {
-                return Ok(Some(Bytes::from(piece)));
-            }
-            if !more {
-                return Ok(None);
-            }
-        }
+        crate::egress::next_appended(async |out: &mut Vec<u8>| self.next_or_error(out).await).await
     }
 }
 
