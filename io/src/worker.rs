@@ -1156,8 +1156,8 @@ async fn fetch_receipt(
     let target = parse_target_url(url)
         .map_err(|_| unavailable("the receipt URL of the assignment is not valid".into()))?;
     // Only the control this lane dialled serves receipt bodies: the URL must name its host
-    // (the `controls` entry or the address connected to), and the connection may go to that
-    // address alone, whatever the name resolves to.
+    // (the `controls` entry or the address connected to), and the connection goes to that
+    // address alone, whatever the name resolves to now.
     let host = target.host_str().to_string();
     let is_control =
         host == wl.control_host || wl.control_ip.is_some_and(|ip| host == ip.to_string());
@@ -1198,12 +1198,17 @@ async fn fetch_receipt(
         tenant,
         may_splice: false,
     };
-    let mut resp = egress.open(&req, &mut Bytes::new()).await.map_err(|e| {
-        unavailable(format!(
-            "fetching the receipt body from the control: {}",
-            e.code.as_str()
-        ))
-    })?;
+    // The connection goes to the address this lane dialled; the URL's name stays in `Host`
+    // and SNI, and is not resolved again.
+    let mut resp = egress
+        .open_at(&req, ip, &mut Bytes::new())
+        .await
+        .map_err(|e| {
+            unavailable(format!(
+                "fetching the receipt body from the control: {}",
+                e.code.as_str()
+            ))
+        })?;
     if resp.status != 200 {
         return Err(unavailable(format!(
             "the control answered the receipt fetch with {}",

@@ -274,3 +274,48 @@ fn bodies_that_fill_the_read_exactly_keep_the_connection() {
         });
     }
 }
+
+#[test]
+fn open_at_connects_to_the_given_address_and_keeps_the_name_for_host() {
+    let up = Upstream::start(upstream::echo());
+    run(async {
+        let egress = egress(None);
+        // A name no resolver knows: only the pinned address can reach the upstream.
+        let port = up.port();
+        let url = parse_target_url(&format!("http://control.sortie.invalid:{port}/r")).unwrap();
+        let policy = loopback_policy();
+        let worker = ConfigId::parse("local").unwrap();
+        let req = StreamRequest {
+            method: Method::Get,
+            url: &url,
+            headers: &[],
+            deadline: Instant::now() + Duration::from_secs(10),
+            timeouts: short_timeouts(),
+            policy: &policy,
+            worker_id: &worker,
+            bind_address: None,
+            is_replayable: true,
+            via: None,
+            tenant: None,
+            may_splice: false,
+        };
+        let err = egress
+            .open(&req, &mut Bytes::new())
+            .await
+            .err()
+            .expect("the name does not resolve");
+        assert_eq!(err.code, ErrorCode::UpstreamDnsFailure, "{err:?}");
+        let ip = "127.0.0.1".parse().unwrap();
+        let mut resp = egress
+            .open_at(&req, ip, &mut Bytes::new())
+            .await
+            .expect("response from the pinned address");
+        let (echo, _) = read_all(&mut resp).await;
+        let echo = String::from_utf8(echo).unwrap();
+        assert!(
+            echo.contains(&format!("Host: control.sortie.invalid:{port}\r\n")),
+            "{echo:?}"
+        );
+        assert_eq!(up.connections(), 1);
+    });
+}

@@ -403,18 +403,24 @@ impl Egress {
         }
     }
 
-    /// Resolves the host and opens a TCP connection to the first address the policy allows.
+    /// Resolves the host (unless the dial names its address) and opens a TCP connection to the
+    /// first address the policy allows.
     async fn dial_tcp(
         &self,
         req: &Dial<'_>,
     ) -> Result<(monoio::net::TcpStream, SocketAddr), ApiError> {
-        let addrs = connect::resolve(
-            &self.inner.resolver,
-            &req.url.host,
-            req.deadline,
-            req.tenant,
-        )
-        .await?;
+        let addrs = match req.connect_to {
+            Some(ip) => vec![ip],
+            None => {
+                connect::resolve(
+                    &self.inner.resolver,
+                    &req.url.host,
+                    req.deadline,
+                    req.tenant,
+                )
+                .await?
+            }
+        };
         connect::connect_any(
             &addrs,
             req.url.port,
@@ -752,6 +758,9 @@ pub(crate) struct Dial<'a> {
     tenant: Tenant,
     /// The browser profile of the connection, if any.
     profile: Option<&'static Profile>,
+    /// The address to connect to instead of resolving the URL's host, which still names the
+    /// destination in `Host` and SNI ([`Egress::open_at`]).
+    connect_to: Option<IpAddr>,
 }
 
 impl<'a> Dial<'a> {
@@ -765,6 +774,7 @@ impl<'a> Dial<'a> {
             via,
             tenant: req.tenant,
             profile: req.fingerprint,
+            connect_to: None,
         }
     }
 }

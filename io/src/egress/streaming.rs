@@ -493,7 +493,7 @@ impl Egress {
         req: &StreamRequest<'_>,
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
-        self.open_inner(req, None, body).await
+        self.open_inner(req, None, None, body).await
     }
 
     /// [`Egress::open`] on a fingerprinted connection: `profile`'s ClientHello and HTTP/2
@@ -506,7 +506,7 @@ impl Egress {
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
         let Some(p) = profile else {
-            return self.open_inner(req, None, body).await;
+            return self.open_inner(req, None, None, body).await;
         };
         let order = p.order_headers(req.headers.iter().map(|(n, _)| *n));
         let headers: Vec<(&str, &[u8])> = order
@@ -517,13 +517,28 @@ impl Egress {
             headers: &headers,
             ..*req
         };
-        self.open_inner(&ordered, Some(p), body).await
+        self.open_inner(&ordered, Some(p), None, body).await
+    }
+
+    /// [`Egress::open`] on a connection to `ip`, whatever the URL's host resolves to; the host
+    /// still names the destination in `Host` and SNI, and `ip` must pass the request's policy.
+    /// Direct connections only: `req.via` must be `None`. Pooled connections are shared with
+    /// requests to the same host only when their peer passes the same policy.
+    pub async fn open_at<B: BodySource>(
+        &self,
+        req: &StreamRequest<'_>,
+        ip: IpAddr,
+        body: &mut B,
+    ) -> Result<StreamedResponse, ApiError> {
+        debug_assert!(req.via.is_none(), "open_at connects directly");
+        self.open_inner(req, None, Some(ip), body).await
     }
 
     async fn open_inner<B: BodySource>(
         &self,
         req: &StreamRequest<'_>,
         profile: Option<&'static Profile>,
+        connect_to: Option<IpAddr>,
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
@@ -548,6 +563,7 @@ impl Egress {
             via,
             tenant: req.tenant,
             profile,
+            connect_to,
         };
         let is_replayable = req.is_replayable && length == BodyLength::None;
         let mut attempt = Streamed {
@@ -606,6 +622,7 @@ impl Egress {
             via: None,
             tenant,
             profile: None,
+            connect_to: None,
         })
         .await
     }

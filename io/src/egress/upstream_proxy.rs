@@ -449,6 +449,7 @@ impl Egress {
             via: Some((route, i)),
             tenant,
             profile: None,
+            connect_to: None,
         };
         match self.tunnel_via(route, i, &req).await? {
             (Tunnel::Plain(tcp), peer, _, early) => Ok((TunnelStream::Tcp(tcp), peer, early)),
