@@ -1161,3 +1161,58 @@ fn workers_authenticate_with_their_own_tokens_and_claim_only_what_is_granted() {
     let (up, _) = recording(Duration::ZERO);
     assert_eq!(request_at(gw.api, &get(&up.url("/own-token"))).status, 200);
 }
+
+/// A remote worker disconnected for longer than `control.bus.forget_disconnected_ms` is
+/// forgotten: its record and slot go, unless an admin action gave it settings, which stay
+/// (listed as `unregistered`), so a disabled worker that comes back is still disabled.
+#[test]
+fn disconnected_workers_are_forgotten_after_the_bound_and_settings_stay() {
+    let gw = control_with("127.0.0.1:0", None, 200)
+        .cores(1)
+        .section("forget_disconnected_ms = 1000\n")
+        .start();
+    let bus = gw.bus.unwrap();
+    let mut lanes = Vec::new();
+    for id in ["gone", "kept"] {
+        let mut s = TcpStream::connect(bus).unwrap();
+        s.write_all(&hello(id)).unwrap();
+        wait_worker(&gw, id, "connected");
+        lanes.push(s);
+    }
+    let r = admin(
+        &gw,
+        "POST",
+        "/api/v1/admin/workers/kept/disable",
+        &[("If-Match", "\"0\"")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The lanes close after this instant, so the bound counts from later still.
+    let since = Instant::now();
+    drop(lanes);
+    wait_worker(&gw, "gone", "disconnected");
+    wait_until(Duration::from_secs(10), "the two workers forgotten", || {
+        let items = admin_items(&gw, "/api/v1/admin/workers");
+        let state = |id: &str| {
+            items
+                .iter()
+                .find(|w| w["worker_id"] == id)
+                .map(|w| w["state"].as_str().unwrap_or("").to_string())
+        };
+        state("gone").is_none() && state("kept").as_deref() == Some("unregistered")
+    });
+    // Not before the bound.
+    assert!(
+        since.elapsed() >= Duration::from_millis(1000),
+        "{:?}",
+        since.elapsed()
+    );
+    let kept = wait_worker(&gw, "kept", "unregistered");
+    assert_eq!(kept["enabled"], false, "{kept}");
+
+    // The disabled worker returns disabled: registered, and not routable.
+    let mut back = TcpStream::connect(bus).unwrap();
+    back.write_all(&hello("kept")).unwrap();
+    let kept = wait_worker(&gw, "kept", "connected");
+    assert_eq!(kept["enabled"], false, "{kept}");
+}

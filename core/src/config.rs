@@ -153,6 +153,10 @@ pub const EMBEDDED_PROXY_LISTEN: &str = "127.0.0.1:3128";
 pub const DEFAULT_BUS_HEARTBEAT_MS: u32 = 1000;
 /// Default of `control.bus.assignment_timeout_ms`.
 pub const DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS: u64 = 5000;
+/// Default of `control.bus.forget_disconnected_ms`: a day.
+pub const DEFAULT_BUS_FORGET_DISCONNECTED_MS: u64 = 86_400_000;
+/// Bounds of `control.bus.forget_disconnected_ms`: a second to a year.
+pub const BUS_FORGET_DISCONNECTED_MS_RANGE: std::ops::RangeInclusive<u64> = 1000..=31_536_000_000;
 
 /// `[control.bus]`: who may attach to the bus listener and how.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -172,6 +176,9 @@ pub struct BusConfig {
     pub heartbeat_ms: u32,
     /// How long a worker may take to accept or refuse an assignment.
     pub assignment_timeout_ms: u64,
+    /// How long the record of a disconnected remote worker is kept: after that the worker is
+    /// forgotten (its operator settings, if any, stay, listed as `unregistered`).
+    pub forget_disconnected_ms: u64,
     /// The base URL (`http://host:port` or `https://...`) at which remote workers reach this
     /// control's API listener to fetch receipt bodies (decision 065). Unset: the control's
     /// address on each worker's bus connection with the API listener's port, over `http`.
@@ -238,6 +245,7 @@ impl Default for BusConfig {
             plaintext: false,
             heartbeat_ms: DEFAULT_BUS_HEARTBEAT_MS,
             assignment_timeout_ms: DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS,
+            forget_disconnected_ms: DEFAULT_BUS_FORGET_DISCONNECTED_MS,
             api_base_url: None,
             workers: Vec::new(),
         }
@@ -312,6 +320,16 @@ impl BusConfig {
             return Err(err(
                 "control.bus.assignment_timeout_ms",
                 format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
+            ));
+        }
+        if !BUS_FORGET_DISCONNECTED_MS_RANGE.contains(&self.forget_disconnected_ms) {
+            return Err(err(
+                "control.bus.forget_disconnected_ms",
+                format!(
+                    "must be {} to {}",
+                    BUS_FORGET_DISCONNECTED_MS_RANGE.start(),
+                    BUS_FORGET_DISCONNECTED_MS_RANGE.end()
+                ),
             ));
         }
         if let Some(u) = &self.api_base_url {

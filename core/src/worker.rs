@@ -764,6 +764,39 @@ impl WorkerRegistry {
             .or_insert_with(|| WorkerRecord::unregistered(id, settings))
     }
 
+    /// Forgets the remote workers disconnected for at least `after_ms` at `now_unix_ms`, and
+    /// returns their ids. A worker with operator settings (an admin action was applied to it)
+    /// keeps them, listed as `unregistered` as after a restart, so a disabled worker that comes
+    /// back is still disabled; one without is removed. Connected and local workers stay.
+    pub fn forget_disconnected(&mut self, now_unix_ms: u64, after_ms: u64) -> Vec<ConfigId> {
+        let is_gone = |r: &WorkerRecord| {
+            r.state == WorkerState::Disconnected
+                && r.executor == Executor::Remote
+                && r.last_seen_unix_ms
+                    .is_some_and(|seen| now_unix_ms.saturating_sub(seen) >= after_ms)
+        };
+        let gone: Vec<ConfigId> = self
+            .workers
+            .values()
+            .filter(|r| is_gone(r))
+            .map(|r| r.id.clone())
+            .collect();
+        for id in &gone {
+            let keeps_settings = self
+                .workers
+                .get(id.as_str())
+                .is_some_and(|r| r.settings.revision != 0);
+            if keeps_settings {
+                if let Some(r) = self.workers.get_mut(id.as_str()) {
+                    *r = WorkerRecord::unregistered(id.clone(), r.settings);
+                }
+            } else {
+                self.workers.remove(id.as_str());
+            }
+        }
+        gone
+    }
+
     /// Workers listed as `unregistered`: settings records without a registration.
     pub fn unregistered_count(&self) -> usize {
         self.workers
@@ -776,6 +809,50 @@ impl WorkerRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Disconnected remote workers are forgotten after the bound; settings outlive the record.
+    #[test]
+    fn disconnected_workers_are_forgotten_after_the_bound_keeping_their_settings() {
+        let caps = || {
+            AdvertisedCapabilities {
+                capacity: 4,
+                ..AdvertisedCapabilities::default()
+            }
+            .validate()
+            .unwrap()
+        };
+        let mut reg = WorkerRegistry::new();
+        for id in ["gone", "disabled", "recent", "connected"] {
+            reg.register(id, "s1", Executor::Remote, caps(), 1_000)
+                .unwrap();
+        }
+        reg.register("local", "l", Executor::Local, caps(), 1_000)
+            .unwrap();
+        reg.apply_action("disabled", WorkerAction::Disable, 0)
+            .unwrap();
+        assert!(reg.disconnect("gone", "s1", 2_000));
+        assert!(reg.disconnect("disabled", "s1", 2_000));
+        assert!(reg.disconnect("recent", "s1", 5_000));
+        // Not yet: the bound counts from the disconnect.
+        assert!(reg.forget_disconnected(2_999, 1_000).is_empty());
+        let gone = reg.forget_disconnected(3_000, 1_000);
+        let gone: Vec<&str> = gone.iter().map(ConfigId::as_str).collect();
+        assert_eq!(gone, ["disabled", "gone"]);
+        assert!(reg.get("gone").is_none());
+        let d = reg.get("disabled").unwrap();
+        assert_eq!(d.state(), WorkerState::Unregistered);
+        assert!(!d.is_enabled());
+        assert!(d.capabilities().is_none() && d.session().is_none());
+        for id in ["recent", "connected", "local"] {
+            assert!(reg.get(id).is_some(), "{id}");
+        }
+        // The disabled worker comes back disabled.
+        reg.register("disabled", "s2", Executor::Remote, caps(), 9_000)
+            .unwrap();
+        let d = reg.get("disabled").unwrap();
+        assert_eq!(d.state(), WorkerState::Connected);
+        assert!(!d.is_enabled() && !d.is_routable());
+    }
 
     /// A grant clips capacity and refuses pools and tags beyond it (decision 105).
     #[test]

@@ -336,7 +336,15 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
             .map_err(|e| ioe(format!("store: cancel intents: {e}")))?;
     }
     let bus_shared = match &listeners.bus {
-        Some((_, addr)) => Some(bus_shared(&config, n, *addr, listeners.api.1.port())?),
+        Some((_, addr)) => {
+            crate::remote::start_forgetting(
+                state.clone(),
+                &cold,
+                Duration::from_millis(config.control.bus.forget_disconnected_ms),
+            )
+            .map_err(|e| ioe(format!("store: worker expiry: {e}")))?;
+            Some(bus_shared(&config, n, *addr, listeners.api.1.port())?)
+        }
         None => None,
     };
     let metrics = Arc::new(Metrics::new(n));

@@ -403,6 +403,28 @@ impl ControlState {
         }
     }
 
+    /// Forgets the remote workers disconnected for at least `after` (their records and
+    /// capacity slots; operator settings stay), republishes routing when any was, and returns
+    /// how many.
+    pub fn forget_disconnected(&self, now_unix_ms: u64, after: Duration) -> usize {
+        let mut w = self.writer();
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        let gone = w.registry.forget_disconnected(now_unix_ms, after_ms);
+        if gone.is_empty() {
+            return 0;
+        }
+        for id in &gone {
+            w.slots.remove(id.as_str());
+        }
+        let cur = self.active.load_full();
+        self.active.store(Arc::new(Self::build(
+            &w,
+            cur.revision,
+            cur.snapshot.clone(),
+        )));
+        gone.len()
+    }
+
     /// Records a heartbeat: `last_seen` and the load the worker reported (for `/metrics`);
     /// routing is unchanged.
     pub fn touch(&self, id: &str, session: &str, now_unix_ms: u64, active: u32) {

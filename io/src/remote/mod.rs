@@ -1192,3 +1192,28 @@ pub(crate) struct RemoteResponse {
 
 /// How a remote attempt ended without an answer: `sortie_core::dispatch` decides what follows.
 pub(crate) use sortie_core::dispatch::Failure as RemoteFailure;
+
+/// Starts the task that forgets remote workers disconnected for at least `after`
+/// (`control.bus.forget_disconnected_ms`), on the cold thread, checking a few times per bound:
+/// without it, every id that ever registered would keep a record and a capacity slot for the
+/// life of the process.
+pub fn start_forgetting(
+    state: Arc<ControlState>,
+    cold: &crate::store::ColdHandle,
+    after: Duration,
+) -> Result<(), crate::store::StoreError> {
+    let every = (after / 4).clamp(Duration::from_millis(250), Duration::from_secs(60));
+    cold.spawn(move |_| async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let n = state.forget_disconnected(crate::clock::unix_ms(), after);
+            if n > 0 {
+                tracing::info!(
+                    workers = n,
+                    after_ms = after.as_millis() as u64,
+                    "forgot remote workers disconnected for longer than control.bus.forget_disconnected_ms"
+                );
+            }
+        }
+    })
+}
