@@ -1216,3 +1216,70 @@ fn disconnected_workers_are_forgotten_after_the_bound_and_settings_stay() {
     let kept = wait_worker(&gw, "kept", "connected");
     assert_eq!(kept["enabled"], false, "{kept}");
 }
+
+/// Waits until worker `w` logs a line containing `needle` (any case), checking all along that
+/// the control never lists it.
+fn refused_with(gw: &support::gateway::Gateway, w: &support::bus::Worker, needle: &str) {
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !seen
+        .iter()
+        .any(|l: &String| l.to_ascii_lowercase().contains(needle))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{}: no {needle:?} logged: {seen:?}",
+            w.id
+        );
+        let items = admin_items(gw, "/api/v1/admin/workers");
+        assert!(items.iter().all(|i| i["worker_id"] != *w.id), "{items:?}");
+        seen.extend(w.output());
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    let items = admin_items(gw, "/api/v1/admin/workers");
+    assert!(items.iter().all(|i| i["worker_id"] != *w.id), "{items:?}");
+}
+
+/// With `control.bus.tls_client_ca_file`, a worker is admitted only with a client certificate
+/// from that CA naming its own id: another worker's certificate, none, or one from another CA
+/// is refused, so a worker host can open lanes under its own id alone (decision 109).
+#[test]
+fn client_certificates_bind_workers_to_their_ids() {
+    let dir = temp_dir("bus-mtls");
+    let tls = BusTls::new(&dir);
+    let gw = control("127.0.0.1:0", Some(&tls))
+        .section(&format!(
+            "tls_client_ca_file = {:?}\n",
+            tls.ca_file.display().to_string()
+        ))
+        .cores(2)
+        .start();
+    let bus = gw.bus.expect("bus listener");
+    let wa_cert = tls.client_cert("wa", &["wa"]);
+    let _wa = start_worker("wa", bus, Some(&tls), &wa_cert);
+    wait_worker(&gw, "wa", "connected");
+    let (up, _) = recording(Duration::ZERO);
+    for _ in 0..4 {
+        let r = request_at(gw.api, &get(&up.url("/mtls")));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+
+    // wa's certificate under another id: the Hello is refused.
+    let thief = start_worker("wt", bus, Some(&tls), &wa_cert);
+    refused_with(
+        &gw,
+        &thief,
+        "client certificate does not name this worker id",
+    );
+    // No certificate: the handshake fails, and the control's alert says why.
+    let bare = start_worker("wn", bus, Some(&tls), "");
+    refused_with(&gw, &bare, "certificaterequired");
+    // A certificate naming the id, from a CA the control does not trust (its name is the
+    // trusted CA's, so the signature is what fails).
+    let other = BusTls::new(&temp_dir("bus-mtls-other"));
+    let foreign = start_worker("wo", bus, Some(&tls), &other.client_cert("wo", &["wo"]));
+    refused_with(&gw, &foreign, "fatal alert");
+    // wa is still the one connected wa.
+    let w = wait_worker(&gw, "wa", "connected");
+    assert_eq!(w["session"], _wa.session.as_str(), "{w}");
+}

@@ -170,6 +170,10 @@ pub struct BusConfig {
     pub tls_cert_file: Option<String>,
     /// PEM private key of the TLS listener.
     pub tls_key_file: Option<String>,
+    /// PEM CA certificates of workers' client certificates: when set, every lane must present
+    /// a certificate that chains to one of them and names the `Hello`'s worker id as a DNS
+    /// name in its subject alternative names (decision 109). TLS only.
+    pub tls_client_ca_file: Option<String>,
     /// Plain TCP instead of TLS; must be said explicitly.
     pub plaintext: bool,
     /// How often workers send heartbeats; a lane silent for three intervals is closed.
@@ -242,6 +246,7 @@ impl Default for BusConfig {
             token_env: None,
             tls_cert_file: None,
             tls_key_file: None,
+            tls_client_ca_file: None,
             plaintext: false,
             heartbeat_ms: DEFAULT_BUS_HEARTBEAT_MS,
             assignment_timeout_ms: DEFAULT_BUS_ASSIGNMENT_TIMEOUT_MS,
@@ -364,6 +369,12 @@ impl BusConfig {
                 ("tls_key_file", &self.tls_key_file),
             ],
             is_listening,
+        )?;
+        check_transport(
+            "control.bus",
+            self.plaintext,
+            &[("tls_client_ca_file", &self.tls_client_ca_file)],
+            false,
         )
     }
 }
@@ -1160,6 +1171,14 @@ pub struct WorkerProcessConfig {
     /// The name the controls' certificates carry; default: the host of each address.
     #[serde(default)]
     pub server_name: Option<String>,
+    /// PEM certificate chain this worker presents to controls that require client
+    /// certificates (`control.bus.tls_client_ca_file`); it must name the worker id as a DNS
+    /// name. With `tls_key_file`.
+    #[serde(default)]
+    pub tls_cert_file: Option<String>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<String>,
     /// The worker's own threads; 0 means all available.
     #[serde(default)]
     pub cores: u32,
@@ -1228,6 +1247,21 @@ impl WorkerFile {
             true,
         )?;
         check_transport("worker", w.plaintext, &[("ca_file", &w.ca_file)], true)?;
+        check_transport(
+            "worker",
+            w.plaintext,
+            &[
+                ("tls_cert_file", &w.tls_cert_file),
+                ("tls_key_file", &w.tls_key_file),
+            ],
+            false,
+        )?;
+        if w.tls_cert_file.is_some() != w.tls_key_file.is_some() {
+            return Err(err(
+                "worker.tls_key_file",
+                "tls_cert_file and tls_key_file are given together",
+            ));
+        }
         if w.cores > 1024 {
             return Err(err("worker.cores", "must be 0 (all) to 1024"));
         }
@@ -1513,6 +1547,14 @@ mod tests {
                 "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\napi_base_url = \"http://a:99999\"\n",
                 "control.bus.api_base_url",
             ),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\ntls_client_ca_file = \"ca.pem\"\n",
+                "control.bus.tls_client_ca_file",
+            ),
+            (
+                "[control.bus]\ntoken = \"0123456789abcdef\"\nplaintext = true\nforget_disconnected_ms = 999\n",
+                "control.bus.forget_disconnected_ms",
+            ),
         ];
         for (extra, path) in cases {
             let e = Config::from_toml(&format!("{base}{extra}")).unwrap_err();
@@ -1543,6 +1585,8 @@ mod tests {
             ("[worker]\nid = \"w\"\ncontrols = [\"nohost\"]\ntoken = \"0123456789abcdef\"\nplaintext = true", "worker.controls[0]"),
             ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\nplaintext = true", "worker"),
             ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"", "worker.ca_file"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"\nplaintext = true\ntls_cert_file = \"c.pem\"\ntls_key_file = \"k.pem\"", "worker.tls_cert_file"),
+            ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"\nca_file = \"ca.pem\"\ntls_cert_file = \"c.pem\"", "worker.tls_key_file"),
             ("[worker]\nid = \"w\"\ncontrols = [\"a:1\"]\ntoken = \"0123456789abcdef\"\nplaintext = true\ncapacity = 0", "worker.capacity"),
         ];
         for (text, path) in cases {

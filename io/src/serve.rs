@@ -726,7 +726,15 @@ fn bus_shared(
                     .into(),
             ));
         };
-        Some(crate::bus::conn::server_config(cert, key).map_err(ServeError::Config)?)
+        let identity = crate::bus::conn::CertKey {
+            key: "control.bus",
+            cert_file: cert,
+            key_file: key,
+        };
+        Some(
+            crate::bus::conn::server_config(&identity, b.tls_client_ca_file.as_deref())
+                .map_err(ServeError::Config)?,
+        )
     };
     // Workers fetch receipt bodies on this port only (decision 068).
     let receipt_port = match b.api_base_url.as_deref() {
@@ -740,6 +748,7 @@ fn bus_shared(
     Ok(crate::remote::BusShared::new(crate::remote::BusSettings {
         credentials,
         tls,
+        requires_client_certificate: b.tls_client_ca_file.is_some() && !b.plaintext,
         heartbeat_ms: b.heartbeat_ms,
         assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
         cores,

@@ -144,7 +144,17 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     .ok_or("worker: needs token or token_env")?;
     let tls = match (&w.ca_file, w.plaintext) {
         (_, true) => None,
-        (Some(ca), false) => Some(crate::bus::conn::client_config(ca)?),
+        (Some(ca), false) => {
+            let identity = match (&w.tls_cert_file, &w.tls_key_file) {
+                (Some(cert_file), Some(key_file)) => Some(crate::bus::conn::CertKey {
+                    key: "worker",
+                    cert_file,
+                    key_file,
+                }),
+                _ => None,
+            };
+            Some(crate::bus::conn::client_config(ca, identity.as_ref())?)
+        }
         (None, false) => return Err("worker.ca_file is required, or plaintext = true".into()),
     };
     let egress_tls =

@@ -21,6 +21,9 @@ pub struct BusTls {
     pub ca_file: PathBuf,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
 }
 
 impl BusTls {
@@ -41,11 +44,36 @@ impl BusTls {
             ca_file: dir.join("bus-ca.pem"),
             cert_file: dir.join("bus-cert.pem"),
             key_file: dir.join("bus-key.pem"),
+            dir: dir.to_path_buf(),
+            ca,
+            ca_key,
         };
-        std::fs::write(&t.ca_file, ca.pem()).expect("ca");
+        std::fs::write(&t.ca_file, t.ca.pem()).expect("ca");
         std::fs::write(&t.cert_file, leaf.pem()).expect("cert");
         std::fs::write(&t.key_file, key.serialize_pem()).expect("key");
         t
+    }
+
+    /// A client certificate signed by this CA whose DNS names are `names`, as the `[worker]`
+    /// keys `tls_cert_file` and `tls_key_file` (TOML lines).
+    pub fn client_cert(&self, file_stem: &str, names: &[&str]) -> String {
+        use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, KeyPair};
+        let key = KeyPair::generate().expect("client key");
+        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .expect("client params");
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = p
+            .signed_by(&key, &self.ca, &self.ca_key)
+            .expect("client cert");
+        let cert_file = self.dir.join(format!("{file_stem}-cert.pem"));
+        let key_file = self.dir.join(format!("{file_stem}-key.pem"));
+        std::fs::write(&cert_file, cert.pem()).expect("client cert file");
+        std::fs::write(&key_file, key.serialize_pem()).expect("client key file");
+        format!(
+            "tls_cert_file = {:?}\ntls_key_file = {:?}\n",
+            cert_file.display().to_string(),
+            key_file.display().to_string()
+        )
     }
 }
 

@@ -109,8 +109,15 @@ impl Conn<TcpStream> {
             if !is_handshaking {
                 return Ok(c);
             }
-            if c.fill_tls().await? == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
+            match c.fill_tls().await {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) => {
+                    // The session queued an alert saying why (a missing or untrusted client
+                    // certificate, say): send it, so the peer can tell its operator.
+                    let _ = c.flush_tls().await;
+                    return Err(e);
+                }
             }
         }
     }
@@ -138,6 +145,28 @@ impl Conn<TcpStream> {
             ),
         };
         Ok((std, tls))
+    }
+
+    /// Whether the peer's TLS certificate (verified during the handshake against the client
+    /// CA of the listener) names `worker_id` as a DNS name in its subject alternative names
+    /// (decision 109). `false` without TLS, without a certificate or for an id that is not a
+    /// DNS name.
+    pub(crate) fn peer_names(&self, worker_id: &str) -> bool {
+        let Some(tls) = &self.tls else {
+            return false;
+        };
+        let tls = tls.borrow();
+        let Some(cert) = tls.peer_certificates().and_then(|c| c.first()) else {
+            return false;
+        };
+        let Ok(name) = rustls::pki_types::ServerName::try_from(worker_id) else {
+            return false;
+        };
+        if !matches!(name, rustls::pki_types::ServerName::DnsName(_)) {
+            return false;
+        }
+        rustls::server::ParsedCertificate::try_from(cert)
+            .is_ok_and(|parsed| rustls::client::verify_server_name(&parsed, &name).is_ok())
     }
 
     /// The reading and writing halves.
@@ -325,58 +354,109 @@ impl<S: AsyncWriteRent> Conn<S> {
     }
 }
 
-/// The bus listener's TLS configuration from PEM files (`control.bus.tls_cert_file`,
-/// `tls_key_file`), ring provider set explicitly.
-pub(crate) fn server_config(
-    cert_file: &str,
-    key_file: &str,
-) -> Result<Arc<rustls::ServerConfig>, String> {
-    let certs: Vec<_> = rustls_pemfile::certs(&mut io::BufReader::new(
-        std::fs::File::open(cert_file)
-            .map_err(|e| format!("control.bus.tls_cert_file {cert_file}: {e}"))?,
-    ))
-    .collect::<Result<_, _>>()
-    .map_err(|e| format!("control.bus.tls_cert_file {cert_file}: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "control.bus.tls_cert_file {cert_file}: no certificate"
-        ));
+/// A certificate chain and its private key, from PEM files named by the configuration keys
+/// `key` + `.tls_cert_file` / `.tls_key_file` (for messages).
+pub(crate) struct CertKey<'a> {
+    /// `control.bus` or `worker`.
+    pub(crate) key: &'a str,
+    /// The chain's file.
+    pub(crate) cert_file: &'a str,
+    /// The key's file.
+    pub(crate) key_file: &'a str,
+}
+
+type Identity = (
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+);
+
+impl CertKey<'_> {
+    fn load(&self) -> Result<Identity, String> {
+        let (k, cert_file, key_file) = (self.key, self.cert_file, self.key_file);
+        let certs: Vec<_> = rustls_pemfile::certs(&mut io::BufReader::new(
+            std::fs::File::open(cert_file)
+                .map_err(|e| format!("{k}.tls_cert_file {cert_file}: {e}"))?,
+        ))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{k}.tls_cert_file {cert_file}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("{k}.tls_cert_file {cert_file}: no certificate"));
+        }
+        let key = rustls_pemfile::private_key(&mut io::BufReader::new(
+            std::fs::File::open(key_file)
+                .map_err(|e| format!("{k}.tls_key_file {key_file}: {e}"))?,
+        ))
+        .map_err(|e| format!("{k}.tls_key_file {key_file}: {e}"))?
+        .ok_or_else(|| format!("{k}.tls_key_file {key_file}: no private key"))?;
+        Ok((certs, key))
     }
-    let key = rustls_pemfile::private_key(&mut io::BufReader::new(
-        std::fs::File::open(key_file)
-            .map_err(|e| format!("control.bus.tls_key_file {key_file}: {e}"))?,
-    ))
-    .map_err(|e| format!("control.bus.tls_key_file {key_file}: {e}"))?
-    .ok_or_else(|| format!("control.bus.tls_key_file {key_file}: no private key"))?;
+}
+
+/// The certificates of a PEM CA file as trust roots; `key` names the setting in messages.
+fn roots(key: &str, file: &str) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let f = std::fs::File::open(file).map_err(|e| format!("{key} {file}: {e}"))?;
+    for cert in rustls_pemfile::certs(&mut io::BufReader::new(f)) {
+        let cert = cert.map_err(|e| format!("{key} {file}: {e}"))?;
+        roots.add(cert).map_err(|e| format!("{key} {file}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{key} {file}: no certificate"));
+    }
+    Ok(roots)
+}
+
+/// The bus listener's TLS configuration from PEM files (`control.bus.tls_cert_file`,
+/// `tls_key_file`), ring provider set explicitly. With `client_ca_file`
+/// (`control.bus.tls_client_ca_file`) every worker must present a certificate chaining to it
+/// (decision 109).
+pub(crate) fn server_config(
+    identity: &CertKey<'_>,
+    client_ca_file: Option<&str>,
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let (certs, key) = identity.load()?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca_file {
+        None => builder.with_no_client_auth(),
+        Some(file) => {
+            let roots = roots("control.bus.tls_client_ca_file", file)?;
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(|e| format!("control.bus.tls_client_ca_file {file}: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder
         .with_single_cert(certs, key)
         .map_err(|e| format!("control.bus: {e}"))?;
     Ok(Arc::new(config))
 }
 
-/// A worker's TLS configuration: only the certificates of `worker.ca_file` are trusted.
-pub(crate) fn client_config(ca_file: &str) -> Result<Arc<rustls::ClientConfig>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    let file =
-        std::fs::File::open(ca_file).map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
-    for cert in rustls_pemfile::certs(&mut io::BufReader::new(file)) {
-        let cert = cert.map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("worker.ca_file {ca_file}: {e}"))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("worker.ca_file {ca_file}: no certificate"));
-    }
+/// A worker's TLS configuration: only the certificates of `worker.ca_file` are trusted; with
+/// `identity` (`worker.tls_cert_file`, `tls_key_file`) the worker presents its certificate to
+/// controls that ask for one.
+pub(crate) fn client_config(
+    ca_file: &str,
+    identity: Option<&CertKey<'_>>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let roots = roots("worker.ca_file", ca_file)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some(id) => {
+            let (certs, key) = id.load()?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("worker.tls_cert_file: {e}"))?
+        }
+    };
     Ok(Arc::new(config))
 }

@@ -69,6 +69,9 @@ pub struct BusSettings {
     pub credentials: Credentials,
     /// The TLS server configuration; `None` for plain TCP (`control.bus.plaintext`).
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `control.bus.tls_client_ca_file` is set: the TLS configuration verified the worker's
+    /// certificate chain, and the certificate must name the `Hello`'s worker id (decision 109).
+    pub requires_client_certificate: bool,
     /// `control.bus.heartbeat_ms`.
     pub heartbeat_ms: u32,
     /// `control.bus.assignment_timeout_ms`.
@@ -451,6 +454,11 @@ impl BusCore {
         };
         let refusal = if let Err(why) = s.credentials.admit(&hello.worker_id, &hello.token) {
             Some(reject("auth_failed", why))
+        } else if s.requires_client_certificate && !conn.peer_names(&hello.worker_id) {
+            Some(reject(
+                "auth_failed",
+                "the client certificate does not name this worker id",
+            ))
         } else if negotiate(hello.version_min, hello.version_max).is_none() {
             Some(reject(
                 "unsupported_version",
