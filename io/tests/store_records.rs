@@ -494,6 +494,11 @@ fn part(number: u32, key: &str) -> PartRecord {
 fn receipts_follow_their_compare_and_set_transitions(backend: &dyn Backend) {
     let mut a = backend.open();
     let mut b = backend.open();
+    // On a shared store a control takes receipts only under its lease (decision 110).
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0, EXPIRY)
+        .expect("b beats");
     let created = a
         .create_receipt(&receipt("rcpt_1", Some("k1")))
         .expect("create");
@@ -560,8 +565,33 @@ fn receipts_follow_their_compare_and_set_transitions(backend: &dyn Backend) {
         Ok(false),
         "no part once verification started"
     );
+    // Only the control that holds the verifying receipt concludes it on a shared store
+    // (decision 110); SQLite has one control and no holder.
+    let by_other = b.set_receipt_state(
+        "dep",
+        "rcpt_1",
+        ReceiptState::Verifying,
+        ReceiptState::Verified,
+        T2,
+        None,
+    );
+    assert_eq!(by_other, Ok(a.control_id().is_none()));
+    if a.control_id().is_none() {
+        // Put back where the shared-store path is.
+        assert_eq!(
+            b.set_receipt_state(
+                "dep",
+                "rcpt_1",
+                ReceiptState::Verified,
+                ReceiptState::Verifying,
+                T2,
+                None
+            ),
+            Ok(true)
+        );
+    }
     assert_eq!(
-        b.set_receipt_state(
+        a.set_receipt_state(
             "dep",
             "rcpt_1",
             ReceiptState::Verifying,
@@ -646,6 +676,10 @@ fn verified(store: &mut Box<dyn RecordStore + Send>, id: &str) {
 /// assignment whose outcome was unknown) applies only while that attempt holds the receipt.
 fn a_release_applies_only_while_its_attempt_holds_the_receipt(backend: &dyn Backend) {
     let (mut a, mut b) = (backend.open(), backend.open());
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0, EXPIRY)
+        .expect("b beats");
     verified(&mut a, "rcpt_1");
     assert_eq!(a.assign_receipt("dep", "rcpt_1", "t1", T1), Ok(true));
     assert_eq!(
@@ -704,6 +738,73 @@ fn a_release_applies_only_while_its_attempt_holds_the_receipt(backend: &dyn Back
     } else {
         assert_eq!(by_other, Ok(true));
     }
+}
+
+/// Decision 110: a control whose lease lapsed takes no receipt, and what it held and another
+/// control recovered and took it cannot move on any more; once it beats again it takes
+/// receipts again.
+#[test]
+fn a_control_whose_lease_lapsed_changes_no_receipt_it_no_longer_holds() {
+    let expiry = std::time::Duration::from_secs(10);
+    let backend = Postgres::new("fence");
+    let (mut a, mut b) = (backend.open(), backend.open());
+    let a_id = a.control_id().expect("a control id").to_owned();
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats");
+    b.control_heartbeat("127.0.0.1:2", T0, EXPIRY)
+        .expect("b beats");
+    verified(&mut a, "rcpt_assigned");
+    assert_eq!(a.assign_receipt("dep", "rcpt_assigned", "t1", T1), Ok(true));
+    let mut r = receipt("rcpt_verifying", None);
+    r.state = ReceiptState::Uploading;
+    a.create_receipt(&r).expect("create");
+    let verifying = |s: &mut Box<dyn RecordStore + Send>, from, to| {
+        s.set_receipt_state("dep", "rcpt_verifying", from, to, T1, None)
+    };
+    assert_eq!(
+        verifying(&mut a, ReceiptState::Uploading, ReceiptState::Verifying),
+        Ok(true)
+    );
+    verified(&mut a, "rcpt_free");
+
+    // a's beats stop reaching the store: its row ages past its expiry.
+    let mut c = backend.config().connect().expect("connect");
+    c.execute(
+        "UPDATE controls SET last_seen_unix_ms = last_seen_unix_ms - 60000 WHERE control_id = $1",
+        &[&a_id],
+    )
+    .expect("age a's row");
+    // Without a live lease a takes nothing, even before anyone recovered anything.
+    assert_eq!(a.assign_receipt("dep", "rcpt_free", "t2", T2), Ok(false));
+    assert_eq!(state(&mut b, "rcpt_free"), ReceiptState::Verified);
+
+    // b recovers a's receipts and takes both again.
+    assert_eq!(b.recover_dead_controls(expiry, T2), Ok(2));
+    assert_eq!(b.assign_receipt("dep", "rcpt_assigned", "t3", T2), Ok(true));
+    assert_eq!(
+        verifying(&mut b, ReceiptState::Uploading, ReceiptState::Verifying),
+        Ok(true)
+    );
+    // a's late conclusions of what it held change nothing: b holds them now.
+    assert_eq!(
+        a.release_receipt("dep", "rcpt_assigned", "t1", ReceiptState::Consumed, T2),
+        Ok(false)
+    );
+    assert_eq!(
+        verifying(&mut a, ReceiptState::Verifying, ReceiptState::Verified),
+        Ok(false)
+    );
+    assert_eq!(state(&mut b, "rcpt_assigned"), ReceiptState::Assigned);
+    assert_eq!(state(&mut b, "rcpt_verifying"), ReceiptState::Verifying);
+    // The holder concludes its own.
+    assert_eq!(
+        verifying(&mut b, ReceiptState::Verifying, ReceiptState::Verified),
+        Ok(true)
+    );
+    // a beats again: a live lease, a new holder of what it takes.
+    a.control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("a beats again");
+    assert_eq!(a.assign_receipt("dep", "rcpt_free", "t4", T2), Ok(true));
 }
 
 /// Decision 098: a control that stops gracefully removes its row and recovers the receipts it
@@ -978,6 +1079,9 @@ fn a_write_answered_busy_never_takes_effect_later() {
     let backend = Postgres::new("deadline");
     let mut store = PostgresStore::open(&backend.config()).expect("store opens");
     store.bootstrap(DEFAULT_SNAPSHOT, T0).expect("bootstrap");
+    store
+        .control_heartbeat("127.0.0.1:1", T0, EXPIRY)
+        .expect("beats");
     for id in ["rcpt_late", "rcpt_unknown"] {
         let mut r = receipt(id, None);
         r.state = ReceiptState::Verified;

@@ -571,6 +571,17 @@ fn mint_control_id() -> Result<String, StoreError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// SQL that is true while the control whose id is the parameter `param` holds a live lease:
+/// its row exists and was refreshed within the expiry it recorded, by the store's clock. The
+/// same test recovery applies to holders (`recover_dead_tx`), so a control takes a receipt
+/// only while the others would leave it alone (decision 110).
+fn lease_is_live(param: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM controls WHERE controls.control_id = {param} \
+         AND controls.last_seen_unix_ms >= {DB_NOW_MS} - COALESCE(controls.expiry_ms, 0))"
+    )
+}
+
 /// The store's clock in Unix milliseconds, as SQL: heartbeats and their expiry read one clock,
 /// the database's, so controls on hosts whose clocks differ still agree on who is alive.
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::BIGINT";
@@ -1182,25 +1193,41 @@ impl RecordStore for PostgresStore {
             failure.map(str::to_owned),
         );
         // The control that moves a receipt into a state only a running process leaves holds
-        // it, so that its receipts can be recovered once it is known dead (decision 094).
-        let holder = matches!(to, ReceiptState::Verifying | ReceiptState::Assigned)
-            .then(|| self.control_id.clone());
+        // it, so that its receipts can be recovered once it is known dead (decision 094), and
+        // takes it only while its lease is live; what it holds it moves on only while it is
+        // still the holder, which recovery ends (decision 110). Cancel and expiry are anyone's.
+        let is_taking = matches!(to, ReceiptState::Verifying | ReceiptState::Assigned);
+        let is_held = matches!(from, ReceiptState::Verifying | ReceiptState::Assigned)
+            && !matches!(to, ReceiptState::Cancelled | ReceiptState::Expired);
+        let holder = is_taking.then(|| self.control_id.clone());
+        let me = self.control_id.clone();
+        let sql = format!(
+            "UPDATE receipts SET state = $1, updated_at = $2, \
+             failure = COALESCE($3, failure), holder = $7, attempt = NULL \
+             WHERE receipt_id = $4 AND deployment_id = $5 AND state = $6{}{}",
+            if is_held { " AND holder = $8" } else { "" },
+            if is_taking {
+                format!(" AND {}", lease_is_live("$8"))
+            } else {
+                String::new()
+            },
+        );
         flat(self.call(move |c| {
             let mut tx = c.transaction()?;
-            let n = tx.execute(
-                "UPDATE receipts SET state = $1, updated_at = $2, \
-                 failure = COALESCE($3, failure), holder = $7, attempt = NULL \
-                 WHERE receipt_id = $4 AND deployment_id = $5 AND state = $6",
-                &[
-                    &to.as_str(),
-                    &updated_at,
-                    &failure,
-                    &receipt_id,
-                    &deployment_id,
-                    &from.as_str(),
-                    &holder,
-                ],
-            )?;
+            let (to, from) = (to.as_str(), from.as_str());
+            let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
+                &to,
+                &updated_at,
+                &failure,
+                &receipt_id,
+                &deployment_id,
+                &from,
+                &holder,
+                &me,
+            ];
+            // `$8` appears only with one of the two conditions.
+            let used = if is_held || is_taking { 8 } else { 7 };
+            let n = tx.execute(&sql, params.get(..used).unwrap_or(&params))?;
             Ok(commit(tx)?.map(|()| n > 0))
         }))
     }
@@ -1221,10 +1248,14 @@ impl RecordStore for PostgresStore {
         );
         flat(self.call(move |c| {
             let mut tx = c.transaction()?;
+            // Taken only under a live lease (decision 110).
             let n = tx.execute(
-                "UPDATE receipts SET state = 'assigned', updated_at = $1, holder = $2, \
-                 attempt = $3 WHERE receipt_id = $4 AND deployment_id = $5 \
-                 AND state = 'verified'",
+                &format!(
+                    "UPDATE receipts SET state = 'assigned', updated_at = $1, holder = $2, \
+                     attempt = $3 WHERE receipt_id = $4 AND deployment_id = $5 \
+                     AND state = 'verified' AND {}",
+                    lease_is_live("$2")
+                ),
                 &[&updated_at, &holder, &attempt, &receipt_id, &deployment_id],
             )?;
             Ok(commit(tx)?.map(|()| n > 0))
