@@ -6,6 +6,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IDLE_CONNECTIONS=${IDLE_CONNECTIONS:-10000}
+# Seconds the connections stay idle before the RSS is read: past the gateway's idle release
+# (100 ms), so what is read is what an idle connection keeps.
+IDLE_SETTLE=${IDLE_SETTLE:-3}
 TARGET_KIB_PER_CONN=16
 # The whole measurement gives up after this many seconds.
 IDLE_TIMEOUT=${IDLE_TIMEOUT:-60}
@@ -55,6 +58,7 @@ main() {
   } | tee -a "$results_file"
   local out="$WORK_DIR/idle.txt" rc=0
   timeout $((IDLE_TIMEOUT + 10)) python3 "$PERF_DIR/idle_conns.py" "$@" --pid "$pid_target" \
+    --settle "$IDLE_SETTLE" \
     --connections "$IDLE_CONNECTIONS" --timeout "$IDLE_TIMEOUT" >"$out" 2>&1 || rc=$?
   tee -a "$results_file" <"$out"
   [ "$rc" = 0 ] || die "the idle-connection client failed (exit $rc)"

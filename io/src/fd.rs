@@ -33,6 +33,12 @@ pub(crate) fn take_error<S: AsRawFd>(stream: &S) -> io::Result<Option<io::Error>
     with_socket(stream, |s| s.take_error())
 }
 
+/// Shuts both directions of a socket down: a receive waiting on it completes (with end of
+/// stream) at once, and the peer sees the connection end, before the descriptor is closed.
+pub(crate) fn shutdown_both<S: AsRawFd>(stream: &S) -> io::Result<()> {
+    with_socket(stream, |s| s.shutdown(std::net::Shutdown::Both))
+}
+
 /// Clears `O_NONBLOCK`. The io_uring driver expects blocking sockets (it creates its own that
 /// way); the epoll driver needs non-blocking ones.
 pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {

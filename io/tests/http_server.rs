@@ -20,6 +20,36 @@ fn keep_alive_serves_three_sequential_requests_on_one_connection() {
     }
 }
 
+/// A connection quiet for longer than the server's idle release (100 ms) gives its read buffer
+/// back and waits for readability; what comes next is served as before: a whole request, a
+/// head arriving in pieces, pipelined requests, a body, and a first request that is late.
+#[test]
+fn requests_after_the_connection_went_idle_are_served() {
+    let server = TestServer::start(test_config());
+    let quiet = || std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut c = server.client();
+    assert_eq!(c.get("/before").text(), "GET /before");
+    quiet();
+    assert_eq!(c.get("/after").text(), "GET /after");
+    quiet();
+    c.send(b"GET /pie");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    c.send(b"ces HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_eq!(c.reply().text(), "GET /pieces");
+    quiet();
+    c.send(
+        b"GET /one HTTP/1.1\r\nHost: t\r\n\r\n\
+          POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nbody",
+    );
+    assert_eq!(c.reply().text(), "GET /one");
+    assert_eq!(c.reply().text(), "body");
+
+    // A new connection whose first request comes late (within the header timeout).
+    let mut late = server.client();
+    quiet();
+    assert_eq!(late.get("/late").text(), "GET /late");
+}
+
 #[test]
 fn pipelined_requests_in_one_write_are_answered_in_order() {
     let server = TestServer::start(test_config());

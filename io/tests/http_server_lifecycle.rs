@@ -71,6 +71,47 @@ fn idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
 
+/// An idle timeout shorter than the idle release (100 ms): the connection waits with its
+/// buffer and its own timer, and is closed on time.
+#[test]
+fn a_short_idle_timeout_closes_before_the_idle_release() {
+    let mut cfg = test_config();
+    cfg.idle_timeout = Duration::from_millis(60);
+    let server = TestServer::start(cfg);
+    let mut c = server.client();
+    assert_eq!(c.get("/a").status, 200);
+    let start = Instant::now();
+    c.expect_closed();
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(50), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+/// An idle timeout longer than the idle release (100 ms): the connection has given its buffer
+/// back and waits on the core's idle timer, which still closes it on time; and a second
+/// connection that goes idle later is closed after its own timeout, not the first one's.
+#[test]
+fn idle_connection_past_the_idle_release_is_closed_after_the_idle_timeout() {
+    let mut cfg = test_config();
+    cfg.idle_timeout = Duration::from_millis(1200);
+    let server = TestServer::start(cfg);
+    let mut first = server.client();
+    assert_eq!(first.get("/a").status, 200);
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_millis(400));
+    let mut second = server.client();
+    assert_eq!(second.get("/b").status, 200);
+    let second_start = Instant::now();
+    first.expect_closed();
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(1150), "{took:?}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    second.expect_closed();
+    let took = second_start.elapsed();
+    assert!(took >= Duration::from_millis(1150), "{took:?}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+}
+
 #[test]
 fn stalled_body_is_cut_by_the_body_timeout() {
     let mut cfg = test_config();
@@ -318,30 +359,36 @@ fn measure_idle_connections() {
     let mut cfg = test_config();
     cfg.idle_timeout = Duration::from_secs(120);
     let server = TestServer::start(cfg);
-    // Warm up allocator arenas and the runtime before the baseline.
-    let mut warm: Vec<Client> = (0..50).map(|_| server.client()).collect();
-    for c in &mut warm {
-        assert_eq!(c.get("/warm").status, 200);
-    }
+    // One wave of idle connections: each makes a request, then all wait past the idle release
+    // (100 ms), when every connection has given its read buffer and the state of its busy
+    // period back.
+    let wave = |clients: &mut Vec<Client>| {
+        for i in 0..n {
+            let mut c = server.client();
+            // A request with a head big enough to grow the buffer past its initial size: it
+            // must not stay grown once the connection is idle.
+            let big = if i % 10 == 0 {
+                "x".repeat(6000)
+            } else {
+                String::new()
+            };
+            c.send(format!("GET /i HTTP/1.1\r\nHost: t\r\nX-Pad: {big}\r\n\r\n").as_bytes());
+            assert_eq!(c.reply().status, 200);
+            clients.push(c);
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+    };
+    // The first wave warms the allocator: the memory its busy connections used is free again
+    // (the allocator keeps it), and the second wave's busy connections reuse it, so the second
+    // wave's growth is what idle connections keep.
+    let mut clients = Vec::with_capacity(2 * n);
+    wave(&mut clients);
     let before = rss_bytes();
-    let mut clients = Vec::with_capacity(n);
-    for i in 0..n {
-        let mut c = server.client();
-        // A request with a head big enough to grow the buffer past its initial size: it must
-        // shrink back once the connection is idle.
-        let big = if i % 10 == 0 {
-            "x".repeat(6000)
-        } else {
-            String::new()
-        };
-        c.send(format!("GET /i HTTP/1.1\r\nHost: t\r\nX-Pad: {big}\r\n\r\n").as_bytes());
-        assert_eq!(c.reply().status, 200);
-        clients.push(c);
-    }
+    wave(&mut clients);
     let after = rss_bytes();
     let per_connection = after.saturating_sub(before) / n;
     eprintln!(
-        "idle connections: {n}, RSS growth {} KiB, {} bytes per connection",
+        "idle connections: {n} more, RSS growth {} KiB, {} bytes per connection",
         after.saturating_sub(before) / 1024,
         per_connection
     );

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncReadRent, AsyncWriteRent};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, CancelHandle, CancelableAsyncReadRent, Canceller};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use sortie_core::h1::{
@@ -33,6 +33,13 @@ use super::shutdown::ShutdownSignal;
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
 pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
+/// How long a connection waits for its next request with a read buffer in the kernel's
+/// hands. After that the read is cancelled (safely: bytes it received are kept), the buffer
+/// and the boxed state of reading heads are freed, and the connection waits with a one-byte
+/// read and a deadline on the core's idle timer: an idle keep-alive connection keeps its task,
+/// its socket and that byte. A connection whose requests come closer together than this never
+/// pays for the switch.
+pub(crate) const IDLE_RELEASE: std::time::Duration = std::time::Duration::from_millis(100);
 /// Capacity the read buffer grows to while a request body is read, so that uploads take few
 /// reads; it shrinks back after the request.
 pub const BODY_READ_BUFFER_BYTES: usize = 16 * 1024;
@@ -142,6 +149,36 @@ impl ConnIo {
         }
     }
 
+    /// Frees the read buffer of a connection that holds no unconsumed bytes: an idle
+    /// connection keeps none ([`IDLE_RELEASE`]); the next head read allocates it again.
+    fn release_buffer(&mut self) {
+        if self.pos >= self.buf.len() {
+            self.buf = Vec::new();
+            self.pos = 0;
+        }
+    }
+
+    /// [`ConnIo::read_more`] that `c` can cancel without losing anything: the buffer comes back
+    /// whatever happens, with the bytes a read that completed before the cancellation received.
+    /// A read cancelled before it received anything fails with `ECANCELED` ([`is_cancelled`]).
+    async fn read_more_cancelable(&mut self, c: CancelHandle) -> io::Result<usize> {
+        let pos = std::mem::take(&mut self.pos);
+        let buf = std::mem::take(&mut self.buf);
+        let (len, cap) = (buf.len(), buf.capacity());
+        if len == cap {
+            self.buf = buf;
+            self.pos = pos;
+            return Err(io::Error::other("read buffer has no room"));
+        }
+        let (res, slice) = self
+            .stream
+            .cancelable_read(buf.slice_mut(len..cap), c)
+            .await;
+        self.buf = slice.into_inner();
+        self.pos = pos;
+        res
+    }
+
     /// Reads into the spare capacity of the buffer; 0 means the peer closed its side.
     ///
     /// If the future is dropped before it completes (a timeout or shutdown won the race), the
@@ -244,6 +281,22 @@ enum Next {
     Close,
     /// Answer this error and close.
     Reject(u16, &'static str),
+    /// No byte of a next request came within [`IDLE_RELEASE`]: go idle, waiting for
+    /// readability until the deadline given.
+    Idle(Instant),
+}
+
+/// How a busy period of a connection ended.
+enum Busy {
+    /// Idle until the deadline given: wait for readability without a buffer.
+    Idle(Instant),
+    Close,
+    Tunnel(Box<dyn Tunnel>),
+}
+
+/// Whether a read ended because it was cancelled.
+fn is_cancelled(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ECANCELED)
 }
 
 /// Whether the connection goes on after an exchange.
@@ -254,10 +307,10 @@ enum Flow {
     Tunnel(Box<dyn Tunnel>),
 }
 
-struct Connection<'h, H> {
+struct Connection<H> {
     io: ConnIo,
     peer: SocketAddr,
-    handler: &'h H,
+    handler: Rc<H>,
     shutdown: ShutdownSignal,
     accepted_at: Instant,
     requests: u64,
@@ -265,59 +318,115 @@ struct Connection<'h, H> {
 
 /// Serves one connection until it closes: requests in order (pipelined ones from the leftover
 /// bytes of the previous one), keep-alive as the client and handler allow.
-pub async fn serve_connection<H: Handler>(
+///
+/// Not an `async fn`: the connection's state is built here and moved into the future whole,
+/// which uses it in place. An `async fn` would keep its arguments and the state built from
+/// them side by side, and this future is what every idle connection keeps.
+pub fn serve_connection<H: Handler>(
     stream: TcpStream,
     peer: SocketAddr,
     handler: Rc<H>,
     cfg: Rc<ServerConfig>,
     shutdown: ShutdownSignal,
-) {
+) -> impl std::future::Future<Output = ()> {
     let mut conn = Connection {
         io: ConnIo::new(stream, cfg),
         peer,
-        handler: &*handler,
+        handler,
         shutdown,
         accepted_at: Instant::now(),
         requests: 0,
     };
-    if let Some(tunnel) = conn.run().await {
-        let ConnIo {
-            stream, buf, pos, ..
-        } = conn.io;
-        let early = buf.get(pos..).unwrap_or_default().to_vec();
-        tunnel.run(stream, early).await;
+    async move {
+        if let Some(tunnel) = conn.run().await {
+            let ConnIo {
+                stream, buf, pos, ..
+            } = conn.io;
+            let early = buf.get(pos..).unwrap_or_default().to_vec();
+            tunnel.run(stream, early).await;
+        }
     }
 }
 
-impl<H: Handler> Connection<'_, H> {
-    /// Serves requests until the connection closes, or until a request hands it to a tunnel.
+impl<H: Handler> Connection<H> {
+    /// Serves requests until the connection closes, or until a request hands it to a tunnel:
+    /// busy periods, each boxed, separated by idle waits that hold no buffer.
     async fn run(&mut self) -> Option<Box<dyn Tunnel>> {
         loop {
-            let parts = match self.read_head().await {
+            // Boxed, once per busy period (for a connection under load, once), so that the
+            // state of reading heads is not part of the state every idle connection keeps.
+            let idle_until = match Box::pin(self.busy()).await {
+                Busy::Idle(deadline) => deadline,
+                Busy::Close => return None,
+                Busy::Tunnel(tunnel) => return Some(tunnel),
+            };
+            self.io.release_buffer();
+            if !self.wait_readable(idle_until).await {
+                return None;
+            }
+        }
+    }
+
+    /// Waits, holding a one-byte buffer, for the first byte of the next request (it becomes the
+    /// start of the read buffer), the peer closing, shutdown, or `deadline`; `true` for a byte.
+    async fn wait_readable(&mut self, deadline: Instant) -> bool {
+        // The deadline is the core's idle timer's, not a runtime timer of its own: those are
+        // large, and this is the state every idle connection keeps.
+        let fd = self.io.stream.as_raw_fd();
+        let mut read = pin!(self.io.stream.read(Vec::with_capacity(1)));
+        let expiry = pin!(super::idle::until(deadline));
+        let stop = pin!(self.shutdown.wait());
+        let (res, byte) = match race(read.as_mut(), race(stop, expiry)).await {
+            Either::Left(done) => done,
+            Either::Right(_) => {
+                // Closing: end the receive by shutting the socket down, and let it complete,
+                // so that no operation still holds the descriptor when it is closed.
+                if crate::fd::shutdown_both(&fd).is_ok() {
+                    let _ = read.await;
+                }
+                return false;
+            }
+        };
+        match res {
+            Ok(n) if n > 0 => {
+                self.io.buf = byte;
+                self.io.pos = 0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Serves requests while they keep coming: until the connection closes, goes to a
+    /// tunnel, or has been idle for [`IDLE_RELEASE`].
+    async fn busy(&mut self) -> Busy {
+        // One per busy period: it lets the wait for the next request give its buffer back.
+        let mut canceller = Canceller::new();
+        loop {
+            let parts = match self.read_head(&mut canceller).await {
                 Next::Request(parts) => parts,
-                Next::Close => return None,
+                Next::Close => return Busy::Close,
+                Next::Idle(deadline) => return Busy::Idle(deadline),
                 Next::Reject(status, reason) => {
                     tracing::debug!(peer = %self.peer, status, reason, "request head rejected");
-                    // Boxed like the exchange below: a rare path should not size every
-                    // connection's state.
-                    Box::pin(self.reject(status, reason, false)).await;
-                    return None;
+                    self.reject(status, reason, false).await;
+                    return Busy::Close;
                 }
             };
             self.requests = self.requests.saturating_add(1);
-            // Boxed, once per request, so that the state of a request in progress (the
-            // handler's future, the body, the response) does not inflate the state every idle
-            // connection keeps.
+            // Boxed once per request, so that the state of a request in progress (the
+            // handler's future, the body, the response) is held only while it runs, not
+            // through the quiet time before the connection goes idle.
             match Box::pin(self.exchange(parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
-                Flow::Close => return None,
-                Flow::Tunnel(tunnel) => return Some(tunnel),
+                Flow::Close => return Busy::Close,
+                Flow::Tunnel(tunnel) => return Busy::Tunnel(tunnel),
             }
         }
     }
 
     /// Reads until a complete head is buffered.
-    async fn read_head(&mut self) -> Next {
+    async fn read_head(&mut self, canceller: &mut Canceller) -> Next {
         let cfg = Rc::clone(&self.io.cfg);
         let limits = &cfg.head_limits;
         let mut head_deadline: Option<Instant> = None;
@@ -363,19 +472,45 @@ impl<H: Handler> Connection<'_, H> {
             } else {
                 deadline_after(cfg.idle_timeout)
             };
-            let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
-            match race(self.shutdown.wait(), read).await {
-                Either::Left(()) => return Next::Close,
-                Either::Right(Err(_)) => return Next::Close,
-                Either::Right(Ok(Ok(0) | Err(_))) => return Next::Close,
-                Either::Right(Ok(Ok(_))) => {}
+            let release_at = deadline_after(IDLE_RELEASE);
+            if release_at >= idle_deadline {
+                let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
+                match race(self.shutdown.wait(), read).await {
+                    Either::Left(()) => return Next::Close,
+                    Either::Right(Err(_)) => return Next::Close,
+                    Either::Right(Ok(Ok(0) | Err(_))) => return Next::Close,
+                    Either::Right(Ok(Ok(_))) => {}
+                }
+                continue;
+            }
+            let mut read = pin!(self.io.read_more_cancelable(canceller.handle()));
+            let release = pin!(monoio::time::sleep_until(release_at));
+            let stop = pin!(race(self.shutdown.wait(), release));
+            let res = match race(read.as_mut(), stop).await {
+                Either::Left(res) => res,
+                // Shutdown caught the connection idle: the read goes with it.
+                Either::Right(Either::Left(())) => return Next::Close,
+                Either::Right(Either::Right(())) => {
+                    // Quiet for IDLE_RELEASE: cancel the read and take the buffer back, with
+                    // whatever arrived before the cancellation took effect.
+                    *canceller = std::mem::take(canceller).cancel();
+                    match read.await {
+                        Err(e) if is_cancelled(&e) => return Next::Idle(idle_deadline),
+                        res => res,
+                    }
+                }
+            };
+            match res {
+                Ok(0) | Err(_) => return Next::Close,
+                Ok(_) => {}
             }
         }
     }
 
     /// Runs one request through the handler and writes its response.
     async fn exchange(&mut self, parts: RequestParts) -> Flow {
-        let handler = self.handler;
+        let handler = Rc::clone(&self.handler);
+        let handler = &*handler;
         let is_head = parts.is_head();
         let framing = parts.framing();
         let expects_continue = parts.expects_continue();

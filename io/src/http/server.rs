@@ -131,16 +131,16 @@ pub async fn serve<H: Handler>(
                     }
                     // Responses are written whole; Nagle's algorithm would only delay them.
                     let _ = stream.set_nodelay(true);
-                    let guard = TaskGuard::new(&tracker, true);
-                    let hard_stop = LatchWait::new(Rc::clone(&tracker.hard_stop));
-                    let (handler, cfg, shutdown) =
-                        (Rc::clone(&handler), Rc::clone(&cfg), shutdown.clone());
-                    monoio::spawn(async move {
-                        let _guard = guard;
-                        // Built inside the task, not captured: a captured future would be
-                        // stored twice in the task (see `race`).
-                        let conn = pin!(serve_connection(stream, peer, handler, cfg, shutdown));
-                        race(hard_stop, conn).await;
+                    monoio::spawn(ConnectionTask {
+                        conn: serve_connection(
+                            stream,
+                            peer,
+                            Rc::clone(&handler),
+                            Rc::clone(&cfg),
+                            shutdown.clone(),
+                        ),
+                        hard_stop: LatchWait::new(Rc::clone(&tracker.hard_stop)),
+                        _guard: TaskGuard::new(&tracker, true),
                     });
                 }
                 Either::Right(Err(e)) => {
@@ -169,6 +169,32 @@ pub async fn serve<H: Handler>(
         );
         tracker.hard_stop.set();
         AllEnded(&tracker).await;
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The task of one connection: its future, dropped as soon as the hard stop comes, and its
+    /// place in the count. A struct rather than an `async` block, which would keep the
+    /// connection's future twice (once captured, once pinned): this is the state every idle
+    /// connection keeps.
+    struct ConnectionTask<F> {
+        #[pin]
+        conn: F,
+        hard_stop: LatchWait,
+        _guard: TaskGuard,
+    }
+}
+
+impl<F: Future<Output = ()>> Future for ConnectionTask<F> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.project();
+        // The hard stop first, as `race` would.
+        if Pin::new(this.hard_stop).poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        this.conn.poll(cx)
     }
 }
 
