@@ -65,3 +65,8 @@ fi
 if ! command -v mount >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq mount
 fi
+# The systemd tests pass sockets with systemd-socket-activate and check the packaged units with
+# systemd-analyze (neither needs systemd running as PID 1).
+if ! command -v systemd-socket-activate >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq systemd
+fi

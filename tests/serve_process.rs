@@ -1,6 +1,7 @@
 //! Black-box tests of the `sortie serve` process: the zero-config first start (data dir, tokens
-//! shown once), configuration errors, graceful shutdown with a request in flight, and the
-//! legacy epoll driver.
+//! shown once), configuration errors, graceful shutdown with a request in flight, the legacy
+//! epoll driver, and life under systemd (notifications, socket activation, the packaged
+//! units).
 
 mod support;
 
@@ -684,4 +685,184 @@ fn json_logs_are_one_object_per_line_without_secrets() {
         lines += 1;
     }
     assert!(lines >= 3, "{}", p.output());
+}
+
+/// A free loopback port (bound, then released for the test to hand out).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A tool of the systemd package, or a failure that says what to install.
+fn systemd_tool(name: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/bin", "/usr/local/bin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("{name} is missing: install the systemd package (scripts/ci-deps.sh does)");
+}
+
+/// Under systemd (`Type=notify`): `READY=1` once the listeners are bound (the API answers at
+/// that moment), `WATCHDOG=1` at half the `WATCHDOG_USEC` interval while the cores turn, and
+/// `STOPPING=1` when SIGTERM starts the drain; the process still exits 0.
+#[test]
+fn serve_notifies_systemd_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = temp_dir("notify");
+    let config = write_config(&dir, "");
+    let socket_path = dir.join("notify.sock");
+    let notify = UnixDatagram::bind(&socket_path).expect("notify socket");
+    notify
+        .set_read_timeout(Some(PROCESS_LIMIT))
+        .expect("timeout");
+    let mut p = Proc::start(
+        &["serve", "--config", config.to_str().unwrap()],
+        &dir,
+        &[
+            ("NOTIFY_SOCKET", socket_path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "400000"),
+        ],
+    );
+    let next = || {
+        let mut buf = [0u8; 4096];
+        let n = notify.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).trim_end().to_string()
+    };
+    let ready = next();
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(
+        ready
+            .lines()
+            .any(|l| l.starts_with("STATUS=serving the API on 127.0.0.1:")),
+        "{ready:?}"
+    );
+    let api = p.api_addr();
+    assert!(std::net::TcpStream::connect(api).is_ok(), "API at READY");
+    // Pings at half the interval: several within a second.
+    let started = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(next(), "WATCHDOG=1");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    p.sigterm();
+    let stopping = loop {
+        let m = next();
+        if m != "WATCHDOG=1" {
+            break m;
+        }
+    };
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+    let status = p.wait();
+    assert!(status.success(), "{status:?}\n{}", p.output());
+}
+
+/// Socket activation: the listeners passed by the service manager (`LISTEN_FDS`, named by
+/// `FileDescriptorName=`) are served instead of the configured addresses, here through
+/// `systemd-socket-activate`, which binds two ports and starts the gateway at the first
+/// connection.
+#[test]
+fn serve_takes_its_listeners_from_socket_activation() {
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("activation");
+    let config = write_config(&dir, "");
+    let (api_port, admin_port) = (free_port(), free_port());
+    let tool = systemd_tool("systemd-socket-activate");
+    let api_arg = format!("127.0.0.1:{api_port}");
+    let admin_arg = format!("127.0.0.1:{admin_port}");
+    let mut p = Proc::start_program(
+        tool.to_str().unwrap(),
+        &[
+            "-l",
+            &api_arg,
+            "-l",
+            &admin_arg,
+            "--fdname=api:admin",
+            env!("CARGO_BIN_EXE_sortie"),
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &dir,
+        &[],
+    );
+    let api: SocketAddr = api_arg.parse().unwrap();
+    // The first connection starts the gateway; it waits in the passed socket's queue.
+    wait_until(
+        Duration::from_secs(10),
+        "systemd-socket-activate to listen",
+        || std::net::TcpStream::connect(api).is_ok(),
+    );
+    let r = envelope_with(
+        api,
+        DEPLOYMENT_TOKEN,
+        &json!({"method": "GET", "url": up.url("/activated")}),
+    );
+    assert_eq!(r.status, 200, "{}\n{}", r.text(), p.output());
+    assert_eq!(r.json()["status"], 200);
+    assert_eq!(p.api_addr(), api, "{}", p.output());
+    let admin: SocketAddr = admin_arg.parse().unwrap();
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let r = http(
+        admin,
+        "GET",
+        "/api/v1/admin/workers",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    p.sigterm();
+    let status = p.wait();
+    assert!(status.success(), "{status:?}\n{}", p.output());
+}
+
+/// The packaged units are valid for systemd (`systemd-analyze verify`, with `ExecStart`
+/// pointed at this build).
+#[test]
+fn packaged_systemd_units_verify() {
+    let tool = systemd_tool("systemd-analyze");
+    let dir = temp_dir("units");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/systemd");
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(&units).expect("packaging/systemd") {
+        let e = e.expect("entry");
+        let name = e.file_name().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(e.path())
+            .expect("unit")
+            .replace("/usr/bin/sortie", env!("CARGO_BIN_EXE_sortie"));
+        std::fs::write(dir.join(&name), text).expect("copy unit");
+        names.push(name);
+    }
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "sortie-admin.socket",
+            "sortie-api.socket",
+            "sortie-control.service",
+            "sortie-proxy.socket",
+            "sortie-worker.service",
+            "sortie.service"
+        ]
+    );
+    let out = Command::new(tool)
+        .arg("verify")
+        .arg("--man=no")
+        .args(names.iter().map(|n| format!("./{n}")))
+        .current_dir(&dir)
+        .output()
+        .expect("run systemd-analyze");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.trim().is_empty(), "{text}");
 }

@@ -182,6 +182,45 @@ pub(crate) fn duplicate_std(fd: RawFd) -> io::Result<std::net::TcpStream> {
     Ok(std::net::TcpStream::from(owned))
 }
 
+/// Takes ownership of a listening TCP socket the service manager passed to this process
+/// (socket activation), after checking that `fd` is one: a stream socket of an internet family
+/// that listens. Anything else is refused and left alone.
+///
+/// The caller must pass each descriptor once, and only one that `sd_notify::listen_fds` named
+/// for this process (its `LISTEN_PID` is ours): nothing else in the process owns it.
+pub(crate) fn adopt_listener(fd: RawFd) -> io::Result<std::net::TcpListener> {
+    let is_listening_tcp = {
+        // SAFETY: the descriptor was passed to this process and is open (see above); the
+        // borrow ends within this block.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let s = SockRef::from(&borrowed);
+        let is_inet = s.local_addr().is_ok_and(|a| a.as_socket().is_some());
+        let mut listening: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `listening` and `len` are valid for writes of the sizes given; the
+        // descriptor is open (see above).
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ACCEPTCONN,
+                std::ptr::addr_of_mut!(listening).cast(),
+                &mut len,
+            )
+        };
+        is_inet && s.r#type().is_ok_and(|t| t == socket2::Type::STREAM) && rc == 0 && listening != 0
+    };
+    if !is_listening_tcp {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is not a listening TCP socket"),
+        ));
+    }
+    // SAFETY: the caller passes a descriptor that nothing else in the process owns (see
+    // above), and it was just checked to be a listening TCP socket.
+    Ok(unsafe { std::net::TcpListener::from_raw_fd(fd) })
+}
+
 /// The highest soft open-file limit asked for: the kernel's default `fs.nr_open`.
 const MAX_OPEN_FILES: libc::rlim_t = 1 << 20;
 

@@ -16,5 +16,6 @@ pub mod runtime;
 pub mod serve;
 mod splice;
 pub mod store;
+pub mod systemd;
 pub mod tokens;
 pub mod worker;

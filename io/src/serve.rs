@@ -167,12 +167,30 @@ struct Listeners {
     proxy: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
 }
 
+/// The `n` per-core listeners of `key` (`control.api_listen`, ...): the socket the service
+/// manager passed for `name` when there is one (socket activation, decision 112), else `n`
+/// sockets bound to `addr` with `SO_REUSEPORT`.
 fn bind(
     key: &str,
     addr: &str,
     n: usize,
+    name: &str,
+    activated: &mut crate::systemd::Activated,
 ) -> Result<(Vec<std::net::TcpListener>, SocketAddr), ServeError> {
     let a = parse_listen(key, addr).map_err(|e| ServeError::Config(e.to_string()))?;
+    if let Some((listener, bound)) = activated.take(name, a) {
+        if bound != a {
+            tracing::info!(
+                listener = name,
+                %bound,
+                configured = %a,
+                "{key}: serving on the socket the service manager passed, not the configured address"
+            );
+        }
+        let socks = crate::systemd::per_core(listener, n)
+            .map_err(|e| ioe(format!("{key}: the passed socket: {e}")))?;
+        return Ok((socks, bound));
+    }
     bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
 }
 
@@ -272,21 +290,30 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     };
 
     let n = core_count(config.control.cores);
+    let mut activated = crate::systemd::Activated::from_env();
+    let act = &mut activated;
     let mut listeners = Listeners {
         bus: match &config.control.bus_listen {
-            Some(a) => Some(bind("control.bus_listen", a, n)?),
+            Some(a) => Some(bind("control.bus_listen", a, n, "bus", act)?),
             None => None,
         },
-        api: bind("control.api_listen", &config.control.api_listen, n)?,
+        api: bind(
+            "control.api_listen",
+            &config.control.api_listen,
+            n,
+            "api",
+            act,
+        )?,
         admin: match &config.control.admin_listen {
-            Some(a) => Some(bind("control.admin_listen", a, n)?),
+            Some(a) => Some(bind("control.admin_listen", a, n, "admin", act)?),
             None => None,
         },
         proxy: match &config.control.proxy_listen {
-            Some(a) => Some(bind("control.proxy_listen", a, n)?),
+            Some(a) => Some(bind("control.proxy_listen", a, n, "proxy", act)?),
             None => None,
         },
     };
+    activated.finish();
     let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
         .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
     let resolver = ResolverPool::start().map_err(ioe)?;
@@ -392,6 +419,8 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         idle_timeout: Duration::from_millis(config.egress.pool_idle_timeout_ms),
         ..PoolLimits::default()
     };
+    let api_addr = listeners.api.1;
+    let beats = crate::systemd::CoreBeats::new(n);
     let [api_socks, admin_socks, proxy_socks, bus_socks] = listeners.per_core();
     let parts = Arc::new(CoreParts {
         state: state.clone(),
@@ -410,11 +439,18 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
         server_config,
         receipts,
         pool_limits,
+        beats: beats.clone(),
     });
     let handles =
         spawn_cores(n, move |ctx| serve_core(ctx.index, parts.take(ctx.index))).map_err(ioe)?;
+    crate::systemd::ready(&format!("serving the API on {api_addr}"));
+    let watchdog = crate::systemd::Watchdog::start(beats);
 
     let _ = signals.forever().next();
+    crate::systemd::stopping();
+    if let Some(w) = watchdog {
+        w.stop();
+    }
     stop(Running {
         trigger,
         handles,
@@ -554,6 +590,7 @@ struct CoreParts {
     server_config: ServerConfig,
     receipts: Option<Arc<Receipts>>,
     pool_limits: PoolLimits,
+    beats: Arc<crate::systemd::CoreBeats>,
 }
 
 /// One core's share: what it takes for itself, and the shared parts.
@@ -597,6 +634,7 @@ async fn serve_core(index: usize, part: CorePart) {
         bus_sock,
     } = part;
     let state = &parts.state;
+    monoio::spawn(parts.beats.clone().run(index));
     let active = Rc::new(ActiveRequests::default());
     let bus = parts
         .bus_shared

@@ -235,7 +235,10 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         idle_timeout: Duration::from_millis(file.egress.pool_idle_timeout_ms),
         ..Default::default()
     };
+    let beats = crate::systemd::CoreBeats::new(n);
+    let core_beats = beats.clone();
     let handles = crate::runtime::spawn_cores(n, move |ctx| {
+        let beats = core_beats.clone();
         let shared = shared.clone();
         let rx = receivers
             .lock()
@@ -245,6 +248,7 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         let egress_tls = egress_tls.clone();
         let controls = controls.clone();
         async move {
+            monoio::spawn(beats.run(ctx.index));
             let egress = Rc::new(Egress::with_pool_limits(
                 Resolver::new(resolver),
                 &egress_tls,
@@ -263,7 +267,13 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         }
     })
     .map_err(|e| e.to_string())?;
+    crate::systemd::ready("dialling its controls");
+    let watchdog = crate::systemd::Watchdog::start(beats);
     let _ = signals.forever().next();
+    crate::systemd::stopping();
+    if let Some(w) = watchdog {
+        w.stop();
+    }
     // Graceful stop: every lane says GoAway within a heartbeat, assignments in flight finish
     // (within `STOP_GRACE`), then the process exits and its lanes close.
     tracing::info!("stopping: no new assignments, finishing the ones in flight");
