@@ -866,3 +866,152 @@ fn packaged_systemd_units_verify() {
     );
     assert!(out.status.success() && text.trim().is_empty(), "{text}");
 }
+
+/// Sends `head` (with `Proxy-Authorization` for the test deployment unless `auth` is false) to
+/// the forward proxy at `proxy` and returns the first line of the answer.
+fn through_proxy(proxy: SocketAddr, head: &str, auth: bool) -> String {
+    use base64::Engine as _;
+    let basic =
+        base64::engine::general_purpose::STANDARD.encode(format!("dep_test:{DEPLOYMENT_TOKEN}"));
+    let auth = if auth {
+        format!("Proxy-Authorization: Basic {basic}\r\n")
+    } else {
+        String::new()
+    };
+    let mut s = std::net::TcpStream::connect(proxy).expect("the proxy listener");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let text = head.replacen(
+        "\r\n\r\n",
+        &format!("\r\n{auth}Connection: close\r\n\r\n"),
+        1,
+    );
+    std::io::Write::write_all(&mut s, text.as_bytes()).expect("send through the proxy");
+    let mut buf = [0u8; 512];
+    let n = std::io::Read::read(&mut s, &mut buf).expect("the proxy's answer");
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `log.access = true`: one `access` line per request of the request API, the forward proxy
+/// and CONNECT, with its fields, in JSON here; destinations by scheme, host and port only, so
+/// neither a query's secret nor a credential appears anywhere in the log.
+#[test]
+fn the_access_log_has_a_line_per_request_and_no_secrets() {
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("accesslog");
+    let proxy_port = free_port();
+    let cfg = write_config(&dir, "[log]\nformat = \"json\"\naccess = true\n");
+    // The proxy listener, in the [control] table the harness wrote first.
+    let text = std::fs::read_to_string(&cfg).expect("config").replacen(
+        "cores = 2\n",
+        &format!("cores = 2\nproxy_listen = \"127.0.0.1:{proxy_port}\"\n"),
+        1,
+    );
+    std::fs::write(&cfg, text).expect("config");
+    let cfg = cfg.display().to_string();
+    let mut p = Proc::start(&["serve", "--config", &cfg], &dir, &[]);
+    let api = p.api_addr();
+    let secret_url = up.url("/a?api_key=QUERYSECRET");
+    let r = envelope_with(
+        api,
+        DEPLOYMENT_TOKEN,
+        &json!({"method": "GET", "url": secret_url}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let request_id = r.json()["request_id"]
+        .as_str()
+        .expect("request_id")
+        .to_string();
+    let r = envelope_with(
+        api,
+        DEPLOYMENT_TOKEN,
+        &json!({"method": "GET", "url": "ftp://x/"}),
+    );
+    assert_eq!(r.status, 400);
+    let proxy: SocketAddr = format!("127.0.0.1:{proxy_port}").parse().unwrap();
+    let port = up.port();
+    let first = through_proxy(
+        proxy,
+        &format!("GET http://127.0.0.1:{port}/p?token=QUERYSECRET HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+        true,
+    );
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let first = through_proxy(
+        proxy,
+        &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+        true,
+    );
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let first = through_proxy(
+        proxy,
+        &format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+        false,
+    );
+    assert!(first.starts_with("HTTP/1.1 407"), "{first}");
+    p.find(|l| l.contains("\"message\":\"access\"") && l.contains("\"status\":407"))
+        .expect("the refused request's access line");
+    p.sigterm();
+    assert!(p.wait().success(), "{}", p.output());
+
+    let access: Vec<Value> = p
+        .output()
+        .lines()
+        .filter_map(|l| l.strip_prefix("stderr: "))
+        .map(|l| {
+            assert!(!l.contains("QUERYSECRET"), "{l}");
+            assert!(
+                !l.contains(DEPLOYMENT_TOKEN) && !l.contains(ADMIN_TOKEN),
+                "{l}"
+            );
+            serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|v| v["message"] == "access")
+        .collect();
+    let summary: Vec<(String, String, String, u64, String)> = access
+        .iter()
+        .map(|v| {
+            (
+                v["ingress"].as_str().unwrap_or("?").to_string(),
+                v["method"].as_str().unwrap_or("?").to_string(),
+                v["destination"].as_str().unwrap_or("?").to_string(),
+                v["status"].as_u64().unwrap_or(0),
+                v["outcome"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    let dest = format!("http://127.0.0.1:{port}");
+    let s = |a: &str, b: &str, c: &str, d: u64, e: &str| {
+        (
+            a.to_string(),
+            b.to_string(),
+            c.to_string(),
+            d,
+            e.to_string(),
+        )
+    };
+    assert_eq!(
+        summary,
+        [
+            s("api", "GET", &dest, 200, "ok"),
+            s("api", "-", "-", 400, "invalid_request"),
+            s("proxy", "GET", &dest, 200, "ok"),
+            s(
+                "connect",
+                "CONNECT",
+                &format!("127.0.0.1:{port}"),
+                200,
+                "ok"
+            ),
+            s("proxy", "GET", &dest, 407, "auth_failure"),
+        ],
+        "{access:?}"
+    );
+    let first = &access[0];
+    assert_eq!(first["request_id"], request_id.as_str());
+    assert_eq!(first["deployment"], "dep_test");
+    assert!(first["duration_ms"].is_u64(), "{first}");
+}

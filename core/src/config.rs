@@ -98,6 +98,9 @@ pub struct Config {
 pub struct LogConfig {
     /// `text` (the default: one readable line per event) or `json` (one JSON object per line).
     pub format: LogFormat,
+    /// One `access` line per request of the request API, the forward proxy and CONNECT, at
+    /// level info with target `sortie::access` (decision 113). Off by default.
+    pub access: bool,
 }
 
 /// `log.format`.

@@ -193,6 +193,8 @@ pub struct ControlState {
     pub admission: &'static AdmissionLimits,
     /// The admin token.
     pub admin_token: String,
+    /// `log.access`: one access line per request (decision 113).
+    pub access_log: bool,
     /// The cores' mailboxes, set once the cores are running.
     pub mailboxes: OnceLock<Vec<CoreMailbox>>,
     /// Counts requests routed, to rotate ties among equally free workers.
@@ -271,6 +273,7 @@ impl ControlState {
             ),
             auth,
             admin_token,
+            access_log: config.log.access,
             mailboxes: OnceLock::new(),
             route_counter: AtomicU64::new(0),
         }

@@ -119,8 +119,33 @@ pub async fn handle(
         deployment,
         is_answered: false,
     };
-    let answer = handle_inner(ctx, &request_id, deployment, tenant, content_type, body).await;
+    let started = Instant::now();
+    let mut target = None;
+    let answer = handle_inner(
+        ctx,
+        &request_id,
+        deployment,
+        tenant,
+        content_type,
+        body,
+        &mut target,
+    )
+    .await;
     pending.is_answered = true;
+    if ctx.state.access_log {
+        let (method, destination) = target.unwrap_or(("-", String::from("-")));
+        super::access::Access {
+            ingress: Ingress::Api,
+            request_id: &request_id,
+            deployment,
+            method,
+            destination: &destination,
+            status: answer.status,
+            outcome: answer.outcome,
+            started,
+        }
+        .log();
+    }
     ctx.metrics.record(
         ctx.core,
         Ingress::Api,
@@ -167,6 +192,7 @@ async fn handle_inner(
     tenant: crate::dns::Tenant,
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
+    target: &mut Option<(&'static str, String)>,
 ) -> ApiAnswer {
     let started = Instant::now();
     if !is_json_content_type(content_type) {
@@ -194,6 +220,18 @@ async fn handle_inner(
         return error_answer(&e, request_id);
     }
     drop(body);
+    if ctx.state.access_log {
+        // Scheme, host and port: never the path or query (decision 113).
+        *target = Some((
+            req.method.as_str(),
+            format!(
+                "{}://{}:{}",
+                req.url.scheme.as_str(),
+                req.url.host,
+                req.url.port
+            ),
+        ));
+    }
     let job = Job {
         request_id,
         deployment,

@@ -8,6 +8,7 @@
 //! - `tunnel.rs`: the byte relay of an open local tunnel (splice when both ends are plain).
 //! - `admin.rs`, `dashboard.rs`, `openapi.rs`: the admin API, its dashboard and documents.
 
+mod access;
 pub mod admin;
 pub mod api;
 pub mod dashboard;

@@ -109,11 +109,55 @@ impl ProxyHandler {
         Some(d)
     }
 
-    fn refuse(&self, e: &ApiError, ingress: Ingress, deployment: &str) -> Response {
+    fn refuse(
+        &self,
+        e: &ApiError,
+        ingress: Ingress,
+        deployment: &str,
+        req: &RequestParts,
+    ) -> Response {
         self.ctx
             .metrics
             .record(self.ctx.core, ingress, deployment, e.code.as_str(), None);
-        proxy_error(e, &new_request_id())
+        let request_id = new_request_id();
+        let response = proxy_error(e, &request_id);
+        self.access(
+            ingress,
+            &request_id,
+            deployment,
+            req,
+            response.status,
+            e.code.as_str(),
+            Instant::now(),
+        );
+        response
+    }
+
+    /// The access line of one request (decision 113), when `log.access` asks for it.
+    #[allow(clippy::too_many_arguments)]
+    fn access(
+        &self,
+        ingress: Ingress,
+        request_id: &str,
+        deployment: &str,
+        req: &RequestParts,
+        status: u16,
+        outcome: &str,
+        started: Instant,
+    ) {
+        if self.ctx.state.access_log {
+            super::access::Access {
+                ingress,
+                request_id,
+                deployment,
+                method: req.method(),
+                destination: &super::access::destination_of(req.target()),
+                status,
+                outcome,
+                started,
+            }
+            .log();
+        }
     }
 }
 
@@ -139,7 +183,7 @@ impl Handler for ProxyHandler {
                     ),
                 );
                 // Neither form: counted with the listener's main mode.
-                return Err(self.refuse(&e, Ingress::Proxy, "-"));
+                return Err(self.refuse(&e, Ingress::Proxy, "-", req));
             }
         };
         let Some(deployment) = self.authenticate(req.header("proxy-authorization")) else {
@@ -147,7 +191,7 @@ impl Handler for ProxyHandler {
                 ErrorCode::AuthFailure,
                 "missing or invalid proxy credentials (Basic: deployment id and token)",
             );
-            return Err(self.refuse(&e, ingress, "-"));
+            return Err(self.refuse(&e, ingress, "-", req));
         };
         Ok(Admitted {
             // Request bodies are streamed to the destination, never held whole.
@@ -186,6 +230,15 @@ impl Handler for ProxyHandler {
                 self.ctx
                     .metrics
                     .record(self.ctx.core, a.ingress, deployment, "ok", None);
+                self.access(
+                    a.ingress,
+                    &request_id,
+                    deployment,
+                    &req,
+                    response.status,
+                    "ok",
+                    started,
+                );
                 response
             }
             Err(e) => {
@@ -204,7 +257,17 @@ impl Handler for ProxyHandler {
                     e.code.as_str(),
                     None,
                 );
-                proxy_error(&e, &request_id)
+                let response = proxy_error(&e, &request_id);
+                self.access(
+                    a.ingress,
+                    &request_id,
+                    deployment,
+                    &req,
+                    response.status,
+                    e.code.as_str(),
+                    started,
+                );
+                response
             }
         }
     }
