@@ -183,7 +183,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         }
     };
     init_logging(config.log.format);
-    match sortie_io::serve::run(config, path) {
+    match sortie_io::serve::run(config, path, Config::from_toml) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");
@@ -205,7 +205,7 @@ fn control(path: &PathBuf) -> ExitCode {
         }
     };
     init_logging(config.log.format);
-    match sortie_io::serve::run(config, Some(path.clone())) {
+    match sortie_io::serve::run(config, Some(path.clone()), Config::from_toml_control) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");

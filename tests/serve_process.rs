@@ -1015,3 +1015,132 @@ fn the_access_log_has_a_line_per_request_and_no_secrets() {
     assert_eq!(first["deployment"], "dep_test");
     assert!(first["duration_ms"].is_u64(), "{first}");
 }
+
+/// One request API call on an open keep-alive connection; the status.
+fn envelope_on(s: &mut std::net::TcpStream, token: &str, envelope: &Value) -> u16 {
+    use std::io::{Read as _, Write as _};
+    let body = envelope.to_string();
+    let head = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(format!("{head}{body}").as_bytes())
+        .expect("send");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).expect("read the answer");
+        assert!(
+            n > 0,
+            "the connection closed: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                assert!(!text[..end]
+                    .to_ascii_lowercase()
+                    .contains("connection: close"));
+                return text[9..12].parse().expect("status");
+            }
+        }
+    }
+}
+
+/// SIGHUP reads the file again: new deployment and admin tokens and `log.access` apply at once,
+/// a keep-alive connection opened before goes on; keys that need a restart are named and keep
+/// their running values; a file that does not parse changes nothing.
+#[test]
+fn sighup_reloads_tokens_and_keeps_connections() {
+    const NEW_DEPLOYMENT_TOKEN: &str = "reloaded-deployment-token-0123456789";
+    const NEW_ADMIN_TOKEN: &str = "reloaded-admin-token-0123456789abcd";
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("reload");
+    let cfg = write_config(&dir, "");
+    let original = std::fs::read_to_string(&cfg).expect("config");
+    let cfg_arg = cfg.display().to_string();
+    let mut p = Proc::start(&["serve", "--config", &cfg_arg], &dir, &[]);
+    let api = p.api_addr();
+    let admin: SocketAddr = p
+        .find(|l| l.trim_start().starts_with("admin:"))
+        .and_then(|l| banner_addr(&l))
+        .expect("admin address");
+    let env = json!({"method": "GET", "url": up.url("/r")});
+    let mut kept = std::net::TcpStream::connect(api).expect("connect");
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(envelope_on(&mut kept, DEPLOYMENT_TOKEN, &env), 200);
+    let hup = |p: &Proc| {
+        let ok = Command::new("kill")
+            .args(["-HUP", &p.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(ok.success());
+    };
+    let admin_status = |token: &str| {
+        let auth = format!("Bearer {token}");
+        http(
+            admin,
+            "GET",
+            "/api/v1/admin/config",
+            &[("Authorization", &auth)],
+            b"",
+        )
+        .status
+    };
+
+    // New tokens, the access log on, and a listener moved (which needs a restart).
+    let changed = original
+        .replace(DEPLOYMENT_TOKEN, NEW_DEPLOYMENT_TOKEN)
+        .replace(ADMIN_TOKEN, NEW_ADMIN_TOKEN)
+        .replace(
+            "api_listen = \"127.0.0.1:0\"",
+            "api_listen = \"127.0.0.1:1\"",
+        )
+        + "[log]\naccess = true\n";
+    std::fs::write(&cfg, changed).expect("rewrite config");
+    hup(&p);
+    p.until(|l| l.contains("configuration reloaded"))
+        .unwrap_or_else(|| panic!("no reload line:\n{}", p.output()));
+    assert!(
+        p.find(|l| l.contains("control.api_listen") && l.contains("restart"))
+            .is_some(),
+        "{}",
+        p.output()
+    );
+    assert_eq!(envelope_with(api, DEPLOYMENT_TOKEN, &env).status, 401);
+    assert_eq!(envelope_with(api, NEW_DEPLOYMENT_TOKEN, &env).status, 200);
+    // The connection opened before the reload is still served, under the new token.
+    assert_eq!(envelope_on(&mut kept, NEW_DEPLOYMENT_TOKEN, &env), 200);
+    assert_eq!(admin_status(ADMIN_TOKEN), 401);
+    assert_eq!(admin_status(NEW_ADMIN_TOKEN), 200);
+    p.find(|l| l.contains("INFO access") && l.contains("outcome=\"ok\""))
+        .unwrap_or_else(|| panic!("no access line after the reload:\n{}", p.output()));
+
+    // A file that does not parse: refused, the running configuration stays.
+    std::fs::write(&cfg, "[control\nbroken").expect("break config");
+    hup(&p);
+    p.until(|l| l.contains("configuration not reloaded"))
+        .unwrap_or_else(|| panic!("no refusal line:\n{}", p.output()));
+    assert_eq!(envelope_on(&mut kept, NEW_DEPLOYMENT_TOKEN, &env), 200);
+    assert_eq!(admin_status(NEW_ADMIN_TOKEN), 200);
+
+    p.sigterm();
+    assert!(p.wait().success(), "{}", p.output());
+    for line in p.seen.iter() {
+        assert!(
+            !line.contains(NEW_DEPLOYMENT_TOKEN) && !line.contains(NEW_ADMIN_TOKEN),
+            "{line}"
+        );
+    }
+}

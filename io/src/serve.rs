@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use sortie_core::config::{parse_listen, Config, StoreBackend};
 use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT_JSON};
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
@@ -194,6 +194,108 @@ fn bind(
     bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
 }
 
+/// SIGHUP: reads the configuration file again and applies what can change live (deployment
+/// and admin tokens, `log.access`); keys that need a restart are logged and keep their running
+/// values; a file that does not read, parse or validate changes nothing (decision 114).
+fn reload(
+    state: &ControlState,
+    running: &Config,
+    path: Option<&Path>,
+    parse: ParseConfig,
+    data_dir: &Path,
+) {
+    let Some(path) = path else {
+        tracing::warn!("SIGHUP: there is no configuration file to read again (embedded defaults)");
+        return;
+    };
+    // The service manager hears of the reload and of its end, whatever its outcome.
+    crate::systemd::reloading();
+    reload_from(state, running, path, parse, data_dir);
+    crate::systemd::ready("serving");
+}
+
+fn reload_from(
+    state: &ControlState,
+    running: &Config,
+    path: &Path,
+    parse: ParseConfig,
+    data_dir: &Path,
+) {
+    let refused = |why: String| {
+        tracing::error!(
+            file = %path.display(),
+            "configuration not reloaded, the running one stays: {why}"
+        );
+    };
+    let new = match std::fs::read_to_string(path) {
+        Ok(text) => match parse(&text) {
+            Ok(c) => c,
+            Err(e) => return refused(e.to_string()),
+        },
+        Err(e) => return refused(e.to_string()),
+    };
+    let resolved = match tokens::resolve(&new, data_dir) {
+        Ok(r) => r,
+        Err(e) => return refused(e.to_string()),
+    };
+    let ids_differ = running.deployments.len() != new.deployments.len()
+        || running
+            .deployments
+            .iter()
+            .zip(&new.deployments)
+            .any(|(a, b)| a.id != b.id);
+    if ids_differ {
+        return refused(
+            "the deployments differ (ids or order): adding or removing one needs a restart".into(),
+        );
+    }
+    let (a, b) = (&running.control, &new.control);
+    let fixed = [
+        ("control.api_listen", a.api_listen != b.api_listen),
+        ("control.admin_listen", a.admin_listen != b.admin_listen),
+        ("control.proxy_listen", a.proxy_listen != b.proxy_listen),
+        ("control.bus_listen", a.bus_listen != b.bus_listen),
+        ("control.cores", a.cores != b.cores),
+        ("control.data_dir", a.data_dir != b.data_dir),
+        (
+            "control.bootstrap_snapshot",
+            a.bootstrap_snapshot != b.bootstrap_snapshot,
+        ),
+        ("control.request", a.request != b.request),
+        ("control.server", a.server != b.server),
+        ("control.bus", a.bus != b.bus),
+        ("control.proxy", a.proxy != b.proxy),
+        (
+            "control.denied_destination_ports",
+            a.denied_destination_ports != b.denied_destination_ports,
+        ),
+        ("store", running.store != new.store),
+        (
+            "object_storage",
+            running.object_storage != new.object_storage,
+        ),
+        ("egress", running.egress != new.egress),
+        ("workers", running.workers != new.workers),
+        ("log.format", running.log.format != new.log.format),
+    ];
+    for (key, _) in fixed.iter().filter(|(_, differs)| *differs) {
+        tracing::warn!(
+            key = *key,
+            "changed in the configuration file: it takes effect after a restart"
+        );
+    }
+    if let Err(e) = state.auth.replace_tokens(&resolved.deployments) {
+        return refused(e);
+    }
+    state.admin_token.store(Arc::new(resolved.admin));
+    state.set_access_log(new.log.access);
+    tracing::info!(
+        file = %path.display(),
+        access_log = new.log.access,
+        "configuration reloaded: deployment and admin tokens, log.access"
+    );
+}
+
 /// What startup reads from the record store before anything serves.
 struct Loaded {
     store: Box<dyn RecordStore + Send>,
@@ -247,11 +349,21 @@ fn load_store(config: &Config, data_dir: &Path) -> Result<Loaded, ServeError> {
     })
 }
 
-/// Runs the gateway until SIGTERM or SIGINT. `config_path` is only used in messages.
-pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeError> {
+/// How the configuration file is read: `Config::from_toml` for `sortie serve`,
+/// `Config::from_toml_control` for `sortie control`.
+pub type ParseConfig = fn(&str) -> Result<Config, sortie_core::config::ConfigError>;
+
+/// Runs the gateway until SIGTERM or SIGINT; SIGHUP reads `config_path` again with `parse`
+/// and applies what can change live (decision 114).
+pub fn run(
+    config: Config,
+    config_path: Option<PathBuf>,
+    parse: ParseConfig,
+) -> Result<(), ServeError> {
     // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
     // right after its banner) is a graceful stop rather than the default, abrupt termination.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT]).map_err(ioe)?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(ioe)?;
     let data_dir = PathBuf::from(&config.control.data_dir);
     ensure_data_dir(&data_dir)?;
     let open_files = match crate::fd::raise_open_file_limit() {
@@ -446,7 +558,12 @@ pub fn run(config: Config, config_path: Option<PathBuf>) -> Result<(), ServeErro
     crate::systemd::ready(&format!("serving the API on {api_addr}"));
     let watchdog = crate::systemd::Watchdog::start(beats);
 
-    let _ = signals.forever().next();
+    for signal in signals.forever() {
+        if signal != SIGHUP {
+            break;
+        }
+        reload(&state, &config, config_path.as_deref(), parse, &data_dir);
+    }
     crate::systemd::stopping();
     if let Some(w) = watchdog {
         w.stop();

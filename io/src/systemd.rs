@@ -94,6 +94,11 @@ pub fn ready(status: &str) {
     notify(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// Tells the service manager the process is reloading its configuration (`ready` follows).
+pub fn reloading() {
+    notify(&[NotifyState::Reloading]);
+}
+
 /// Tells the service manager the process is stopping (the drain began).
 pub fn stopping() {
     notify(&[NotifyState::Stopping, NotifyState::Status("draining")]);

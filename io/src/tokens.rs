@@ -288,9 +288,31 @@ pub fn bearer(value: &[u8]) -> Option<&[u8]> {
 /// Checks presented deployment tokens. Lookup is by SHA-256 digest of the token, then the full
 /// token is compared in constant time, so neither step leaks the stored token through timing.
 pub struct Authenticator {
+    /// The tokens, replaced whole by a reload (decision 114).
+    tokens: arc_swap::ArcSwap<Tokens>,
+    ids: Vec<String>,
+}
+
+/// One generation of deployment tokens.
+struct Tokens {
     /// Token digest to (index into `ids`, token).
     by_digest: HashMap<[u8; 32], (usize, Vec<u8>)>,
-    ids: Vec<String>,
+    /// Counts replacements: what was authenticated under an older one is checked again.
+    generation: u64,
+}
+
+impl Tokens {
+    fn new(tokens: &[(String, String)], generation: u64) -> Tokens {
+        let by_digest = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, (_, t))| (sha256(t.as_bytes()), (i, t.as_bytes().to_vec())))
+            .collect();
+        Tokens {
+            by_digest,
+            generation,
+        }
+    }
 }
 
 /// A deployment an [`Authenticator`] authenticated: a small copyable handle, resolved to its id
@@ -315,19 +337,38 @@ fn sha256(b: &[u8]) -> [u8; 32] {
 impl Authenticator {
     /// Builds the table from (deployment id, token) pairs.
     pub fn new(tokens: &[(String, String)]) -> Authenticator {
-        let by_digest = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, (_, t))| (sha256(t.as_bytes()), (i, t.as_bytes().to_vec())))
-            .collect();
         let ids = tokens.iter().map(|(id, _)| id.clone()).collect();
-        Authenticator { by_digest, ids }
+        Authenticator {
+            tokens: arc_swap::ArcSwap::from_pointee(Tokens::new(tokens, 0)),
+            ids,
+        }
     }
 
     /// The deployment a presented token belongs to.
     pub fn authenticate(&self, token: &[u8]) -> Option<DeploymentRef> {
-        let (i, stored) = self.by_digest.get(&sha256(token))?;
+        let tokens = self.tokens.load();
+        let (i, stored) = tokens.by_digest.get(&sha256(token))?;
         bool::from(stored.as_slice().ct_eq(token)).then_some(DeploymentRef(*i))
+    }
+
+    /// The generation of the tokens: it changes with every [`Authenticator::replace_tokens`],
+    /// so a cache of authenticated credentials knows to check them again.
+    pub fn generation(&self) -> u64 {
+        self.tokens.load().generation
+    }
+
+    /// Replaces the deployments' tokens (a reload, decision 114). The deployments must be the
+    /// same, in the same order: their positions index per-deployment limits and counters.
+    pub fn replace_tokens(&self, tokens: &[(String, String)]) -> Result<(), String> {
+        let same = tokens.len() == self.ids.len()
+            && tokens.iter().zip(&self.ids).all(|((id, _), old)| id == old);
+        if !same {
+            return Err("the deployments differ (ids or order): that needs a restart".into());
+        }
+        let generation = self.generation().wrapping_add(1);
+        self.tokens
+            .store(std::sync::Arc::new(Tokens::new(tokens, generation)));
+        Ok(())
     }
 
     /// Number of deployments.
@@ -354,6 +395,39 @@ pub fn token_matches(expected: &str, presented: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn replaced_tokens_apply_at_once_and_only_for_the_same_deployments() {
+        let a = Authenticator::new(&[
+            ("dep_a".into(), "token-a-0123456789".into()),
+            ("dep_b".into(), "token-b-0123456789".into()),
+        ]);
+        let g = a.generation();
+        assert!(a
+            .replace_tokens(&[("dep_b".into(), "x-0123456789abcdef".into())])
+            .is_err());
+        assert!(a
+            .replace_tokens(&[
+                ("dep_b".into(), "token-b-0123456789".into()),
+                ("dep_a".into(), "token-a-0123456789".into()),
+            ])
+            .is_err());
+        assert_eq!(a.generation(), g, "a refused replacement changes nothing");
+        a.replace_tokens(&[
+            ("dep_a".into(), "token-a-new-0123456789".into()),
+            ("dep_b".into(), "token-b-0123456789".into()),
+        ])
+        .unwrap();
+        assert_ne!(a.generation(), g);
+        assert!(a.authenticate(b"token-a-0123456789").is_none());
+        let d = a.authenticate(b"token-a-new-0123456789").unwrap();
+        assert_eq!(a.id(d), "dep_a");
+        assert_eq!(
+            a.id(a.authenticate(b"token-b-0123456789").unwrap()),
+            "dep_b"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -191,10 +191,10 @@ pub struct ControlState {
     pub auth: Authenticator,
     /// Requests in flight per deployment and body bytes in flight (decision 043).
     pub admission: &'static AdmissionLimits,
-    /// The admin token.
-    pub admin_token: String,
-    /// `log.access`: one access line per request (decision 113).
-    pub access_log: bool,
+    /// The admin token; a reload may replace it (decision 114).
+    pub admin_token: ArcSwap<String>,
+    /// `log.access`: one access line per request (decision 113); a reload may change it.
+    access_log: AtomicBool,
     /// The cores' mailboxes, set once the cores are running.
     pub mailboxes: OnceLock<Vec<CoreMailbox>>,
     /// Counts requests routed, to rotate ties among equally free workers.
@@ -272,8 +272,8 @@ impl ControlState {
                 r.max_in_flight_body_bytes,
             ),
             auth,
-            admin_token,
-            access_log: config.log.access,
+            admin_token: ArcSwap::from_pointee(admin_token),
+            access_log: AtomicBool::new(config.log.access),
             mailboxes: OnceLock::new(),
             route_counter: AtomicU64::new(0),
         }
@@ -404,6 +404,16 @@ impl ControlState {
                 cur.snapshot.clone(),
             )));
         }
+    }
+
+    /// Whether each request writes an access line (`log.access`).
+    pub fn access_log(&self) -> bool {
+        self.access_log.load(Ordering::Relaxed)
+    }
+
+    /// Sets `log.access` (a reload).
+    pub fn set_access_log(&self, on: bool) {
+        self.access_log.store(on, Ordering::Relaxed);
     }
 
     /// Forgets the remote workers disconnected for at least `after` (their records and

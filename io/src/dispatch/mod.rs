@@ -52,9 +52,9 @@ pub struct Dispatcher {
     no_pins: std::cell::RefCell<StickyPins>,
     /// The last token this core authenticated, with its deployment: clients send the same
     /// token request after request, and a constant-time compare with it saves the SHA-256 of
-    /// the full lookup. The authenticator never changes while the process runs, so the entry
-    /// cannot go stale.
-    pub(crate) last_token: std::cell::RefCell<Option<(Vec<u8>, DeploymentRef)>>,
+    /// the full lookup. The entry holds for one generation of tokens (a reload makes a new
+    /// one), so it cannot outlive a replaced token.
+    pub(crate) last_token: std::cell::RefCell<Option<(Vec<u8>, DeploymentRef, u64)>>,
     /// The receipt service when object storage is enabled.
     pub receipts: Option<Arc<crate::control::receipts::Receipts>>,
     /// This core's bus lanes, when remote workers may attach.

@@ -229,7 +229,7 @@ pub(crate) fn is_public_path(path: &str) -> bool {
 pub(crate) fn is_authorized(ctx: &AdminContext, authorization: Option<&[u8]>) -> bool {
     authorization
         .and_then(bearer)
-        .is_some_and(|t| token_matches(&ctx.state.admin_token, t))
+        .is_some_and(|t| token_matches(&ctx.state.admin_token.load(), t))
 }
 
 /// Serves one admin request.

@@ -72,14 +72,17 @@ pub fn authenticate(
     authorization: Option<&[u8]>,
 ) -> Result<DeploymentRef, ApiAnswer> {
     if let Some(token) = authorization.and_then(bearer) {
-        if let Some((last, d)) = &*ctx.last_token.borrow() {
+        // The cache holds for one generation of tokens: after a reload a token is checked
+        // against the new ones (decision 114).
+        let generation = ctx.state.auth.generation();
+        if let Some((last, d, g)) = &*ctx.last_token.borrow() {
             // Constant time in the token's bytes; only the length may differ early.
-            if bool::from(last.as_slice().ct_eq(token)) {
+            if *g == generation && bool::from(last.as_slice().ct_eq(token)) {
                 return Ok(*d);
             }
         }
         if let Some(d) = ctx.state.auth.authenticate(token) {
-            *ctx.last_token.borrow_mut() = Some((token.to_vec(), d));
+            *ctx.last_token.borrow_mut() = Some((token.to_vec(), d, generation));
             return Ok(d);
         }
     }
@@ -132,7 +135,7 @@ pub async fn handle(
     )
     .await;
     pending.is_answered = true;
-    if ctx.state.access_log {
+    if ctx.state.access_log() {
         let (method, destination) = target.unwrap_or(("-", String::from("-")));
         super::access::Access {
             ingress: Ingress::Api,
@@ -220,7 +223,7 @@ async fn handle_inner(
         return error_answer(&e, request_id);
     }
     drop(body);
-    if ctx.state.access_log {
+    if ctx.state.access_log() {
         // Scheme, host and port: never the path or query (decision 113).
         *target = Some((
             req.method.as_str(),

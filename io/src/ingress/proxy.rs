@@ -54,7 +54,7 @@ pub struct ProxyHandler {
     /// The last `Proxy-Authorization` value this core accepted, with its deployment: clients
     /// send the same one request after request; a constant-time compare with it saves the
     /// base64 decoding and the digest lookup.
-    last_credential: RefCell<Option<(Vec<u8>, DeploymentRef)>>,
+    last_credential: RefCell<Option<(Vec<u8>, DeploymentRef, u64)>>,
 }
 
 /// What [`ProxyHandler::admit`] learned from the head.
@@ -93,19 +93,21 @@ impl ProxyHandler {
     /// and its token as password (decision 020), the token compared in constant time.
     fn authenticate(&self, value: Option<&[u8]>) -> Option<DeploymentRef> {
         let value = value?;
-        if let Some((last, d)) = &*self.last_credential.borrow() {
-            if bool::from(last.as_slice().ct_eq(value)) {
+        let auth = &self.ctx.state.auth;
+        // The cache holds for one generation of tokens: a reload checks credentials again.
+        let generation = auth.generation();
+        if let Some((last, d, g)) = &*self.last_credential.borrow() {
+            if *g == generation && bool::from(last.as_slice().ct_eq(value)) {
                 return Some(*d);
             }
         }
         let creds = parse_basic(value)?;
-        let auth = &self.ctx.state.auth;
         let d = auth.authenticate(creds.password())?;
         // The id is not a secret: a plain comparison.
         if auth.id(d).as_bytes() != creds.user() {
             return None;
         }
-        *self.last_credential.borrow_mut() = Some((value.to_vec(), d));
+        *self.last_credential.borrow_mut() = Some((value.to_vec(), d, generation));
         Some(d)
     }
 
@@ -145,7 +147,7 @@ impl ProxyHandler {
         outcome: &str,
         started: Instant,
     ) {
-        if self.ctx.state.access_log {
+        if self.ctx.state.access_log() {
             super::access::Access {
                 ingress,
                 request_id,
