@@ -167,6 +167,32 @@ struct Listeners {
     proxy: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
 }
 
+impl Listeners {
+    /// Every configured listener, `n` sockets each: the ones the service manager passed
+    /// (socket activation) or bound here.
+    fn bind(c: &sortie_core::config::ControlConfig, n: usize) -> Result<Listeners, ServeError> {
+        let mut activated = crate::systemd::Activated::from_env();
+        let act = &mut activated;
+        let listeners = Listeners {
+            bus: match &c.bus_listen {
+                Some(a) => Some(bind("control.bus_listen", a, n, "bus", act)?),
+                None => None,
+            },
+            api: bind("control.api_listen", &c.api_listen, n, "api", act)?,
+            admin: match &c.admin_listen {
+                Some(a) => Some(bind("control.admin_listen", a, n, "admin", act)?),
+                None => None,
+            },
+            proxy: match &c.proxy_listen {
+                Some(a) => Some(bind("control.proxy_listen", a, n, "proxy", act)?),
+                None => None,
+            },
+        };
+        activated.finish();
+        Ok(listeners)
+    }
+}
+
 /// The `n` per-core listeners of `key` (`control.api_listen`, ...): the socket the service
 /// manager passed for `name` when there is one (socket activation, decision 112), else `n`
 /// sockets bound to `addr` with `SO_REUSEPORT`.
@@ -402,30 +428,7 @@ pub fn run(
     };
 
     let n = core_count(config.control.cores);
-    let mut activated = crate::systemd::Activated::from_env();
-    let act = &mut activated;
-    let mut listeners = Listeners {
-        bus: match &config.control.bus_listen {
-            Some(a) => Some(bind("control.bus_listen", a, n, "bus", act)?),
-            None => None,
-        },
-        api: bind(
-            "control.api_listen",
-            &config.control.api_listen,
-            n,
-            "api",
-            act,
-        )?,
-        admin: match &config.control.admin_listen {
-            Some(a) => Some(bind("control.admin_listen", a, n, "admin", act)?),
-            None => None,
-        },
-        proxy: match &config.control.proxy_listen {
-            Some(a) => Some(bind("control.proxy_listen", a, n, "proxy", act)?),
-            None => None,
-        },
-    };
-    activated.finish();
+    let mut listeners = Listeners::bind(&config.control, n)?;
     let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
         .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
     let resolver = ResolverPool::start().map_err(ioe)?;
@@ -564,11 +567,8 @@ pub fn run(
         }
         reload(&state, &config, config_path.as_deref(), parse, &data_dir);
     }
-    crate::systemd::stopping();
-    if let Some(w) = watchdog {
-        w.stop();
-    }
     stop(Running {
+        watchdog,
         trigger,
         handles,
         follower,
@@ -582,6 +582,7 @@ pub fn run(
 
 /// What a running control stops, in order.
 struct Running {
+    watchdog: Option<crate::systemd::Watchdog>,
     trigger: ShutdownTrigger,
     handles: Vec<std::thread::JoinHandle<()>>,
     follower: Option<crate::control::follow::Follower>,
@@ -595,6 +596,7 @@ struct Running {
 /// the heartbeat and the cold thread stop.
 fn stop(r: Running) {
     let Running {
+        watchdog,
         trigger,
         handles,
         follower,
@@ -603,6 +605,11 @@ fn stop(r: Running) {
         cold,
         cold_thread,
     } = r;
+    // The service manager hears of the drain; its stop timeout bounds it from here.
+    crate::systemd::stopping();
+    if let Some(w) = watchdog {
+        w.stop();
+    }
     tracing::info!("shutting down: finishing in-flight requests");
     trigger.trigger();
     let deadline = std::time::Instant::now() + SHUTDOWN_GRACE + CORE_STOP_MARGIN;
