@@ -70,3 +70,7 @@ fi
 if ! command -v systemd-socket-activate >/dev/null 2>&1 || ! command -v systemd-analyze >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq systemd
 fi
+# CI builds the Debian package (scripts/check-deb.sh).
+if ! command -v cargo-deb >/dev/null 2>&1; then
+  cargo install cargo-deb --locked
+fi
