@@ -1283,3 +1283,81 @@ fn client_certificates_bind_workers_to_their_ids() {
     let w = wait_worker(&gw, "wa", "connected");
     assert_eq!(w["session"], _wa.session.as_str(), "{w}");
 }
+
+/// SIGHUP reads the control's file again: a worker's new token admits its next lane and the
+/// old one no longer does; the lane admitted before goes on (decision 114).
+#[test]
+fn sighup_reloads_worker_tokens() {
+    use support::gateway::Gateway;
+    const NEW_TOKEN: &str = "reloaded-worker-token-0123456789";
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\nplaintext = true\nheartbeat_ms = 500\n\
+             [[control.bus.workers]]\nid = \"wa\"\ntoken = \"{WORKER_TOKEN}\"\n"
+        ))
+        .cores(1)
+        .start();
+    let bus = gw.bus.unwrap();
+    let hello_with = |token: &str, session: &str| {
+        let mut out = Vec::new();
+        encode(
+            &Frame::Hello(Box::new(Hello {
+                version_min: sortie_core::bus::PROTOCOL_VERSION_MIN,
+                version_max: sortie_core::bus::PROTOCOL_VERSION,
+                worker_id: "wa".into(),
+                session: session.into(),
+                token: token.as_bytes().to_vec(),
+                lane: 0,
+                lanes: 0,
+                capabilities: sortie_core::worker::AdvertisedCapabilities {
+                    capacity: 4,
+                    ..Default::default()
+                },
+            })),
+            &mut out,
+        )
+        .unwrap();
+        let mut s = TcpStream::connect(bus).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&out).unwrap();
+        let mut buf = Vec::new();
+        (next_frame(&mut s, &mut buf), s)
+    };
+    let (f, _) = hello_with(NEW_TOKEN, "s1");
+    assert!(
+        matches!(&f, Frame::Reject(r) if r.reason == "auth_failed"),
+        "{f:?}"
+    );
+    let (f, first) = hello_with(WORKER_TOKEN, "s2");
+    assert!(matches!(f, Frame::Welcome(_)), "{f:?}");
+    drop(first);
+    wait_worker(&gw, "wa", "disconnected");
+
+    let cfg = gw.dir.join("sortie.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(&cfg, text.replace(WORKER_TOKEN, NEW_TOKEN)).expect("rewrite");
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &gw.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = gw.stdout.recv_timeout(left).expect("a reload line");
+        assert!(!line.contains("not reloaded"), "{line}");
+        if line.contains("configuration reloaded") {
+            break;
+        }
+    }
+    let (f, _) = hello_with(WORKER_TOKEN, "s3");
+    assert!(
+        matches!(&f, Frame::Reject(r) if r.reason == "auth_failed"),
+        "{f:?}"
+    );
+    let (f, _lane) = hello_with(NEW_TOKEN, "s4");
+    assert!(matches!(f, Frame::Welcome(_)), "{f:?}");
+    wait_worker(&gw, "wa", "connected");
+}

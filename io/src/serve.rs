@@ -225,6 +225,7 @@ fn bind(
 /// values; a file that does not read, parse or validate changes nothing (decision 114).
 fn reload(
     state: &ControlState,
+    bus: Option<&crate::remote::BusShared>,
     running: &Config,
     path: Option<&Path>,
     parse: ParseConfig,
@@ -236,12 +237,13 @@ fn reload(
     };
     // The service manager hears of the reload and of its end, whatever its outcome.
     crate::systemd::reloading();
-    reload_from(state, running, path, parse, data_dir);
+    reload_from(state, bus, running, path, parse, data_dir);
     crate::systemd::ready("serving");
 }
 
 fn reload_from(
     state: &ControlState,
+    bus: Option<&crate::remote::BusShared>,
     running: &Config,
     path: &Path,
     parse: ParseConfig,
@@ -275,6 +277,27 @@ fn reload_from(
             "the deployments differ (ids or order): adding or removing one needs a restart".into(),
         );
     }
+    // The bus's credentials and TLS files reload (the lanes admitted go on); its other keys
+    // need a restart.
+    // Whether lanes need a client certificate is fixed at start: the running CA file's path is
+    // kept (its contents are read again).
+    let mut new_bus = new.control.bus.clone();
+    new_bus
+        .tls_client_ca_file
+        .clone_from(&running.control.bus.tls_client_ca_file);
+    let bus_auth_new = match bus.map(|_| bus_auth(&new_bus)).transpose() {
+        Ok(x) => x,
+        Err(e) => return refused(e.to_string()),
+    };
+    let bus_rest = |c: &sortie_core::config::BusConfig| {
+        let mut c = c.clone();
+        c.token = None;
+        c.token_env = None;
+        c.workers.clear();
+        c.tls_cert_file = None;
+        c.tls_key_file = None;
+        c
+    };
     let (a, b) = (&running.control, &new.control);
     let fixed = [
         ("control.api_listen", a.api_listen != b.api_listen),
@@ -289,7 +312,7 @@ fn reload_from(
         ),
         ("control.request", a.request != b.request),
         ("control.server", a.server != b.server),
-        ("control.bus", a.bus != b.bus),
+        ("control.bus", bus_rest(&a.bus) != bus_rest(&b.bus)),
         ("control.proxy", a.proxy != b.proxy),
         (
             "control.denied_destination_ports",
@@ -315,10 +338,13 @@ fn reload_from(
     }
     state.admin_token.store(Arc::new(resolved.admin));
     state.set_access_log(new.log.access);
+    if let (Some(bus), Some((credentials, tls))) = (bus, bus_auth_new) {
+        bus.reload(credentials, tls);
+    }
     tracing::info!(
         file = %path.display(),
         access_log = new.log.access,
-        "configuration reloaded: deployment and admin tokens, log.access"
+        "configuration reloaded: deployment, admin and worker tokens, bus TLS files, log.access"
     );
 }
 
@@ -489,6 +515,7 @@ pub fn run(
         }
         None => None,
     };
+    let reload_bus = bus_shared.clone();
     let metrics = Arc::new(Metrics::new(n));
     let metrics_state = state.clone();
     let metrics_render = metrics.clone();
@@ -565,7 +592,14 @@ pub fn run(
         if signal != SIGHUP {
             break;
         }
-        reload(&state, &config, config_path.as_deref(), parse, &data_dir);
+        reload(
+            &state,
+            reload_bus.as_deref(),
+            &config,
+            config_path.as_deref(),
+            parse,
+            &data_dir,
+        );
     }
     stop(Running {
         watchdog,
@@ -855,6 +889,45 @@ fn bus_shared(
     api_port: u16,
 ) -> Result<Arc<crate::remote::BusShared>, ServeError> {
     let b = &config.control.bus;
+    let (credentials, tls) = bus_auth(b)?;
+    // Workers fetch receipt bodies on this port only (decision 068).
+    let receipt_port = match b.api_base_url.as_deref() {
+        Some(u) => {
+            sortie_core::request::parse_target_url(u)
+                .map_err(|e| ServeError::Config(format!("control.bus.api_base_url: {e}")))?
+                .port
+        }
+        None => api_port,
+    };
+    Ok(crate::remote::BusShared::new(crate::remote::BusSettings {
+        credentials: arc_swap::ArcSwap::from_pointee(credentials),
+        tls: tls.map(arc_swap::ArcSwap::new),
+        requires_client_certificate: b.tls_client_ca_file.is_some() && !b.plaintext,
+        heartbeat_ms: b.heartbeat_ms,
+        assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
+        cores,
+        control_id: format!("control-{addr}"),
+        api_base_url: b
+            .api_base_url
+            .as_deref()
+            .map(|u| u.trim_end_matches('/').to_string()),
+        api_port,
+        receipt_port,
+        proxy_idle_ms: u32::try_from(config.control.proxy.idle_timeout_ms).unwrap_or(u32::MAX),
+    }))
+}
+
+/// Who may attach to the bus and its TLS configuration, from `[control.bus]`: at start, and
+/// again at a reload (decision 114).
+fn bus_auth(
+    b: &sortie_core::config::BusConfig,
+) -> Result<
+    (
+        crate::remote::Credentials,
+        Option<Arc<rustls::ServerConfig>>,
+    ),
+    ServeError,
+> {
     // Decision 105: each worker's own token when `[[control.bus.workers]]` lists them, else
     // the one shared token.
     let credentials = if b.workers.is_empty() {
@@ -898,31 +971,7 @@ fn bus_shared(
                 .map_err(ServeError::Config)?,
         )
     };
-    // Workers fetch receipt bodies on this port only (decision 068).
-    let receipt_port = match b.api_base_url.as_deref() {
-        Some(u) => {
-            sortie_core::request::parse_target_url(u)
-                .map_err(|e| ServeError::Config(format!("control.bus.api_base_url: {e}")))?
-                .port
-        }
-        None => api_port,
-    };
-    Ok(crate::remote::BusShared::new(crate::remote::BusSettings {
-        credentials,
-        tls,
-        requires_client_certificate: b.tls_client_ca_file.is_some() && !b.plaintext,
-        heartbeat_ms: b.heartbeat_ms,
-        assignment_timeout: Duration::from_millis(b.assignment_timeout_ms),
-        cores,
-        control_id: format!("control-{addr}"),
-        api_base_url: b
-            .api_base_url
-            .as_deref()
-            .map(|u| u.trim_end_matches('/').to_string()),
-        api_port,
-        receipt_port,
-        proxy_idle_ms: u32::try_from(config.control.proxy.idle_timeout_ms).unwrap_or(u32::MAX),
-    }))
+    Ok((credentials, tls))
 }
 
 /// Debug builds only: `SORTIE_DEBUG_PANIC_CORE=<index>` makes that core panic shortly after it

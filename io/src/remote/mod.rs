@@ -65,10 +65,11 @@ const DEADLINE_GRACE: Duration = Duration::from_millis(500);
 
 /// The bus settings of a control, shared by its cores.
 pub struct BusSettings {
-    /// Who may attach (decision 105).
-    pub credentials: Credentials,
-    /// The TLS server configuration; `None` for plain TCP (`control.bus.plaintext`).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Who may attach (decision 105); a reload may replace them (decision 114).
+    pub credentials: arc_swap::ArcSwap<Credentials>,
+    /// The TLS server configuration; `None` for plain TCP (`control.bus.plaintext`). A reload
+    /// may replace the configuration (new certificate files), not switch TLS on or off.
+    pub tls: Option<arc_swap::ArcSwap<rustls::ServerConfig>>,
     /// `control.bus.tls_client_ca_file` is set: the TLS configuration verified the worker's
     /// certificate chain, and the certificate must name the `Hello`'s worker id (decision 109).
     pub requires_client_certificate: bool,
@@ -162,6 +163,15 @@ impl BusShared {
             settings,
             sessions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Replaces who may attach and the TLS configuration (a reload, decision 114): new lanes
+    /// are judged by them; lanes already admitted go on. `tls` is ignored on a plain bus.
+    pub fn reload(&self, credentials: Credentials, tls: Option<Arc<rustls::ServerConfig>>) {
+        self.settings.credentials.store(Arc::new(credentials));
+        if let (Some(current), Some(new)) = (&self.settings.tls, tls) {
+            current.store(new);
+        }
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionEntry>> {
@@ -432,7 +442,7 @@ impl BusCore {
     async fn greet(self: Rc<Self>, stream: monoio::net::TcpStream) -> Result<(), String> {
         let s = &self.shared.settings;
         let mut conn = match &s.tls {
-            Some(cfg) => Conn::accept_tls(stream, cfg.clone())
+            Some(cfg) => Conn::accept_tls(stream, cfg.load_full())
                 .await
                 .map_err(|e| format!("TLS: {e}"))?,
             None => Conn::plain(stream),
@@ -452,7 +462,7 @@ impl BusCore {
                 message: message.into(),
             })
         };
-        let refusal = if let Err(why) = s.credentials.admit(&hello.worker_id, &hello.token) {
+        let refusal = if let Err(why) = s.credentials.load().admit(&hello.worker_id, &hello.token) {
             Some(reject("auth_failed", why))
         } else if s.requires_client_certificate && !conn.peer_names(&hello.worker_id) {
             Some(reject(
@@ -537,7 +547,8 @@ impl BusCore {
     ) {
         let s = &self.shared.settings;
         let mut advertised = hello.capabilities.clone();
-        let granted = match s.credentials.grant(&hello.worker_id) {
+        let credentials = s.credentials.load();
+        let granted = match credentials.grant(&hello.worker_id) {
             Some(g) => advertised.apply_grant(&g),
             None => Ok(()),
         };
