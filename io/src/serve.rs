@@ -220,6 +220,27 @@ fn bind(
     bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
 }
 
+/// Raises the soft open-file limit as far as allowed; the limit in force, if it can be read.
+fn open_file_limit() -> Option<u64> {
+    match crate::fd::raise_open_file_limit() {
+        Ok(l) => Some(l.soft),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
+            None
+        }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; every SIGHUP on the way runs `reload` (decision 114).
+fn until_stopped(signals: &mut signal_hook::iterator::Signals, mut reload: impl FnMut()) {
+    for signal in signals.forever() {
+        if signal != SIGHUP {
+            break;
+        }
+        reload();
+    }
+}
+
 /// SIGHUP: reads the configuration file again and applies what can change live (deployment
 /// and admin tokens, `log.access`); keys that need a restart are logged and keep their running
 /// values; a file that does not read, parse or validate changes nothing (decision 114).
@@ -418,13 +439,7 @@ pub fn run(
         signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(ioe)?;
     let data_dir = PathBuf::from(&config.control.data_dir);
     ensure_data_dir(&data_dir)?;
-    let open_files = match crate::fd::raise_open_file_limit() {
-        Ok(l) => Some(l.soft),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read or raise the open-file limit");
-            None
-        }
-    };
+    let open_files = open_file_limit();
 
     let Loaded {
         store,
@@ -588,19 +603,17 @@ pub fn run(
     crate::systemd::ready(&format!("serving the API on {api_addr}"));
     let watchdog = crate::systemd::Watchdog::start(beats);
 
-    for signal in signals.forever() {
-        if signal != SIGHUP {
-            break;
-        }
+    until_stopped(&mut signals, || {
+        let path = config_path.as_deref();
         reload(
             &state,
             reload_bus.as_deref(),
             &config,
-            config_path.as_deref(),
+            path,
             parse,
             &data_dir,
-        );
-    }
+        )
+    });
     stop(Running {
         watchdog,
         trigger,
