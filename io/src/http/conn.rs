@@ -162,21 +162,7 @@ impl ConnIo {
     /// whatever happens, with the bytes a read that completed before the cancellation received.
     /// A read cancelled before it received anything fails with `ECANCELED` ([`is_cancelled`]).
     async fn read_more_cancelable(&mut self, c: CancelHandle) -> io::Result<usize> {
-        let pos = std::mem::take(&mut self.pos);
-        let buf = std::mem::take(&mut self.buf);
-        let (len, cap) = (buf.len(), buf.capacity());
-        if len == cap {
-            self.buf = buf;
-            self.pos = pos;
-            return Err(io::Error::other("read buffer has no room"));
-        }
-        let (res, slice) = self
-            .stream
-            .cancelable_read(buf.slice_mut(len..cap), c)
-            .await;
-        self.buf = slice.into_inner();
-        self.pos = pos;
-        res
+        self.read_spare(Some(c)).await
     }
 
     /// Reads into the spare capacity of the buffer; 0 means the peer closed its side.
@@ -185,6 +171,11 @@ impl ConnIo {
     /// buffer goes with the cancelled operation and the connection is left with an empty one:
     /// every caller closes the connection in that case.
     pub(crate) async fn read_more(&mut self) -> io::Result<usize> {
+        self.read_spare(None).await
+    }
+
+    /// The one read into the buffer's spare capacity, cancelable through `cancel` when given.
+    async fn read_spare(&mut self, cancel: Option<CancelHandle>) -> io::Result<usize> {
         let pos = std::mem::take(&mut self.pos);
         let buf = std::mem::take(&mut self.buf);
         let (len, cap) = (buf.len(), buf.capacity());
@@ -193,7 +184,11 @@ impl ConnIo {
             self.pos = pos;
             return Err(io::Error::other("read buffer has no room"));
         }
-        let (res, slice) = self.stream.read(buf.slice_mut(len..cap)).await;
+        let spare = buf.slice_mut(len..cap);
+        let (res, slice) = match cancel {
+            Some(c) => self.stream.cancelable_read(spare, c).await,
+            None => self.stream.read(spare).await,
+        };
         self.buf = slice.into_inner();
         self.pos = pos;
         res
