@@ -227,22 +227,8 @@ impl Handler for ProxyHandler {
             }
         };
         pending.is_answered = true;
-        match outcome {
-            Ok(response) => {
-                self.ctx
-                    .metrics
-                    .record(self.ctx.core, a.ingress, deployment, "ok", None);
-                self.access(
-                    a.ingress,
-                    &request_id,
-                    deployment,
-                    &req,
-                    response.status,
-                    "ok",
-                    started,
-                );
-                response
-            }
+        let (response, code) = match outcome {
+            Ok(response) => (response, "ok"),
             Err(e) => {
                 tracing::debug!(
                     target: "sortie::proxy",
@@ -252,26 +238,22 @@ impl Handler for ProxyHandler {
                     total_ms = started.elapsed().as_millis() as u64,
                     "proxied request failed"
                 );
-                self.ctx.metrics.record(
-                    self.ctx.core,
-                    a.ingress,
-                    deployment,
-                    e.code.as_str(),
-                    None,
-                );
-                let response = proxy_error(&e, &request_id);
-                self.access(
-                    a.ingress,
-                    &request_id,
-                    deployment,
-                    &req,
-                    response.status,
-                    e.code.as_str(),
-                    started,
-                );
-                response
+                (proxy_error(&e, &request_id), e.code.as_str())
             }
-        }
+        };
+        self.ctx
+            .metrics
+            .record(self.ctx.core, a.ingress, deployment, code, None);
+        self.access(
+            a.ingress,
+            &request_id,
+            deployment,
+            &req,
+            response.status,
+            code,
+            started,
+        );
+        response
     }
 
     fn error_response(&self, status: u16, reason: &'static str) -> Response {
