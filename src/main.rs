@@ -28,6 +28,11 @@ enum Command {
         /// The configuration file (TOML).
         #[arg(long, short)]
         config: Option<PathBuf>,
+        /// Take over from the process running on the same data directory: serve on its
+        /// listening sockets, then let it drain and exit (a binary upgrade without a dropped
+        /// connection). The running process does this itself on SIGUSR2.
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Run the control plane only: remote workers attach over the worker bus
     /// (`control.bus_listen`); no local worker is implied.
@@ -35,6 +40,10 @@ enum Command {
         /// The configuration file (TOML).
         #[arg(long, short)]
         config: PathBuf,
+        /// Take over from the control running on the same data directory (see `serve
+        /// --upgrade`).
+        #[arg(long)]
+        upgrade: bool,
     },
     /// Run a remote egress worker that dials its controls over the worker bus.
     Worker {
@@ -80,8 +89,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config } => serve(config),
-        Command::Control { config } => control(&config),
+        Command::Serve { config, upgrade } => serve(config, upgrade),
+        Command::Control { config, upgrade } => control(&config, upgrade),
         Command::Worker { config } => worker(&config),
         Command::Fingerprints {
             capture: true,
@@ -165,7 +174,7 @@ fn check_snapshot(file: &PathBuf) -> ExitCode {
     }
 }
 
-fn serve(path: Option<PathBuf>) -> ExitCode {
+fn serve(path: Option<PathBuf>, upgrade: bool) -> ExitCode {
     let config = match &path {
         None => Config::embedded_default(),
         Some(p) => {
@@ -183,7 +192,12 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         }
     };
     init_logging(config.log.format);
-    match sortie_io::serve::run(config, path, Config::from_toml) {
+    let start = sortie_io::serve::Start {
+        config_path: path,
+        parse: Config::from_toml,
+        upgrade,
+    };
+    match sortie_io::serve::run(config, start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");
@@ -192,7 +206,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     }
 }
 
-fn control(path: &PathBuf) -> ExitCode {
+fn control(path: &PathBuf, upgrade: bool) -> ExitCode {
     let text = match read(path) {
         Ok(t) => t,
         Err(code) => return code,
@@ -205,7 +219,12 @@ fn control(path: &PathBuf) -> ExitCode {
         }
     };
     init_logging(config.log.format);
-    match sortie_io::serve::run(config, Some(path.clone()), Config::from_toml_control) {
+    let start = sortie_io::serve::Start {
+        config_path: Some(path.clone()),
+        parse: Config::from_toml_control,
+        upgrade,
+    };
+    match sortie_io::serve::run(config, start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");

@@ -11,14 +11,15 @@ use serde::Deserialize;
 
 use crate::hints::{CountryCode, Ingress};
 use crate::limits::{
-    DEFAULT_BODY_TIMEOUT_MS, DEFAULT_EGRESS_CONNECT_TIMEOUT_MS, DEFAULT_EGRESS_IDLE_TIMEOUT_MS,
-    DEFAULT_HEADER_TIMEOUT_MS, DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT,
-    DEFAULT_MAX_CONNECTIONS_PER_CORE, DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES,
-    DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES, DEFAULT_MAX_IN_FLIGHT_BODY_BYTES,
-    DEFAULT_MAX_TIMEOUT_MS, DEFAULT_POOL_IDLE_TIMEOUT_MS, DEFAULT_SERVER_IDLE_TIMEOUT_MS,
-    DEFAULT_WRITE_TIMEOUT_MS, MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT, MAX_CONNECTIONS_PER_CORE_LIMIT,
-    MAX_LIMIT_TIMEOUT_MS, MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES,
-    MIN_IN_FLIGHT_BODY_BYTES, MIN_LIMIT_TIMEOUT_MS, MIN_TIMEOUT_MS,
+    DEFAULT_BODY_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS, DEFAULT_EGRESS_CONNECT_TIMEOUT_MS,
+    DEFAULT_EGRESS_IDLE_TIMEOUT_MS, DEFAULT_HEADER_TIMEOUT_MS,
+    DEFAULT_MAX_CONCURRENT_PER_DEPLOYMENT, DEFAULT_MAX_CONNECTIONS_PER_CORE,
+    DEFAULT_MAX_INLINE_REQUEST_BODY_BYTES, DEFAULT_MAX_INLINE_RESPONSE_BODY_BYTES,
+    DEFAULT_MAX_IN_FLIGHT_BODY_BYTES, DEFAULT_MAX_TIMEOUT_MS, DEFAULT_POOL_IDLE_TIMEOUT_MS,
+    DEFAULT_SERVER_IDLE_TIMEOUT_MS, DEFAULT_WRITE_TIMEOUT_MS, MAX_CONCURRENT_PER_DEPLOYMENT_LIMIT,
+    MAX_CONNECTIONS_PER_CORE_LIMIT, MAX_DRAIN_TIMEOUT_MS, MAX_LIMIT_TIMEOUT_MS,
+    MAX_ROUTING_FIELD_BYTES, MAX_ROUTING_TAGS, MAX_ROUTING_TAG_BYTES, MIN_IN_FLIGHT_BODY_BYTES,
+    MIN_LIMIT_TIMEOUT_MS, MIN_TIMEOUT_MS,
 };
 use crate::limits::{
     DEFAULT_MAX_TUNNELS_PER_DEPLOYMENT, DEFAULT_PROXY_IDLE_TIMEOUT_MS,
@@ -474,6 +475,9 @@ pub struct ServerLimitsConfig {
     pub write_timeout_ms: u64,
     /// Connections one core serves at once on one listener; beyond it, 503 and close.
     pub max_connections_per_core: usize,
+    /// After a stop or a hand-over to a successor begins, how long in-flight requests and
+    /// tunnels may run on; then their connections are closed (decision 115).
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for ServerLimitsConfig {
@@ -484,6 +488,7 @@ impl Default for ServerLimitsConfig {
             body_timeout_ms: DEFAULT_BODY_TIMEOUT_MS,
             write_timeout_ms: DEFAULT_WRITE_TIMEOUT_MS,
             max_connections_per_core: DEFAULT_MAX_CONNECTIONS_PER_CORE,
+            drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
         }
     }
 }
@@ -893,6 +898,12 @@ impl Config {
                     format!("must be {MIN_LIMIT_TIMEOUT_MS} to {MAX_LIMIT_TIMEOUT_MS}"),
                 ));
             }
+        }
+        if sv.drain_timeout_ms > MAX_DRAIN_TIMEOUT_MS {
+            return Err(err(
+                "control.server.drain_timeout_ms",
+                format!("must be 0 to {MAX_DRAIN_TIMEOUT_MS}"),
+            ));
         }
         let px = &c.proxy;
         if !(MIN_LIMIT_TIMEOUT_MS..=MAX_TUNNEL_IDLE_TIMEOUT_MS).contains(&px.tunnel_idle_timeout_ms)
@@ -1686,6 +1697,7 @@ bind_address = "127.0.0.2"
             ("[control.request]\nmax_in_flight_body_bytes = 1000", "control.request.max_in_flight_body_bytes"),
             ("[control.request]\nmax_concurrent_per_deployment = 0", "control.request.max_concurrent_per_deployment"),
             ("[control.server]\nmax_connections_per_core = 0", "control.server.max_connections_per_core"),
+            ("[control.server]\ndrain_timeout_ms = 3600001", "control.server.drain_timeout_ms"),
             ("[egress]\nidle_timeout_ms = 99999999999", "egress.idle_timeout_ms"),
             ("[control.proxy]\nidle_timeout_ms = 5", "control.proxy.idle_timeout_ms"),
             ("[control.proxy]\ntunnel_idle_timeout_ms = 86400001", "control.proxy.tunnel_idle_timeout_ms"),
@@ -1709,6 +1721,7 @@ bind_address = "127.0.0.2"
         let c = Config::from_toml(
             "[control.server]\nheader_timeout_ms = 500\nidle_timeout_ms = 700\n\
              body_timeout_ms = 900\nwrite_timeout_ms = 1100\nmax_connections_per_core = 3\n\
+             drain_timeout_ms = 0\n\
              [egress]\nconnect_timeout_ms = 200\nidle_timeout_ms = 300\npool_idle_timeout_ms = 400\n",
         )
         .unwrap();
@@ -1723,6 +1736,8 @@ bind_address = "127.0.0.2"
             (500, 700, 900, 1100)
         );
         assert_eq!(s.max_connections_per_core, 3);
+        assert_eq!(s.drain_timeout_ms, 0);
+        assert_eq!(ServerLimitsConfig::default().drain_timeout_ms, 10_000);
         let e = &c.egress;
         assert_eq!(
             (

@@ -46,6 +46,11 @@ pub const DEFAULT_SERVER_IDLE_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 /// Default of `control.server.write_timeout_ms`: one response write making no progress.
 pub const DEFAULT_WRITE_TIMEOUT_MS: u64 = 30_000;
+/// `control.server.drain_timeout_ms`: how long in-flight requests and tunnels may run on
+/// after a stop or a hand-over to a successor begins; then their connections are closed.
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
+/// The longest drain a configuration may ask for.
+pub const MAX_DRAIN_TIMEOUT_MS: u64 = 3_600_000;
 /// Default of `control.server.max_connections_per_core`, per listener.
 pub const DEFAULT_MAX_CONNECTIONS_PER_CORE: usize = 16 * 1024;
 /// Default of `egress.connect_timeout_ms`: one connect attempt, and the TLS handshake.

@@ -170,6 +170,28 @@ pub(crate) fn duplicate_stream(fd: RawFd) -> io::Result<monoio::net::TcpStream> 
     monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
 }
 
+/// Whether `fd` is a stream socket of an internet family that listens.
+fn is_listening_tcp(fd: BorrowedFd<'_>) -> bool {
+    let s = SockRef::from(&fd);
+    let is_inet = s.local_addr().is_ok_and(|a| a.as_socket().is_some());
+    is_inet
+        && s.r#type().is_ok_and(|t| t == socket2::Type::STREAM)
+        && rustix::net::sockopt::socket_acceptconn(fd).unwrap_or(false)
+}
+
+/// A listening TCP socket received from another process (a binary upgrade's predecessor),
+/// after checking that it is one; anything else is refused (and closed).
+pub(crate) fn listener_from_owned(fd: OwnedFd) -> io::Result<std::net::TcpListener> {
+    use std::os::fd::AsFd as _;
+    if !is_listening_tcp(fd.as_fd()) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a received descriptor is not a listening TCP socket",
+        ));
+    }
+    Ok(std::net::TcpListener::from(fd))
+}
+
 /// A standard stream on a duplicate of the descriptor `fd` (`F_DUPFD_CLOEXEC`), to hand a
 /// connection to another thread's runtime: the caller then drops its own stream, and the copy
 /// keeps the socket open.
@@ -189,28 +211,10 @@ pub(crate) fn duplicate_std(fd: RawFd) -> io::Result<std::net::TcpStream> {
 /// The caller must pass each descriptor once, and only one that `sd_notify::listen_fds` named
 /// for this process (its `LISTEN_PID` is ours): nothing else in the process owns it.
 pub(crate) fn adopt_listener(fd: RawFd) -> io::Result<std::net::TcpListener> {
-    let is_listening_tcp = {
-        // SAFETY: the descriptor was passed to this process and is open (see above); the
-        // borrow ends within this block.
-        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-        let s = SockRef::from(&borrowed);
-        let is_inet = s.local_addr().is_ok_and(|a| a.as_socket().is_some());
-        let mut listening: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `listening` and `len` are valid for writes of the sizes given; the
-        // descriptor is open (see above).
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_ACCEPTCONN,
-                std::ptr::addr_of_mut!(listening).cast(),
-                &mut len,
-            )
-        };
-        is_inet && s.r#type().is_ok_and(|t| t == socket2::Type::STREAM) && rc == 0 && listening != 0
-    };
-    if !is_listening_tcp {
+    // SAFETY: the descriptor was passed to this process and is open (see above); the borrow
+    // ends within this statement.
+    let is_listening = is_listening_tcp(unsafe { BorrowedFd::borrow_raw(fd) });
+    if !is_listening {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("descriptor {fd} is not a listening TCP socket"),

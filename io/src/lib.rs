@@ -18,4 +18,5 @@ mod splice;
 pub mod store;
 pub mod systemd;
 pub mod tokens;
+pub mod upgrade;
 pub mod worker;

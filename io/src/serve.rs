@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR2};
 use sortie_core::config::{parse_listen, Config, StoreBackend};
 use sortie_core::snapshot::{decode_snapshot, ValidatedSnapshot, DEFAULT_SNAPSHOT_JSON};
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRegistry, WorkerSettings};
@@ -71,9 +71,11 @@ fn open_store(
     }
 }
 
-/// How long in-flight requests may run after SIGTERM/SIGINT before the process exits anyway.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-/// How long past [`SHUTDOWN_GRACE`] the process waits for its cores: at the grace each core
+/// How long, on a hand-over to a successor, a connection idle between requests stays open
+/// (answering its next request with `Connection: close`) before it is closed: a client sending
+/// at least once a second moves over without ever meeting a close (decision 115).
+pub const UPGRADE_IDLE_LINGER: Duration = Duration::from_secs(2);
+/// How long past the drain timeout (`control.server.drain_timeout_ms`) the process waits for its cores: at the grace each core
 /// closes its remaining connections (cancelling their requests, whose guards release what they
 /// hold) and stops, within moments. A core not stopped by then is stuck, and the control does
 /// not leave the shared store (decision 098). Without the margin the process's deadline and the
@@ -160,19 +162,36 @@ fn bootstrap_json(config: &Config) -> Result<String, ServeError> {
     Ok(String::from_utf8_lossy(&s.to_json()).into_owned())
 }
 
+/// One listener's sockets, a list per core (usually one socket each), and its address.
+type Bound = (Vec<Vec<std::net::TcpListener>>, SocketAddr);
+
 struct Listeners {
-    bus: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
-    api: (Vec<std::net::TcpListener>, SocketAddr),
-    admin: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
-    proxy: Option<(Vec<std::net::TcpListener>, SocketAddr)>,
+    bus: Option<Bound>,
+    api: Bound,
+    admin: Option<Bound>,
+    proxy: Option<Bound>,
+}
+
+/// Listening sockets this process did not bind: a binary upgrade's predecessor's (decision
+/// 115), else the service manager's (socket activation, decision 112).
+struct Inherited {
+    successor: Option<crate::upgrade::Successor>,
+    activated: crate::systemd::Activated,
 }
 
 impl Listeners {
-    /// Every configured listener, `n` sockets each: the ones the service manager passed
-    /// (socket activation) or bound here.
-    fn bind(c: &sortie_core::config::ControlConfig, n: usize) -> Result<Listeners, ServeError> {
-        let mut activated = crate::systemd::Activated::from_env();
-        let act = &mut activated;
+    /// Every configured listener, a socket per core at least: the running process's on an
+    /// upgrade, the ones the service manager passed, or bound here.
+    fn bind(
+        c: &sortie_core::config::ControlConfig,
+        n: usize,
+        successor: Option<crate::upgrade::Successor>,
+    ) -> Result<(Listeners, Option<crate::upgrade::Successor>), ServeError> {
+        let mut inherited = Inherited {
+            successor,
+            activated: crate::systemd::Activated::from_env(),
+        };
+        let act = &mut inherited;
         let listeners = Listeners {
             bus: match &c.bus_listen {
                 Some(a) => Some(bind("control.bus_listen", a, n, "bus", act)?),
@@ -188,8 +207,35 @@ impl Listeners {
                 None => None,
             },
         };
-        activated.finish();
-        Ok(listeners)
+        inherited.activated.finish();
+        Ok((listeners, inherited.successor))
+    }
+
+    /// Duplicates of every socket, offered to a successor (decision 115).
+    fn offer(&self) -> Result<Vec<crate::upgrade::Offered>, ServeError> {
+        let mut out = Vec::new();
+        let all = [
+            ("api", Some(&self.api)),
+            ("admin", self.admin.as_ref()),
+            ("proxy", self.proxy.as_ref()),
+            ("bus", self.bus.as_ref()),
+        ];
+        for (name, l) in all {
+            let Some((per_core, addr)) = l else { continue };
+            let mut fds = Vec::new();
+            for s in per_core.iter().flatten() {
+                let dup = s
+                    .try_clone()
+                    .map_err(|e| ioe(format!("{name} listener: {e}")))?;
+                fds.push(std::os::fd::OwnedFd::from(dup));
+            }
+            out.push(crate::upgrade::Offered {
+                name,
+                addr: *addr,
+                fds,
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -201,10 +247,23 @@ fn bind(
     addr: &str,
     n: usize,
     name: &str,
-    activated: &mut crate::systemd::Activated,
-) -> Result<(Vec<std::net::TcpListener>, SocketAddr), ServeError> {
+    inherited: &mut Inherited,
+) -> Result<Bound, ServeError> {
     let a = parse_listen(key, addr).map_err(|e| ServeError::Config(e.to_string()))?;
-    if let Some((listener, bound)) = activated.take(name, a) {
+    if let Some((socks, bound)) = inherited.successor.as_mut().and_then(|s| s.take(name)) {
+        if bound != a && a.port() != 0 {
+            tracing::warn!(
+                listener = name,
+                %bound,
+                configured = %a,
+                "{key}: serving on the running process's socket; a new address needs a restart"
+            );
+        }
+        let per_core = crate::upgrade::spread(socks, n)
+            .map_err(|e| ioe(format!("{key}: the running process's sockets: {e}")))?;
+        return Ok((per_core, bound));
+    }
+    if let Some((listener, bound)) = inherited.activated.take(name, a) {
         if bound != a {
             tracing::info!(
                 listener = name,
@@ -215,9 +274,10 @@ fn bind(
         }
         let socks = crate::systemd::per_core(listener, n)
             .map_err(|e| ioe(format!("{key}: the passed socket: {e}")))?;
-        return Ok((socks, bound));
+        return Ok((socks.into_iter().map(|s| vec![s]).collect(), bound));
     }
-    bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))
+    let (socks, bound) = bind_reuseport(a, n).map_err(|e| ioe(format!("{key} {addr}: {e}")))?;
+    Ok((socks.into_iter().map(|s| vec![s]).collect(), bound))
 }
 
 /// Raises the soft open-file limit as far as allowed; the limit in force, if it can be read.
@@ -231,13 +291,20 @@ fn open_file_limit() -> Option<u64> {
     }
 }
 
-/// Waits for SIGTERM or SIGINT; every SIGHUP on the way runs `reload` (decision 114).
+/// Waits for SIGTERM or SIGINT, or for a successor to take over (which closes `signals`);
+/// every SIGHUP on the way runs `reload` (decision 114), every SIGUSR2 starts a successor
+/// (decision 115).
 fn until_stopped(signals: &mut signal_hook::iterator::Signals, mut reload: impl FnMut()) {
     for signal in signals.forever() {
-        if signal != SIGHUP {
-            break;
+        match signal {
+            SIGHUP => reload(),
+            SIGUSR2 => {
+                if let Err(e) = crate::upgrade::spawn_successor() {
+                    tracing::error!(error = %e, "binary upgrade: cannot start the successor");
+                }
+            }
+            _ => break,
         }
-        reload();
     }
 }
 
@@ -381,7 +448,7 @@ struct Loaded {
 
 /// Opens the store, writes the first configuration on a first start, reads the newest one and
 /// the worker settings, and recovers the receipts the last stop interrupted.
-fn load_store(config: &Config, data_dir: &Path) -> Result<Loaded, ServeError> {
+fn load_store(config: &Config, data_dir: &Path, is_upgrade: bool) -> Result<Loaded, ServeError> {
     let (mut store, shared) = open_store(config, data_dir)?;
     let record = store
         .bootstrap(&bootstrap_json(config)?, &crate::clock::now_rfc3339())
@@ -401,9 +468,9 @@ fn load_store(config: &Config, data_dir: &Path) -> Result<Loaded, ServeError> {
     // Crash recovery of receipts (decision 034) before anything can read them. On a shared
     // store only receipts no live control can still be working on (decision 093).
     let now_ms = crate::clock::unix_ms();
-    let untouched_since = shared
-        .as_ref()
-        .map(|_| crate::clock::rfc3339(now_ms.saturating_sub(SHARED_RECOVERY_AGE_MS)));
+    // On an upgrade the running process still works on its receipts: the same rule.
+    let untouched_since = (shared.is_some() || is_upgrade)
+        .then(|| crate::clock::rfc3339(now_ms.saturating_sub(SHARED_RECOVERY_AGE_MS)));
     let recovered = store
         .recover_receipts(&crate::clock::rfc3339(now_ms), untouched_since.as_deref())
         .map_err(|e| ioe(format!("store: {e}")))?;
@@ -426,30 +493,15 @@ fn load_store(config: &Config, data_dir: &Path) -> Result<Loaded, ServeError> {
 /// `Config::from_toml_control` for `sortie control`.
 pub type ParseConfig = fn(&str) -> Result<Config, sortie_core::config::ConfigError>;
 
-/// Runs the gateway until SIGTERM or SIGINT; SIGHUP reads `config_path` again with `parse`
-/// and applies what can change live (decision 114).
-pub fn run(
-    config: Config,
-    config_path: Option<PathBuf>,
-    parse: ParseConfig,
-) -> Result<(), ServeError> {
-    // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
-    // right after its banner) is a graceful stop rather than the default, abrupt termination.
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(ioe)?;
-    let data_dir = PathBuf::from(&config.control.data_dir);
-    ensure_data_dir(&data_dir)?;
-    let open_files = open_file_limit();
-
-    let Loaded {
-        store,
-        shared,
-        revision,
-        snapshot,
-        registry,
-    } = load_store(&config, &data_dir)?;
+/// The cold thread with the record store and the object store, and the receipts service on
+/// them when object storage is enabled (checked once here, so a wrong endpoint fails the start).
+fn start_cold(
+    config: &Config,
+    data_dir: &Path,
+    store: Box<dyn RecordStore + Send>,
+) -> Result<Cold, ServeError> {
     let objects = if config.object_storage.enabled {
-        Some(Objects::from_config(&config.object_storage, &data_dir).map_err(ServeError::Config)?)
+        Some(Objects::from_config(&config.object_storage, data_dir).map_err(ServeError::Config)?)
     } else {
         None
     };
@@ -458,7 +510,7 @@ pub fn run(
         .map_err(|e| ioe(format!("store: {e}")))?;
     let receipts = if has_objects {
         check_objects(&cold)?;
-        let r = Receipts::new(cold.clone(), &config.object_storage, &data_dir)
+        let r = Receipts::new(cold.clone(), &config.object_storage, data_dir)
             .map_err(|e| ioe(format!("object storage: {e}")))?
             .shared();
         r.start_sweep()
@@ -467,9 +519,62 @@ pub fn run(
     } else {
         None
     };
+    Ok((cold, cold_thread, receipts))
+}
+
+/// The cold thread's handle and thread, and the receipts service on it.
+type Cold = (
+    crate::store::ColdHandle,
+    std::thread::JoinHandle<()>,
+    Option<Arc<Receipts>>,
+);
+
+/// How `run` starts.
+pub struct Start {
+    /// The configuration file, read again on SIGHUP; `None` for the embedded defaults.
+    pub config_path: Option<PathBuf>,
+    /// How that file is read.
+    pub parse: ParseConfig,
+    /// Take the listening sockets of the process running on the same data directory, which
+    /// drains and exits once this one serves (decision 115).
+    pub upgrade: bool,
+}
+
+/// Runs the gateway until SIGTERM or SIGINT, or until a successor took over (decision 115);
+/// SIGHUP reads the configuration file again and applies what can change live (decision 114);
+/// SIGUSR2 starts a successor.
+pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
+    let Start {
+        config_path,
+        parse,
+        upgrade,
+    } = start;
+    // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
+    // right after its banner) is a graceful stop rather than the default, abrupt termination.
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR2]).map_err(ioe)?;
+    let data_dir = PathBuf::from(&config.control.data_dir);
+    ensure_data_dir(&data_dir)?;
+    let open_files = open_file_limit();
+    // An upgrade asks the running process for its sockets before anything else can fail.
+    let predecessor = if upgrade {
+        Some(crate::upgrade::Successor::connect(&data_dir).map_err(ioe)?)
+    } else {
+        None
+    };
+
+    let Loaded {
+        store,
+        shared,
+        revision,
+        snapshot,
+        registry,
+    } = load_store(&config, &data_dir, upgrade)?;
+    let (cold, cold_thread, receipts) = start_cold(&config, &data_dir, store)?;
 
     let n = core_count(config.control.cores);
-    let mut listeners = Listeners::bind(&config.control, n)?;
+    let (mut listeners, successor) = Listeners::bind(&config.control, n, predecessor)?;
+    let offer = listeners.offer()?;
     let tls = client_config(config.egress.ca_file.as_deref().map(Path::new))
         .map_err(|e| ServeError::Config(format!("egress.ca_file: {e}")))?;
     let resolver = ResolverPool::start().map_err(ioe)?;
@@ -600,7 +705,7 @@ pub fn run(
     });
     let handles =
         spawn_cores(n, move |ctx| serve_core(ctx.index, parts.take(ctx.index))).map_err(ioe)?;
-    crate::systemd::ready(&format!("serving the API on {api_addr}"));
+    let handover = announce(successor, offer, &data_dir, &signals, api_addr);
     let watchdog = crate::systemd::Watchdog::start(beats);
 
     until_stopped(&mut signals, || {
@@ -615,6 +720,8 @@ pub fn run(
         )
     });
     stop(Running {
+        handover,
+        drain: Duration::from_millis(config.control.server.drain_timeout_ms),
         watchdog,
         trigger,
         handles,
@@ -627,8 +734,42 @@ pub fn run(
     Ok(())
 }
 
+/// Tells the predecessor of an upgrade, then the service manager, that this process serves,
+/// and offers its sockets to a successor in turn. Without the hand-over socket the process
+/// serves on, unable to hand over.
+fn announce(
+    successor: Option<crate::upgrade::Successor>,
+    offer: Vec<crate::upgrade::Offered>,
+    data_dir: &Path,
+    signals: &signal_hook::iterator::Signals,
+    api_addr: SocketAddr,
+) -> Option<crate::upgrade::Handover> {
+    if let Some(s) = successor {
+        match s.ready() {
+            Ok(()) => tracing::info!("binary upgrade: serving; the previous process drains"),
+            Err(e) => {
+                tracing::warn!(error = %e, "binary upgrade: the previous process did not confirm; serving anyway")
+            }
+        }
+    }
+    crate::systemd::ready(&format!("serving the API on {api_addr}"));
+    // A completed hand-over ends the wait for signals; the drain follows.
+    let signals = signals.handle();
+    match crate::upgrade::Handover::listen(data_dir, offer, move |_| signals.close()) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "binary upgrade: no hand-over socket in the data directory; this process cannot hand over");
+            None
+        }
+    }
+}
+
 /// What a running control stops, in order.
 struct Running {
+    /// The hand-over socket; a successor's pid once it took over.
+    handover: Option<crate::upgrade::Handover>,
+    /// How long in-flight requests and tunnels may run on (`control.server.drain_timeout_ms`).
+    drain: Duration,
     watchdog: Option<crate::systemd::Watchdog>,
     trigger: ShutdownTrigger,
     handles: Vec<std::thread::JoinHandle<()>>,
@@ -643,6 +784,8 @@ struct Running {
 /// the heartbeat and the cold thread stop.
 fn stop(r: Running) {
     let Running {
+        handover,
+        drain,
         watchdog,
         trigger,
         handles,
@@ -652,14 +795,33 @@ fn stop(r: Running) {
         cold,
         cold_thread,
     } = r;
-    // The service manager hears of the drain; its stop timeout bounds it from here.
-    crate::systemd::stopping();
     if let Some(w) = watchdog {
         w.stop();
     }
-    tracing::info!("shutting down: finishing in-flight requests");
-    trigger.trigger();
-    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE + CORE_STOP_MARGIN;
+    match handover
+        .as_ref()
+        .and_then(crate::upgrade::Handover::successor)
+    {
+        Some(pid) => {
+            // The successor is the service now (it told the service manager); idle
+            // connections linger so that their clients move over at their next request.
+            tracing::info!(
+                successor = pid,
+                "handed over: finishing in-flight requests and tunnels"
+            );
+            trigger.trigger_lingering(UPGRADE_IDLE_LINGER.min(drain));
+        }
+        None => {
+            // The service manager hears of the drain; its stop timeout bounds it from here.
+            crate::systemd::stopping();
+            if let Some(h) = &handover {
+                h.withdraw();
+            }
+            tracing::info!("shutting down: finishing in-flight requests");
+            trigger.trigger();
+        }
+    }
+    let deadline = std::time::Instant::now() + drain + CORE_STOP_MARGIN;
     let mut is_every_core_done = true;
     for h in handles {
         while !h.is_finished() && std::time::Instant::now() < deadline {
@@ -716,7 +878,7 @@ impl Listeners {
     /// Moves each listener's sockets, one per core, out for the cores to take (API, admin,
     /// proxy, bus); the addresses stay for the banner.
     fn per_core(&mut self) -> [CoreSockets; 4] {
-        let each = |l: Option<&mut (Vec<std::net::TcpListener>, SocketAddr)>| {
+        let each = |l: Option<&mut Bound>| {
             let socks = l.map(|(v, _)| std::mem::take(v)).unwrap_or_default();
             std::sync::Mutex::new(socks.into_iter().map(Some).collect::<Vec<_>>())
         };
@@ -732,8 +894,8 @@ impl Listeners {
 /// One slot per core, each taken once by its core.
 type PerCore<T> = std::sync::Mutex<Vec<Option<T>>>;
 
-/// A socket per core of one listener.
-type CoreSockets = PerCore<std::net::TcpListener>;
+/// The sockets of one listener, a list per core.
+type CoreSockets = PerCore<Vec<std::net::TcpListener>>;
 
 /// Takes core `index`'s slot.
 fn take_slot<T>(slots: &PerCore<T>, index: usize) -> Option<T> {
@@ -769,10 +931,10 @@ struct CorePart {
     parts: Arc<CoreParts>,
     signal: crate::http::ShutdownSignal,
     rx: Option<MailboxReceiver>,
-    api_sock: Option<std::net::TcpListener>,
-    admin_sock: Option<std::net::TcpListener>,
-    proxy_sock: Option<std::net::TcpListener>,
-    bus_sock: Option<std::net::TcpListener>,
+    api_sock: Vec<std::net::TcpListener>,
+    admin_sock: Vec<std::net::TcpListener>,
+    proxy_sock: Vec<std::net::TcpListener>,
+    bus_sock: Vec<std::net::TcpListener>,
 }
 
 impl CoreParts {
@@ -782,10 +944,10 @@ impl CoreParts {
             parts: Arc::clone(self),
             signal: self.trigger.signal(),
             rx: take_slot(&self.receivers, index),
-            api_sock: take_slot(&self.api_socks, index),
-            admin_sock: take_slot(&self.admin_socks, index),
-            proxy_sock: take_slot(&self.proxy_socks, index),
-            bus_sock: take_slot(&self.bus_socks, index),
+            api_sock: take_slot(&self.api_socks, index).unwrap_or_default(),
+            admin_sock: take_slot(&self.admin_socks, index).unwrap_or_default(),
+            proxy_sock: take_slot(&self.proxy_socks, index).unwrap_or_default(),
+            bus_sock: take_slot(&self.bus_socks, index).unwrap_or_default(),
         }
     }
 }
@@ -811,12 +973,14 @@ async fn serve_core(index: usize, part: CorePart) {
         .bus_shared
         .clone()
         .map(|shared| crate::remote::BusCore::new(index, shared, state.clone()));
-    if let (Some(bus), Some(sock)) = (&bus, bus_sock) {
-        match monoio::net::TcpListener::from_std(sock) {
-            Ok(l) => {
-                monoio::spawn(bus.clone().serve(l));
+    if let Some(bus) = &bus {
+        for sock in bus_sock {
+            match monoio::net::TcpListener::from_std(sock) {
+                Ok(l) => {
+                    monoio::spawn(bus.clone().serve(l, signal.clone()));
+                }
+                Err(e) => tracing::error!(error = %e, "bus listener"),
             }
-            Err(e) => tracing::error!(error = %e, "bus listener"),
         }
     }
     if let Some(rx) = rx {
@@ -829,29 +993,23 @@ async fn serve_core(index: usize, part: CorePart) {
     ));
     let cfg = Rc::new(parts.server_config.clone());
     let mut tasks = Vec::new();
-    if let Some(sock) = proxy_sock {
-        match monoio::net::TcpListener::from_std(sock) {
-            Ok(l) => {
-                // The proxy shares the core's egress pool and active list with the request API.
-                let mut ctx = Dispatcher::new(
-                    state.clone(),
-                    active.clone(),
-                    egress.clone(),
-                    parts.metrics.clone(),
-                    index,
-                );
-                // Remote workers relay proxied requests over this core's lanes.
-                ctx.bus = bus.clone();
-                let h = Rc::new(ProxyHandler::new(ctx, parts.tunnels.clone()));
-                tasks.push(monoio::spawn(http::serve(
-                    l,
-                    h,
-                    cfg.clone(),
-                    signal.clone(),
-                )));
-            }
-            Err(e) => tracing::error!(error = %e, "proxy listener"),
-        }
+    let on = Serving {
+        cfg: &cfg,
+        signal: &signal,
+    };
+    if !proxy_sock.is_empty() {
+        // The proxy shares the core's egress pool and active list with the request API.
+        let mut ctx = Dispatcher::new(
+            state.clone(),
+            active.clone(),
+            egress.clone(),
+            parts.metrics.clone(),
+            index,
+        );
+        // Remote workers relay proxied requests over this core's lanes.
+        ctx.bus = bus.clone();
+        let h = Rc::new(ProxyHandler::new(ctx, parts.tunnels.clone()));
+        on.spawn(proxy_sock, "proxy", &h, &mut tasks);
     }
     let mut api = ApiHandler::new(state.clone(), active, egress, parts.metrics.clone(), index);
     if let Some(r) = parts.receipts.clone() {
@@ -861,28 +1019,42 @@ async fn serve_core(index: usize, part: CorePart) {
         api = api.with_bus(b);
     }
     let api = Rc::new(api);
-    if let Some(sock) = admin_sock {
-        match monoio::net::TcpListener::from_std(sock) {
-            Ok(l) => {
-                let h = Rc::new(AdminHandler::new(parts.admin_ctx.clone()));
-                tasks.push(monoio::spawn(http::serve(
-                    l,
-                    h,
-                    cfg.clone(),
-                    signal.clone(),
-                )));
-            }
-            Err(e) => tracing::error!(error = %e, "admin listener"),
-        }
+    if !admin_sock.is_empty() {
+        let h = Rc::new(AdminHandler::new(parts.admin_ctx.clone()));
+        on.spawn(admin_sock, "admin", &h, &mut tasks);
     }
-    if let Some(sock) = api_sock {
-        match monoio::net::TcpListener::from_std(sock) {
-            Ok(l) => http::serve(l, api, cfg, signal).await,
-            Err(e) => tracing::error!(error = %e, "api listener"),
-        }
-    }
+    on.spawn(api_sock, "api", &api, &mut tasks);
     for t in tasks {
         t.await;
+    }
+}
+
+/// What every HTTP listener of a core is served with.
+struct Serving<'a> {
+    cfg: &'a Rc<ServerConfig>,
+    signal: &'a crate::http::ShutdownSignal,
+}
+
+impl Serving<'_> {
+    /// Serves each of a listener's sockets on this core with `handler`, on a task of its own.
+    fn spawn<H: http::Handler>(
+        &self,
+        socks: Vec<std::net::TcpListener>,
+        what: &str,
+        handler: &Rc<H>,
+        tasks: &mut Vec<monoio::task::JoinHandle<()>>,
+    ) {
+        for sock in socks {
+            match monoio::net::TcpListener::from_std(sock) {
+                Ok(l) => tasks.push(monoio::spawn(http::serve(
+                    l,
+                    handler.clone(),
+                    self.cfg.clone(),
+                    self.signal.clone(),
+                ))),
+                Err(e) => tracing::error!(error = %e, "{what} listener"),
+            }
+        }
     }
 }
 

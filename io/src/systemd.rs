@@ -94,6 +94,13 @@ pub fn ready(status: &str) {
     notify(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
+/// Tells the service manager that process `pid` is the service's main process from now on (a
+/// binary upgrade's successor, decision 115). Sent by the current main process, which the
+/// manager listens to under the default `NotifyAccess=main`.
+pub fn main_pid(pid: u32) {
+    notify(&[NotifyState::MainPid(pid)]);
+}
+
 /// Tells the service manager the process is reloading its configuration (`ready` follows).
 pub fn reloading() {
     notify(&[NotifyState::Reloading]);

@@ -91,6 +91,7 @@ impl ServerConfig {
             body_read_timeout: Duration::from_millis(l.body_timeout_ms),
             write_timeout: Duration::from_millis(l.write_timeout_ms),
             max_connections: l.max_connections_per_core,
+            shutdown_grace: Duration::from_millis(l.drain_timeout_ms),
             ..ServerConfig::default()
         }
     }

@@ -370,7 +370,7 @@ impl<H: Handler> Connection<H> {
         let fd = self.io.stream.as_raw_fd();
         let mut read = pin!(self.io.stream.read(Vec::with_capacity(1)));
         let expiry = pin!(super::idle::until(deadline));
-        let stop = pin!(self.shutdown.wait());
+        let stop = pin!(self.shutdown.idle_close());
         let (res, byte) = match race(read.as_mut(), race(stop, expiry)).await {
             Either::Left(done) => done,
             Either::Right(_) => {
@@ -457,7 +457,7 @@ impl<H: Handler> Connection<H> {
                 }
                 continue;
             }
-            if self.shutdown.is_shutdown() {
+            if self.shutdown.is_closing_idle() {
                 return Next::Close;
             }
             // A new connection must start its first request within the header timeout; a
@@ -470,7 +470,7 @@ impl<H: Handler> Connection<H> {
             let release_at = deadline_after(IDLE_RELEASE);
             if release_at >= idle_deadline {
                 let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
-                match race(self.shutdown.wait(), read).await {
+                match race(self.shutdown.idle_close(), read).await {
                     Either::Left(()) => return Next::Close,
                     Either::Right(Err(_)) => return Next::Close,
                     Either::Right(Ok(Ok(0) | Err(_))) => return Next::Close,
@@ -480,7 +480,7 @@ impl<H: Handler> Connection<H> {
             }
             let mut read = pin!(self.io.read_more_cancelable(canceller.handle()));
             let release = pin!(monoio::time::sleep_until(release_at));
-            let stop = pin!(race(self.shutdown.wait(), release));
+            let stop = pin!(race(self.shutdown.idle_close(), release));
             let res = match race(read.as_mut(), stop).await {
                 Either::Left(res) => res,
                 // Shutdown caught the connection idle: the read goes with it.

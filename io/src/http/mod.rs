@@ -62,7 +62,11 @@
 //!   handler running, body being read) finishes that request and answers it with
 //!   `Connection: close`; pipelined requests after it are not served (the client sees the close
 //!   and may retry them). After [`ServerConfig::shutdown_grace`] the remaining connections are
-//!   dropped and [`serve`] returns.
+//!   dropped and [`serve`] returns. A hand-over to a successor process
+//!   ([`ShutdownTrigger::trigger_lingering`]) differs in one point: idle connections stay open
+//!   for the linger, and each answers its next request with `Connection: close`, so that clients
+//!   move over without meeting a close. A connection the kernel completed while the accept loop
+//!   stopped is served, not dropped (the accept is cancelled and awaited, never abandoned).
 //! - **Responses.** Always `HTTP/1.1`. The server writes `Content-Length` (none for 204 and 304;
 //!   the body's length for HEAD, without the body), `Date` (formatted once per second per core,
 //!   unless the handler set one), and `Connection` (`close` when closing, `keep-alive` for an
@@ -100,6 +104,7 @@ mod departure;
 mod handler;
 mod idle;
 mod race;
+pub(crate) use race::{race, Either};
 mod request;
 mod response;
 mod server;

@@ -118,31 +118,43 @@ pub async fn serve<H: Handler>(
     shutdown: ShutdownSignal,
 ) {
     let tracker = Rc::new(Tracker::default());
+    let admit = |stream: TcpStream, peer: std::net::SocketAddr| {
+        if tracker.connections.get() >= cfg.max_connections {
+            reject_overload(&tracker, stream, &*handler);
+            return;
+        }
+        // Responses are written whole; Nagle's algorithm would only delay them.
+        let _ = stream.set_nodelay(true);
+        monoio::spawn(ConnectionTask {
+            conn: serve_connection(
+                stream,
+                peer,
+                Rc::clone(&handler),
+                Rc::clone(&cfg),
+                shutdown.clone(),
+            ),
+            hard_stop: LatchWait::new(Rc::clone(&tracker.hard_stop)),
+            _guard: TaskGuard::new(&tracker, true),
+        });
+    };
     {
         let mut stop = pin!(shutdown.wait());
+        // The accept is cancellable: at shutdown it is cancelled and awaited rather than
+        // dropped, so that a connection the kernel completed meanwhile is served instead of
+        // left open with nobody reading it (on a socket shared with a successor, decision 115,
+        // the others were not lost: they wait in the queue for the successor).
+        let canceller = monoio::io::Canceller::new();
         loop {
-            let accept = pin!(listener.accept());
-            match race(stop.as_mut(), accept).await {
-                Either::Left(()) => break,
-                Either::Right(Ok((stream, peer))) => {
-                    if tracker.connections.get() >= cfg.max_connections {
-                        reject_overload(&tracker, stream, &*handler);
-                        continue;
+            let mut accept = pin!(listener.cancelable_accept(canceller.handle()));
+            match race(stop.as_mut(), accept.as_mut()).await {
+                Either::Left(()) => {
+                    drop(canceller.cancel());
+                    if let Ok((stream, peer)) = accept.await {
+                        admit(stream, peer);
                     }
-                    // Responses are written whole; Nagle's algorithm would only delay them.
-                    let _ = stream.set_nodelay(true);
-                    monoio::spawn(ConnectionTask {
-                        conn: serve_connection(
-                            stream,
-                            peer,
-                            Rc::clone(&handler),
-                            Rc::clone(&cfg),
-                            shutdown.clone(),
-                        ),
-                        hard_stop: LatchWait::new(Rc::clone(&tracker.hard_stop)),
-                        _guard: TaskGuard::new(&tracker, true),
-                    });
+                    break;
                 }
+                Either::Right(Ok((stream, peer))) => admit(stream, peer),
                 Either::Right(Err(e)) => {
                     if is_resource_exhaustion(&e) {
                         tracing::warn!(error = %e, "accept failed: out of resources");

@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -143,7 +143,16 @@ pub struct ShutdownTrigger {
 #[derive(Default)]
 struct TriggerShared {
     is_triggered: AtomicBool,
+    /// How long connections idle between requests stay open once the trigger fires, in
+    /// milliseconds: 0 (close at once) unless [`ShutdownTrigger::trigger_lingering`] fired it.
+    linger_ms: AtomicU64,
     relays: Mutex<Vec<oneshot::Sender<()>>>,
+}
+
+impl TriggerShared {
+    fn linger(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.linger_ms.load(Ordering::SeqCst))
+    }
 }
 
 impl std::fmt::Debug for ShutdownTrigger {
@@ -179,6 +188,16 @@ impl ShutdownTrigger {
         }
     }
 
+    /// Fires the trigger for a hand-over to a successor process (decision 115): as
+    /// [`ShutdownTrigger::trigger`], except that connections idle between requests stay open
+    /// for `linger`, each answering its next request with `Connection: close`, so that a
+    /// client moves to the successor at its next request instead of racing a close.
+    pub fn trigger_lingering(&self, linger: std::time::Duration) {
+        let ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
+        self.shared.linger_ms.store(ms, Ordering::SeqCst);
+        self.trigger();
+    }
+
     /// Whether the trigger has fired.
     pub fn is_triggered(&self) -> bool {
         self.shared.is_triggered.load(Ordering::SeqCst)
@@ -197,6 +216,7 @@ impl ShutdownTrigger {
         // signal made concurrently either sees the flag or has its sender drained.
         if self.shared.is_triggered.load(Ordering::SeqCst) {
             signal.inner.latch.set();
+            signal.inner.idle.set();
         } else {
             let (tx, rx) = oneshot::channel();
             relays.push(tx);
@@ -218,6 +238,9 @@ pub struct ShutdownSignal {
 #[derive(Default)]
 struct SignalInner {
     latch: Rc<Latch>,
+    /// Set when connections idle between requests close: with the shutdown, or a linger
+    /// after it (a hand-over, [`ShutdownTrigger::trigger_lingering`]).
+    idle: Rc<Latch>,
     /// The receiving end of the trigger's relay, until the relay task takes it.
     relay: Cell<Option<oneshot::Receiver<()>>>,
     /// The trigger's flag, so that [`ShutdownSignal::is_shutdown`] is exact even before the
@@ -239,9 +262,10 @@ impl ShutdownSignal {
         ShutdownSignal::default()
     }
 
-    /// Sets the signal on this core.
+    /// Sets the signal on this core; idle connections close at once.
     pub fn trigger(&self) {
         self.inner.latch.set();
+        self.inner.idle.set();
     }
 
     /// Whether shutdown has begun.
@@ -255,23 +279,57 @@ impl ShutdownSignal {
                 .is_some_and(|shared| shared.is_triggered.load(Ordering::Relaxed))
     }
 
-    /// A future that completes once shutdown has begun. Must be polled inside a monoio runtime
-    /// (the first wait starts the relay task from the trigger).
-    pub fn wait(&self) -> ShutdownWait {
+    /// Whether connections idle between requests must close now: shutdown began, and the
+    /// linger of a hand-over, if any, is over.
+    pub fn is_closing_idle(&self) -> bool {
+        self.inner.idle.is_set()
+            || self.inner.remote.borrow().as_ref().is_some_and(|shared| {
+                shared.is_triggered.load(Ordering::Relaxed) && shared.linger().is_zero()
+            })
+    }
+
+    /// Starts the relay task from the trigger, once, and sets the latches the trigger's flag
+    /// already calls for.
+    fn follow_trigger(&self) {
         if let Some(rx) = self.inner.relay.take() {
             let latch = Rc::clone(&self.inner.latch);
+            let idle = Rc::clone(&self.inner.idle);
+            let shared = self.inner.remote.borrow().clone();
             monoio::spawn(async move {
                 // A dropped trigger never fires: only a sent value shuts the core down.
                 if rx.await.is_ok() {
                     latch.set();
+                    let linger = shared.map(|s| s.linger()).unwrap_or_default();
+                    if !linger.is_zero() {
+                        monoio::time::sleep(linger).await;
+                    }
+                    idle.set();
                 }
             });
         }
         if self.is_shutdown() {
             self.inner.latch.set();
         }
+        if self.is_closing_idle() {
+            self.inner.idle.set();
+        }
+    }
+
+    /// A future that completes once shutdown has begun. Must be polled inside a monoio runtime
+    /// (the first wait starts the relay task from the trigger).
+    pub fn wait(&self) -> ShutdownWait {
+        self.follow_trigger();
         ShutdownWait {
             wait: LatchWait::new(Rc::clone(&self.inner.latch)),
+        }
+    }
+
+    /// A future that completes once connections idle between requests must close
+    /// ([`ShutdownSignal::is_closing_idle`]). Must be polled inside a monoio runtime.
+    pub fn idle_close(&self) -> ShutdownWait {
+        self.follow_trigger();
+        ShutdownWait {
+            wait: LatchWait::new(Rc::clone(&self.inner.idle)),
         }
     }
 }

@@ -402,11 +402,28 @@ impl BusCore {
         self.lanes.borrow().len()
     }
 
-    /// Accepts bus connections on this core's listener until it fails.
-    pub async fn serve(self: Rc<Self>, listener: monoio::net::TcpListener) {
+    /// Accepts bus connections on this core's listener until shutdown. A connection the
+    /// kernel completed as the accept was cancelled is closed: its worker dials again (on a
+    /// socket handed to a successor, decision 115, the successor accepts it).
+    pub async fn serve(
+        self: Rc<Self>,
+        listener: monoio::net::TcpListener,
+        shutdown: crate::http::ShutdownSignal,
+    ) {
         monoio::spawn(self.clone().supervise());
+        let mut stop = std::pin::pin!(shutdown.wait());
+        let canceller = monoio::io::Canceller::new();
         loop {
-            match listener.accept().await {
+            let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
+            let accepted = match crate::http::race(stop.as_mut(), accept.as_mut()).await {
+                crate::http::Either::Left(()) => {
+                    drop(canceller.cancel());
+                    drop(accept.await);
+                    return;
+                }
+                crate::http::Either::Right(a) => a,
+            };
+            match accepted {
                 Ok((stream, peer)) => {
                     if self.pre_auth.get() >= MAX_PRE_AUTH_PER_CORE {
                         tracing::debug!(%peer, "bus connection closed: too many before their hello");

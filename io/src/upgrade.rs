@@ -1,0 +1,538 @@
+//! Binary upgrade without a dropped connection (decision 115): the running process hands its
+//! listening sockets to a successor, which then serves from the same sockets while the running
+//! process drains and exits.
+//!
+//! The running process listens on a Unix socket in its data directory ([`SOCKET_FILE`], mode
+//! 0600, peers of another user refused). A successor (`sortie serve|control --upgrade`, or the
+//! one the running process starts itself on `SIGUSR2`) connects and receives duplicates of every
+//! listening socket (`SCM_RIGHTS`) with a manifest that names them. It binds nothing: both
+//! processes accept from the same sockets, so no connection waiting in a queue is lost. Once the
+//! successor's cores run, it says `ready`; the running process hands the service manager the new
+//! main pid, answers `ok`, stops accepting and drains.
+//!
+//! The exchange, in lines of text:
+//!
+//! ```text
+//! successor:    sortie-upgrade 1
+//! predecessor:  listener <name> <address> <count>    (with <count> descriptors), repeated
+//! predecessor:  end                                  (or: error <reason>)
+//! successor:    ready
+//! predecessor:  ok
+//! ```
+
+use std::collections::VecDeque;
+use std::io::{self, BufRead as _, BufReader, IoSlice, IoSliceMut, Read as _, Write as _};
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsFd as _, OwnedFd};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// The hand-over socket's file name in the data directory.
+pub const SOCKET_FILE: &str = "upgrade.sock";
+/// The successor's first line.
+const GREETING: &str = "sortie-upgrade 1";
+/// Descriptors per message: below the kernel's `SCM_MAX_FD` (253).
+const MAX_FDS_PER_MESSAGE: usize = 200;
+/// How long the successor may take from receiving the sockets to `ready`: its cores start, TLS
+/// files and the store open before that.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Reads and writes of one step of the exchange.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest manifest a successor accepts.
+const MAX_MANIFEST_BYTES: usize = 64 * 1024;
+
+/// A failed hand-over, with what happened.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    /// No running process listens on the hand-over socket.
+    #[error("no running process to upgrade at {path}: {source}")]
+    NoPredecessor {
+        /// The socket's path.
+        path: PathBuf,
+        /// Why the connection failed.
+        source: io::Error,
+    },
+    /// The exchange failed.
+    #[error("the hand-over failed: {0}")]
+    Exchange(String),
+}
+
+fn exchange(what: impl std::fmt::Display) -> UpgradeError {
+    UpgradeError::Exchange(what.to_string())
+}
+
+/// One listener's sockets: its name (`api`, `admin`, `proxy`, `bus`), its address, and one
+/// socket per core of the process that bound it.
+pub struct Offered {
+    /// The listener's name.
+    pub name: &'static str,
+    /// Its bound address.
+    pub addr: SocketAddr,
+    /// Duplicates of its sockets.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// The running process's side: the hand-over socket and the duplicates it offers.
+pub struct Handover {
+    path: PathBuf,
+    offer: Arc<Mutex<Option<Vec<Offered>>>>,
+    successor: Arc<OnceLock<u32>>,
+}
+
+impl Handover {
+    /// Listens on `data_dir`'s hand-over socket (replacing a stale file) and serves successors
+    /// on a thread of its own; `on_handed_over` runs once a successor said `ready`, with its pid.
+    pub fn listen(
+        data_dir: &Path,
+        offer: Vec<Offered>,
+        on_handed_over: impl Fn(u32) + Send + 'static,
+    ) -> io::Result<Handover> {
+        let path = data_dir.join(SOCKET_FILE);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let offer = Arc::new(Mutex::new(Some(offer)));
+        let successor = Arc::new(OnceLock::new());
+        let (o, s) = (offer.clone(), successor.clone());
+        std::thread::Builder::new()
+            .name("sortie-handover".into())
+            .spawn(move || serve(&listener, &o, &s, &on_handed_over))?;
+        Ok(Handover {
+            path,
+            offer,
+            successor,
+        })
+    }
+
+    /// The successor's pid, once a hand-over completed.
+    pub fn successor(&self) -> Option<u32> {
+        self.successor.get().copied()
+    }
+
+    /// The process stops without a successor: the offered duplicates close (so that new
+    /// connections are refused at once rather than queued for nobody) and the socket file goes.
+    pub fn withdraw(&self) {
+        let offer = self
+            .offer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(offer);
+        if self.successor.get().is_none() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Serves successors one at a time until one completes the hand-over.
+fn serve(
+    listener: &UnixListener,
+    offer: &Mutex<Option<Vec<Offered>>>,
+    successor: &OnceLock<u32>,
+    on_handed_over: &dyn Fn(u32),
+) {
+    for conn in listener.incoming() {
+        let mut conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "hand-over socket: accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        match hand_over(&mut conn, offer) {
+            Ok(pid) => {
+                let _ = successor.set(pid);
+                crate::systemd::main_pid(pid);
+                let _ = conn.write_all(b"ok\n");
+                tracing::info!(
+                    successor = pid,
+                    "binary upgrade: handed over to process {pid}; draining"
+                );
+                on_handed_over(pid);
+                return;
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "binary upgrade refused or failed; this process keeps serving"
+            ),
+        }
+    }
+}
+
+/// One successor: checks who it is, sends the sockets, waits for `ready`; the successor's pid.
+fn hand_over(conn: &mut UnixStream, offer: &Mutex<Option<Vec<Offered>>>) -> Result<u32, String> {
+    conn.set_read_timeout(Some(STEP_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
+    if peer.uid != rustix::process::getuid() {
+        return Err(format!(
+            "process {} runs as another user",
+            peer.pid.as_raw_nonzero()
+        ));
+    }
+    let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
+    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    let greeting = read_line(&mut reader)?;
+    if greeting != GREETING {
+        let _ = conn.write_all(b"error unknown request\n");
+        return Err(format!("process {pid} sent an unknown request"));
+    }
+    {
+        let guard = offer.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(listeners) = guard.as_ref() else {
+            let _ = conn.write_all(b"error stopping\n");
+            return Err(format!("process {pid} asked while this process stops"));
+        };
+        for l in listeners {
+            for chunk in l.fds.chunks(MAX_FDS_PER_MESSAGE) {
+                let line = format!("listener {} {} {}\n", l.name, l.addr, chunk.len());
+                send_fds(conn, line.as_bytes(), chunk).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    conn.write_all(b"end\n").map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match read_line(&mut reader)?.as_str() {
+        "ready" => Ok(pid),
+        other => Err(format!("process {pid} answered {other:?} instead of ready")),
+    }
+}
+
+/// Reads one line of at most 256 bytes, without its end.
+fn read_line(reader: &mut BufReader<UnixStream>) -> Result<String, String> {
+    let mut line = Vec::new();
+    let n = reader
+        .by_ref()
+        .take(256)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| e.to_string())?;
+    if n == 0 || line.pop() != Some(b'\n') {
+        return Err("the other process closed the connection".into());
+    }
+    String::from_utf8(line).map_err(|_| "a line that is not UTF-8".into())
+}
+
+/// Sends `data` with the descriptors `fds` attached.
+fn send_fds(conn: &UnixStream, data: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let mut space =
+        vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(borrowed.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&borrowed)) {
+        return Err(io::Error::other("the descriptors do not fit their buffer"));
+    }
+    let sent = rustix::net::sendmsg(
+        conn.as_fd(),
+        &[IoSlice::new(data)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent != data.len() {
+        // Only the first byte carries the descriptors; the rest of the line follows.
+        (&*conn).write_all(data.get(sent..).unwrap_or_default())?;
+    }
+    Ok(())
+}
+
+/// The successor's side: the sockets received, until each is taken by its listener, and the
+/// connection on which it says `ready`.
+pub struct Successor {
+    conn: UnixStream,
+    listeners: Vec<(String, SocketAddr, Vec<TcpListener>)>,
+}
+
+impl Successor {
+    /// Asks the process running on `data_dir` for its listening sockets.
+    pub fn connect(data_dir: &Path) -> Result<Successor, UpgradeError> {
+        let path = data_dir.join(SOCKET_FILE);
+        let mut conn = UnixStream::connect(&path)
+            .map_err(|source| UpgradeError::NoPredecessor { path, source })?;
+        conn.set_read_timeout(Some(STEP_TIMEOUT))
+            .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+            .map_err(exchange)?;
+        conn.write_all(format!("{GREETING}\n").as_bytes())
+            .map_err(exchange)?;
+        let (text, fds) = receive_manifest(&conn)?;
+        let listeners = parse_manifest(&text, fds)?;
+        Ok(Successor { conn, listeners })
+    }
+
+    /// The sockets received for the listener `name`, with their address.
+    pub fn take(&mut self, name: &str) -> Option<(Vec<TcpListener>, SocketAddr)> {
+        let i = self.listeners.iter().position(|(n, _, _)| n == name)?;
+        let (_, addr, socks) = self.listeners.swap_remove(i);
+        Some((socks, addr))
+    }
+
+    /// Says `ready` and waits for the predecessor's `ok`: from then on it drains and this
+    /// process is the service. Sockets no listener took are logged and closed here (the
+    /// predecessor's copies close when it exits).
+    pub fn ready(mut self) -> Result<(), UpgradeError> {
+        for (name, addr, _) in self.listeners.drain(..) {
+            tracing::warn!(
+                name,
+                %addr,
+                "the running process's listener is not in this configuration: it closes when that process exits"
+            );
+        }
+        self.conn.write_all(b"ready\n").map_err(exchange)?;
+        self.conn
+            .set_read_timeout(Some(STEP_TIMEOUT))
+            .map_err(exchange)?;
+        let mut reader = BufReader::new(&self.conn);
+        let mut line = String::new();
+        (&mut reader)
+            .take(256)
+            .read_line(&mut line)
+            .map_err(exchange)?;
+        if line.trim_end() != "ok" {
+            return Err(exchange(format!(
+                "the running process answered {:?} to ready",
+                line.trim_end()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Receives the manifest's text up to its `end` line, and every descriptor that came with it.
+fn receive_manifest(conn: &UnixStream) -> Result<(String, VecDeque<OwnedFd>), UpgradeError> {
+    let mut text = Vec::new();
+    let mut fds = VecDeque::new();
+    let mut buf = [0u8; 4096];
+    let mut space =
+        vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_MESSAGE))];
+    loop {
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = rustix::net::recvmsg(
+            conn.as_fd(),
+            &mut [IoSliceMut::new(&mut buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(exchange)?;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                fds.extend(received);
+            }
+        }
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
+            return Err(exchange("descriptors were cut off in transit"));
+        }
+        if msg.bytes == 0 {
+            return Err(exchange("the running process closed the connection"));
+        }
+        text.extend_from_slice(buf.get(..msg.bytes).unwrap_or_default());
+        if text.len() > MAX_MANIFEST_BYTES {
+            return Err(exchange("the manifest is too long"));
+        }
+        let s = std::str::from_utf8(&text).map_err(|_| exchange("the manifest is not UTF-8"))?;
+        if let Some(reason) = s.lines().find_map(|l| l.strip_prefix("error ")) {
+            return Err(exchange(format!("the running process refused: {reason}")));
+        }
+        if s.ends_with("end\n") && s.lines().last() == Some("end") {
+            return Ok((s.to_owned(), fds));
+        }
+    }
+}
+
+/// The listeners of a manifest, each with the descriptors its lines announce, in order.
+fn parse_manifest(
+    text: &str,
+    mut fds: VecDeque<OwnedFd>,
+) -> Result<Vec<(String, SocketAddr, Vec<TcpListener>)>, UpgradeError> {
+    let mut out: Vec<(String, SocketAddr, Vec<TcpListener>)> = Vec::new();
+    for line in text.lines() {
+        if line == "end" {
+            break;
+        }
+        let mut parts = line.split(' ');
+        let (Some("listener"), Some(name), Some(addr), Some(count), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(exchange(format!(
+                "a manifest line is not understood: {line:?}"
+            )));
+        };
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| exchange(format!("a listener address is not valid: {addr:?}")))?;
+        let count: usize = count
+            .parse()
+            .map_err(|_| exchange(format!("a descriptor count is not valid: {count:?}")))?;
+        let mut socks = Vec::with_capacity(count);
+        for _ in 0..count {
+            let fd = fds
+                .pop_front()
+                .ok_or_else(|| exchange("fewer descriptors than the manifest announces"))?;
+            socks.push(crate::fd::listener_from_owned(fd).map_err(exchange)?);
+        }
+        match out.iter_mut().find(|(n, _, _)| n == name) {
+            Some((_, _, v)) => v.append(&mut socks),
+            None => out.push((name.to_owned(), addr, socks)),
+        }
+    }
+    if !fds.is_empty() {
+        return Err(exchange("more descriptors than the manifest announces"));
+    }
+    Ok(out)
+}
+
+/// Spreads a listener's received sockets over `n` cores: each core accepts from at least one
+/// (a duplicate when there are fewer sockets than cores: those cores share its queue), and none
+/// is closed (when there are more, some cores accept from several), since closing one of a
+/// `SO_REUSEPORT` group would reset the connections waiting in its queue.
+pub fn spread(socks: Vec<TcpListener>, n: usize) -> io::Result<Vec<Vec<TcpListener>>> {
+    let n = n.max(1);
+    let k = socks.len();
+    let mut per_core: Vec<Vec<TcpListener>> = (0..n).map(|_| Vec::new()).collect();
+    for s in &socks {
+        s.set_nonblocking(true)?;
+    }
+    if k == 0 {
+        return Ok(per_core);
+    }
+    for i in k..n {
+        let dup = socks.get(i % k).map(TcpListener::try_clone).transpose()?;
+        if let (Some(d), Some(slot)) = (dup, per_core.get_mut(i)) {
+            slot.push(d);
+        }
+    }
+    for (i, s) in socks.into_iter().enumerate() {
+        if let Some(slot) = per_core.get_mut(i % n) {
+            slot.push(s);
+        }
+    }
+    Ok(per_core)
+}
+
+/// Starts this program again with the same arguments and `--upgrade` (on `SIGUSR2`): the new
+/// binary at the path this one was started from, so that an installed upgrade takes over. The
+/// service manager's per-process variables are not passed on (the successor is not the process
+/// they name); its exit is logged if it fails.
+pub fn spawn_successor() -> io::Result<u32> {
+    let exe = successor_program()?;
+    let args: Vec<_> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--upgrade")
+        .collect();
+    let mut child = std::process::Command::new(&exe)
+        .args(args)
+        .arg("--upgrade")
+        .env_remove("LISTEN_PID")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_FDNAMES")
+        .env_remove("WATCHDOG_PID")
+        .stdin(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    tracing::info!(successor = pid, program = %exe.display(), "binary upgrade: started the successor");
+    std::thread::Builder::new()
+        .name("sortie-successor".into())
+        .spawn(move || match child.wait() {
+            Ok(s) if s.success() => {}
+            Ok(s) => tracing::warn!(successor = pid, status = %s, "binary upgrade: the successor exited"),
+            Err(e) => tracing::warn!(successor = pid, error = %e, "binary upgrade: cannot wait for the successor"),
+        })?;
+    Ok(pid)
+}
+
+/// The program to start as the successor: the path this process was started from when it
+/// still names a file (a package upgrade replaces the file there), else this process's own.
+fn successor_program() -> io::Result<PathBuf> {
+    if let Some(arg0) = std::env::args_os().next().map(PathBuf::from) {
+        if arg0.components().count() > 1 && arg0.is_file() {
+            return Ok(arg0);
+        }
+    }
+    let exe = std::env::current_exe()?;
+    let s = exe.to_string_lossy();
+    Ok(match s.strip_suffix(" (deleted)") {
+        Some(p) => PathBuf::from(p),
+        None => exe,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_keeps_every_socket_and_gives_each_core_one() {
+        let bind = || TcpListener::bind("127.0.0.1:0").expect("bind");
+        // Fewer sockets than cores: duplicates.
+        let per_core = spread(vec![bind()], 3).expect("spread");
+        assert_eq!(per_core.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        // More: nothing closed.
+        let per_core = spread(vec![bind(), bind(), bind()], 2).expect("spread");
+        assert_eq!(per_core.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    }
+
+    #[test]
+    fn a_manifest_that_announces_more_descriptors_than_came_is_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let fd = OwnedFd::from(l);
+        let text = format!("listener api {addr} 2\nend\n");
+        let e = parse_manifest(&text, VecDeque::from([fd])).expect_err("refused");
+        assert!(e.to_string().contains("fewer descriptors"), "{e}");
+        let e =
+            parse_manifest("listener api nowhere 0\nend\n", VecDeque::new()).expect_err("refused");
+        assert!(e.to_string().contains("address"), "{e}");
+    }
+
+    #[test]
+    fn sockets_and_names_cross_the_handover_socket() {
+        let dir = tempfile::tempdir().expect("dir");
+        let api = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = api.local_addr().expect("addr");
+        let offer = vec![Offered {
+            name: "api",
+            addr,
+            fds: vec![
+                OwnedFd::from(api.try_clone().expect("dup")),
+                OwnedFd::from(api.try_clone().expect("dup")),
+            ],
+        }];
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handover = Handover::listen(dir.path(), offer, move |pid| {
+            let _ = tx.send(pid);
+        })
+        .expect("listen");
+        let mut s = Successor::connect(dir.path()).expect("connect");
+        let (socks, got) = s.take("api").expect("api");
+        assert_eq!((socks.len(), got), (2, addr));
+        assert!(s.take("admin").is_none());
+        s.ready().expect("ready");
+        let pid = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("handed over");
+        assert_eq!(pid, std::process::id());
+        assert_eq!(handover.successor(), Some(pid));
+        // A received socket is the same socket: a connection to the address is accepted from it.
+        let _c = std::net::TcpStream::connect(addr).expect("connect");
+        drop(api);
+        let first = socks.first().expect("a socket");
+        first.set_nonblocking(false).expect("blocking");
+        first.accept().expect("accepted from the received socket");
+    }
+}
