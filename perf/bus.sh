@@ -20,7 +20,6 @@ TARGET_RATIO=0.70
 WORKER_PID=""
 WORKER_TOKEN=perf-worker-token-0123456789
 
-say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p; s/^WRK_RESULT $1=\([^ ]*\).*/\1/p" <<<"$2" | head -n 1; }
 
 stop_pid() {

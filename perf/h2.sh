@@ -27,17 +27,6 @@ PROFILE=${PROFILE:-chrome_131}
 FAMILIES=${FAMILIES:-chrome safari firefox}
 CLK_TCK=$(getconf CLK_TCK)
 
-say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
-
-# Value of key $1 in a "KEY=value KEY=value" result line $2.
-field() {
-  local pair
-  for pair in $2; do
-    [ "${pair%%=*}" != "$1" ] || { echo "${pair#*=}"; return 0; }
-  done
-  die "no $1 in result line: $2"
-}
-
 # A throwaway CA and a leaf for 127.0.0.1 and localhost, for nginx; the gateway trusts the CA
 # through `[egress] ca_file`.
 make_certs() {

@@ -28,6 +28,18 @@ EXTRA_PIDS=()
 APT_UPDATED=0
 
 log() { printf '[perf] %s\n' "$*" >&2; }
+# Prints a line and appends it to the results file ($RESULTS_FILE, set by each script).
+say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
+# Value of key $1 in a "KEY=value KEY=value" result line $2; dies when it is missing.
+field() {
+  local pair
+  for pair in $2; do
+    [ "${pair%%=*}" != "$1" ] || { echo "${pair#*=}"; return 0; }
+  done
+  die "no $1 in result line: $2"
+}
+# Microseconds $1 as milliseconds with three decimals.
+us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.3f", us / 1000 }'; }
 die() {
   log "error: $*"
   exit 1

@@ -56,18 +56,6 @@ duration_seconds() {
   esac
 }
 
-# Value of key $1 in a "KEY=value KEY=value" result line $2.
-field() {
-  local pair
-  for pair in $2; do
-    if [ "${pair%%=*}" = "$1" ]; then
-      echo "${pair#*=}"
-      return 0
-    fi
-  done
-  die "no $1 in result line: $2"
-}
-
 # Says so when the fixed-rate generator could not hold its schedule (result line $1, rate $2):
 # its latencies are then those of a lower rate and should not be compared with the target.
 check_held_rate() {
@@ -80,11 +68,6 @@ check_held_rate() {
       "scheduler lag p99 $(us_to_ms "$lag") ms); lower RATE or quiet the machine"
   fi
 }
-
-us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.3f", us / 1000 }'; }
-
-# Prints a line and appends it to the results file.
-say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
 
 # Runs wrk for $2 against URL $3 with Lua script $4 and prints its WRK_RESULT line; the full wrk
 # output goes to the results file (and to the terminal) labelled $1.

@@ -45,8 +45,6 @@ declare -A PID_OF=()
 # Rows "mode size label" -> list of result lines over rounds.
 declare -A RESULTS=()
 
-say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
-
 # Value of key $1 in a "KEY=value ..." line $2.
 field() {
   local pair

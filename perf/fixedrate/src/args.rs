@@ -32,6 +32,8 @@ Open-loop HTTP/1.1 load at a fixed request rate, for latency at a known load.
   --header 'N: v'    request header, repeatable
   --body TEXT        request body (sets Content-Length)
   --expect TEXT      text every 2xx body must contain to count as ok
+  --proxy URL        send to this loopback forward proxy instead, in absolute form
+                     (the request line names --url)
   --label NAME       name printed with the results (default target)
   -h, --help         this text";
 
@@ -48,6 +50,8 @@ pub(crate) enum Command {
 #[derive(Debug, PartialEq)]
 pub(crate) struct Options {
     pub(crate) target: Target,
+    /// A forward proxy to send the requests to, in absolute form.
+    pub(crate) proxy: Option<Target>,
     pub(crate) rate: f64,
     pub(crate) seconds: f64,
     pub(crate) connections: usize,
@@ -99,10 +103,15 @@ impl Target {
 impl Options {
     /// The bytes of the one request every slot sends.
     pub(crate) fn request(&self) -> Vec<u8> {
+        // Through a forward proxy the request line names the whole URL (RFC 9112 §3.2.2).
+        let request_target = match self.proxy {
+            Some(_) => format!("http://{}{}", self.target.authority(), self.target.path),
+            None => self.target.path.clone(),
+        };
         let mut head = format!(
             "{} {} HTTP/1.1\r\nHost: {}\r\n",
             self.method,
-            self.target.path,
+            request_target,
             self.target.authority()
         );
         for header in &self.headers {
@@ -138,6 +147,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
     let mut body = None;
     let mut expect = None;
     let mut label = None;
+    let mut proxy = None;
 
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
@@ -162,6 +172,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
             "--body",
             "--expect",
             "--label",
+            "--proxy",
         ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown argument '{flag}'"));
@@ -180,6 +191,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
             "--body" => &mut body,
             "--expect" => &mut expect,
             "--label" => &mut label,
+            "--proxy" => &mut proxy,
             _ => {
                 headers.push(value);
                 continue;
@@ -243,6 +255,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
     }
     Ok(Command::Run(Options {
         target: parse_url(&url)?,
+        proxy: proxy.as_deref().map(parse_url).transpose()?,
         rate,
         seconds,
         connections,
@@ -470,6 +483,36 @@ mod tests {
             options.request(),
             b"GET / HTTP/1.1\r\nHost: [::1]:7\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn through_a_proxy_the_request_line_names_the_url() {
+        let parsed = parse(args(&[
+            "--url",
+            "http://127.0.0.1:9/x?y",
+            "--proxy",
+            "http://127.0.0.1:3128",
+            "--rate",
+            "10",
+        ]));
+        let Ok(Command::Run(options)) = parsed else {
+            panic!("not a run: {parsed:?}");
+        };
+        assert_eq!(options.proxy.as_ref().map(|p| p.port), Some(3128));
+        assert_eq!(
+            options.request(),
+            b"GET http://127.0.0.1:9/x?y HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n"
+        );
+        // The proxy must be on loopback too.
+        assert!(parse(args(&[
+            "--url",
+            "http://127.0.0.1:9/",
+            "--proxy",
+            "http://10.0.0.1:3128",
+            "--rate",
+            "1"
+        ]))
+        .is_err());
     }
 
     #[test]

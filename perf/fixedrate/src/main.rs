@@ -97,7 +97,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Command, String> {
 /// Connects, runs the schedule and merges what the event loops saw. An error means the run
 /// could not start.
 fn run(options: &Options) -> Result<Summary, String> {
-    let target = &options.target;
+    let target = options.proxy.as_ref().unwrap_or(&options.target);
     let addr = resolve(target)?;
     let describe = |e: std::io::Error| {
         format!(
