@@ -191,19 +191,7 @@ fn serve(path: Option<PathBuf>, upgrade: bool) -> ExitCode {
             }
         }
     };
-    init_logging(config.log.format);
-    let start = sortie_io::serve::Start {
-        config_path: path,
-        parse: Config::from_toml,
-        upgrade,
-    };
-    match sortie_io::serve::run(config, start) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sortie: {e}");
-            ExitCode::from(1)
-        }
-    }
+    run_control(config, path, Config::from_toml, upgrade)
 }
 
 fn control(path: &PathBuf, upgrade: bool) -> ExitCode {
@@ -218,11 +206,33 @@ fn control(path: &PathBuf, upgrade: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    init_logging(config.log.format);
-    let start = sortie_io::serve::Start {
-        config_path: Some(path.clone()),
-        parse: Config::from_toml_control,
+    run_control(
+        config,
+        Some(path.clone()),
+        Config::from_toml_control,
         upgrade,
+    )
+}
+
+/// `sortie serve` and `sortie control` once their configuration is read.
+fn run_control(
+    config: Config,
+    path: Option<PathBuf>,
+    parse: sortie_io::serve::ParseConfig,
+    upgrade: bool,
+) -> ExitCode {
+    let log = match init_logging(&config.log) {
+        Ok(reload) => reload,
+        Err(e) => {
+            eprintln!("sortie: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let start = sortie_io::serve::Start {
+        config_path: path,
+        parse,
+        upgrade,
+        log: Some(log),
     };
     match sortie_io::serve::run(config, start) {
         Ok(()) => ExitCode::SUCCESS,
@@ -245,7 +255,10 @@ fn worker(path: &PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    init_logging(file.log.format);
+    if let Err(e) = init_logging(&file.log) {
+        eprintln!("sortie: {e}");
+        return ExitCode::from(1);
+    }
     // The profiles this worker may advertise are the ones its own self-test verifies.
     if sortie_io::egress::fingerprint::IS_BUILT {
         let ca = file.egress.ca_file.as_deref().map(std::path::Path::new);
@@ -390,22 +403,68 @@ fn capture(ca_out: Option<PathBuf>, http1: bool, count: usize) -> ExitCode {
 /// Logs go to stderr, as text or one JSON object per line (`log.format`, decision 107);
 /// `RUST_LOG` filters them (default `info`; per-request lines are `sortie::request=debug`).
 /// Errors in reading the configuration come before it, as plain lines.
-fn init_logging(format: sortie_core::config::LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+/// The subscriber the log layers sit on: the registry under the reloadable filter.
+type Filtered = tracing_subscriber::layer::Layered<
+    tracing_subscriber::reload::Layer<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+    tracing_subscriber::Registry,
+>;
+
+/// The writer of log lines on stderr in `format`.
+fn log_layer(
+    format: sortie_core::config::LogFormat,
+) -> Box<dyn tracing_subscriber::Layer<Filtered> + Send + Sync> {
+    use tracing_subscriber::Layer as _;
+    let base = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_target(false);
-    let _ = match format {
-        sortie_core::config::LogFormat::Text => builder
+    match format {
+        sortie_core::config::LogFormat::Text => base
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        sortie_core::config::LogFormat::Json => builder
+            .boxed(),
+        sortie_core::config::LogFormat::Json => base
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .with_span_list(false)
-            .try_init(),
-    };
+            .boxed(),
+    }
+}
+
+/// The filter of `log.level`, unless `RUST_LOG` is set (and valid), which takes precedence.
+fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+    if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        return Ok(f);
+    }
+    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| format!("log.level {level:?}: {e}"))
+}
+
+/// Sets up the process's log on stderr; the function a SIGHUP reload calls to change its level
+/// and format (decision 114).
+fn init_logging(
+    log: &sortie_core::config::LogConfig,
+) -> Result<sortie_io::serve::LogReload, String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let (filter, filter_handle) = tracing_subscriber::reload::Layer::new(log_filter(&log.level)?);
+    let (layer, layer_handle) = tracing_subscriber::reload::Layer::new(log_layer(log.format));
+    // A subscriber set already (never in this binary) keeps its place.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
+    let format = std::sync::Mutex::new(log.format);
+    Ok(Box::new(move |new: &sortie_core::config::LogConfig| {
+        let filter = log_filter(&new.level)?;
+        filter_handle
+            .reload(filter)
+            .map_err(|e| format!("log.level: {e}"))?;
+        let mut current = format.lock().unwrap_or_else(|p| p.into_inner());
+        if *current != new.format {
+            layer_handle
+                .reload(log_layer(new.format))
+                .map_err(|e| format!("log.format: {e}"))?;
+            *current = new.format;
+        }
+        Ok(())
+    }))
 }

@@ -1060,6 +1060,76 @@ fn envelope_on(s: &mut std::net::TcpStream, token: &str, envelope: &Value) -> u1
 /// SIGHUP reads the file again: new deployment and admin tokens and `log.access` apply at once,
 /// a keep-alive connection opened before goes on; keys that need a restart are named and keep
 /// their running values; a file that does not parse changes nothing.
+/// SIGHUP also changes the log's level and format, and the server limits of connections
+/// accepted from then on; a filter the log cannot use refuses the whole reload.
+#[test]
+fn sighup_reloads_log_level_format_and_server_limits() {
+    let up = Upstream::start(upstream::echo());
+    let dir = temp_dir("reload-log");
+    let cfg = write_config(&dir, "[log]\nlevel = \"warn\"\n");
+    let original = std::fs::read_to_string(&cfg)
+        .expect("config")
+        .replace("cores = 2", "cores = 1");
+    std::fs::write(&cfg, &original).expect("one core");
+    let cfg_arg = cfg.display().to_string();
+    let mut p = Proc::start(&["serve", "--config", &cfg_arg], &dir, &[]);
+    let api = p.api_addr();
+    let env = json!({"method": "GET", "url": up.url("/r")});
+    let mut kept = std::net::TcpStream::connect(api).expect("connect");
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    assert_eq!(envelope_on(&mut kept, DEPLOYMENT_TOKEN, &env), 200);
+    // Before: a second connection beside the kept one is served.
+    assert_eq!(envelope_with(api, DEPLOYMENT_TOKEN, &env).status, 200);
+    let hup = |p: &Proc| {
+        let ok = Command::new("kill")
+            .args(["-HUP", &p.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(ok.success());
+    };
+
+    let changed = original.replace("level = \"warn\"", "level = \"info\"\nformat = \"json\"")
+        + "\n[control.server]\nmax_connections_per_core = 1\n";
+    std::fs::write(&cfg, changed).expect("rewrite config");
+    hup(&p);
+    let line = p
+        .until(|l| l.contains("configuration reloaded"))
+        .unwrap_or_else(|| panic!("no reload line:\n{}", p.output()));
+    // At level warn the info line would not be written at all; in JSON it is an object.
+    let v: Value = serde_json::from_str(line.trim_start_matches("stderr: "))
+        .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+    assert_eq!(v["level"], "INFO", "{line}");
+    assert!(
+        p.find(|l| l.contains("control.server") && l.contains("restart"))
+            .is_none(),
+        "control.server is not a restart key any more:\n{}",
+        p.output()
+    );
+    // After: the kept connection goes on; a new one is over the per-core limit of 1.
+    assert_eq!(envelope_on(&mut kept, DEPLOYMENT_TOKEN, &env), 200);
+    let over = envelope_with(api, DEPLOYMENT_TOKEN, &env);
+    assert_eq!(over.status, 503, "{}", over.text());
+    assert!(
+        over.text().contains("too_many_connections"),
+        "{}",
+        over.text()
+    );
+
+    // A filter the log cannot use refuses the reload: the limit stays.
+    let broken = std::fs::read_to_string(&cfg)
+        .expect("config")
+        .replace("level = \"info\"", "level = \"info,a=b=c\"");
+    std::fs::write(&cfg, broken).expect("rewrite config");
+    hup(&p);
+    p.until(|l| l.contains("configuration not reloaded") && l.contains("log.level"))
+        .unwrap_or_else(|| panic!("no refusal naming log.level:\n{}", p.output()));
+    assert_eq!(envelope_with(api, DEPLOYMENT_TOKEN, &env).status, 503);
+    drop(kept);
+    p.sigterm();
+    assert!(p.wait().success(), "{}", p.output());
+}
+
 #[test]
 fn sighup_reloads_tokens_and_keeps_connections() {
     const NEW_DEPLOYMENT_TOKEN: &str = "reloaded-deployment-token-0123456789";

@@ -94,14 +94,50 @@ pub struct Config {
 }
 
 /// `[log]`: how the process writes its log to stderr (decision 107).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
     /// `text` (the default: one readable line per event) or `json` (one JSON object per line).
     pub format: LogFormat,
+    /// Which events are written: a level (`error`, `warn`, `info`, `debug`, `trace`) or
+    /// `tracing` filter directives such as `info,sortie_io::remote=debug`. `RUST_LOG`, when
+    /// set, takes precedence. Default `info`.
+    pub level: String,
     /// One `access` line per request of the request API, the forward proxy and CONNECT, at
     /// level info with target `sortie::access` (decision 113). Off by default.
     pub access: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::default(),
+            level: DEFAULT_LOG_LEVEL.to_owned(),
+            access: false,
+        }
+    }
+}
+
+/// `log.level` when the file does not set it.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+/// The longest `log.level`.
+pub const MAX_LOG_LEVEL_BYTES: usize = 512;
+
+impl LogConfig {
+    /// Checks `log.level`'s shape: the filter itself is parsed where the log is set up.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.level;
+        if l.is_empty() || l.len() > MAX_LOG_LEVEL_BYTES || !l.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(err(
+                "log.level",
+                format!(
+                    "must be 1 to {MAX_LOG_LEVEL_BYTES} printable characters without spaces, such as \"info\" or \"info,sortie_io=debug\""
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `log.format`.
@@ -1038,6 +1074,7 @@ impl Config {
             return Err(err("store.ca_file", "must not be empty"));
         }
         self.store.validate()?;
+        self.log.validate()?;
         if let Some(f) = &self.egress.ca_file {
             if f.is_empty() {
                 return Err(err("egress.ca_file", "must not be empty"));
@@ -1233,6 +1270,7 @@ impl WorkerFile {
                 None => err("config", msg),
             }
         })?;
+        f.log.validate()?;
         let w = &f.worker;
         check_id("worker.id", &w.id)?;
         if w.controls.is_empty() || w.controls.len() > MAX_WORKER_CONTROLS {
@@ -1698,6 +1736,8 @@ bind_address = "127.0.0.2"
             ("[control.request]\nmax_concurrent_per_deployment = 0", "control.request.max_concurrent_per_deployment"),
             ("[control.server]\nmax_connections_per_core = 0", "control.server.max_connections_per_core"),
             ("[control.server]\ndrain_timeout_ms = 3600001", "control.server.drain_timeout_ms"),
+            ("[log]\nlevel = \"\"", "log.level"),
+            ("[log]\nlevel = \"info, debug\"", "log.level"),
             ("[egress]\nidle_timeout_ms = 99999999999", "egress.idle_timeout_ms"),
             ("[control.proxy]\nidle_timeout_ms = 5", "control.proxy.idle_timeout_ms"),
             ("[control.proxy]\ntunnel_idle_timeout_ms = 86400001", "control.proxy.tunnel_idle_timeout_ms"),

@@ -24,7 +24,7 @@ use crate::control::state::ControlState;
 use crate::dispatch::Dispatcher;
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{client_config, Egress, PoolLimits};
-use crate::http::{self, ServerConfig, ShutdownTrigger};
+use crate::http::{self, CoreServerConfig, LiveServerConfig, ServerConfig, ShutdownTrigger};
 use crate::ingress::admin::AdminContext;
 use crate::ingress::proxy::ProxyHandler;
 use crate::ingress::web::{AdminHandler, ApiHandler};
@@ -311,32 +311,39 @@ fn until_stopped(signals: &mut signal_hook::iterator::Signals, mut reload: impl 
 /// SIGHUP: reads the configuration file again and applies what can change live (deployment
 /// and admin tokens, `log.access`); keys that need a restart are logged and keep their running
 /// values; a file that does not read, parse or validate changes nothing (decision 114).
-fn reload(
-    state: &ControlState,
-    bus: Option<&crate::remote::BusShared>,
-    running: &Config,
-    path: Option<&Path>,
-    parse: ParseConfig,
-    data_dir: &Path,
-) {
-    let Some(path) = path else {
+fn reload(r: &Reloadable<'_>) {
+    let Some(path) = r.path else {
         tracing::warn!("SIGHUP: there is no configuration file to read again (embedded defaults)");
         return;
     };
     // The service manager hears of the reload and of its end, whatever its outcome.
     crate::systemd::reloading();
-    reload_from(state, bus, running, path, parse, data_dir);
+    reload_from(r, path);
     crate::systemd::ready("serving");
 }
 
-fn reload_from(
-    state: &ControlState,
-    bus: Option<&crate::remote::BusShared>,
-    running: &Config,
-    path: &Path,
+/// What a reload reads and what it may change.
+struct Reloadable<'a> {
+    state: &'a ControlState,
+    bus: Option<&'a crate::remote::BusShared>,
+    /// The configuration as started: keys that need a restart are compared with it.
+    running: &'a Config,
+    path: Option<&'a Path>,
     parse: ParseConfig,
-    data_dir: &Path,
-) {
+    data_dir: &'a Path,
+    server_limits: &'a LiveServerConfig,
+    log: Option<&'a LogReload>,
+}
+
+fn reload_from(r: &Reloadable<'_>, path: &Path) {
+    let Reloadable {
+        state,
+        bus,
+        running,
+        parse,
+        data_dir,
+        ..
+    } = *r;
     let refused = |why: String| {
         tracing::error!(
             file = %path.display(),
@@ -399,7 +406,6 @@ fn reload_from(
             a.bootstrap_snapshot != b.bootstrap_snapshot,
         ),
         ("control.request", a.request != b.request),
-        ("control.server", a.server != b.server),
         ("control.bus", bus_rest(&a.bus) != bus_rest(&b.bus)),
         ("control.proxy", a.proxy != b.proxy),
         (
@@ -413,7 +419,6 @@ fn reload_from(
         ),
         ("egress", running.egress != new.egress),
         ("workers", running.workers != new.workers),
-        ("log.format", running.log.format != new.log.format),
     ];
     for (key, _) in fixed.iter().filter(|(_, differs)| *differs) {
         tracing::warn!(
@@ -421,9 +426,16 @@ fn reload_from(
             "changed in the configuration file: it takes effect after a restart"
         );
     }
+    if let Some(apply) = r.log {
+        if let Err(e) = apply(&new.log) {
+            return refused(e);
+        }
+    }
     if let Err(e) = state.auth.replace_tokens(&resolved.deployments) {
         return refused(e);
     }
+    r.server_limits
+        .replace(ServerConfig::from_limits(&new.control.server));
     state.admin_token.store(Arc::new(resolved.admin));
     state.set_access_log(new.log.access);
     if let (Some(bus), Some((credentials, tls))) = (bus, bus_auth_new) {
@@ -432,7 +444,9 @@ fn reload_from(
     tracing::info!(
         file = %path.display(),
         access_log = new.log.access,
-        "configuration reloaded: deployment, admin and worker tokens, bus TLS files, log.access"
+        log_level = %new.log.level,
+        "configuration reloaded: deployment, admin and worker tokens, bus TLS files, [log], \
+         control.server limits for new connections"
     );
 }
 
@@ -538,7 +552,12 @@ pub struct Start {
     /// Take the listening sockets of the process running on the same data directory, which
     /// drains and exits once this one serves (decision 115).
     pub upgrade: bool,
+    /// Changes the log's level and format at a reload; `None` leaves them as started.
+    pub log: Option<LogReload>,
 }
+
+/// Applies a reloaded `[log]` (level and format) to the process's log, or says why it cannot.
+pub type LogReload = Box<dyn Fn(&sortie_core::config::LogConfig) -> Result<(), String> + Send>;
 
 /// Runs the gateway until SIGTERM or SIGINT, or until a successor took over (decision 115);
 /// SIGHUP reads the configuration file again and applies what can change live (decision 114);
@@ -548,6 +567,7 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
         config_path,
         parse,
         upgrade,
+        log,
     } = start;
     // Installed first, so that a SIGTERM or SIGINT that arrives while the gateway starts (even
     // right after its banner) is a graceful stop rather than the default, abrupt termination.
@@ -676,7 +696,7 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     );
     warn_if_descriptors_short(open_files, n, &config);
     crate::runtime::exit_on_core_panic();
-    let server_config = ServerConfig::from_limits(&config.control.server);
+    let server_limits = LiveServerConfig::new(ServerConfig::from_limits(&config.control.server));
     let pool_limits = PoolLimits {
         idle_timeout: Duration::from_millis(config.egress.pool_idle_timeout_ms),
         ..PoolLimits::default()
@@ -698,7 +718,7 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
         resolver,
         admin_ctx,
         metrics,
-        server_config,
+        server_limits: server_limits.clone(),
         receipts,
         pool_limits,
         beats: beats.clone(),
@@ -709,19 +729,20 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     let watchdog = crate::systemd::Watchdog::start(beats);
 
     until_stopped(&mut signals, || {
-        let path = config_path.as_deref();
-        reload(
-            &state,
-            reload_bus.as_deref(),
-            &config,
-            path,
+        reload(&Reloadable {
+            state: &state,
+            bus: reload_bus.as_deref(),
+            running: &config,
+            path: config_path.as_deref(),
             parse,
-            &data_dir,
-        )
+            data_dir: &data_dir,
+            server_limits: &server_limits,
+            log: log.as_ref(),
+        });
     });
     stop(Running {
         handover,
-        drain: Duration::from_millis(config.control.server.drain_timeout_ms),
+        drain: server_limits.get().shutdown_grace,
         watchdog,
         trigger,
         handles,
@@ -920,7 +941,7 @@ struct CoreParts {
     resolver: ResolverPool,
     admin_ctx: Arc<AdminContext>,
     metrics: Arc<Metrics>,
-    server_config: ServerConfig,
+    server_limits: LiveServerConfig,
     receipts: Option<Arc<Receipts>>,
     pool_limits: PoolLimits,
     beats: Arc<crate::systemd::CoreBeats>,
@@ -991,7 +1012,7 @@ async fn serve_core(index: usize, part: CorePart) {
         &parts.tls,
         parts.pool_limits,
     ));
-    let cfg = Rc::new(parts.server_config.clone());
+    let cfg = Rc::new(CoreServerConfig::new(parts.server_limits.clone()));
     let mut tasks = Vec::new();
     let on = Serving {
         cfg: &cfg,
@@ -1031,7 +1052,7 @@ async fn serve_core(index: usize, part: CorePart) {
 
 /// What every HTTP listener of a core is served with.
 struct Serving<'a> {
-    cfg: &'a Rc<ServerConfig>,
+    cfg: &'a Rc<CoreServerConfig>,
     signal: &'a crate::http::ShutdownSignal,
 }
 
@@ -1046,7 +1067,7 @@ impl Serving<'_> {
     ) {
         for sock in socks {
             match monoio::net::TcpListener::from_std(sock) {
-                Ok(l) => tasks.push(monoio::spawn(http::serve(
+                Ok(l) => tasks.push(monoio::spawn(http::serve_live(
                     l,
                     handler.clone(),
                     self.cfg.clone(),

@@ -97,9 +97,113 @@ impl ServerConfig {
     }
 }
 
+/// Server limits a reload may replace (decision 114): every accept loop takes the current ones
+/// for each connection it accepts, so connections accepted after a reload get the new limits
+/// and those before keep theirs. Checking costs one atomic load per accepted connection.
+#[derive(Clone, Debug)]
+pub struct LiveServerConfig {
+    inner: std::sync::Arc<LiveInner>,
+}
+
+#[derive(Debug)]
+struct LiveInner {
+    generation: std::sync::atomic::AtomicU64,
+    config: std::sync::Mutex<ServerConfig>,
+}
+
+impl LiveServerConfig {
+    /// Limits that start as `config`.
+    pub fn new(config: ServerConfig) -> LiveServerConfig {
+        LiveServerConfig {
+            inner: std::sync::Arc::new(LiveInner {
+                generation: std::sync::atomic::AtomicU64::new(0),
+                config: std::sync::Mutex::new(config),
+            }),
+        }
+    }
+
+    /// Replaces the limits for connections accepted from now on.
+    pub fn replace(&self, config: ServerConfig) {
+        *self
+            .inner
+            .config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+        self.inner
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The limits in force.
+    pub fn get(&self) -> ServerConfig {
+        self.inner
+            .config
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn generation(&self) -> u64 {
+        self.inner
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// One core's view of a [`LiveServerConfig`]: the current limits, copied again only when a
+/// reload replaced them.
+#[derive(Debug)]
+pub struct CoreServerConfig {
+    live: LiveServerConfig,
+    cached: std::cell::RefCell<(u64, std::rc::Rc<ServerConfig>)>,
+}
+
+impl CoreServerConfig {
+    /// This core's view of `live`.
+    pub fn new(live: LiveServerConfig) -> CoreServerConfig {
+        let cached = (live.generation(), std::rc::Rc::new(live.get()));
+        CoreServerConfig {
+            live,
+            cached: std::cell::RefCell::new(cached),
+        }
+    }
+
+    /// A fixed configuration that no reload changes.
+    pub fn fixed(config: ServerConfig) -> CoreServerConfig {
+        CoreServerConfig::new(LiveServerConfig::new(config))
+    }
+
+    /// The limits in force.
+    pub fn current(&self) -> std::rc::Rc<ServerConfig> {
+        let generation = self.live.generation();
+        let mut cached = self.cached.borrow_mut();
+        if cached.0 != generation {
+            *cached = (generation, std::rc::Rc::new(self.live.get()));
+        }
+        std::rc::Rc::clone(&cached.1)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_core_sees_replaced_limits_from_its_next_look() {
+        let live = LiveServerConfig::new(ServerConfig::default());
+        let core = CoreServerConfig::new(live.clone());
+        let before = core.current();
+        assert!(
+            std::rc::Rc::ptr_eq(&before, &core.current()),
+            "no copy without a reload"
+        );
+        live.replace(ServerConfig {
+            max_connections: 3,
+            ..ServerConfig::default()
+        });
+        assert_eq!(core.current().max_connections, 3);
+        assert_eq!(before.max_connections, DEFAULT_MAX_CONNECTIONS);
+    }
 
     #[test]
     fn defaults_are_the_named_constants() {

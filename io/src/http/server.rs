@@ -13,7 +13,7 @@ use bytes::Bytes;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 
-use super::config::ServerConfig;
+use super::config::{CoreServerConfig, ServerConfig};
 use super::conn::{serve_connection, MAX_LINGER_BYTES};
 use super::handler::Handler;
 use super::race::{race, Either};
@@ -117,8 +117,21 @@ pub async fn serve<H: Handler>(
     cfg: Rc<ServerConfig>,
     shutdown: ShutdownSignal,
 ) {
+    let limits = Rc::new(CoreServerConfig::fixed((*cfg).clone()));
+    serve_live(listener, handler, limits, shutdown).await;
+}
+
+/// [`serve`] with limits a reload may replace: each connection is served with the limits in
+/// force when it was accepted, and the grace after shutdown is the one in force then.
+pub async fn serve_live<H: Handler>(
+    listener: TcpListener,
+    handler: Rc<H>,
+    limits: Rc<CoreServerConfig>,
+    shutdown: ShutdownSignal,
+) {
     let tracker = Rc::new(Tracker::default());
     let admit = |stream: TcpStream, peer: std::net::SocketAddr| {
+        let cfg = limits.current();
         if tracker.connections.get() >= cfg.max_connections {
             reject_overload(&tracker, stream, &*handler);
             return;
@@ -126,13 +139,7 @@ pub async fn serve<H: Handler>(
         // Responses are written whole; Nagle's algorithm would only delay them.
         let _ = stream.set_nodelay(true);
         monoio::spawn(ConnectionTask {
-            conn: serve_connection(
-                stream,
-                peer,
-                Rc::clone(&handler),
-                Rc::clone(&cfg),
-                shutdown.clone(),
-            ),
+            conn: serve_connection(stream, peer, Rc::clone(&handler), cfg, shutdown.clone()),
             hard_stop: LatchWait::new(Rc::clone(&tracker.hard_stop)),
             _guard: TaskGuard::new(&tracker, true),
         });
@@ -173,7 +180,7 @@ pub async fn serve<H: Handler>(
     // Closing the listener stops accepting; with SO_REUSEPORT the kernel sends new connections
     // to the listeners that remain open.
     drop(listener);
-    let grace = pin!(monoio::time::sleep(cfg.shutdown_grace));
+    let grace = pin!(monoio::time::sleep(limits.current().shutdown_grace));
     if let Either::Right(()) = race(AllEnded(&tracker), grace).await {
         tracing::info!(
             connections = tracker.connections.get(),
