@@ -140,6 +140,51 @@ impl Drop for Reap {
     }
 }
 
+/// Sends SIGUSR2 to the gateway and returns its successor's pid, read from the log line of the
+/// hand-over.
+fn upgrade(gw: &Gateway) -> u32 {
+    let old = gw.child.id();
+    let kill = std::process::Command::new("kill")
+        .args(["-USR2", &old.to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let successor: u32 = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = gw
+            .stdout
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no hand-over within 30 s; output:\n{}", seen.join("\n")));
+        if let Some(rest) = line.split("handed over to process ").nth(1) {
+            break rest
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("successor pid");
+        }
+        seen.push(line);
+    };
+    assert_ne!(successor, old);
+    successor
+}
+
+/// Waits for the gateway's own process to exit; its status.
+fn wait_exit(gw: &mut Gateway, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = gw.child.try_wait().expect("wait") {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old process did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether process `pid` is gone (or a zombie nobody reaped yet).
 fn is_gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -155,7 +200,6 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
     let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"hello")));
     let echo = echo_server();
     let mut gw = Gateway::builder().start();
-    let old = gw.child.id();
 
     let stop = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
@@ -213,30 +257,8 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
     );
     let before = tally.ok.load(Ordering::Relaxed);
 
-    let kill = std::process::Command::new("kill")
-        .args(["-USR2", &old.to_string()])
-        .status()
-        .expect("kill");
-    assert!(kill.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    let successor: u32 = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = gw
-            .stdout
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("no hand-over within 30 s; output:\n{}", seen.join("\n")));
-        if let Some(rest) = line.split("handed over to process ").nth(1) {
-            break rest
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("successor pid");
-        }
-        seen.push(line);
-    };
+    let successor = upgrade(&gw);
     let _reap = Reap(successor);
-    assert_ne!(successor, old);
 
     // The tunnel lives on in the draining process, which waits for it.
     for i in 1..=8 {
@@ -248,17 +270,7 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
         "the old process drains while its tunnel is open"
     );
     drop(tunnel);
-    let exited = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(s) = gw.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            Instant::now() < exited,
-            "the old process did not exit after its tunnel closed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut gw, Duration::from_secs(15));
     assert!(status.success(), "the old process exits 0: {status}");
 
     // The successor alone serves now.
@@ -398,4 +410,92 @@ fn the_service_manager_hears_of_the_new_main_process_and_the_successor_upgrades_
         is_gone(pid)
     });
     drop(reaps);
+}
+
+/// A control with a remote worker: on the hand-over the predecessor stops accepting on the
+/// bus and says `GoAway`; the worker dials again and registers with the successor, which opens
+/// its HTTP listeners only then, while the predecessor serves on its old lanes. Keep-alive
+/// clients of the request API and the forward proxy, all served by the remote worker, see no
+/// failure.
+#[test]
+fn a_control_upgrades_under_load_and_its_remote_workers_follow() {
+    use support::bus::{control, start_worker, wait_worker};
+    let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"hello")));
+    let mut gw = control("127.0.0.1:0", None).start();
+    let worker = start_worker("w-remote", gw.bus.expect("bus"), None, "capacity = 64\n");
+    wait_worker(&gw, "w-remote", "connected");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
+    let api_request = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
+        envelope.len()
+    );
+    let proxy_request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        up.url("/proxied"),
+        up.addr(),
+        base64_basic(&proxy_user())
+    );
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        for (addr, req) in [
+            (gw.api, &api_request),
+            (gw.proxy.expect("proxy"), &proxy_request),
+        ] {
+            clients.push(client(
+                addr,
+                req.clone().into_bytes(),
+                Duration::from_millis(20),
+                stop.clone(),
+                tally.clone(),
+            ));
+        }
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "requests before the upgrade",
+        || tally.ok.load(Ordering::Relaxed) >= 50,
+    );
+    let successor = upgrade(&gw);
+    let _reap = Reap(successor);
+    let status = wait_exit(&mut gw, Duration::from_secs(20));
+    assert!(status.success(), "the old control exits 0: {status}");
+    let after_exit = tally.ok.load(Ordering::Relaxed);
+    wait_until(
+        Duration::from_secs(10),
+        "requests after the upgrade",
+        || tally.ok.load(Ordering::Relaxed) >= after_exit + 50,
+    );
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client");
+    }
+    let failures = tally.failures.lock().unwrap().clone();
+    assert!(
+        failures.is_empty(),
+        "{} failures across the upgrade (of {} ok): {failures:?}",
+        failures.len(),
+        tally.ok.load(Ordering::Relaxed)
+    );
+    // The successor has the worker, and the worker redialled on the control's GoAway rather
+    // than after losing its lanes.
+    wait_worker(&gw, "w-remote", "connected");
+    assert!(
+        worker
+            .output()
+            .iter()
+            .any(|l| l.contains("control going away: dialling it again")),
+        "{:?}",
+        worker.output()
+    );
+    std::process::Command::new("kill")
+        .args(["-TERM", &successor.to_string()])
+        .status()
+        .expect("kill");
+    wait_until(Duration::from_secs(20), "the successor to stop", || {
+        is_gone(successor)
+    });
 }

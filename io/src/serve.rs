@@ -577,11 +577,10 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     ensure_data_dir(&data_dir)?;
     let open_files = open_file_limit();
     // An upgrade asks the running process for its sockets before anything else can fail.
-    let predecessor = if upgrade {
-        Some(crate::upgrade::Successor::connect(&data_dir).map_err(ioe)?)
-    } else {
-        None
-    };
+    let predecessor = upgrade
+        .then(|| crate::upgrade::Successor::connect(&data_dir))
+        .transpose()
+        .map_err(ioe)?;
 
     let Loaded {
         store,
@@ -665,20 +664,13 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
         Arc::new(move || metrics_render.render(&metrics_state.gauges())),
     ));
 
-    let mut mailboxes = Vec::with_capacity(n);
-    let mut receivers: Vec<Option<MailboxReceiver>> = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (tx, rx) = mailbox();
-        mailboxes.push(tx);
-        receivers.push(Some(rx));
-    }
-    let _ = state.mailboxes.set(mailboxes);
-    let receivers = std::sync::Mutex::new(receivers);
+    let receivers = mailboxes(&state, n);
     let tunnels = Arc::new(TunnelCounts::new(
         state.auth.len(),
         config.control.proxy.max_tunnels_per_deployment,
     ));
     let trigger = ShutdownTrigger::new();
+    let phases = Phases::default();
 
     print_banner(
         &config,
@@ -707,6 +699,7 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     let parts = Arc::new(CoreParts {
         state: state.clone(),
         trigger: trigger.clone(),
+        phases: phases.clone(),
         receivers,
         api_socks,
         admin_socks,
@@ -725,7 +718,16 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     });
     let handles =
         spawn_cores(n, move |ctx| serve_core(ctx.index, parts.take(ctx.index))).map_err(ioe)?;
-    let handover = announce(successor, offer, &data_dir, &signals, api_addr);
+    let handover = announce(Announce {
+        successor,
+        offer,
+        data_dir: &data_dir,
+        signals: &signals,
+        api_addr,
+        state: &state,
+        phases: &phases,
+        has_bus: reload_bus.is_some(),
+    });
     let watchdog = crate::systemd::Watchdog::start(beats);
 
     until_stopped(&mut signals, || {
@@ -742,6 +744,7 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     });
     stop(Running {
         handover,
+        phases,
         drain: server_limits.get().shutdown_grace,
         watchdog,
         trigger,
@@ -755,16 +758,122 @@ pub fn run(config: Config, start: Start) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// The steps of a start beyond the stop itself, fired once each.
+#[derive(Clone, Default)]
+struct Phases {
+    /// The bus listeners stop accepting: at a stop, or when the remote workers move to a
+    /// successor (decision 115).
+    bus_stop: ShutdownTrigger,
+    /// The HTTP listeners start accepting: at once, or on an upgrade once the predecessor's
+    /// remote workers registered here.
+    gate: ShutdownTrigger,
+}
+
+/// What `announce` needs.
+struct Announce<'a> {
+    successor: Option<crate::upgrade::Successor>,
+    offer: Vec<crate::upgrade::Offered>,
+    data_dir: &'a Path,
+    signals: &'a signal_hook::iterator::Signals,
+    api_addr: SocketAddr,
+    state: &'a Arc<ControlState>,
+    phases: &'a Phases,
+    /// Whether this process has a bus listener, so remote workers to move.
+    has_bus: bool,
+}
+
+/// How long an upgraded control waits for its predecessor's remote workers to register before
+/// it opens its HTTP listeners anyway (the predecessor serves requests meanwhile).
+pub const UPGRADE_WORKER_WAIT: Duration = Duration::from_secs(10);
+
+/// On an upgrade, moves the predecessor's remote workers here and waits (up to
+/// [`UPGRADE_WORKER_WAIT`]) until they registered.
+fn move_workers(s: &mut crate::upgrade::Successor, state: &ControlState) {
+    let ids = match s.move_workers() {
+        Ok(ids) => ids,
+        Err(e) => {
+            tracing::warn!(error = %e, "binary upgrade: the remote workers were not moved");
+            return;
+        }
+    };
+    let started = std::time::Instant::now();
+    let registered = || {
+        state.with_registry(|reg, _| {
+            ids.iter().all(|id| {
+                reg.get(id)
+                    .is_some_and(|r| r.state() == sortie_core::worker::WorkerState::Connected)
+            })
+        })
+    };
+    while !registered() && started.elapsed() < UPGRADE_WORKER_WAIT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let missing = state.with_registry(|reg, _| {
+        ids.iter()
+            .filter(|id| {
+                reg.get(id)
+                    .is_none_or(|r| r.state() != sortie_core::worker::WorkerState::Connected)
+            })
+            .count()
+    });
+    tracing::info!(
+        workers = ids.len(),
+        missing,
+        waited_ms = started.elapsed().as_millis() as u64,
+        "binary upgrade: the predecessor's remote workers registered here"
+    );
+}
+
+/// The running process's side of a hand-over's steps.
+fn hooks(a: &Announce<'_>) -> crate::upgrade::Hooks {
+    let (state, bus_stop) = (a.state.clone(), a.phases.bus_stop.clone());
+    let signals = a.signals.handle();
+    crate::upgrade::Hooks {
+        move_workers: Box::new(move || {
+            // The bus stops accepting before any lane hears `GoAway`, so that the workers'
+            // new lanes reach the successor.
+            bus_stop.trigger();
+            if let Some(mailboxes) = state.mailboxes.get() {
+                for m in mailboxes {
+                    m.send(CoreCommand::GoAwayAll("control upgrade".into()));
+                }
+            }
+            state.with_registry(|reg, _| {
+                reg.iter()
+                    .filter(|r| {
+                        r.executor() == Executor::Remote
+                            && r.state() == sortie_core::worker::WorkerState::Connected
+                    })
+                    .map(|r| r.id().as_str().to_owned())
+                    .collect()
+            })
+        }),
+        // A completed hand-over ends the wait for signals; the drain follows.
+        handed_over: Box::new(move |_| signals.close()),
+    }
+}
+
 /// Tells the predecessor of an upgrade, then the service manager, that this process serves,
 /// and offers its sockets to a successor in turn. Without the hand-over socket the process
 /// serves on, unable to hand over.
-fn announce(
-    successor: Option<crate::upgrade::Successor>,
-    offer: Vec<crate::upgrade::Offered>,
-    data_dir: &Path,
-    signals: &signal_hook::iterator::Signals,
-    api_addr: SocketAddr,
-) -> Option<crate::upgrade::Handover> {
+fn announce(a: Announce<'_>) -> Option<crate::upgrade::Handover> {
+    let hooks = hooks(&a);
+    let Announce {
+        mut successor,
+        offer,
+        data_dir,
+        api_addr,
+        state,
+        phases,
+        has_bus,
+        ..
+    } = a;
+    if let Some(s) = successor.as_mut() {
+        if has_bus {
+            move_workers(s, state);
+        }
+    }
+    phases.gate.trigger();
     if let Some(s) = successor {
         match s.ready() {
             Ok(()) => tracing::info!("binary upgrade: serving; the previous process drains"),
@@ -774,9 +883,7 @@ fn announce(
         }
     }
     crate::systemd::ready(&format!("serving the API on {api_addr}"));
-    // A completed hand-over ends the wait for signals; the drain follows.
-    let signals = signals.handle();
-    match crate::upgrade::Handover::listen(data_dir, offer, move |_| signals.close()) {
+    match crate::upgrade::Handover::listen(data_dir, offer, hooks) {
         Ok(h) => Some(h),
         Err(e) => {
             tracing::warn!(error = %e, "binary upgrade: no hand-over socket in the data directory; this process cannot hand over");
@@ -785,10 +892,24 @@ fn announce(
     }
 }
 
+/// A mailbox per core: the senders go to the shared state, the receivers to the cores.
+fn mailboxes(state: &ControlState, n: usize) -> PerCore<MailboxReceiver> {
+    let mut senders = Vec::with_capacity(n);
+    let mut receivers: Vec<Option<MailboxReceiver>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (tx, rx) = mailbox();
+        senders.push(tx);
+        receivers.push(Some(rx));
+    }
+    let _ = state.mailboxes.set(senders);
+    std::sync::Mutex::new(receivers)
+}
+
 /// What a running control stops, in order.
 struct Running {
     /// The hand-over socket; a successor's pid once it took over.
     handover: Option<crate::upgrade::Handover>,
+    phases: Phases,
     /// How long in-flight requests and tunnels may run on (`control.server.drain_timeout_ms`).
     drain: Duration,
     watchdog: Option<crate::systemd::Watchdog>,
@@ -806,6 +927,7 @@ struct Running {
 fn stop(r: Running) {
     let Running {
         handover,
+        phases,
         drain,
         watchdog,
         trigger,
@@ -842,6 +964,7 @@ fn stop(r: Running) {
             trigger.trigger();
         }
     }
+    phases.bus_stop.trigger();
     let deadline = std::time::Instant::now() + drain + CORE_STOP_MARGIN;
     let mut is_every_core_done = true;
     for h in handles {
@@ -930,6 +1053,7 @@ fn take_slot<T>(slots: &PerCore<T>, index: usize) -> Option<T> {
 struct CoreParts {
     state: Arc<ControlState>,
     trigger: ShutdownTrigger,
+    phases: Phases,
     receivers: PerCore<MailboxReceiver>,
     api_socks: CoreSockets,
     admin_socks: CoreSockets,
@@ -951,6 +1075,8 @@ struct CoreParts {
 struct CorePart {
     parts: Arc<CoreParts>,
     signal: crate::http::ShutdownSignal,
+    bus_signal: crate::http::ShutdownSignal,
+    gate: crate::http::ShutdownSignal,
     rx: Option<MailboxReceiver>,
     api_sock: Vec<std::net::TcpListener>,
     admin_sock: Vec<std::net::TcpListener>,
@@ -964,6 +1090,8 @@ impl CoreParts {
         CorePart {
             parts: Arc::clone(self),
             signal: self.trigger.signal(),
+            bus_signal: self.phases.bus_stop.signal(),
+            gate: self.phases.gate.signal(),
             rx: take_slot(&self.receivers, index),
             api_sock: take_slot(&self.api_socks, index).unwrap_or_default(),
             admin_sock: take_slot(&self.admin_socks, index).unwrap_or_default(),
@@ -981,6 +1109,8 @@ async fn serve_core(index: usize, part: CorePart) {
     let CorePart {
         parts,
         signal,
+        bus_signal,
+        gate,
         rx,
         api_sock,
         admin_sock,
@@ -998,7 +1128,7 @@ async fn serve_core(index: usize, part: CorePart) {
         for sock in bus_sock {
             match monoio::net::TcpListener::from_std(sock) {
                 Ok(l) => {
-                    monoio::spawn(bus.clone().serve(l, signal.clone()));
+                    monoio::spawn(bus.clone().serve(l, bus_signal.clone()));
                 }
                 Err(e) => tracing::error!(error = %e, "bus listener"),
             }
@@ -1013,6 +1143,10 @@ async fn serve_core(index: usize, part: CorePart) {
         parts.pool_limits,
     ));
     let cfg = Rc::new(CoreServerConfig::new(parts.server_limits.clone()));
+    // On an upgrade the HTTP listeners open once the remote workers moved here (decision 115).
+    if let http::Either::Right(()) = http::race(gate.wait(), signal.wait()).await {
+        return;
+    }
     let mut tasks = Vec::new();
     let on = Serving {
         cfg: &cfg,
@@ -1329,6 +1463,11 @@ async fn run_mailbox(
             CoreCommand::PushConfig(version, payload) => {
                 if let Some(bus) = &bus {
                     bus.push_config(version, &payload);
+                }
+            }
+            CoreCommand::GoAwayAll(reason) => {
+                if let Some(bus) = &bus {
+                    bus.go_away_all(&reason);
                 }
             }
         }

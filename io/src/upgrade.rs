@@ -16,9 +16,16 @@
 //! successor:    sortie-upgrade 1
 //! predecessor:  listener <name> <address> <count>    (with <count> descriptors), repeated
 //! predecessor:  end                                  (or: error <reason>)
+//! successor:    bus-ready                            (a control with a bus listener)
+//! predecessor:  workers <id> <id> ...
 //! successor:    ready
 //! predecessor:  ok
 //! ```
+//!
+//! `bus-ready` moves the remote workers first: the predecessor stops accepting on the bus and
+//! says `GoAway` on its lanes, listing the workers it had; they dial again and reach the
+//! successor, which opens its HTTP listeners once they registered (or a bound passed), while
+//! the predecessor still serves requests on its own lanes.
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead as _, BufReader, IoSlice, IoSliceMut, Read as _, Write as _};
@@ -88,14 +95,19 @@ pub struct Handover {
     successor: Arc<OnceLock<u32>>,
 }
 
+/// What the running process does at the steps of a hand-over.
+pub struct Hooks {
+    /// At `bus-ready`: stop accepting on the bus, say `GoAway` on every lane, and return the
+    /// ids of the remote workers connected.
+    pub move_workers: Box<dyn Fn() -> Vec<String> + Send>,
+    /// Once a successor said `ready`, with its pid.
+    pub handed_over: Box<dyn Fn(u32) + Send>,
+}
+
 impl Handover {
     /// Listens on `data_dir`'s hand-over socket (replacing a stale file) and serves successors
-    /// on a thread of its own; `on_handed_over` runs once a successor said `ready`, with its pid.
-    pub fn listen(
-        data_dir: &Path,
-        offer: Vec<Offered>,
-        on_handed_over: impl Fn(u32) + Send + 'static,
-    ) -> io::Result<Handover> {
+    /// on a thread of its own, calling `hooks` at their steps.
+    pub fn listen(data_dir: &Path, offer: Vec<Offered>, hooks: Hooks) -> io::Result<Handover> {
         let path = data_dir.join(SOCKET_FILE);
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -108,7 +120,7 @@ impl Handover {
         let (o, s) = (offer.clone(), successor.clone());
         std::thread::Builder::new()
             .name("sortie-handover".into())
-            .spawn(move || serve(&listener, &o, &s, &on_handed_over))?;
+            .spawn(move || serve(&listener, &o, &s, &hooks))?;
         Ok(Handover {
             path,
             offer,
@@ -141,7 +153,7 @@ fn serve(
     listener: &UnixListener,
     offer: &Mutex<Option<Vec<Offered>>>,
     successor: &OnceLock<u32>,
-    on_handed_over: &dyn Fn(u32),
+    hooks: &Hooks,
 ) {
     for conn in listener.incoming() {
         let mut conn = match conn {
@@ -152,7 +164,7 @@ fn serve(
                 continue;
             }
         };
-        match hand_over(&mut conn, offer) {
+        match hand_over(&mut conn, offer, &*hooks.move_workers) {
             Ok(pid) => {
                 let _ = successor.set(pid);
                 crate::systemd::main_pid(pid);
@@ -161,7 +173,7 @@ fn serve(
                     successor = pid,
                     "binary upgrade: handed over to process {pid}; draining"
                 );
-                on_handed_over(pid);
+                (hooks.handed_over)(pid);
                 return;
             }
             Err(e) => tracing::warn!(
@@ -173,7 +185,11 @@ fn serve(
 }
 
 /// One successor: checks who it is, sends the sockets, waits for `ready`; the successor's pid.
-fn hand_over(conn: &mut UnixStream, offer: &Mutex<Option<Vec<Offered>>>) -> Result<u32, String> {
+fn hand_over(
+    conn: &mut UnixStream,
+    offer: &Mutex<Option<Vec<Offered>>>,
+    move_workers: &dyn Fn() -> Vec<String>,
+) -> Result<u32, String> {
     conn.set_read_timeout(Some(STEP_TIMEOUT))
         .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
         .map_err(|e| e.to_string())?;
@@ -207,9 +223,23 @@ fn hand_over(conn: &mut UnixStream, offer: &Mutex<Option<Vec<Offered>>>) -> Resu
     conn.write_all(b"end\n").map_err(|e| e.to_string())?;
     conn.set_read_timeout(Some(READY_TIMEOUT))
         .map_err(|e| e.to_string())?;
-    match read_line(&mut reader)?.as_str() {
-        "ready" => Ok(pid),
-        other => Err(format!("process {pid} answered {other:?} instead of ready")),
+    let mut has_moved_workers = false;
+    loop {
+        match read_line(&mut reader)?.as_str() {
+            "ready" => return Ok(pid),
+            "bus-ready" if !has_moved_workers => {
+                has_moved_workers = true;
+                let ids = move_workers();
+                tracing::info!(
+                    successor = pid,
+                    workers = ids.len(),
+                    "binary upgrade: the bus moves to the successor; its workers dial it"
+                );
+                let line = format!("workers {}\n", ids.join(" "));
+                conn.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+            }
+            other => return Err(format!("process {pid} answered {other:?} instead of ready")),
+        }
     }
 }
 
@@ -277,6 +307,24 @@ impl Successor {
         let i = self.listeners.iter().position(|(n, _, _)| n == name)?;
         let (_, addr, socks) = self.listeners.swap_remove(i);
         Some((socks, addr))
+    }
+
+    /// Asks the predecessor to move its remote workers to this process's bus (it stops
+    /// accepting there and says `GoAway` on its lanes); the ids of the workers it had.
+    pub fn move_workers(&mut self) -> Result<Vec<String>, UpgradeError> {
+        self.conn.write_all(b"bus-ready\n").map_err(exchange)?;
+        let mut reader = BufReader::new(&self.conn);
+        let mut line = String::new();
+        (&mut reader)
+            .take(MAX_MANIFEST_BYTES as u64)
+            .read_line(&mut line)
+            .map_err(exchange)?;
+        let ids = line.trim_end().strip_prefix("workers").ok_or_else(|| {
+            exchange(format!(
+                "the running process answered {line:?} to bus-ready"
+            ))
+        })?;
+        Ok(ids.split_whitespace().map(str::to_owned).collect())
     }
 
     /// Says `ready` and waits for the predecessor's `ok`: from then on it drains and this
@@ -514,14 +562,18 @@ mod tests {
             ],
         }];
         let (tx, rx) = std::sync::mpsc::channel();
-        let handover = Handover::listen(dir.path(), offer, move |pid| {
-            let _ = tx.send(pid);
-        })
-        .expect("listen");
+        let hooks = Hooks {
+            move_workers: Box::new(|| vec!["w-1".to_owned(), "w-2".to_owned()]),
+            handed_over: Box::new(move |pid| {
+                let _ = tx.send(pid);
+            }),
+        };
+        let handover = Handover::listen(dir.path(), offer, hooks).expect("listen");
         let mut s = Successor::connect(dir.path()).expect("connect");
         let (socks, got) = s.take("api").expect("api");
         assert_eq!((socks.len(), got), (2, addr));
         assert!(s.take("admin").is_none());
+        assert_eq!(s.move_workers().expect("workers"), ["w-1", "w-2"]);
         s.ready().expect("ready");
         let pid = rx
             .recv_timeout(Duration::from_secs(5))

@@ -312,6 +312,7 @@ async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
         let (cores_tx, cores_rx) = oneshot::channel::<u16>();
         let (stop0_tx, stop0_rx) = oneshot::channel();
         let (end0_tx, end0_rx) = oneshot::channel();
+        let (away_tx, away_rx) = oneshot::channel();
         monoio::spawn(run_lane(
             shared.clone(),
             egress.clone(),
@@ -322,6 +323,7 @@ async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
             stop0_rx,
             end0_tx,
             Some(cores_tx),
+            Some(away_tx),
         ));
         let mut stops = vec![stop0_tx];
         let mut ends = vec![end0_rx];
@@ -346,8 +348,27 @@ async fn supervise(shared: Arc<Shared>, egress: Rc<Egress>, addr: String) {
                 ends.push(end_rx);
             }
         }
-        // The first lane to end ends them all.
-        let (first, _, rest) = futures_util::future::select_all(ends).await;
+        // The first lane to end ends them all; a control going away (handing over to its
+        // successor) leaves them to finish what they carry and dials again at once.
+        let any_end = futures_util::future::select_all(ends);
+        let (first, rest) = match futures_util::future::select(any_end, away_rx).await {
+            futures_util::future::Either::Left(((first, _, rest), _)) => (first, rest),
+            futures_util::future::Either::Right((Ok(()), any_end)) => {
+                tracing::info!(control = %addr, "control going away: dialling it again while these lanes finish");
+                let remaining = any_end.into_inner();
+                monoio::spawn(async move {
+                    // The stop senders live until every lane of the set ended by itself.
+                    let _stops = stops;
+                    futures_util::future::join_all(remaining).await;
+                });
+                backoff = BACKOFF_MIN;
+                continue;
+            }
+            futures_util::future::Either::Right((Err(_), any_end)) => {
+                let (first, _, rest) = any_end.await;
+                (first, rest)
+            }
+        };
         for s in stops {
             let _ = s.send(());
         }
@@ -378,6 +399,7 @@ async fn open_lane(shared: Arc<Shared>, egress: Rc<Egress>, open: OpenLane) {
         open.lanes,
         open.stop,
         open.result,
+        None,
         None,
     )
     .await;
@@ -467,6 +489,7 @@ async fn run_lane(
     stop: oneshot::Receiver<()>,
     end: oneshot::Sender<LaneEnd>,
     learn_cores: Option<oneshot::Sender<u16>>,
+    going_away: Option<oneshot::Sender<()>>,
 ) {
     let r = lane_session(
         shared,
@@ -476,7 +499,7 @@ async fn run_lane(
         lane,
         lanes,
         stop,
-        learn_cores,
+        (learn_cores, going_away),
     )
     .await;
     let _ = end.send(r);
@@ -525,7 +548,7 @@ async fn lane_session(
     lane: u16,
     lanes: u16,
     mut stop: oneshot::Receiver<()>,
-    learn_cores: Option<oneshot::Sender<u16>>,
+    (learn_cores, mut going_away): (Option<oneshot::Sender<u16>>, Option<oneshot::Sender<()>>),
 ) -> LaneEnd {
     let setup = async {
         let (mut conn, peer) = connect(&shared, addr).await?;
@@ -689,6 +712,11 @@ async fn lane_session(
             }
             Frame::GoAway { reason } => {
                 tracing::info!(control = %addr, %reason, "control going away");
+                // A control hands over to its successor (decision 115): the supervisor dials
+                // a new lane set now, and this one serves on until the control closes it.
+                if let Some(tx) = going_away.take() {
+                    let _ = tx.send(());
+                }
             }
             _ => {}
         }

@@ -32,6 +32,9 @@ pub enum CoreCommand {
     AdoptLane(Box<crate::bus::Handoff>),
     /// Push a configuration revision to the remote workers whose lane 0 is on this core.
     PushConfig(u64, Arc<Vec<u8>>),
+    /// Say `GoAway` on every lane of this core: the control hands over to its successor, and
+    /// the workers dial it while these lanes finish what they carry (decision 115).
+    GoAwayAll(String),
 }
 
 /// The sending side of a core's mailbox (`Send + Sync`).

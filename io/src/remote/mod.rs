@@ -424,6 +424,9 @@ impl BusCore {
                 crate::http::Either::Right(a) => a,
             };
             match accepted {
+                // Accepted as the stop came (its flag is set before any `GoAway` goes out): a
+                // worker dialling after a `GoAway` must reach the successor, not this process.
+                Ok(_) if shutdown.is_shutdown() => return,
                 Ok((stream, peer)) => {
                     if self.pre_auth.get() >= MAX_PRE_AUTH_PER_CORE {
                         tracing::debug!(%peer, "bus connection closed: too many before their hello");
@@ -842,6 +845,17 @@ impl BusCore {
                 version,
                 payload: payload.to_vec(),
             }));
+        }
+    }
+
+    /// Says `GoAway` on every lane of this core (a hand-over to a successor, decision 115):
+    /// the workers dial again, reaching the successor, while these lanes carry on.
+    pub fn go_away_all(&self, reason: &str) {
+        let lanes: Vec<Rc<Lane>> = self.lanes.borrow().values().cloned().collect();
+        for l in lanes {
+            l.send(&Frame::GoAway {
+                reason: reason.to_owned(),
+            });
         }
     }
 
