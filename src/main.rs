@@ -50,6 +50,11 @@ enum Command {
         /// The worker's configuration file (TOML, `[worker]` and `[egress]`).
         #[arg(long, short)]
         config: PathBuf,
+        /// Take over from the worker running with the same configuration file: open every
+        /// lane as its standby, then let it step back and drain (the running worker does this
+        /// itself on SIGUSR2).
+        #[arg(long)]
+        upgrade: bool,
     },
     /// List the built-in browser fingerprint profiles; with --verify, run their loopback
     /// self-test (a local TLS + HTTP/2 capture server) and exit non-zero unless every profile
@@ -91,7 +96,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve { config, upgrade } => serve(config, upgrade),
         Command::Control { config, upgrade } => control(&config, upgrade),
-        Command::Worker { config } => worker(&config),
+        Command::Worker { config, upgrade } => worker(&config, upgrade),
         Command::Fingerprints {
             capture: true,
             ca_out,
@@ -243,7 +248,7 @@ fn run_control(
     }
 }
 
-fn worker(path: &PathBuf) -> ExitCode {
+fn worker(path: &PathBuf, upgrade: bool) -> ExitCode {
     let text = match read(path) {
         Ok(t) => t,
         Err(code) => return code,
@@ -266,7 +271,11 @@ fn worker(path: &PathBuf) -> ExitCode {
             eprintln!("sortie: fingerprint self-test could not run: {e}");
         }
     }
-    match sortie_io::worker::run(file) {
+    let start = sortie_io::worker::Start {
+        config_path: path.clone(),
+        upgrade,
+    };
+    match sortie_io::worker::run(file, start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sortie: {e}");

@@ -499,3 +499,107 @@ fn a_control_upgrades_under_load_and_its_remote_workers_follow() {
         is_gone(successor)
     });
 }
+
+/// A worker's binary upgrade (SIGUSR2 to `sortie worker`): the successor's lanes wait beside
+/// the running worker's as a standby session, the running worker then says `GoAway`, and the
+/// control switches to the successor at once. With this one worker the only one eligible, no
+/// request of the keep-alive clients fails, and the control lists the successor's session.
+#[test]
+fn a_worker_upgrades_under_load_without_a_moment_unroutable() {
+    use support::bus::{control, start_worker, wait_worker};
+    let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"hello")));
+    let gw = control("127.0.0.1:0", None).start();
+    let mut worker = start_worker("w-up", gw.bus.expect("bus"), None, "capacity = 64\n");
+    wait_worker(&gw, "w-up", "connected");
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
+    let api_request = format!(
+        "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
+        envelope.len()
+    );
+    let proxy_request = format!(
+        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        up.url("/proxied"),
+        up.addr(),
+        base64_basic(&proxy_user())
+    );
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        for (addr, req) in [
+            (gw.api, &api_request),
+            (gw.proxy.expect("proxy"), &proxy_request),
+        ] {
+            clients.push(client(
+                addr,
+                req.clone().into_bytes(),
+                Duration::from_millis(20),
+                stop.clone(),
+                tally.clone(),
+            ));
+        }
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "requests before the upgrade",
+        || tally.ok.load(Ordering::Relaxed) >= 50,
+    );
+    let old = worker.child.id();
+    assert!(std::process::Command::new("kill")
+        .args(["-USR2", &old.to_string()])
+        .status()
+        .expect("kill")
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    let successor: u32 = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = worker
+            .out
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("no hand-over within 30 s:\n{}", seen.join("\n")));
+        if let Some(rest) = line.split("handed over to process ").nth(1) {
+            break rest
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("successor pid");
+        }
+        seen.push(line);
+    };
+    let _reap = Reap(successor);
+    let exit_by = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = worker.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < exit_by, "the old worker did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "the old worker exits 0: {status}");
+    let listed = wait_worker(&gw, "w-up", "connected");
+    assert!(
+        listed["session"]
+            .as_str()
+            .is_some_and(|s| s.starts_with('u')),
+        "the successor's session is the worker's now: {listed}"
+    );
+    let after = tally.ok.load(Ordering::Relaxed);
+    wait_until(
+        Duration::from_secs(10),
+        "requests after the upgrade",
+        || tally.ok.load(Ordering::Relaxed) >= after + 50,
+    );
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client");
+    }
+    let failures = tally.failures.lock().unwrap().clone();
+    assert!(
+        failures.is_empty(),
+        "{} failures across the worker's upgrade (of {} ok): {failures:?}",
+        failures.len(),
+        tally.ok.load(Ordering::Relaxed)
+    );
+}

@@ -60,7 +60,8 @@ const MAX_MANIFEST_BYTES: usize = 64 * 1024;
 /// A failed hand-over, with what happened.
 #[derive(Debug, thiserror::Error)]
 pub enum UpgradeError {
-    /// No running process listens on the hand-over socket.
+    /// No running process listens on the hand-over socket (for a worker, the socket named
+    /// after its configuration file).
     #[error("no running process to upgrade at {path}: {source}")]
     NoPredecessor {
         /// The socket's path.
@@ -518,6 +519,150 @@ fn successor_program() -> io::Result<PathBuf> {
         Some(p) => PathBuf::from(p),
         None => exe,
     })
+}
+
+/// A worker's first line to its predecessor.
+const WORKER_GREETING: &str = "sortie-worker-upgrade 1";
+
+/// The abstract Unix socket on which a worker offers to hand over: named after its
+/// configuration file (a worker has no data directory), so that the successor started with the
+/// same file finds it, and two workers with other files never meet.
+fn worker_socket(config: &Path) -> io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    let canonical = std::fs::canonicalize(config)?;
+    let digest = ring::digest::digest(&ring::digest::SHA256, canonical.as_os_str().as_bytes());
+    let short: String = digest
+        .as_ref()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::os::unix::net::SocketAddr::from_abstract_name(format!("sortie-worker-upgrade/{short}"))
+}
+
+/// A running worker's offer to hand over to a successor (decision 115): there are no
+/// listening sockets to pass, only the moment to step back. The successor opens its lanes as
+/// a standby of this worker's session; once they are all admitted it says `ready`, and
+/// `handed_over` runs (this worker says `GoAway` on its lanes, the controls switch to the
+/// successor's lanes, and this process drains).
+pub fn offer_worker(
+    config: &Path,
+    session: &str,
+    handed_over: impl Fn(u32) + Send + 'static,
+) -> io::Result<()> {
+    let addr = worker_socket(config)?;
+    // The predecessor releases the name just before it answers `ok`; a moment's retry covers
+    // the successor binding it right after.
+    let mut tries = 0;
+    let listener = loop {
+        match UnixListener::bind_addr(&addr) {
+            Ok(l) => break l,
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 40 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let session = session.to_owned();
+    std::thread::Builder::new()
+        .name("sortie-handover".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                match worker_hand_over(&mut conn, &session) {
+                    Ok(pid) => {
+                        crate::systemd::main_pid(pid);
+                        handed_over(pid);
+                        drop(listener);
+                        let _ = conn.write_all(b"ok\n");
+                        tracing::info!(
+                            successor = pid,
+                            "binary upgrade: handed over to process {pid}; draining"
+                        );
+                        return;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "binary upgrade refused or failed; this worker keeps serving"
+                    ),
+                }
+            }
+        })?;
+    Ok(())
+}
+
+/// One successor of a worker: who it is, this worker's session, then its `ready`.
+fn worker_hand_over(conn: &mut UnixStream, session: &str) -> Result<u32, String> {
+    conn.set_read_timeout(Some(STEP_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
+    let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
+    if peer.uid != rustix::process::getuid() {
+        return Err(format!("process {pid} runs as another user"));
+    }
+    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    if read_line(&mut reader)? != WORKER_GREETING {
+        let _ = conn.write_all(b"error unknown request\n");
+        return Err(format!("process {pid} sent an unknown request"));
+    }
+    conn.write_all(format!("session {session}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    match read_line(&mut reader)?.as_str() {
+        "ready" => Ok(pid),
+        other => Err(format!("process {pid} answered {other:?} instead of ready")),
+    }
+}
+
+/// A worker started with `--upgrade`: its link to the worker it replaces.
+pub struct WorkerSuccessor {
+    conn: UnixStream,
+    /// The predecessor's session, for the log.
+    pub predecessor_session: String,
+}
+
+impl WorkerSuccessor {
+    /// Finds the worker running with the configuration file `config`.
+    pub fn connect(config: &Path) -> Result<WorkerSuccessor, UpgradeError> {
+        let addr = worker_socket(config).map_err(exchange)?;
+        let mut conn =
+            UnixStream::connect_addr(&addr).map_err(|source| UpgradeError::NoPredecessor {
+                path: config.to_path_buf(),
+                source,
+            })?;
+        conn.set_read_timeout(Some(STEP_TIMEOUT))
+            .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+            .map_err(exchange)?;
+        conn.write_all(format!("{WORKER_GREETING}\n").as_bytes())
+            .map_err(exchange)?;
+        let mut reader = BufReader::new(conn.try_clone().map_err(exchange)?);
+        let line = read_line(&mut reader).map_err(exchange)?;
+        let predecessor_session = line
+            .strip_prefix("session ")
+            .ok_or_else(|| exchange(format!("the running worker answered {line:?}")))?
+            .to_owned();
+        Ok(WorkerSuccessor {
+            conn,
+            predecessor_session,
+        })
+    }
+
+    /// Says `ready` (every lane of the successor is admitted) and waits for `ok`: the
+    /// predecessor then steps back.
+    pub fn ready(self) -> Result<(), UpgradeError> {
+        (&self.conn).write_all(b"ready\n").map_err(exchange)?;
+        let mut reader = BufReader::new(self.conn);
+        match read_line(&mut reader).map_err(exchange)?.as_str() {
+            "ok" => Ok(()),
+            other => Err(exchange(format!(
+                "the running worker answered {other:?} to ready"
+            ))),
+        }
+    }
 }
 
 #[cfg(test)]

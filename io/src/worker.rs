@@ -65,6 +65,12 @@ struct Shared {
     bind_address: Option<IpAddr>,
     /// Set by SIGTERM/SIGINT: lanes say `GoAway`, new assignments are refused.
     is_stopping: std::sync::atomic::AtomicBool,
+    /// Set once a successor took over (decision 115): lanes say `GoAway` so the controls
+    /// switch to the successor's lanes, but an assignment that crossed it is still served.
+    is_handing_over: std::sync::atomic::AtomicBool,
+    /// Per control address: its lanes admitted now, and how many it has (learnt from lane 0's
+    /// welcome), so that a successor knows when it can take over.
+    links: Mutex<HashMap<String, (u16, u16)>>,
     timeouts: Timeouts,
     tls: Option<Arc<rustls::ClientConfig>>,
     server_name: Option<String>,
@@ -130,8 +136,25 @@ enum LaneEnd {
     Failed(String),
 }
 
-/// Runs the worker until the process is stopped.
-pub fn run(file: WorkerFile) -> Result<(), String> {
+/// How `run` starts.
+pub struct Start {
+    /// The configuration file: a successor finds its predecessor by it.
+    pub config_path: std::path::PathBuf,
+    /// Replace the worker running with the same file without a moment in which it is not
+    /// routable (decision 115).
+    pub upgrade: bool,
+}
+
+/// How long a successor waits for every lane to every control to be admitted.
+pub const UPGRADE_READY_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs the worker until the process is stopped, or until a successor took over.
+pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
+    let predecessor = start
+        .upgrade
+        .then(|| crate::upgrade::WorkerSuccessor::connect(&start.config_path))
+        .transpose()
+        .map_err(|e| e.to_string())?;
     let w = &file.worker;
     let token = crate::tokens::from_secret(
         "worker",
@@ -167,7 +190,13 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         file.egress.ca_file.as_deref().map(std::path::Path::new),
     );
     let n = crate::runtime::core_count(w.cores);
-    let session = format!("s{}", hex(&crate::tokens::random_bytes::<12>()));
+    // A successor's session asks the controls to wait beside its predecessor's (decision 115).
+    let prefix = if predecessor.is_some() {
+        crate::remote::SUCCESSOR_SESSION_PREFIX
+    } else {
+        "s"
+    };
+    let session = format!("{prefix}{}", hex(&crate::tokens::random_bytes::<12>()));
     let shared = Arc::new(Shared {
         id: w.id.clone(),
         session: session.clone(),
@@ -188,6 +217,8 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         health: HealthRegistry::default(),
         bind_address: w.bind_address.as_deref().and_then(|b| b.parse().ok()),
         is_stopping: std::sync::atomic::AtomicBool::new(false),
+        is_handing_over: std::sync::atomic::AtomicBool::new(false),
+        links: Mutex::new(HashMap::new()),
         timeouts: Timeouts {
             connect: Duration::from_millis(file.egress.connect_timeout_ms),
             response_header: None,
@@ -211,6 +242,7 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGUSR2,
     ])
     .map_err(|e| e.to_string())?;
     let stopping = shared.clone();
@@ -267,13 +299,42 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
         }
     })
     .map_err(|e| e.to_string())?;
+    if let Some(p) = predecessor {
+        take_over(p, &stopping, &w.controls)?;
+    }
     crate::systemd::ready("dialling its controls");
     let watchdog = crate::systemd::Watchdog::start(beats);
-    let _ = signals.forever().next();
-    crate::systemd::stopping();
+    let (handing, closing) = (stopping.clone(), signals.handle());
+    if let Err(e) = crate::upgrade::offer_worker(&start.config_path, &session, move |_| {
+        handing.is_handing_over.store(true, Ordering::Relaxed);
+        closing.close();
+    }) {
+        tracing::warn!(error = %e, "binary upgrade: no hand-over socket; this worker cannot hand over");
+    }
+    for signal in signals.forever() {
+        if signal != signal_hook::consts::SIGUSR2 {
+            break;
+        }
+        if let Err(e) = crate::upgrade::spawn_successor() {
+            tracing::error!(error = %e, "binary upgrade: cannot start the successor");
+        }
+    }
     if let Some(w) = watchdog {
         w.stop();
     }
+    if stopping.is_handing_over.load(Ordering::Relaxed) {
+        // The controls switch to the successor's lanes as each hears `GoAway`; an assignment
+        // that crossed it is still served here.
+        tracing::info!("handed over: finishing the assignments in flight");
+        let deadline = Instant::now() + STOP_GRACE;
+        std::thread::sleep(HANDOVER_QUIET);
+        while stopping.active.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        drop(handles);
+        return Ok(());
+    }
+    crate::systemd::stopping();
     // Graceful stop: every lane says GoAway within a heartbeat, assignments in flight finish
     // (within `STOP_GRACE`), then the process exits and its lanes close.
     tracing::info!("stopping: no new assignments, finishing the ones in flight");
@@ -286,6 +347,35 @@ pub fn run(file: WorkerFile) -> Result<(), String> {
     }
     drop(handles);
     Ok(())
+}
+
+/// How long a worker that handed over keeps its lanes after its `GoAway`, for assignments a
+/// control sent before it heard it.
+pub const HANDOVER_QUIET: Duration = Duration::from_millis(500);
+
+/// The successor's side: waits until every lane to every control is admitted (as a standby
+/// of the predecessor's session), then tells the predecessor to step back.
+fn take_over(
+    p: crate::upgrade::WorkerSuccessor,
+    shared: &Shared,
+    controls: &[String],
+) -> Result<(), String> {
+    let started = Instant::now();
+    while !shared.is_fully_connected(controls) {
+        if started.elapsed() > UPGRADE_READY_WAIT {
+            return Err(format!(
+                "binary upgrade: not every lane to the controls was admitted within {} s; the running worker keeps serving",
+                UPGRADE_READY_WAIT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tracing::info!(
+        predecessor = %p.predecessor_session,
+        waited_ms = started.elapsed().as_millis() as u64,
+        "binary upgrade: every lane admitted; the running worker steps back"
+    );
+    p.ready().map_err(|e| e.to_string())
 }
 
 /// How long a stopping worker lets its assignments in flight run.
@@ -584,6 +674,7 @@ async fn lane_session(
         Ok(Err(e)) => return LaneEnd::Failed(e),
         Err(_) => return LaneEnd::Failed("no welcome in time".into()),
     };
+    let _counted = LinkCount::up(&shared, addr, (lane == 0).then_some(welcome.cores));
     let mut proto = WorkerLane::new();
     let _ = proto.receive(&Frame::Welcome(welcome.clone()));
     let wl = Rc::new(WLane {
@@ -616,7 +707,10 @@ async fn lane_session(
                 let tick = every.min(Duration::from_millis(100));
                 let next = Instant::now() + every;
                 while hb.get() && Instant::now() < next {
-                    if !has_said_goaway && shared.is_stopping.load(Ordering::Relaxed) {
+                    if !has_said_goaway
+                        && (shared.is_stopping.load(Ordering::Relaxed)
+                            || shared.is_handing_over.load(Ordering::Relaxed))
+                    {
                         has_said_goaway = true;
                         wl.post(&Frame::GoAway {
                             reason: "worker stopping".into(),
@@ -729,6 +823,52 @@ async fn lane_session(
         s.cancel.notify();
     }
     end
+}
+
+/// One admitted lane in [`Shared::links`], counted while it lives.
+struct LinkCount<'a> {
+    shared: &'a Shared,
+    addr: String,
+}
+
+impl<'a> LinkCount<'a> {
+    fn up(shared: &'a Shared, addr: &str, cores: Option<u16>) -> LinkCount<'a> {
+        if let Ok(mut links) = shared.links.lock() {
+            let e = links.entry(addr.to_owned()).or_insert((0, 0));
+            e.0 = e.0.saturating_add(1);
+            if let Some(c) = cores {
+                e.1 = c.max(1);
+            }
+        }
+        LinkCount {
+            shared,
+            addr: addr.to_owned(),
+        }
+    }
+}
+
+impl Drop for LinkCount<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut links) = self.shared.links.lock() {
+            if let Some(e) = links.get_mut(&self.addr) {
+                e.0 = e.0.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Whether every control in `controls` admitted all its lanes.
+    fn is_fully_connected(&self, controls: &[String]) -> bool {
+        let Ok(links) = self.links.lock() else {
+            return false;
+        };
+        controls.iter().all(|c| {
+            links
+                .get(c)
+                .is_some_and(|&(up, wanted)| wanted > 0 && up >= wanted)
+        })
+    }
 }
 
 /// Runs one assignment: accept or refuse, collect the inline body, perform the exchange, send

@@ -52,6 +52,8 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections of one core's bus listener that may be before their hello at once; the next
 /// is closed as soon as it is accepted (decision 101).
 pub const MAX_PRE_AUTH_PER_CORE: usize = 256;
+/// How long a standby session may wait to take over before its lanes are closed.
+pub const STANDBY_LIMIT: Duration = Duration::from_secs(60);
 /// A lane silent for this many heartbeat intervals is closed and its worker disconnected.
 pub const MISSED_HEARTBEATS: u32 = 3;
 /// A lane whose one write (at most 256 KiB) has not completed for this many heartbeat
@@ -146,6 +148,103 @@ struct SessionEntry {
     caps: Option<sortie_core::worker::WorkerCapabilities>,
     /// The newest configuration revision the session acknowledged.
     applied: u64,
+    /// The session was registered and then said `GoAway` or lost a lane: a standby takes over
+    /// as soon as it has every lane.
+    is_retired: bool,
+    /// A second session of the same worker waiting to take over: the successor of a worker's
+    /// binary upgrade, admitted while this one still serves (decision 115).
+    standby: Option<Box<SessionEntry>>,
+}
+
+impl SessionEntry {
+    fn new(session: &str, lanes: u16) -> SessionEntry {
+        SessionEntry {
+            session: session.into(),
+            lanes,
+            up: 0,
+            is_registered: false,
+            caps: None,
+            applied: 0,
+            is_retired: false,
+            standby: None,
+        }
+    }
+
+    /// Registers the session once every lane is up.
+    fn register_when_complete(&mut self, state: &ControlState, worker_id: &str) {
+        if self.up < self.lanes || self.is_registered {
+            return;
+        }
+        let Some(caps) = self.caps.clone() else {
+            return;
+        };
+        match state.register_remote(worker_id, &self.session, caps, crate::clock::unix_ms()) {
+            Ok(slot) => {
+                slot.set_applied(self.applied);
+                self.is_registered = true;
+                tracing::info!(
+                    worker = worker_id,
+                    session = &*self.session,
+                    lanes = self.lanes,
+                    "remote worker registered"
+                );
+            }
+            Err(err) => {
+                tracing::warn!(worker = worker_id, error = %err, "registration refused")
+            }
+        }
+    }
+
+    /// The session stops serving (`GoAway`, or a lane lost): a complete standby takes its
+    /// place at once (the registry then names the standby's session, with no moment in which
+    /// the worker is not routable), else the worker is listed as disconnected.
+    fn retire(&mut self, state: &ControlState, worker_id: &str) {
+        let was_registered = std::mem::replace(&mut self.is_registered, false);
+        self.is_retired |= was_registered;
+        if self.promote(state, worker_id) {
+            return;
+        }
+        if was_registered {
+            state.disconnect_remote(worker_id, &self.session, crate::clock::unix_ms());
+            tracing::info!(
+                worker = worker_id,
+                session = &*self.session,
+                "remote worker disconnected"
+            );
+        }
+    }
+
+    /// Replaces a retired session with its standby once the standby has every lane.
+    fn promote(&mut self, state: &ControlState, worker_id: &str) -> bool {
+        let is_complete = self.standby.as_ref().is_some_and(|sb| sb.up >= sb.lanes);
+        if !self.is_retired || !is_complete {
+            return false;
+        }
+        let Some(standby) = self.standby.take() else {
+            return false;
+        };
+        tracing::info!(
+            worker = worker_id,
+            from = &*self.session,
+            to = &*standby.session,
+            "remote worker session replaced by its successor"
+        );
+        *self = *standby;
+        self.register_when_complete(state, worker_id);
+        true
+    }
+}
+
+/// The first character of a session that asks to be admitted as the standby of a connected
+/// session of its worker id: the successor of a worker's binary upgrade (decision 115). Other
+/// sessions start with `s` and are refused while another one is connected (decision 061).
+pub const SUCCESSOR_SESSION_PREFIX: &str = "u";
+
+/// Whether a lane was admitted for the worker's current session or as its standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    Current,
+    Standby,
 }
 
 /// Bus state shared by every core: settings, the sessions being assembled lane by lane, and
@@ -178,9 +277,11 @@ impl BusShared {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admission of a session (decision 061): a second live session of the same worker id is
-    /// refused; the same session may (re)open lanes.
-    fn admit_session(&self, state: &ControlState, hello: &Hello) -> Result<(), Reject> {
+    /// Admission of a session (decision 061): the same session may (re)open lanes; a second
+    /// live session of the same worker id is refused, unless it is a successor
+    /// ([`SUCCESSOR_SESSION_PREFIX`]), which waits as its standby (one at a time) and takes over
+    /// when the first says `GoAway` or loses a lane (decision 115).
+    fn admit_session(&self, state: &ControlState, hello: &Hello) -> Result<Admission, Reject> {
         let reject = |reason: &str, message: String| Reject {
             reason: reason.into(),
             message,
@@ -197,46 +298,53 @@ impl BusShared {
                     "the worker id belongs to a local executor".into(),
                 ));
             }
-            if st == WorkerState::Connected && session.as_deref() != Some(&hello.session) {
+            if st == WorkerState::Connected
+                && session.as_deref() != Some(&hello.session)
+                && !self.sessions().contains_key(&hello.worker_id)
+            {
                 return Err(reject(
                     "duplicate_session",
                     "another session of this worker id is connected".into(),
                 ));
             }
         }
+        let lanes = self.settings.cores as u16;
         let mut s = self.sessions();
-        if let Some(e) = s.get(&hello.worker_id) {
-            if *e.session != *hello.session && e.up > 0 {
-                return Err(reject(
-                    "duplicate_session",
-                    "another session of this worker id is connecting".into(),
-                ));
-            }
-        }
         let e = s
             .entry(hello.worker_id.clone())
-            .or_insert_with(|| SessionEntry {
-                session: hello.session.as_str().into(),
-                lanes: self.settings.cores as u16,
-                up: 0,
-                is_registered: false,
-                caps: None,
-                applied: 0,
-            });
-        if *e.session != *hello.session {
-            *e = SessionEntry {
-                session: hello.session.as_str().into(),
-                lanes: self.settings.cores as u16,
-                up: 0,
-                is_registered: false,
-                caps: None,
-                applied: 0,
-            };
+            .or_insert_with(|| SessionEntry::new(&hello.session, lanes));
+        if *e.session == *hello.session {
+            return Ok(Admission::Current);
         }
-        Ok(())
+        if e.up == 0 && !e.is_registered && e.standby.is_none() {
+            *e = SessionEntry::new(&hello.session, lanes);
+            return Ok(Admission::Current);
+        }
+        // Only a successor asks to wait: a second process misconfigured with the same id is
+        // refused, and the first keeps serving.
+        if !hello.session.starts_with(SUCCESSOR_SESSION_PREFIX) {
+            let what = if e.is_registered {
+                "another session of this worker id is connected"
+            } else {
+                "another session of this worker id is connecting"
+            };
+            return Err(reject("duplicate_session", what.into()));
+        }
+        match &e.standby {
+            Some(sb) if *sb.session == *hello.session => Ok(Admission::Standby),
+            Some(_) => Err(reject(
+                "duplicate_session",
+                "another session of this worker id is connected and one waits to replace it".into(),
+            )),
+            None => {
+                e.standby = Some(Box::new(SessionEntry::new(&hello.session, lanes)));
+                Ok(Admission::Standby)
+            }
+        }
     }
 
-    /// A lane of the session is up; the last one registers the worker.
+    /// A lane of the session (or of its standby) is up; the last one registers the worker (or
+    /// lets the standby take over a retired session).
     fn lane_up(
         &self,
         state: &ControlState,
@@ -245,29 +353,17 @@ impl BusShared {
         caps: sortie_core::worker::WorkerCapabilities,
     ) {
         let mut s = self.sessions();
-        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+        let Some(e) = s.get_mut(worker_id) else {
             return;
         };
-        e.up = e.up.saturating_add(1);
-        e.caps = Some(caps);
-        if e.up >= e.lanes && !e.is_registered {
-            if let Some(caps) = e.caps.clone() {
-                match state.register_remote(worker_id, session, caps, crate::clock::unix_ms()) {
-                    Ok(slot) => {
-                        slot.set_applied(e.applied);
-                        e.is_registered = true;
-                        tracing::info!(
-                            worker = worker_id,
-                            session,
-                            lanes = e.lanes,
-                            "remote worker registered"
-                        );
-                    }
-                    Err(err) => {
-                        tracing::warn!(worker = worker_id, error = %err, "registration refused")
-                    }
-                }
-            }
+        if &*e.session == session {
+            e.up = e.up.saturating_add(1);
+            e.caps = Some(caps);
+            e.register_when_complete(state, worker_id);
+        } else if let Some(sb) = e.standby.as_mut().filter(|sb| &*sb.session == session) {
+            sb.up = sb.up.saturating_add(1);
+            sb.caps = Some(caps);
+            e.promote(state, worker_id);
         }
     }
 
@@ -275,9 +371,16 @@ impl BusShared {
     /// is up, so the session keeps it until registration).
     fn applied(&self, state: &ControlState, worker_id: &str, session: &str, version: u64) {
         let mut s = self.sessions();
-        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+        let Some(e) = s.get_mut(worker_id) else {
             return;
         };
+        if let Some(sb) = e.standby.as_mut().filter(|sb| &*sb.session == session) {
+            sb.applied = sb.applied.max(version);
+            return;
+        }
+        if &*e.session != session {
+            return;
+        }
         e.applied = e.applied.max(version);
         if e.is_registered {
             if let Some(slot) = state.with_registry(|_, slots| slots.get(worker_id).cloned()) {
@@ -293,25 +396,25 @@ impl BusShared {
         let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
             return;
         };
-        if e.is_registered {
-            e.is_registered = false;
-            state.disconnect_remote(worker_id, session, crate::clock::unix_ms());
-        }
+        e.retire(state, worker_id);
     }
 
     /// A lane of the session is gone: the worker stops being routable.
     fn lane_down(&self, state: &ControlState, worker_id: &str, session: &str) {
         let mut s = self.sessions();
-        let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
+        let Some(e) = s.get_mut(worker_id) else {
             return;
         };
-        e.up = e.up.saturating_sub(1);
-        if e.is_registered {
-            e.is_registered = false;
-            state.disconnect_remote(worker_id, session, crate::clock::unix_ms());
-            tracing::info!(worker = worker_id, session, "remote worker disconnected");
+        if let Some(sb) = e.standby.as_mut().filter(|sb| &*sb.session == session) {
+            sb.up = sb.up.saturating_sub(1);
+            if sb.up == 0 {
+                e.standby = None;
+            }
+        } else if &*e.session == session {
+            e.up = e.up.saturating_sub(1);
+            e.retire(state, worker_id);
         }
-        if e.up == 0 {
+        if e.up == 0 && !e.is_registered && e.standby.is_none() {
             s.remove(worker_id);
         }
     }
@@ -360,6 +463,8 @@ pub(crate) struct Lane {
     index: u16,
     /// The control's address on this connection, as the worker dialled it.
     local: Option<std::net::SocketAddr>,
+    /// Set while the lane belongs to a standby session (decision 115).
+    standby_since: Cell<Option<Instant>>,
 }
 
 impl Lane {
@@ -381,6 +486,11 @@ pub struct BusCore {
     shared: Arc<BusShared>,
     state: Arc<ControlState>,
     lanes: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+    /// Lanes of standby sessions: a worker's successor waiting to take over (decision 115).
+    standby: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+    /// Lanes of sessions that said `GoAway` and were replaced on this core by their successor:
+    /// they finish their streams, under heartbeat supervision, until the worker closes them.
+    retiring: RefCell<Vec<Rc<Lane>>>,
     /// Connections accepted on this core and not past their hello yet.
     pre_auth: Cell<usize>,
 }
@@ -393,6 +503,8 @@ impl BusCore {
             shared,
             state,
             lanes: RefCell::new(HashMap::new()),
+            standby: RefCell::new(HashMap::new()),
+            retiring: RefCell::new(Vec::new()),
             pre_auth: Cell::new(0),
         })
     }
@@ -589,10 +701,10 @@ impl BusCore {
                     message: "worker id or session is not valid".into(),
                 });
             }
-            self.shared.admit_session(&self.state, &hello)?;
-            Ok(caps)
+            let admission = self.shared.admit_session(&self.state, &hello)?;
+            Ok((caps, admission))
         });
-        let caps = match admitted {
+        let (caps, admission) = match admitted {
             Ok(c) => c,
             Err(r) => {
                 tracing::info!(worker = %hello.worker_id, reason = %r.reason, "bus lane refused");
@@ -616,6 +728,7 @@ impl BusCore {
             last_rx: Cell::new(Instant::now()),
             index: hello.lane,
             local: conn.local_addr(),
+            standby_since: Cell::new(None),
         });
         let version = negotiate(hello.version_min, hello.version_max).unwrap_or(PROTOCOL_VERSION);
         lane.send(&Frame::Welcome(Welcome {
@@ -637,8 +750,16 @@ impl BusCore {
                 payload: active.snapshot.to_json(),
             }));
         }
-        let previous = self
-            .lanes
+        // A standby's lane waits beside the current one (decision 115); otherwise a lane of
+        // the session replaces the one it had on this core.
+        let table = match admission {
+            Admission::Current => &self.lanes,
+            Admission::Standby => {
+                lane.standby_since.set(Some(Instant::now()));
+                &self.standby
+            }
+        };
+        let previous = table
             .borrow_mut()
             .insert(lane.worker_id.clone(), lane.clone());
         if let Some(old) = previous {
@@ -709,8 +830,10 @@ impl BusCore {
                     .applied(&self.state, &lane.worker_id, &lane.session, version);
             }
             Frame::GoAway { reason } => {
-                // No new assignments; the streams on its lanes finish.
+                // No new assignments; the streams on its lanes finish. A standby of the worker
+                // takes this core's place at once.
                 tracing::info!(worker = %lane.worker_id, %reason, "worker going away");
+                self.hand_over_lane(lane);
                 self.shared
                     .going_away(&self.state, &lane.worker_id, &lane.session);
             }
@@ -777,17 +900,46 @@ impl BusCore {
         }
         lane.out.close();
         lane.stop.notify();
-        {
-            let mut lanes = self.lanes.borrow_mut();
-            if lanes
-                .get(&lane.worker_id)
-                .is_some_and(|l| Rc::ptr_eq(l, lane))
-            {
-                lanes.remove(&lane.worker_id);
+        self.hand_over_lane(lane);
+        for table in [&self.lanes, &self.standby] {
+            let mut t = table.borrow_mut();
+            if t.get(&lane.worker_id).is_some_and(|l| Rc::ptr_eq(l, lane)) {
+                t.remove(&lane.worker_id);
             }
         }
+        self.retiring.borrow_mut().retain(|l| !Rc::ptr_eq(l, lane));
         self.shared
             .lane_down(&self.state, &lane.worker_id, &lane.session);
+    }
+
+    /// The worker's current lane on this core stops taking assignments (it said `GoAway`, or
+    /// it closed): its standby's lane, if one waits on this core, takes its place, and the old
+    /// lane finishes its streams on the retiring list (decision 115).
+    fn hand_over_lane(&self, lane: &Rc<Lane>) {
+        let is_current = self
+            .lanes
+            .borrow()
+            .get(&lane.worker_id)
+            .is_some_and(|l| Rc::ptr_eq(l, lane));
+        if !is_current {
+            return;
+        }
+        let Some(next) = self.standby.borrow_mut().remove(&lane.worker_id) else {
+            return;
+        };
+        next.standby_since.set(None);
+        self.lanes.borrow_mut().insert(lane.worker_id.clone(), next);
+        if !lane.is_closed.get() {
+            self.retiring.borrow_mut().push(lane.clone());
+        }
+    }
+
+    /// Every lane this core supervises: current, standby and retiring ones.
+    fn all_lanes(&self) -> Vec<Rc<Lane>> {
+        let mut all: Vec<Rc<Lane>> = self.lanes.borrow().values().cloned().collect();
+        all.extend(self.standby.borrow().values().cloned());
+        all.extend(self.retiring.borrow().iter().cloned());
+        all
     }
 
     /// Closes lanes whose worker stopped sending heartbeats.
@@ -797,11 +949,9 @@ impl BusCore {
         loop {
             monoio::time::sleep(every).await;
             let stale: Vec<Rc<Lane>> = self
-                .lanes
-                .borrow()
-                .values()
+                .all_lanes()
+                .into_iter()
                 .filter(|l| l.last_rx.get().elapsed() > silent)
-                .cloned()
                 .collect();
             for l in stale {
                 tracing::warn!(worker = %l.worker_id, lane = l.index, "no heartbeat; closing the lane");
@@ -811,12 +961,27 @@ impl BusCore {
             // (or its queue outgrows any honest backlog). Close it, abandoning what it holds.
             let stall = every * WRITE_STALL_HEARTBEATS;
             let stuck: Vec<Rc<Lane>> = self
-                .lanes
+                .all_lanes()
+                .into_iter()
+                .filter(|l| l.out.is_stuck(stall))
+                .collect();
+            // A standby that never took over (its predecessor keeps serving) is let go, so a
+            // successor that failed to complete its hand-over does not wait for ever.
+            let expired: Vec<Rc<Lane>> = self
+                .standby
                 .borrow()
                 .values()
-                .filter(|l| l.out.is_stuck(stall))
+                .filter(|l| {
+                    l.standby_since
+                        .get()
+                        .is_some_and(|t| t.elapsed() > STANDBY_LIMIT)
+                })
                 .cloned()
                 .collect();
+            for l in expired {
+                tracing::warn!(worker = %l.worker_id, lane = l.index, "a standby session did not take over in time; closing its lane");
+                self.close(&l, Loss::Disconnected);
+            }
             for l in stuck {
                 tracing::warn!(
                     worker = %l.worker_id,
@@ -833,13 +998,21 @@ impl BusCore {
     /// Pushes a configuration revision on the lanes 0 of this core (the control's core 0 holds
     /// every worker's lane 0).
     pub fn push_config(&self, version: u64, payload: &Arc<Vec<u8>>) {
-        let lanes: Vec<Rc<Lane>> = self
+        let mut lanes: Vec<Rc<Lane>> = self
             .lanes
             .borrow()
             .values()
             .filter(|l| l.index == 0)
             .cloned()
             .collect();
+        // A standby applies every revision too, so it takes over with the active one.
+        lanes.extend(
+            self.standby
+                .borrow()
+                .values()
+                .filter(|l| l.index == 0)
+                .cloned(),
+        );
         for l in lanes {
             l.send(&Frame::ConfigPush(ConfigPush {
                 version,
