@@ -43,7 +43,7 @@ pub(crate) enum Command {
     /// Print the usage text.
     Help,
     /// Run the load.
-    Run(Options),
+    Run(Box<Options>),
 }
 
 /// The checked options of a run.
@@ -253,7 +253,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
             return Err(format!("--header: '{header}' is not 'Name: value'"));
         }
     }
-    Ok(Command::Run(Options {
+    Ok(Command::Run(Box::new(Options {
         target: parse_url(&url)?,
         proxy: proxy.as_deref().map(parse_url).transpose()?,
         rate,
@@ -265,7 +265,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, S
         body,
         expect,
         label: label.unwrap_or_else(|| "target".to_owned()),
-    }))
+    })))
 }
 
 fn parse_number(text: &str, flag: &str) -> Result<f64, String> {
