@@ -147,6 +147,9 @@ pub struct Active {
     /// The upstream proxy of each pool, aligned with `snapshot.pools()`; `None` for direct
     /// pools.
     pub proxies: Vec<Option<Arc<ProxyPool>>>,
+    /// The registry generation the table was built from (see
+    /// [`ControlState::register_remote_batched`]).
+    pub generation: u64,
 }
 
 impl Active {
@@ -169,7 +172,19 @@ impl Active {
 struct Writer {
     registry: WorkerRegistry,
     slots: HashMap<String, Arc<WorkerSlot>>,
+    /// Counts registry changes whose republication was deferred to a batch.
+    generation: u64,
 }
+
+/// During a registration storm, registrations republish the routing table at most once per
+/// batch interval: one rebuild covers all that came meanwhile (decision 116). The interval is
+/// this at least, and ten times the last rebuild's duration, so that rebuilds take at most a
+/// tenth of a core however large the fleet; it is never longer than [`MAX_REGISTRATION_BATCH`].
+pub const REGISTRATION_BATCH: Duration = Duration::from_millis(5);
+/// `last_publish_ms` before the first republication for a registration.
+const NEVER_PUBLISHED: u64 = u64::MAX;
+/// The longest batch interval.
+pub const MAX_REGISTRATION_BATCH: Duration = Duration::from_millis(250);
 
 /// Upstream proxy endpoint health, shared by every snapshot's proxy pools.
 fn proxy_health() -> &'static HealthRegistry {
@@ -181,6 +196,15 @@ fn proxy_health() -> &'static HealthRegistry {
 pub struct ControlState {
     active: ArcSwap<Active>,
     writer: Mutex<Writer>,
+    /// `Writer::generation`, readable without the lock: the routing table is stale while the
+    /// active one was built from an older generation.
+    routing_generation: AtomicU64,
+    /// A batched republication is scheduled.
+    publish_scheduled: AtomicBool,
+    /// When the table was last rebuilt for a registration, in monotonic milliseconds.
+    last_publish_ms: AtomicU64,
+    /// How long the last rebuild took, in microseconds.
+    last_build_us: AtomicU64,
     pins: Box<[Mutex<StickyPins>]>,
     /// Picks a key's pin shard. Keyed at random per process (SipHash): shard selection cannot
     /// be predicted from outside, so no one can aim sessions at one shard.
@@ -234,11 +258,19 @@ impl ControlState {
             );
         }
         let r = &config.control.request;
-        let writer = Writer { registry, slots };
+        let writer = Writer {
+            registry,
+            slots,
+            generation: 0,
+        };
         let active = Self::build(&writer, revision, snapshot);
         ControlState {
             active: ArcSwap::from_pointee(active),
             writer: Mutex::new(writer),
+            routing_generation: AtomicU64::new(0),
+            publish_scheduled: AtomicBool::new(false),
+            last_publish_ms: AtomicU64::new(NEVER_PUBLISHED),
+            last_build_us: AtomicU64::new(0),
             pins: (0..PIN_SHARDS)
                 .map(|_| {
                     Mutex::new(StickyPins::with_quota(
@@ -307,6 +339,7 @@ impl ControlState {
             policy,
             slots,
             proxies,
+            generation: w.generation,
         }
     }
 
@@ -360,6 +393,97 @@ impl ControlState {
         now_unix_ms: u64,
     ) -> Result<Arc<WorkerSlot>, sortie_core::worker::RegisterError> {
         let mut w = self.writer();
+        let slot = Self::register_in(&mut w, id, session, caps, now_unix_ms)?;
+        self.publish(&w);
+        Ok(slot)
+    }
+
+    /// [`ControlState::register_remote`] for the bus, where registrations come in storms (a
+    /// control's start, a network back): a registration republishes the routing table at
+    /// once unless one did within [`REGISTRATION_BATCH`]; then one republication at the end of
+    /// that interval covers every registration meanwhile, so that a storm of N costs about
+    /// N / batch rebuilds instead of N (decision 116). Until then the registry already lists
+    /// the worker, and a request that finds no eligible worker in a stale table has it rebuilt
+    /// ([`ControlState::publish_if_stale`]). Must run on a core (it schedules on the runtime).
+    pub fn register_remote_batched(
+        self: &Arc<Self>,
+        id: &str,
+        session: &str,
+        caps: sortie_core::worker::WorkerCapabilities,
+        now_unix_ms: u64,
+    ) -> Result<Arc<WorkerSlot>, sortie_core::worker::RegisterError> {
+        let mut w = self.writer();
+        let slot = Self::register_in(&mut w, id, session, caps, now_unix_ms)?;
+        w.generation = w.generation.wrapping_add(1);
+        self.routing_generation
+            .store(w.generation, Ordering::Release);
+        let now = crate::clock::monotonic_ms_at(std::time::Instant::now());
+        let batch = self.registration_batch();
+        let last = self.last_publish_ms.load(Ordering::Relaxed);
+        let is_quiet = last == NEVER_PUBLISHED
+            || now.saturating_sub(last) >= u64::try_from(batch.as_millis()).unwrap_or(u64::MAX);
+        if is_quiet && !self.publish_scheduled.load(Ordering::Acquire) {
+            self.last_publish_ms.store(now, Ordering::Relaxed);
+            self.publish(&w);
+            return Ok(slot);
+        }
+        drop(w);
+        if !self.publish_scheduled.swap(true, Ordering::AcqRel) {
+            let me = self.clone();
+            monoio::spawn(async move {
+                monoio::time::sleep(batch).await;
+                me.publish_scheduled.store(false, Ordering::Release);
+                me.publish_if_stale();
+            });
+        }
+        Ok(slot)
+    }
+
+    /// The batch interval of registrations now: [`REGISTRATION_BATCH`], or ten times the last
+    /// rebuild, up to [`MAX_REGISTRATION_BATCH`].
+    fn registration_batch(&self) -> Duration {
+        let ten_builds = Duration::from_micros(self.last_build_us.load(Ordering::Relaxed) * 10);
+        ten_builds.clamp(REGISTRATION_BATCH, MAX_REGISTRATION_BATCH)
+    }
+
+    /// Whether the registry changed since `active` was built (registrations may still wait
+    /// for their batched republication).
+    pub fn is_newer_than(&self, active: &Active) -> bool {
+        active.generation != self.routing_generation.load(Ordering::Acquire)
+    }
+
+    /// Republishes the routing table if registrations are waiting for it; whether it did.
+    pub fn publish_if_stale(&self) -> bool {
+        let w = self.writer();
+        if self.active.load().generation == w.generation {
+            return false;
+        }
+        let now = crate::clock::monotonic_ms_at(std::time::Instant::now());
+        self.last_publish_ms.store(now, Ordering::Relaxed);
+        self.publish(&w);
+        true
+    }
+
+    /// Rebuilds the routing table from the registry under the writer lock and publishes it
+    /// with the active snapshot.
+    fn publish(&self, w: &Writer) {
+        let started = std::time::Instant::now();
+        let cur = self.active.load_full();
+        self.active
+            .store(Arc::new(Self::build(w, cur.revision, cur.snapshot.clone())));
+        drop(cur);
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last_build_us.store(took, Ordering::Relaxed);
+    }
+
+    /// The registry half of a registration: the record and the worker's capacity slot.
+    fn register_in(
+        w: &mut Writer,
+        id: &str,
+        session: &str,
+        caps: sortie_core::worker::WorkerCapabilities,
+        now_unix_ms: u64,
+    ) -> Result<Arc<WorkerSlot>, sortie_core::worker::RegisterError> {
         w.registry.register(
             id,
             session,
@@ -383,12 +507,6 @@ impl ControlState {
         // A new session has applied and reported nothing yet.
         slot.applied.store(0, Ordering::Relaxed);
         slot.reported.store(NOT_REPORTED, Ordering::Relaxed);
-        let cur = self.active.load_full();
-        self.active.store(Arc::new(Self::build(
-            &w,
-            cur.revision,
-            cur.snapshot.clone(),
-        )));
         Ok(slot)
     }
 
@@ -526,6 +644,60 @@ mod tests {
             1,
             Arc::new(snapshot),
         )
+    }
+
+    /// A registration storm: the first registration republishes at once, the next ones within
+    /// the batch wait for one rebuild (the table is stale meanwhile, and a request that finds
+    /// no worker in it has it rebuilt), then the scheduled rebuild publishes them all.
+    #[test]
+    fn registrations_in_a_storm_share_one_rebuild() {
+        let caps = || {
+            sortie_core::worker::AdvertisedCapabilities {
+                tags: vec![],
+                country: None,
+                region: None,
+                ip_type: None,
+                ingress: vec![],
+                pools: vec![],
+                fingerprint_profiles: vec![],
+                capacity: 4,
+            }
+            .validate()
+            .unwrap()
+        };
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async {
+            let s = Arc::new(state());
+            s.register_remote_batched("w-0", "s0", caps(), 1).unwrap();
+            let first = s.active();
+            assert!(
+                !s.is_newer_than(&first),
+                "a lone registration is published at once"
+            );
+            assert_eq!(first.table.workers().len(), 1);
+            for i in 1..50 {
+                s.register_remote_batched(&format!("w-{i}"), "s0", caps(), 1)
+                    .unwrap();
+            }
+            let stale = s.active();
+            assert!(Arc::ptr_eq(&first, &stale), "no rebuild per registration");
+            assert!(s.is_newer_than(&stale));
+            monoio::time::sleep(MAX_REGISTRATION_BATCH + Duration::from_millis(50)).await;
+            let batched = s.active();
+            assert_eq!(
+                batched.table.workers().len(),
+                50,
+                "one rebuild published them all"
+            );
+            assert!(!s.is_newer_than(&batched));
+            // A request that finds a stale table has it rebuilt on the spot.
+            s.register_remote_batched("w-late", "s0", caps(), 1)
+                .unwrap();
+            s.register_remote_batched("w-later", "s0", caps(), 1)
+                .unwrap();
+            assert!(s.publish_if_stale());
+            assert_eq!(s.active().table.workers().len(), 52);
+            assert!(!s.publish_if_stale(), "nothing left to publish");
+        });
     }
 
     /// Two processes (here: two states) place the same sessions in different shards: the

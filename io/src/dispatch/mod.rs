@@ -85,6 +85,7 @@ impl Dispatcher {
 }
 
 /// What routing needs of a request, the same on every attempt.
+#[derive(Clone, Copy)]
 pub(crate) struct Route<'a> {
     /// The configuration the request started under.
     pub(crate) active: &'a Active,
@@ -122,8 +123,30 @@ pub(crate) async fn run<T>(
     mut attempt: impl AsyncFnMut(&Assigned) -> Result<T, Failure>,
 ) -> Result<(T, Assigned), ApiError> {
     let mut failed: Vec<WorkerIndex> = Vec::new();
+    // A table newer than the request's, when registrations were waiting for their batched
+    // republication and routing found no eligible worker (decision 116).
+    let mut fresh: Option<Arc<crate::control::state::Active>> = None;
     loop {
-        let assigned = assign(ctx, route, &failed)?;
+        let current = match &fresh {
+            Some(a) => Route {
+                active: a,
+                ..*route
+            },
+            None => *route,
+        };
+        let assigned = match assign(ctx, &current, &failed) {
+            Err(e)
+                if e.code == ErrorCode::RouteUnavailable
+                    && fresh.is_none()
+                    && failed.is_empty()
+                    && ctx.state.is_newer_than(route.active) =>
+            {
+                ctx.state.publish_if_stale();
+                fresh = Some(ctx.state.active());
+                continue;
+            }
+            other => other?,
+        };
         let failure = match attempt(&assigned).await {
             Ok(t) => return Ok((t, assigned)),
             Err(f) => f,

@@ -171,14 +171,15 @@ impl SessionEntry {
     }
 
     /// Registers the session once every lane is up.
-    fn register_when_complete(&mut self, state: &ControlState, worker_id: &str) {
+    fn register_when_complete(&mut self, state: &Arc<ControlState>, worker_id: &str) {
         if self.up < self.lanes || self.is_registered {
             return;
         }
         let Some(caps) = self.caps.clone() else {
             return;
         };
-        match state.register_remote(worker_id, &self.session, caps, crate::clock::unix_ms()) {
+        match state.register_remote_batched(worker_id, &self.session, caps, crate::clock::unix_ms())
+        {
             Ok(slot) => {
                 slot.set_applied(self.applied);
                 self.is_registered = true;
@@ -198,7 +199,7 @@ impl SessionEntry {
     /// The session stops serving (`GoAway`, or a lane lost): a complete standby takes its
     /// place at once (the registry then names the standby's session, with no moment in which
     /// the worker is not routable), else the worker is listed as disconnected.
-    fn retire(&mut self, state: &ControlState, worker_id: &str) {
+    fn retire(&mut self, state: &Arc<ControlState>, worker_id: &str) {
         let was_registered = std::mem::replace(&mut self.is_registered, false);
         self.is_retired |= was_registered;
         if self.promote(state, worker_id) {
@@ -215,7 +216,7 @@ impl SessionEntry {
     }
 
     /// Replaces a retired session with its standby once the standby has every lane.
-    fn promote(&mut self, state: &ControlState, worker_id: &str) -> bool {
+    fn promote(&mut self, state: &Arc<ControlState>, worker_id: &str) -> bool {
         let is_complete = self.standby.as_ref().is_some_and(|sb| sb.up >= sb.lanes);
         if !self.is_retired || !is_complete {
             return false;
@@ -347,7 +348,7 @@ impl BusShared {
     /// lets the standby take over a retired session).
     fn lane_up(
         &self,
-        state: &ControlState,
+        state: &Arc<ControlState>,
         worker_id: &str,
         session: &str,
         caps: sortie_core::worker::WorkerCapabilities,
@@ -391,7 +392,7 @@ impl BusShared {
 
     /// The worker said `GoAway`: it stops being routable at once (listed as disconnected),
     /// while the streams in flight on its lanes finish.
-    fn going_away(&self, state: &ControlState, worker_id: &str, session: &str) {
+    fn going_away(&self, state: &Arc<ControlState>, worker_id: &str, session: &str) {
         let mut s = self.sessions();
         let Some(e) = s.get_mut(worker_id).filter(|e| &*e.session == session) else {
             return;
@@ -400,7 +401,7 @@ impl BusShared {
     }
 
     /// A lane of the session is gone: the worker stops being routable.
-    fn lane_down(&self, state: &ControlState, worker_id: &str, session: &str) {
+    fn lane_down(&self, state: &Arc<ControlState>, worker_id: &str, session: &str) {
         let mut s = self.sessions();
         let Some(e) = s.get_mut(worker_id) else {
             return;
