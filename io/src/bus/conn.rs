@@ -15,8 +15,12 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt as _, OwnedRea
 use monoio::io::{OwnedWriteHalf, Splitable as _};
 use monoio::net::TcpStream;
 
-/// Bytes read from the socket at a time.
+/// The most bytes read from the socket at a time.
 const READ_BYTES: usize = 64 * 1024;
+/// Bytes read at a time on a new connection: a lane at rest carries heartbeats of a few bytes,
+/// and an idle worker's lanes should cost little memory (and no page faults) on a control
+/// with thousands of them. A read that fills the buffer doubles it, up to [`READ_BYTES`].
+const FIRST_READ_BYTES: usize = 4 * 1024;
 
 /// A TLS session shared by the two halves of one connection.
 type Tls = Rc<RefCell<rustls::Connection>>;
@@ -30,6 +34,8 @@ pub(crate) struct Conn<S> {
     /// plaintext buffer never overflows, and resumes once it was read.
     raw: Vec<u8>,
     raw_at: usize,
+    /// Bytes the next read asks for: doubled by every read that filled it.
+    read_size: usize,
     /// Ciphertext on its way to the socket (the writing side's buffer, reused).
     sealed: Vec<u8>,
 }
@@ -50,8 +56,9 @@ impl Conn<TcpStream> {
         Conn {
             io,
             tls: None,
-            raw: Vec::with_capacity(READ_BYTES),
+            raw: Vec::new(),
             raw_at: 0,
+            read_size: FIRST_READ_BYTES,
             sealed: Vec::new(),
         }
     }
@@ -62,8 +69,9 @@ impl Conn<TcpStream> {
         Conn {
             io,
             tls: Some(Rc::new(RefCell::new(tls))),
-            raw: Vec::with_capacity(READ_BYTES),
+            raw: Vec::new(),
             raw_at: 0,
+            read_size: FIRST_READ_BYTES,
             sealed: Vec::new(),
         }
     }
@@ -169,12 +177,12 @@ impl Conn<TcpStream> {
             .is_ok_and(|parsed| rustls::client::verify_server_name(&parsed, &name).is_ok())
     }
 
-    /// The reading and writing halves.
     /// The local address of the connection (the control's address as the worker dialled it).
     pub(crate) fn local_addr(&self) -> Option<std::net::SocketAddr> {
         self.io.local_addr().ok()
     }
 
+    /// The reading and writing halves.
     pub(crate) fn split(self) -> (ReadConn, WriteConn) {
         let (r, w) = self.io.into_split();
         (
@@ -183,6 +191,7 @@ impl Conn<TcpStream> {
                 tls: self.tls.clone(),
                 raw: self.raw,
                 raw_at: self.raw_at,
+                read_size: self.read_size,
                 sealed: Vec::new(),
             },
             Conn {
@@ -190,6 +199,7 @@ impl Conn<TcpStream> {
                 tls: self.tls,
                 raw: Vec::new(),
                 raw_at: 0,
+                read_size: FIRST_READ_BYTES,
                 sealed: self.sealed,
             },
         )
@@ -232,10 +242,13 @@ impl<S: AsyncReadRent> Conn<S> {
         let mut buf = std::mem::take(&mut self.raw);
         buf.clear();
         self.raw_at = 0;
-        if buf.capacity() < READ_BYTES {
-            buf.reserve(READ_BYTES);
+        if buf.capacity() < self.read_size {
+            buf.reserve_exact(self.read_size);
         }
         let (r, buf) = self.io.read(buf).await;
+        if r.as_ref().is_ok_and(|&n| n > 0 && n >= buf.capacity()) {
+            self.read_size = (self.read_size * 2).min(READ_BYTES);
+        }
         self.raw = buf;
         r
     }
