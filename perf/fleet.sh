@@ -8,7 +8,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-FLEET_SIZES=${FLEET_SIZES:-"10 500 2000 8000"}
+FLEET_SIZES=${FLEET_SIZES:-"10 500 2000 4000"}
 BUS_PORT=${BUS_PORT:-18182}
 CONTROL_CORES=${CONTROL_CORES:-2}
 HEARTBEAT_MS=${HEARTBEAT_MS:-1000}
