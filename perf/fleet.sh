@@ -8,7 +8,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-FLEET_SIZES=${FLEET_SIZES:-"10 500 2000 4000"}
+FLEET_SIZES=${FLEET_SIZES:-"10 500 2000 4000 8000"}
 BUS_PORT=${BUS_PORT:-18182}
 CONTROL_CORES=${CONTROL_CORES:-2}
 HEARTBEAT_MS=${HEARTBEAT_MS:-1000}
@@ -63,8 +63,14 @@ token = "$DEPLOYMENT_TOKEN"
 [admin]
 token = "$ADMIN_TOKEN"
 TOML
-  require_free_port "$API_PORT" API_PORT
-  require_free_port "$BUS_PORT" BUS_PORT
+  # The previous size's control may still be closing its sockets.
+  local free_by=$((SECONDS + 20)) port
+  for port in "$API_PORT" "$ADMIN_PORT" "$BUS_PORT"; do
+    while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+      [ "$SECONDS" -lt "$free_by" ] || require_free_port "$port" "the port variables"
+      sleep 0.2
+    done
+  done
   "$bin" control --config "$dir/control.toml" >"$WORK_DIR/control.log" 2>&1 &
   CONTROL_PID=$!
   wait_port "$BUS_PORT" 30 "$CONTROL_PID" || { tail -n 20 "$WORK_DIR/control.log" >&2; die "the control did not start"; }
@@ -148,7 +154,10 @@ one_size() {
 main() {
   init_run
   RESULTS_FILE="$RESULTS_DIR/$(date +%F)-fleet.txt"
-  apt_install nginx wrk curl python3
+  apt_install nginx wrk curl python3 python3-pip
+  python3 -c 'import uvloop' 2>/dev/null ||
+    pip3 install --quiet --break-system-packages uvloop >&2 ||
+    log "uvloop could not be installed: the simulator runs on plain asyncio, slower"
   local bin
   bin=$(gateway_binary)
   start_nginx
