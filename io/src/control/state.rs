@@ -373,12 +373,7 @@ impl ControlState {
     pub fn update_registry<R>(&self, f: impl FnOnce(&mut WorkerRegistry) -> R) -> R {
         let mut w = self.writer();
         let out = f(&mut w.registry);
-        let cur = self.active.load_full();
-        self.active.store(Arc::new(Self::build(
-            &w,
-            cur.revision,
-            cur.snapshot.clone(),
-        )));
+        self.publish(&w);
         out
     }
 
@@ -465,7 +460,8 @@ impl ControlState {
     }
 
     /// Rebuilds the routing table from the registry under the writer lock and publishes it
-    /// with the active snapshot.
+    /// with the active snapshot; every republication of a registry change goes through here,
+    /// so the rebuild time the registration batch scales with is that of any rebuild.
     fn publish(&self, w: &Writer) {
         let started = std::time::Instant::now();
         let cur = self.active.load_full();
@@ -515,12 +511,7 @@ impl ControlState {
     pub fn disconnect_remote(&self, id: &str, session: &str, now_unix_ms: u64) {
         let mut w = self.writer();
         if w.registry.disconnect(id, session, now_unix_ms) {
-            let cur = self.active.load_full();
-            self.active.store(Arc::new(Self::build(
-                &w,
-                cur.revision,
-                cur.snapshot.clone(),
-            )));
+            self.publish(&w);
         }
     }
 
@@ -547,12 +538,7 @@ impl ControlState {
         for id in &gone {
             w.slots.remove(id.as_str());
         }
-        let cur = self.active.load_full();
-        self.active.store(Arc::new(Self::build(
-            &w,
-            cur.revision,
-            cur.snapshot.clone(),
-        )));
+        self.publish(&w);
         gone.len()
     }
 
