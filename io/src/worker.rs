@@ -322,32 +322,32 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
     if let Some(w) = watchdog {
         w.stop();
     }
-    if stopping.is_handing_over.load(Ordering::Relaxed) {
-        // The controls switch to the successor's lanes as each hears `GoAway`; an assignment
-        // that crossed it is still served here.
+    // A GoAway may cross an assignment already on its way: the wait for the last one starts
+    // after a quiet moment (a heartbeat's worth on a stop; longer on a hand-over, where the
+    // controls switch to the successor's lanes as each hears the GoAway and an assignment that
+    // crossed it is still served here).
+    let quiet = if stopping.is_handing_over.load(Ordering::Relaxed) {
         tracing::info!("handed over: finishing the assignments in flight");
-        let deadline = Instant::now() + STOP_GRACE;
-        std::thread::sleep(HANDOVER_QUIET);
-        while stopping.active.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-        drop(handles);
-        return Ok(());
-    }
-    crate::systemd::stopping();
-    // Graceful stop: every lane says GoAway within a heartbeat, assignments in flight finish
-    // (within `STOP_GRACE`), then the process exits and its lanes close.
-    tracing::info!("stopping: no new assignments, finishing the ones in flight");
-    stopping.is_stopping.store(true, Ordering::Relaxed);
+        HANDOVER_QUIET
+    } else {
+        crate::systemd::stopping();
+        // Graceful stop: every lane says GoAway within a heartbeat, assignments in flight
+        // finish (within `STOP_GRACE`), then the process exits and its lanes close.
+        tracing::info!("stopping: no new assignments, finishing the ones in flight");
+        stopping.is_stopping.store(true, Ordering::Relaxed);
+        STOP_QUIET
+    };
     let deadline = Instant::now() + STOP_GRACE;
-    // A GoAway may cross an assignment already on its way: wait one heartbeat before idle counts.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(quiet);
     while stopping.active.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
         std::thread::park_timeout(Duration::from_millis(20));
     }
     drop(handles);
     Ok(())
 }
+
+/// How long a stopping worker waits after its `GoAway` before an idle moment counts as the end.
+const STOP_QUIET: Duration = Duration::from_millis(300);
 
 /// How long a worker that handed over keeps its lanes after its `GoAway`, for assignments a
 /// control sent before it heard it.
