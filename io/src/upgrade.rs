@@ -191,23 +191,7 @@ fn hand_over(
     offer: &Mutex<Option<Vec<Offered>>>,
     move_workers: &dyn Fn() -> Vec<String>,
 ) -> Result<u32, String> {
-    conn.set_read_timeout(Some(STEP_TIMEOUT))
-        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
-    if peer.uid != rustix::process::getuid() {
-        return Err(format!(
-            "process {} runs as another user",
-            peer.pid.as_raw_nonzero()
-        ));
-    }
-    let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
-    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
-    let greeting = read_line(&mut reader)?;
-    if greeting != GREETING {
-        let _ = conn.write_all(b"error unknown request\n");
-        return Err(format!("process {pid} sent an unknown request"));
-    }
+    let (pid, mut reader) = greeted(conn, GREETING)?;
     {
         let guard = offer.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(listeners) = guard.as_ref() else {
@@ -242,6 +226,34 @@ fn hand_over(
             other => return Err(format!("process {pid} answered {other:?} instead of ready")),
         }
     }
+}
+
+/// The running process's first step with a successor: the step timeouts, the peer's user
+/// (this process's), and its greeting; the peer's pid and a reader on the connection.
+fn greeted(conn: &mut UnixStream, greeting: &str) -> Result<(u32, BufReader<UnixStream>), String> {
+    conn.set_read_timeout(Some(STEP_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
+    let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
+    if peer.uid != rustix::process::getuid() {
+        return Err(format!("process {pid} runs as another user"));
+    }
+    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    if read_line(&mut reader)? != greeting {
+        let _ = conn.write_all(b"error unknown request\n");
+        return Err(format!("process {pid} sent an unknown request"));
+    }
+    Ok((pid, reader))
+}
+
+/// The successor's first step: the step timeouts, then its greeting.
+fn greet(conn: &mut UnixStream, greeting: &str) -> Result<(), UpgradeError> {
+    conn.set_read_timeout(Some(STEP_TIMEOUT))
+        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
+        .map_err(exchange)?;
+    conn.write_all(format!("{greeting}\n").as_bytes())
+        .map_err(exchange)
 }
 
 /// Reads one line of at most 256 bytes, without its end.
@@ -293,11 +305,7 @@ impl Successor {
         let path = data_dir.join(SOCKET_FILE);
         let mut conn = UnixStream::connect(&path)
             .map_err(|source| UpgradeError::NoPredecessor { path, source })?;
-        conn.set_read_timeout(Some(STEP_TIMEOUT))
-            .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
-            .map_err(exchange)?;
-        conn.write_all(format!("{GREETING}\n").as_bytes())
-            .map_err(exchange)?;
+        greet(&mut conn, GREETING)?;
         let (text, fds) = receive_manifest(&conn)?;
         let listeners = parse_manifest(&text, fds)?;
         Ok(Successor { conn, listeners })
@@ -595,19 +603,7 @@ pub fn offer_worker(
 
 /// One successor of a worker: who it is, this worker's session, then its `ready`.
 fn worker_hand_over(conn: &mut UnixStream, session: &str) -> Result<u32, String> {
-    conn.set_read_timeout(Some(STEP_TIMEOUT))
-        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
-    let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
-    if peer.uid != rustix::process::getuid() {
-        return Err(format!("process {pid} runs as another user"));
-    }
-    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
-    if read_line(&mut reader)? != WORKER_GREETING {
-        let _ = conn.write_all(b"error unknown request\n");
-        return Err(format!("process {pid} sent an unknown request"));
-    }
+    let (pid, mut reader) = greeted(conn, WORKER_GREETING)?;
     conn.write_all(format!("session {session}\n").as_bytes())
         .map_err(|e| e.to_string())?;
     conn.set_read_timeout(Some(READY_TIMEOUT))
@@ -634,11 +630,7 @@ impl WorkerSuccessor {
                 path: config.to_path_buf(),
                 source,
             })?;
-        conn.set_read_timeout(Some(STEP_TIMEOUT))
-            .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
-            .map_err(exchange)?;
-        conn.write_all(format!("{WORKER_GREETING}\n").as_bytes())
-            .map_err(exchange)?;
+        greet(&mut conn, WORKER_GREETING)?;
         let mut reader = BufReader::new(conn.try_clone().map_err(exchange)?);
         let line = read_line(&mut reader).map_err(exchange)?;
         let predecessor_session = line
