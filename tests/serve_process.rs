@@ -1060,6 +1060,15 @@ fn envelope_on(s: &mut std::net::TcpStream, token: &str, envelope: &Value) -> u1
 /// SIGHUP reads the file again: new deployment and admin tokens and `log.access` apply at once,
 /// a keep-alive connection opened before goes on; keys that need a restart are named and keep
 /// their running values; a file that does not parse changes nothing.
+/// Sends SIGHUP to the gateway.
+fn hup(p: &Proc) {
+    let ok = Command::new("kill")
+        .args(["-HUP", &p.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(ok.success());
+}
+
 /// SIGHUP also changes the log's level and format, and the server limits of connections
 /// accepted from then on; a filter the log cannot use refuses the whole reload.
 #[test]
@@ -1081,14 +1090,6 @@ fn sighup_reloads_log_level_format_and_server_limits() {
     assert_eq!(envelope_on(&mut kept, DEPLOYMENT_TOKEN, &env), 200);
     // Before: a second connection beside the kept one is served.
     assert_eq!(envelope_with(api, DEPLOYMENT_TOKEN, &env).status, 200);
-    let hup = |p: &Proc| {
-        let ok = Command::new("kill")
-            .args(["-HUP", &p.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(ok.success());
-    };
-
     let changed = original.replace("level = \"warn\"", "level = \"info\"\nformat = \"json\"")
         + "\n[control.server]\nmax_connections_per_core = 1\n";
     std::fs::write(&cfg, changed).expect("rewrite config");
@@ -1150,13 +1151,6 @@ fn sighup_reloads_tokens_and_keeps_connections() {
     kept.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
     assert_eq!(envelope_on(&mut kept, DEPLOYMENT_TOKEN, &env), 200);
-    let hup = |p: &Proc| {
-        let ok = Command::new("kill")
-            .args(["-HUP", &p.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(ok.success());
-    };
     let admin_status = |token: &str| {
         let auth = format!("Bearer {token}");
         http(

@@ -129,6 +129,82 @@ fn exchange(c: &mut BufReader<TcpStream>, request: &[u8]) -> Result<bool, String
     Ok(is_closing)
 }
 
+/// Keep-alive clients of the request API and the forward proxy, each sending `GET` of one
+/// upstream URL (through an envelope, or in absolute form) on its own schedule.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    clients: Vec<std::thread::JoinHandle<()>>,
+    api_request: Vec<u8>,
+}
+
+impl Load {
+    /// Three clients of the API and three of the proxy at `gw`, a request every 20 ms each.
+    fn start(gw: &Gateway, up: &Upstream) -> Load {
+        let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
+        let api_request = format!(
+            "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
+            envelope.len()
+        );
+        let proxy_request = format!(
+            "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+            up.url("/proxied"),
+            up.addr(),
+            base64_basic(&proxy_user())
+        );
+        let mut load = Load {
+            stop: Arc::new(AtomicBool::new(false)),
+            tally: Arc::new(Tally::default()),
+            clients: Vec::new(),
+            api_request: api_request.into_bytes(),
+        };
+        for _ in 0..3 {
+            load.add(gw.api, load.api_request.clone(), Duration::from_millis(20));
+            load.add(
+                gw.proxy.expect("proxy"),
+                proxy_request.clone().into_bytes(),
+                Duration::from_millis(20),
+            );
+        }
+        load
+    }
+
+    /// One more client sending `request` to `addr` every `period`.
+    fn add(&mut self, addr: SocketAddr, request: Vec<u8>, period: Duration) {
+        let c = client(addr, request, period, self.stop.clone(), self.tally.clone());
+        self.clients.push(c);
+    }
+
+    /// Requests answered so far.
+    fn ok(&self) -> usize {
+        self.tally.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `more` requests more were answered.
+    fn wait_for(&self, more: usize, what: &str) {
+        let at = self.ok();
+        wait_until(Duration::from_secs(10), what, || self.ok() >= at + more);
+    }
+
+    /// Stops the clients and fails the test on any failure; the responses that closed their
+    /// connection.
+    fn finish(self, what: &str) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.clients {
+            c.join().expect("client");
+        }
+        let failures = self.tally.failures.lock().unwrap().clone();
+        assert!(
+            failures.is_empty(),
+            "{} failures across {what} (of {} ok): {failures:?}",
+            failures.len(),
+            self.tally.ok.load(Ordering::Relaxed)
+        );
+        self.tally.closes.load(Ordering::Relaxed)
+    }
+}
+
 /// Kills a process that is not this test's child, when the test ends however it ends.
 struct Reap(u32);
 
@@ -140,12 +216,11 @@ impl Drop for Reap {
     }
 }
 
-/// Sends SIGUSR2 to the gateway and returns its successor's pid, read from the log line of the
-/// hand-over.
-fn upgrade(gw: &Gateway) -> u32 {
-    let old = gw.child.id();
+/// Sends SIGUSR2 to process `pid` and returns its successor's pid, read from the log line
+/// of the hand-over among `lines` (the process's output).
+fn upgrade(pid: u32, lines: &std::sync::mpsc::Receiver<String>) -> u32 {
     let kill = std::process::Command::new("kill")
-        .args(["-USR2", &old.to_string()])
+        .args(["-USR2", &pid.to_string()])
         .status()
         .expect("kill");
     assert!(kill.success());
@@ -153,8 +228,7 @@ fn upgrade(gw: &Gateway) -> u32 {
     let mut seen = Vec::new();
     let successor: u32 = loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let line = gw
-            .stdout
+        let line = lines
             .recv_timeout(left)
             .unwrap_or_else(|_| panic!("no hand-over within 30 s; output:\n{}", seen.join("\n")));
         if let Some(rest) = line.split("handed over to process ").nth(1) {
@@ -166,15 +240,15 @@ fn upgrade(gw: &Gateway) -> u32 {
         }
         seen.push(line);
     };
-    assert_ne!(successor, old);
+    assert_ne!(successor, pid);
     successor
 }
 
-/// Waits for the gateway's own process to exit; its status.
-fn wait_exit(gw: &mut Gateway, within: Duration) -> std::process::ExitStatus {
+/// Waits for a child process (the process upgraded) to exit; its status.
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + within;
     loop {
-        if let Some(s) = gw.child.try_wait().expect("wait") {
+        if let Some(s) = child.try_wait().expect("wait") {
             return s;
         }
         assert!(
@@ -200,44 +274,9 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
     let up = Upstream::start(upstream::fixed(upstream::response(200, &[], b"hello")));
     let echo = echo_server();
     let mut gw = Gateway::builder().start();
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Arc::new(Tally::default());
-    let mut clients = Vec::new();
-    let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
-    let api_request = format!(
-        "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
-        envelope.len()
-    );
-    let proxy_request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
-        up.url("/proxied"),
-        up.addr(),
-        base64_basic(&proxy_user())
-    );
-    for _ in 0..3 {
-        for (addr, req) in [
-            (gw.api, &api_request),
-            (gw.proxy.expect("proxy"), &proxy_request),
-        ] {
-            clients.push(client(
-                addr,
-                req.clone().into_bytes(),
-                Duration::from_millis(20),
-                stop.clone(),
-                tally.clone(),
-            ));
-        }
-    }
+    let mut load = Load::start(&gw, &up);
     // A slow client: one request a second, under the hand-over's idle linger.
-    clients.push(client(
-        gw.api,
-        api_request.clone().into_bytes(),
-        Duration::from_secs(1),
-        stop.clone(),
-        tally.clone(),
-    ));
+    load.add(gw.api, load.api_request.clone(), Duration::from_secs(1));
 
     // A tunnel opened before the upgrade.
     let (mut tunnel, status) = open_tunnel(&gw, echo);
@@ -250,14 +289,10 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
         assert_eq!(back, msg.as_bytes(), "the tunnel echoes");
     };
     echo_round(0);
-    wait_until(
-        Duration::from_secs(10),
-        "requests before the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= 50,
-    );
-    let before = tally.ok.load(Ordering::Relaxed);
+    load.wait_for(50, "requests before the upgrade");
+    let before = load.ok();
 
-    let successor = upgrade(&gw);
+    let successor = upgrade(gw.child.id(), &gw.stdout);
     let _reap = Reap(successor);
 
     // The tunnel lives on in the draining process, which waits for it.
@@ -270,16 +305,11 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
         "the old process drains while its tunnel is open"
     );
     drop(tunnel);
-    let status = wait_exit(&mut gw, Duration::from_secs(15));
+    let status = wait_exit(&mut gw.child, Duration::from_secs(15));
     assert!(status.success(), "the old process exits 0: {status}");
 
     // The successor alone serves now.
-    let after_exit = tally.ok.load(Ordering::Relaxed);
-    wait_until(
-        Duration::from_secs(10),
-        "requests after the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= after_exit + 50,
-    );
+    load.wait_for(50, "requests after the upgrade");
     let (mut t2, status) = open_tunnel(&gw, echo);
     assert!(
         status.contains(" 200"),
@@ -290,22 +320,12 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
     t2.read_exact(&mut back).expect("read");
     assert_eq!(&back, b"new\n");
 
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let failures = tally.failures.lock().unwrap().clone();
+    assert!(load.ok() > before);
+    let closes = load.finish("the upgrade");
     assert!(
-        failures.is_empty(),
-        "{} failures across the upgrade (of {} ok): {failures:?}",
-        failures.len(),
-        tally.ok.load(Ordering::Relaxed)
-    );
-    assert!(
-        tally.closes.load(Ordering::Relaxed) >= 7,
+        closes >= 7,
         "every client was told to move over with Connection: close"
     );
-    assert!(tally.ok.load(Ordering::Relaxed) > before);
 
     // The successor stops on SIGTERM like any process.
     std::process::Command::new("kill")
@@ -424,62 +444,14 @@ fn a_control_upgrades_under_load_and_its_remote_workers_follow() {
     let mut gw = control("127.0.0.1:0", None).start();
     let worker = start_worker("w-remote", gw.bus.expect("bus"), None, "capacity = 64\n");
     wait_worker(&gw, "w-remote", "connected");
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Arc::new(Tally::default());
-    let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
-    let api_request = format!(
-        "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
-        envelope.len()
-    );
-    let proxy_request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
-        up.url("/proxied"),
-        up.addr(),
-        base64_basic(&proxy_user())
-    );
-    let mut clients = Vec::new();
-    for _ in 0..3 {
-        for (addr, req) in [
-            (gw.api, &api_request),
-            (gw.proxy.expect("proxy"), &proxy_request),
-        ] {
-            clients.push(client(
-                addr,
-                req.clone().into_bytes(),
-                Duration::from_millis(20),
-                stop.clone(),
-                tally.clone(),
-            ));
-        }
-    }
-    wait_until(
-        Duration::from_secs(10),
-        "requests before the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= 50,
-    );
-    let successor = upgrade(&gw);
+    let load = Load::start(&gw, &up);
+    load.wait_for(50, "requests before the upgrade");
+    let successor = upgrade(gw.child.id(), &gw.stdout);
     let _reap = Reap(successor);
-    let status = wait_exit(&mut gw, Duration::from_secs(20));
+    let status = wait_exit(&mut gw.child, Duration::from_secs(20));
     assert!(status.success(), "the old control exits 0: {status}");
-    let after_exit = tally.ok.load(Ordering::Relaxed);
-    wait_until(
-        Duration::from_secs(10),
-        "requests after the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= after_exit + 50,
-    );
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let failures = tally.failures.lock().unwrap().clone();
-    assert!(
-        failures.is_empty(),
-        "{} failures across the upgrade (of {} ok): {failures:?}",
-        failures.len(),
-        tally.ok.load(Ordering::Relaxed)
-    );
+    load.wait_for(50, "requests after the upgrade");
+    load.finish("the upgrade");
     // The successor has the worker, and the worker redialled on the control's GoAway rather
     // than after losing its lanes.
     wait_worker(&gw, "w-remote", "connected");
@@ -511,72 +483,11 @@ fn a_worker_upgrades_under_load_without_a_moment_unroutable() {
     let gw = control("127.0.0.1:0", None).start();
     let mut worker = start_worker("w-up", gw.bus.expect("bus"), None, "capacity = 64\n");
     wait_worker(&gw, "w-up", "connected");
-    let stop = Arc::new(AtomicBool::new(false));
-    let tally = Arc::new(Tally::default());
-    let envelope = format!(r#"{{"method":"GET","url":"{}"}}"#, up.url("/api"));
-    let api_request = format!(
-        "POST /api/v1/requests HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{envelope}",
-        envelope.len()
-    );
-    let proxy_request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nProxy-Authorization: Basic {}\r\n\r\n",
-        up.url("/proxied"),
-        up.addr(),
-        base64_basic(&proxy_user())
-    );
-    let mut clients = Vec::new();
-    for _ in 0..3 {
-        for (addr, req) in [
-            (gw.api, &api_request),
-            (gw.proxy.expect("proxy"), &proxy_request),
-        ] {
-            clients.push(client(
-                addr,
-                req.clone().into_bytes(),
-                Duration::from_millis(20),
-                stop.clone(),
-                tally.clone(),
-            ));
-        }
-    }
-    wait_until(
-        Duration::from_secs(10),
-        "requests before the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= 50,
-    );
-    let old = worker.child.id();
-    assert!(std::process::Command::new("kill")
-        .args(["-USR2", &old.to_string()])
-        .status()
-        .expect("kill")
-        .success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    let successor: u32 = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = worker
-            .out
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("no hand-over within 30 s:\n{}", seen.join("\n")));
-        if let Some(rest) = line.split("handed over to process ").nth(1) {
-            break rest
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|p| p.parse().ok())
-                .expect("successor pid");
-        }
-        seen.push(line);
-    };
+    let load = Load::start(&gw, &up);
+    load.wait_for(50, "requests before the upgrade");
+    let successor = upgrade(worker.child.id(), &worker.out);
     let _reap = Reap(successor);
-    let exit_by = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = worker.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < exit_by, "the old worker did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(&mut worker.child, Duration::from_secs(20));
     assert!(status.success(), "the old worker exits 0: {status}");
     let listed = wait_worker(&gw, "w-up", "connected");
     assert!(
@@ -585,21 +496,6 @@ fn a_worker_upgrades_under_load_without_a_moment_unroutable() {
             .is_some_and(|s| s.starts_with('u')),
         "the successor's session is the worker's now: {listed}"
     );
-    let after = tally.ok.load(Ordering::Relaxed);
-    wait_until(
-        Duration::from_secs(10),
-        "requests after the upgrade",
-        || tally.ok.load(Ordering::Relaxed) >= after + 50,
-    );
-    stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("client");
-    }
-    let failures = tally.failures.lock().unwrap().clone();
-    assert!(
-        failures.is_empty(),
-        "{} failures across the worker's upgrade (of {} ok): {failures:?}",
-        failures.len(),
-        tally.ok.load(Ordering::Relaxed)
-    );
+    load.wait_for(50, "requests after the upgrade");
+    load.finish("the worker's upgrade");
 }
