@@ -14,7 +14,7 @@ use std::fmt;
 
 pub use crate::hints::{CountryCode, Ingress, RouteHints};
 pub use pins::{Pin, PinKey, StickyPins, DEFAULT_MAX_STICKY_PINS};
-pub use table::RoutingTable;
+pub use table::{RoutingTable, EXACT_SCAN_LIMIT, ROOM_SAMPLE};
 
 use crate::config_id::ConfigId;
 use crate::error::{ApiError, ErrorCode};

@@ -92,6 +92,24 @@ enum PoolPick {
     Chosen(u32),
 }
 
+/// Candidate lists up to this long are scanned whole for the most room; longer ones are
+/// sampled first (decision 117).
+pub const EXACT_SCAN_LIMIT: usize = 64;
+/// Candidates drawn from a longer list; the most room among those eligible wins.
+pub const ROOM_SAMPLE: usize = 8;
+
+/// The `i`-th draw of a request's sample: SplitMix64 over the tie-break and the draw number,
+/// so a request's draws are spread over the list and the next request's differ.
+fn sample_draw(tie_break: u64, i: u64) -> u64 {
+    let mut z = tie_break
+        .wrapping_mul(ROOM_SAMPLE as u64)
+        .wrapping_add(i)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Interns a string, returning its id.
 fn intern(map: &mut HashMap<Box<str>, u32>, s: &str) -> u32 {
     if let Some(&id) = map.get(s) {
@@ -258,7 +276,9 @@ impl RoutingTable {
     /// all match; its pools are tried in order and the next pool only when the earlier one has
     /// no eligible worker. Among eligible workers with room, the one with the most available
     /// capacity wins; ties go to the first at or after `tie_break` (modulo the candidate count)
-    /// in index order (decision 007). A sticky session first tries its
+    /// in index order (decision 007). A candidate list longer than [`EXACT_SCAN_LIMIT`] is
+    /// sampled first: the most room among [`ROOM_SAMPLE`] drawn candidates, the whole list
+    /// only when none of them is eligible with room (decision 117). A sticky session first tries its
     /// pinned worker (decision 008); without a usable pin, its worker is the eligible one with
     /// room that ranks highest by rendezvous hashing of `(deployment, session)`, so every control
     /// with the same workers chooses the same one (decision 097). The pin store is updated: new
@@ -467,6 +487,15 @@ impl RoutingTable {
         if n == 0 {
             return PoolPick::NoEligible;
         }
+        if let Ranking::MostRoom(tie_break) = ranking {
+            if n > EXACT_SCAN_LIMIT {
+                if let Some(w) = self.sampled_most_room(list, want, capacity, tie_break) {
+                    return PoolPick::Chosen(w);
+                }
+                // No drawn candidate is eligible with room: the whole list decides, so that
+                // `Full` and `NoEligible` stay exact.
+            }
+        }
         let mut any_eligible = false;
         // (position, worker, room) of every eligible candidate with room, in candidate order.
         let with_room = list
@@ -504,6 +533,31 @@ impl RoutingTable {
             (None, true) => PoolPick::Full,
             (None, false) => PoolPick::NoEligible,
         }
+    }
+
+    /// The most room among [`ROOM_SAMPLE`] candidates drawn from a long list, the first drawn
+    /// among equals; `None` when no drawn candidate is eligible with room (decision 117).
+    fn sampled_most_room<C: CapacityView + ?Sized>(
+        &self,
+        list: &[u32],
+        want: &Wanted,
+        capacity: &C,
+        tie_break: u64,
+    ) -> Option<u32> {
+        let n = u64::try_from(list.len()).unwrap_or(u64::MAX).max(1);
+        let mut best: Option<(u32, u32)> = None;
+        for i in 0..ROOM_SAMPLE as u64 {
+            let pos = usize::try_from(sample_draw(tie_break, i) % n).unwrap_or(0);
+            let Some(&w) = list.get(pos) else { continue };
+            if !self.is_eligible(w, want) {
+                continue;
+            }
+            let room = self.available(w, capacity);
+            if room > best.map_or(0, |(_, r)| r) {
+                best = Some((w, room));
+            }
+        }
+        best.map(|(w, _)| w)
     }
 
     /// The highest weighted rendezvous score for `key` among `workers` (decision 097); the
@@ -1729,8 +1783,9 @@ mod tests {
               "pools":[{"id":"p0"},{"id":"p1"},{"id":"p2"}]}"#,
         );
         let mut rng = Rng(0x5eed);
+        let mut sampled_routes = 0;
         for round in 0..40 {
-            let n = 1 + rng.below(120) as usize;
+            let n = 1 + rng.below(240) as usize;
             let records: Vec<WorkerRecord> = (0..n).map(|i| random_worker(&mut rng, i)).collect();
             let t = RoutingTable::build(snap.clone(), &records);
             let max: Vec<u32> = records
@@ -1747,6 +1802,7 @@ mod tests {
                 let mut expected = Err(RouteError::Unavailable {
                     rule_id: ConfigId::parse("r").unwrap(),
                 });
+                let mut sampled = false;
                 for (p, pool) in POOLS.iter().enumerate() {
                     let brute = brute_force_eligible(&records, pool, &h, ingress);
                     let indexed: Vec<usize> = t
@@ -1761,12 +1817,17 @@ mod tests {
                     if brute.is_empty() {
                         continue;
                     }
-                    // Most available capacity, ties to the lowest index (tie_break 0).
+                    // Most available capacity, ties to the lowest index (tie_break 0). A
+                    // longer candidate list is sampled (decision 117): any eligible worker with
+                    // room is then a right answer, checked below.
                     let best = brute
                         .iter()
                         .copied()
                         .filter(|&i| max[i] > active[i])
                         .max_by_key(|&i| (max[i] - active[i], std::cmp::Reverse(i)));
+                    let want = t.resolve(&h, ingress);
+                    sampled =
+                        want.is_some_and(|w| t.candidates(p, &w).len() > super::EXACT_SCAN_LIMIT);
                     expected = match best {
                         Some(i) => Ok((i, *pool)),
                         None => Err(RouteError::CapacityExhausted {
@@ -1786,8 +1847,117 @@ mod tests {
                 let got = t
                     .route(&req, &mut StickyPins::new(4), 0, &view)
                     .map(|d| (d.worker.as_usize(), POOLS[d.pool]));
-                assert_eq!(got, expected, "round {round}, {h:?}, {ingress:?}");
+                match (&got, &expected) {
+                    (Ok((w, pool)), Ok((_, expected_pool))) if sampled => {
+                        let p = POOLS.iter().position(|x| x == pool).unwrap();
+                        assert_eq!(pool, expected_pool, "round {round}, {h:?}, {ingress:?}");
+                        assert!(
+                            brute_force_eligible(&records, POOLS[p], &h, ingress).contains(w)
+                                && max[*w] > active[*w],
+                            "round {round}: sampled worker {w} is not eligible with room"
+                        );
+                        sampled_routes += 1;
+                    }
+                    _ => assert_eq!(got, expected, "round {round}, {h:?}, {ingress:?}"),
+                }
             }
         }
+        assert!(sampled_routes > 0, "no round routed through a sampled list");
+    }
+
+    /// `n` workers of pool "p", all of capacity 10, ids in index order.
+    fn large_pool(n: usize) -> RoutingTable {
+        let snap = snapshot(
+            r#"{"routing":{"rules":[{"id":"r","priority":1,"pools":["p"]}]},"pools":[{"id":"p"}]}"#,
+        );
+        let records: Vec<WorkerRecord> = (0..n)
+            .map(|i| {
+                let caps = AdvertisedCapabilities {
+                    pools: vec!["p".into()],
+                    capacity: 10,
+                    ..Default::default()
+                };
+                WorkerRecord::connected(
+                    ConfigId::parse(&format!("w{i:05}")).unwrap(),
+                    "session",
+                    Executor::Remote,
+                    caps.validate().unwrap(),
+                )
+            })
+            .collect();
+        RoutingTable::build(snap, &records)
+    }
+
+    fn route_large(t: &RoutingTable, tie_break: u64, active: &[u32]) -> Result<usize, RouteError> {
+        let h = hints();
+        let req = RouteRequest {
+            deployment_id: "d",
+            hints: &h,
+            ingress: Ingress::Api,
+            host: "h",
+            tie_break,
+        };
+        let view = |i: WorkerIndex| active[i.as_usize()];
+        t.route(&req, &mut StickyPins::new(4), 0, &view)
+            .map(|d| d.worker.as_usize())
+    }
+
+    #[test]
+    fn long_lists_are_sampled_and_stay_exact_at_the_edges() {
+        let n = 1_000;
+        let t = large_pool(n);
+        // Idle: consecutive requests spread; no worker takes more than a few of 2,000.
+        let idle = vec![0u32; n];
+        let mut hits = vec![0u32; n];
+        for tb in 0..2_000u64 {
+            hits[route_large(&t, tb, &idle).unwrap()] += 1;
+        }
+        let used = hits.iter().filter(|&&h| h > 0).count();
+        assert!(
+            used > 800,
+            "2,000 idle routes used only {used} of {n} workers"
+        );
+        assert!(*hits.iter().max().unwrap() <= 10, "{:?}", hits.iter().max());
+
+        // Half full, the other half with room 1 to 10: the chosen worker has room, and on
+        // average much more than the pool's mean room.
+        let active: Vec<u32> = (0..n)
+            .map(|i| if i % 2 == 0 { 10 } else { (i as u32 / 2) % 10 })
+            .collect();
+        let mut room_sum = 0u64;
+        for tb in 0..2_000u64 {
+            let w = route_large(&t, tb, &active).unwrap();
+            assert!(active[w] < 10, "worker {w} is full");
+            room_sum += u64::from(10 - active[w]);
+        }
+        let mean_room: f64 = active.iter().map(|&a| f64::from(10 - a)).sum::<f64>() / n as f64;
+        let chosen_room = room_sum as f64 / 2_000.0;
+        assert!(
+            chosen_room > 2.5 * mean_room,
+            "chosen room {chosen_room:.2} against a pool mean of {mean_room:.2}"
+        );
+
+        // One worker with room among 1,000 full ones: the sample misses it and the whole list
+        // finds it, whatever the draw.
+        let mut one = vec![10u32; n];
+        one[777] = 9;
+        for tb in 0..50u64 {
+            assert_eq!(route_large(&t, tb, &one), Ok(777));
+        }
+        // All full: capacity exhausted, exactly as an unsampled pool says it.
+        let full = vec![10u32; n];
+        assert_eq!(
+            route_large(&t, 3, &full),
+            Err(RouteError::CapacityExhausted {
+                rule_id: ConfigId::parse("r").unwrap()
+            })
+        );
+        // At the limit the scan is still whole: most room, ties from the tie-break position.
+        let small = large_pool(EXACT_SCAN_LIMIT);
+        let mut load = vec![5u32; EXACT_SCAN_LIMIT];
+        load[40] = 1;
+        load[50] = 1;
+        assert_eq!(route_large(&small, 0, &load), Ok(40));
+        assert_eq!(route_large(&small, 45, &load), Ok(50));
     }
 }
