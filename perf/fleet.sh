@@ -3,7 +3,8 @@
 # speaks the bus protocol for every worker), for N in $FLEET_SIZES: how long registration
 # takes and what it costs the control (CPU per registration, from /proc), what one more worker
 # costs at rest (RSS, idle CPU), how long a rollout takes until every worker acknowledged it,
-# and request API throughput with N eligible workers beside N = 10. See perf/README.md.
+# and request API throughput with N eligible workers beside N = 10. PROFILE=1 records the
+# control at rest with `perf record` and prints its top costs. See perf/README.md.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -12,6 +13,9 @@ FLEET_SIZES=${FLEET_SIZES:-"10 500 2000 4000 8000"}
 BUS_PORT=${BUS_PORT:-18182}
 CONTROL_CORES=${CONTROL_CORES:-2}
 HEARTBEAT_MS=${HEARTBEAT_MS:-1000}
+# The bus protocol version the simulated workers offer: 4 heartbeats on lane 0 only, 3 on
+# every lane (decision 118). PROTOCOLS="3 4" measures both in one run.
+PROTOCOLS=${PROTOCOLS:-4}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
 # Request API throughput at each size: wrk for THROUGHPUT_SECONDS against nginx through the
 # control and the simulated workers (which answer without an upstream).
@@ -93,18 +97,18 @@ rollout() {
 ticks_s() { awk -v t="$1" -v hz="$CLK_TCK" 'BEGIN { printf "%.3f", t / hz }'; }
 
 one_size() {
-  local bin=$1 n=$2 sim_out="$WORK_DIR/fleetsim-$n.txt" base_rss base_ticks t0 t1 reg_line
+  local bin=$1 n=$2 protocol=$3 sim_out="$WORK_DIR/fleetsim-$n-v$protocol.txt" base_rss base_ticks t0 t1 reg_line
   start_control "$bin"
   base_rss=$(rss_kib "$CONTROL_PID")
   base_ticks=$(cpu_ticks "$CONTROL_PID")
   local stay=$((IDLE_SECONDS + THROUGHPUT_SECONDS + 60))
   python3 "$PERF_DIR/fleetsim.py" --control "127.0.0.1:$BUS_PORT" --token "$BUS_TOKEN" \
-    --workers "$n" --seconds "$stay" --timeout 120 >"$sim_out" 2>"$WORK_DIR/fleetsim-$n.err" &
+    --workers "$n" --seconds "$stay" --timeout 120 --protocol "$protocol" >"$sim_out" 2>"$WORK_DIR/fleetsim-$n-v$protocol.err" &
   SIM_PID=$!
   local deadline=$((SECONDS + 150))
   until reg_line=$(grep '^FLEETSIM_REGISTERED ' "$sim_out" 2>/dev/null); do
     [ "$SECONDS" -lt "$deadline" ] || die "the fleet of $n did not register within 150 s"
-    is_alive "$SIM_PID" || { cat "$WORK_DIR/fleetsim-$n.err" >&2; die "fleetsim exited"; }
+    is_alive "$SIM_PID" || { cat "$WORK_DIR/fleetsim-$n-v$protocol.err" >&2; die "fleetsim exited"; }
     sleep 0.05
   done
   t0=$(cpu_ticks "$CONTROL_PID")
@@ -116,7 +120,13 @@ one_size() {
   # At rest: CPU over IDLE_SECONDS (heartbeats) and the resident memory each worker adds.
   sleep 2
   t0=$(cpu_ticks "$CONTROL_PID")
-  sleep "$IDLE_SECONDS"
+  if [ "${PROFILE:-0}" = 1 ]; then
+    # The idle phase under `perf record`: where heartbeats spend the control's CPU.
+    perf record -q -F 999 -g -p "$CONTROL_PID" -o "$WORK_DIR/idle-$n-v$protocol.perf" -- sleep "$IDLE_SECONDS" \
+      >/dev/null 2>&1 || die "perf record failed (install linux-perf, or run without PROFILE=1)"
+  else
+    sleep "$IDLE_SECONDS"
+  fi
   t1=$(cpu_ticks "$CONTROL_PID")
   local idle_pct
   idle_pct=$(awk -v t="$((t1 - t0))" -v hz="$CLK_TCK" -v s="$IDLE_SECONDS" 'BEGIN { printf "%.1f", t / hz / s * 100 }')
@@ -131,7 +141,7 @@ one_size() {
   done
   # Request API throughput through the simulated workers.
   export SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/small" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" SORTIE_PERF_DIR="$PERF_DIR"
-  local wrk_out="$WORK_DIR/wrk-$n.txt" rps w0 w1
+  local wrk_out="$WORK_DIR/wrk-$n-v$protocol.txt" rps w0 w1
   w0=$(cpu_ticks "$CONTROL_PID")
   timeout $((THROUGHPUT_SECONDS + 30)) wrk -t1 -c"$CONNECTIONS" -d"${THROUGHPUT_SECONDS}s" \
     -s "$PERF_DIR/envelope.lua" "http://127.0.0.1:$API_PORT/api/v1/requests" >"$wrk_out" 2>&1 ||
@@ -143,11 +153,23 @@ one_size() {
   local us_per_req
   us_per_req=$(awk -v t="$((w1 - w0))" -v hz="$CLK_TCK" -v r="$rps" -v s="$THROUGHPUT_SECONDS" \
     'BEGIN { printf "%.1f", (r > 0) ? t / hz * 1e6 / (r * s) : 0 }')
+  # The same beyond the control's idle CPU (heartbeats), which the requests did not cause.
+  local us_net
+  us_net=$(awk -v t="$((w1 - w0))" -v idle="$((t1 - t0))" -v is="$IDLE_SECONDS" -v hz="$CLK_TCK" \
+    -v r="$rps" -v s="$THROUGHPUT_SECONDS" \
+    'BEGIN { x = t - idle / is * s; if (x < 0) x = 0; printf "%.1f", (r > 0) ? x / hz * 1e6 / (r * s) : 0 }')
   local non2xx
   non2xx=$(awk '/Non-2xx/ { print $NF }' "$wrk_out")
-  say "$(printf '%6s  %8ss  %10s  %8s  %6s%%  %8s  %10ss  %9s  %8s  %s' "$n" "$reg_s" \
+  say "$(printf 'v%s %6s  %8ss  %10s  %8s  %6s%%  %8s  %10ss  %9s  %8s  %10s  %s' "$protocol" "$n" "$reg_s" \
     "$(ticks_s "$reg_cpu")" "$per_reg" "$idle_pct" "$per_worker" "$(field seconds "$applied")" \
-    "$rps" "$us_per_req" "${non2xx:-0}")"
+    "$rps" "$us_per_req" "$us_net" "${non2xx:-0}")"
+  if [ "${PROFILE:-0}" = 1 ]; then
+    say "top costs at rest with $n workers (perf report --no-children, self time):"
+    perf report -i "$WORK_DIR/idle-$n-v$protocol.perf" --no-children --stdio --percent-limit 1.5 -g none \
+      2>/dev/null | grep -E '^ +[0-9.]+%' | head -25 | while IFS= read -r l; do say "  $l"; done
+    # PROFILE_KEEP=DIR keeps the recording for `perf report -i` after the run.
+    [ -z "${PROFILE_KEEP:-}" ] || cp "$WORK_DIR/idle-$n-v$protocol.perf" "$PROFILE_KEEP/"
+  fi
   stop_run
 }
 
@@ -166,13 +188,15 @@ main() {
   say "=== sortie simulated fleet $(date -u +%FT%TZ)"
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), open files $(ulimit -Hn)"
-  say "knobs: FLEET_SIZES='$FLEET_SIZES' CONTROL_CORES=$CONTROL_CORES HEARTBEAT_MS=$HEARTBEAT_MS" \
+  say "knobs: FLEET_SIZES='$FLEET_SIZES' CONTROL_CORES=$CONTROL_CORES HEARTBEAT_MS=$HEARTBEAT_MS PROTOCOLS='$PROTOCOLS'" \
     "IDLE_SECONDS=$IDLE_SECONDS THROUGHPUT_SECONDS=$THROUGHPUT_SECONDS CONNECTIONS=$CONNECTIONS"
   say ""
-  say " workers  register  control CPU  ms/worker   idle CPU  KiB/worker     rollout      req/s  us/req  non-2xx"
-  local n
+  say "    workers  register  control CPU  ms/worker   idle CPU  KiB/worker     rollout      req/s  us/req  us/req-net  non-2xx"
+  local n protocol
   for n in $FLEET_SIZES; do
-    one_size "$bin" "$n"
+    for protocol in $PROTOCOLS; do
+      one_size "$bin" "$n" "$protocol"
+    done
   done
   say "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A simulated fleet of remote workers for one control, speaking the published bus protocol
-(docs/bus-protocol.md, version 3) from one process: for perf/fleet.sh.
+(docs/bus-protocol.md, versions 3 and 4) from one process: for perf/fleet.sh.
 
 Each simulated worker opens lane 0 (Hello with lanes = 0), learns the control's core count
 from the Welcome, applies the configuration push (ConfigApplied), then opens its other lanes.
@@ -40,8 +40,8 @@ def frame(kind, payload):
     return struct.pack(">IB", len(payload) + 1, kind) + payload
 
 
-def hello(worker_id, session, token, lane, lanes, tags, country, capacity):
-    p = struct.pack(">HH", 3, 3) + text(worker_id) + text(session) + s16(token)
+def hello(worker_id, session, token, lane, lanes, tags, country, capacity, version):
+    p = struct.pack(">HH", 3, version) + text(worker_id) + text(session) + s16(token)
     p += struct.pack(">HH", lane, lanes)
     p += struct.pack(">H", len(tags)) + b"".join(text(t) for t in tags)
     p += b"\x01" + text(country)  # country
@@ -99,7 +99,7 @@ async def lane_once(args, stats, worker_id, session, index, lanes, cores_future,
     reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
     tags = [f"t{hash(worker_id) % args.tag_groups}"]
     country = ["us", "de", "jp", "br"][hash(worker_id) % 4]
-    writer.write(hello(worker_id, session, args.token.encode(), index, lanes, tags, country, args.capacity))
+    writer.write(hello(worker_id, session, args.token.encode(), index, lanes, tags, country, args.capacity, args.protocol))
     await writer.drain()
     kind, payload = await read_frame(reader)
     if kind == REJECT:
@@ -111,7 +111,7 @@ async def lane_once(args, stats, worker_id, session, index, lanes, cores_future,
         return False
     if kind != WELCOME:
         raise ValueError(f"frame {kind} instead of welcome")
-    _version, = struct.unpack(">H", payload[:2])
+    version, = struct.unpack(">H", payload[:2])
     n = struct.unpack(">H", payload[2:4])[0]
     rest = payload[4 + n:]
     _core, cores, heartbeat_ms = struct.unpack(">HHI", rest[:8])
@@ -119,7 +119,9 @@ async def lane_once(args, stats, worker_id, session, index, lanes, cores_future,
     # One ticker writes every lane's heartbeat (a timer per lane costs the simulator more than
     # the control); it learns the interval from the first welcome.
     stats.heartbeat_s = heartbeat_ms / 1000
-    stats.writers.add(writer)
+    # From version 4 on only lane 0 carries heartbeats (decision 118).
+    if index == 0 or version < 4:
+        stats.writers.add(writer)
     try:
         while True:
             kind, payload = await read_frame(reader)
@@ -187,6 +189,8 @@ async def main():
     p.add_argument("--token", required=True, help="the bus token")
     p.add_argument("--workers", type=int, default=100)
     p.add_argument("--capacity", type=int, default=64)
+    p.add_argument("--protocol", type=int, default=4, choices=(3, 4),
+                   help="the highest bus protocol version to offer (3: heartbeats on every lane)")
     p.add_argument("--tag-groups", type=int, default=16)
     p.add_argument("--seconds", type=float, default=30, help="how long to stay connected")
     p.add_argument("--timeout", type=float, default=60)

@@ -422,7 +422,7 @@ fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
     // forward proxy's idle limit (decision 068).
     let api_port = gw.api.port();
     assert!(matches!(next_frame(&mut s, &mut buf), Frame::Welcome(w)
-        if w.heartbeat_ms == 200 && w.version == 3
+        if w.heartbeat_ms == 200 && w.version == sortie_core::bus::PROTOCOL_VERSION
             && w.settings.is_some_and(|l| l.receipt_port == api_port && l.proxy_idle_ms == 60_000)));
     wait_worker(&gw, "silent", "connected");
     let since = Instant::now();
@@ -440,6 +440,148 @@ fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
 
 fn hello(id: &str) -> Vec<u8> {
     hello_with_capacity(id, 4)
+}
+
+/// The timer the kernel runs on the TCP connection from `local` to `remote`, from
+/// `/proc/net/tcp` (`tr`: 0 none, 1 retransmission, 2 keepalive, ...); `None` when no such
+/// connection is listed.
+fn tcp_timer(local: SocketAddr, remote: SocketAddr) -> Option<u8> {
+    let hex = |a: SocketAddr| match a.ip() {
+        IpAddr::V4(ip) => format!("{:08X}:{:04X}", u32::from_le_bytes(ip.octets()), a.port()),
+        IpAddr::V6(_) => panic!("IPv4 only"),
+    };
+    let (l, r) = (hex(local), hex(remote));
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        (cols.get(1) == Some(&l.as_str()) && cols.get(2) == Some(&r.as_str()))
+            .then(|| u8::from_str_radix(cols[5].split(':').next().unwrap(), 16).unwrap())
+    })
+}
+
+/// Waits until the kernel keeps the connection from `local` to `remote` alive (timer 2).
+fn assert_kept_alive(local: SocketAddr, remote: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let timer = tcp_timer(local, remote);
+        if timer == Some(2) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no keepalive timer on {local} -> {remote}: {timer:?}"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+/// Decision 118: from version 4 on only lane 0 carries heartbeats. A fake worker on a two-core
+/// control heartbeats on lane 0 alone for four times the silence bound: under version 4 its
+/// lane 1 stays open and the worker connected, and the control keeps both lanes by TCP
+/// keepalive; the same worker speaking version 3 loses lane 1, and with it its registration.
+#[test]
+fn from_version_4_only_lane_zero_carries_heartbeats() {
+    for version in [4u16, 3] {
+        let gw = control_with("127.0.0.1:0", None, 200).cores(2).start();
+        let bus = gw.bus.unwrap();
+        let id = format!("lanes-v{version}");
+        let open = |index: u16| {
+            let mut s = TcpStream::connect(bus).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            s.write_all(&hello_lane(
+                &id,
+                4,
+                index,
+                if index == 0 { 0 } else { 2 },
+                version,
+            ))
+            .unwrap();
+            let mut buf = Vec::new();
+            match next_frame(&mut s, &mut buf) {
+                Frame::Welcome(w) => assert_eq!((w.version, w.cores), (version, 2)),
+                other => panic!("{other:?}"),
+            }
+            s
+        };
+        let mut lane0 = open(0);
+        let mut lane1 = open(1);
+        wait_worker(&gw, &id, "connected");
+        for s in [&lane0, &lane1] {
+            assert_kept_alive(s.peer_addr().unwrap(), s.local_addr().unwrap());
+        }
+        let mut beat = Vec::new();
+        encode(
+            &Frame::Heartbeat(sortie_core::bus::Heartbeat {
+                active: 0,
+                capacity: 4,
+            }),
+            &mut beat,
+        )
+        .unwrap();
+        // The bound is 3 intervals of 200 ms, checked every interval.
+        let until = Instant::now() + Duration::from_millis(2400);
+        while Instant::now() < until {
+            lane0.write_all(&beat).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let items = admin_items(&gw, "/api/v1/admin/workers");
+        let state = support::gateway::worker_item(&items, &id)["state"].clone();
+        if version == 4 {
+            assert!(
+                !closed_within(&mut lane1, Duration::from_millis(200)),
+                "version 4: the control closed the silent lane 1"
+            );
+            assert_eq!(state, "connected", "{items:?}");
+        } else {
+            assert!(
+                closed_within(&mut lane1, Duration::from_secs(1)),
+                "version 3: lane 1 was silent past the bound and is still open"
+            );
+            assert_eq!(state, "disconnected", "{items:?}");
+        }
+        drop(lane0);
+    }
+}
+
+/// A real worker and a control both leave their lanes' liveness to the kernel: every lane has
+/// a keepalive timer on both of its ends (decision 118).
+#[test]
+fn both_ends_of_every_lane_are_kept_alive_by_the_kernel() {
+    let gw = control_with("127.0.0.1:0", None, 1000).cores(2).start();
+    let bus = gw.bus.unwrap();
+    let _w = start_worker("ka", bus, None, "");
+    wait_worker(&gw, "ka", "connected");
+    // The worker's ends: connections to the bus port other than this test's own.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ends = loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let bus_hex = format!(":{:04X}", bus.port());
+        let ends: Vec<(SocketAddr, SocketAddr)> = table
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                // Established (01) connections whose remote end is the bus listener.
+                (cols.get(2)?.ends_with(&bus_hex) && cols.get(3) == Some(&"01")).then(|| {
+                    let parse = |c: &str| {
+                        let (ip, port) = c.split_once(':').unwrap();
+                        let ip = u32::from_str_radix(ip, 16).unwrap().to_le_bytes();
+                        SocketAddr::from((ip, u16::from_str_radix(port, 16).unwrap()))
+                    };
+                    (parse(cols[1]), parse(cols[2]))
+                })
+            })
+            .collect();
+        if ends.len() == 2 {
+            break ends;
+        }
+        assert!(Instant::now() < deadline, "worker lanes: {ends:?}");
+        std::thread::park_timeout(Duration::from_millis(50));
+    };
+    for (worker_end, control_end) in ends {
+        assert_kept_alive(worker_end, control_end);
+        assert_kept_alive(control_end, worker_end);
+    }
 }
 
 /// A worker of an earlier build speaks version 2 only: its welcome is a version 2 one,
@@ -489,7 +631,7 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut buf = Vec::new();
     match next_frame(&mut s, &mut buf) {
-        Frame::Hello(h) => assert_eq!(h.version_max, 3),
+        Frame::Hello(h) => assert_eq!(h.version_max, sortie_core::bus::PROTOCOL_VERSION),
         other => panic!("{other:?}"),
     }
     let send = |s: &mut TcpStream, f: Frame| {
@@ -567,17 +709,22 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
 }
 
 fn hello_with_capacity(id: &str, capacity: u32) -> Vec<u8> {
+    hello_lane(id, capacity, 0, 0, sortie_core::bus::PROTOCOL_VERSION)
+}
+
+/// The hello of lane `lane` of `lanes` (lane 0 says 0), offering versions up to `version_max`.
+fn hello_lane(id: &str, capacity: u32, lane: u16, lanes: u16, version_max: u16) -> Vec<u8> {
     use sortie_core::worker::AdvertisedCapabilities;
     let mut out = Vec::new();
     encode(
         &Frame::Hello(Box::new(Hello {
             version_min: sortie_core::bus::PROTOCOL_VERSION_MIN,
-            version_max: sortie_core::bus::PROTOCOL_VERSION,
+            version_max,
             worker_id: id.into(),
             session: format!("{id}-session"),
             token: WORKER_TOKEN.as_bytes().to_vec(),
-            lane: 0,
-            lanes: 0,
+            lane,
+            lanes,
             capabilities: AdvertisedCapabilities {
                 capacity,
                 ..Default::default()

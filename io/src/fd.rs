@@ -27,6 +27,26 @@ fn with_socket<S: AsRawFd, R>(stream: &S, f: impl FnOnce(SockRef<'_>) -> R) -> R
     f(SockRef::from(&fd))
 }
 
+/// Keeps a bus lane's liveness in the kernel (decision 118): after `every` of silence the
+/// kernel probes the peer every `every` and ends the connection after three unanswered probes,
+/// and data left unacknowledged for ten times `every` ends it too. Neither side's process wakes
+/// for any of it. The kernel counts in whole seconds: at least one.
+pub(crate) fn set_lane_keepalive<S: AsRawFd>(
+    stream: &S,
+    every: std::time::Duration,
+) -> io::Result<()> {
+    let every = every.max(std::time::Duration::from_secs(1));
+    with_socket(stream, |s| {
+        s.set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(every)
+                .with_interval(every)
+                .with_retries(3),
+        )?;
+        s.set_tcp_user_timeout(Some(every * 10))
+    })
+}
+
 /// Takes the pending socket error (`SO_ERROR`): after a non-blocking connect reports writable,
 /// this is the outcome of the connect.
 pub(crate) fn take_error<S: AsRawFd>(stream: &S) -> io::Result<Option<io::Error>> {

@@ -690,6 +690,9 @@ async fn lane_session(
         proto: RefCell::new(proto),
         streams: RefCell::new(HashMap::new()),
     });
+    conn.keep_alive(Duration::from_millis(u64::from(welcome.heartbeat_ms)));
+    // Version 4: only lane 0 carries heartbeats; the kernel keeps the others (decision 118).
+    let beats = sortie_core::bus::lane_heartbeats(welcome.version, lane);
     let (mut reader, writer) = conn.split();
     let w2 = wl.clone();
     monoio::spawn(async move { w2.out.run(writer).await });
@@ -700,10 +703,12 @@ async fn lane_session(
         monoio::spawn(async move {
             let mut has_said_goaway = false;
             while hb.get() {
-                wl.post(&Frame::Heartbeat(Heartbeat {
-                    active: shared.active.load(Ordering::Relaxed),
-                    capacity: shared.capacity,
-                }));
+                if beats {
+                    wl.post(&Frame::Heartbeat(Heartbeat {
+                        active: shared.active.load(Ordering::Relaxed),
+                        capacity: shared.capacity,
+                    }));
+                }
                 let tick = every.min(Duration::from_millis(100));
                 let next = Instant::now() + every;
                 while hb.get() && Instant::now() < next {

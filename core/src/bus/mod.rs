@@ -24,9 +24,18 @@ pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREA
 pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
 
 /// The protocol version this build speaks best. Version 3 adds the lane settings of
-/// `Welcome` (decision 068); nothing else changed, so a build also speaks version 2 with a
-/// peer that knows no better.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// `Welcome` (decision 068). Version 4 changes no frame: heartbeats go on lane 0 only, and
+/// the other lanes' liveness is the kernel's TCP keepalive (decision 118). A build also speaks
+/// versions 2 and 3 with a peer that knows no better.
+pub const PROTOCOL_VERSION: u16 = 4;
+/// The first version in which only lane 0 carries heartbeats (decision 118).
+pub const LANE_ZERO_HEARTBEATS_VERSION: u16 = 4;
+
+/// Whether a lane of `index` sends (worker) and must receive (control) heartbeats under the
+/// negotiated `version`.
+pub fn lane_heartbeats(version: u16, index: u16) -> bool {
+    index == 0 || version < LANE_ZERO_HEARTBEATS_VERSION
+}
 /// The oldest protocol version this build still speaks. Version 2 added the streamed body
 /// kind, the upstream proxy username of `Assign` and tunnel half-close; a version 1 peer is
 /// refused with `unsupported_version` rather than misread.

@@ -276,9 +276,10 @@ fn encoding_refuses_fields_the_peer_would_reject() {
 fn version_negotiation_picks_the_highest_common_version() {
     assert_eq!(negotiate(2, 2), Some(2), "a version 2 peer is still served");
     assert_eq!(negotiate(2, 3), Some(3));
+    assert_eq!(negotiate(2, 4), Some(4));
     assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
     assert_eq!(negotiate(1, 1), None, "version 1 is no longer spoken");
-    assert_eq!(negotiate(4, 9), None);
+    assert_eq!(negotiate(5, 9), None);
     assert_eq!(negotiate(0, 0), None);
     assert_eq!(negotiate(3, 1), None);
 }
@@ -883,4 +884,13 @@ fn a_frame_buffer_takes_frames_from_the_front_and_keeps_the_rest() {
     assert_eq!(fb.into_vec(), one[..2].to_vec());
     let mut bad = FrameBuf::from_vec(vec![0, 0, 0, 0]);
     assert_eq!(bad.next_frame(), Err(FrameError::Empty));
+}
+
+#[test]
+fn from_version_4_only_lane_zero_carries_heartbeats() {
+    for version in [2, 3] {
+        assert!(lane_heartbeats(version, 0) && lane_heartbeats(version, 1));
+    }
+    assert!(lane_heartbeats(4, 0));
+    assert!(!lane_heartbeats(4, 1) && !lane_heartbeats(4, 7));
 }

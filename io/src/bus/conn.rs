@@ -63,6 +63,14 @@ impl Conn<TcpStream> {
         }
     }
 
+    /// Leaves this connection's liveness to the kernel's keepalive probes, `every` apart
+    /// (decision 118).
+    pub(crate) fn keep_alive(&self, every: std::time::Duration) {
+        if let Err(e) = crate::fd::set_lane_keepalive(&self.io, every) {
+            tracing::warn!(error = %e, "cannot set TCP keepalive on a bus lane");
+        }
+    }
+
     /// A connection whose TLS session is already established (handed over from another core).
     pub(crate) fn with_session(io: TcpStream, tls: rustls::Connection) -> Conn<TcpStream> {
         let _ = io.set_nodelay(true);

@@ -461,6 +461,9 @@ pub(crate) struct Lane {
     is_closed: Cell<bool>,
     stop: crate::bus::Notify,
     last_rx: Cell<Instant>,
+    /// Whether the lane must carry heartbeats: lane 0, or every lane of a worker that speaks a
+    /// version before 4 (decision 118). Other lanes are kept by TCP keepalive.
+    needs_heartbeats: bool,
     index: u16,
     /// The control's address on this connection, as the worker dialled it.
     local: Option<std::net::SocketAddr>,
@@ -718,6 +721,8 @@ impl BusCore {
         let mut proto = ControlLane::new();
         let _ = proto.receive(&Frame::Hello(hello.clone()));
         proto.admit();
+        let version = negotiate(hello.version_min, hello.version_max).unwrap_or(PROTOCOL_VERSION);
+        conn.keep_alive(Duration::from_millis(u64::from(s.heartbeat_ms)));
         let lane = Rc::new(Lane {
             worker_id: hello.worker_id.as_str().into(),
             session: hello.session.as_str().into(),
@@ -727,11 +732,11 @@ impl BusCore {
             is_closed: Cell::new(false),
             stop: crate::bus::Notify::default(),
             last_rx: Cell::new(Instant::now()),
+            needs_heartbeats: sortie_core::bus::lane_heartbeats(version, hello.lane),
             index: hello.lane,
             local: conn.local_addr(),
             standby_since: Cell::new(None),
         });
-        let version = negotiate(hello.version_min, hello.version_max).unwrap_or(PROTOCOL_VERSION);
         lane.send(&Frame::Welcome(Welcome {
             version,
             control_id: s.control_id.clone(),
@@ -952,7 +957,7 @@ impl BusCore {
             let stale: Vec<Rc<Lane>> = self
                 .all_lanes()
                 .into_iter()
-                .filter(|l| l.last_rx.get().elapsed() > silent)
+                .filter(|l| l.needs_heartbeats && l.last_rx.get().elapsed() > silent)
                 .collect();
             for l in stale {
                 tracing::warn!(worker = %l.worker_id, lane = l.index, "no heartbeat; closing the lane");
