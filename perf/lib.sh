@@ -148,6 +148,9 @@ start_nginx() {
   local dir="$WORK_DIR/nginx"
   mkdir -p "$dir/logs" "$dir/tmp"
   require_free_port "$UPSTREAM_PORT" UPSTREAM_PORT
+  # NGINX_ACCESS_LOG, when set, logs each request's source address there (one per line).
+  local access_log="access_log off;"
+  [ -z "${NGINX_ACCESS_LOG:-}" ] || access_log="access_log $NGINX_ACCESS_LOG source;"
   cat >"$dir/nginx.conf" <<CONF
 worker_processes 1;
 worker_rlimit_nofile 20000;
@@ -157,7 +160,8 @@ events {
     worker_connections 16384;
 }
 http {
-    access_log off;
+    log_format source '\$remote_addr';
+    $access_log
     keepalive_timeout 120s;
     keepalive_requests 10000000;
     client_body_temp_path $dir/tmp/body;
@@ -188,6 +192,19 @@ CONF
   wait_port "$UPSTREAM_PORT" 10 "$NGINX_PID" ||
     { cat "$dir/logs/error.log" >&2 || true; die "nginx did not start on port $UPSTREAM_PORT"; }
   log "nginx (pid $NGINX_PID) on 127.0.0.1:$UPSTREAM_PORT"
+}
+
+# Starts s3s-fs, an S3-compatible server, on 127.0.0.1:$1 with one bucket $2 (its data under
+# $WORK_DIR/s3, credentials AKPERF / SKPERF); stopped with the run.
+start_s3s() {
+  local port=$1 bucket=$2 bin=${S3S_FS:-$(command -v s3s-fs || echo "$HOME/.cargo/bin/s3s-fs")}
+  [ -x "$bin" ] || die "s3s-fs is missing: cargo install s3s-fs@0.14.1 --features binary --locked"
+  require_free_port "$port" S3_PORT
+  mkdir -p "$WORK_DIR/s3/$bucket"
+  "$bin" --host 127.0.0.1 --port "$port" --access-key AKPERF --secret-key SKPERF \
+    "$WORK_DIR/s3" >"$WORK_DIR/s3s.log" 2>&1 &
+  EXTRA_PIDS+=($!)
+  wait_port "$port" 20 "$!" || die "s3s-fs did not start"
 }
 
 # Pid of nginx's single worker process (the one that holds the connections).

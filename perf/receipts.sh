@@ -15,7 +15,6 @@ SIZE_MIB=${SIZE_MIB:-1024}
 PART_MIB=${PART_MIB:-64}
 BACKENDS=${BACKENDS:-"fs s3"}
 S3_PORT=${S3_PORT:-18093}
-S3S_FS=${S3S_FS:-$(command -v s3s-fs || echo "$HOME/.cargo/bin/s3s-fs")}
 TICKS=$(getconf CLK_TCK)
 [ "$SIZE_MIB" -le 4096 ] || die "SIZE_MIB is at most 4096"
 
@@ -62,14 +61,7 @@ run_backend() {
   case $backend in
     fs) extra=$'[object_storage]\nenabled = true\nbackend = "fs"' ;;
     s3)
-      [ -x "$S3S_FS" ] ||
-        die "s3s-fs is missing: cargo install s3s-fs@0.14.1 --features binary --locked"
-      require_free_port "$S3_PORT" S3_PORT
-      mkdir -p "$WORK_DIR/s3/perf"
-      "$S3S_FS" --host 127.0.0.1 --port "$S3_PORT" --access-key AKPERF --secret-key SKPERF \
-        "$WORK_DIR/s3" >"$WORK_DIR/s3s.log" 2>&1 &
-      EXTRA_PIDS+=($!)
-      wait_port "$S3_PORT" 20 "$!" || die "s3s-fs did not start"
+      start_s3s "$S3_PORT" perf
       export PERF_S3_AK=AKPERF PERF_S3_SK=SKPERF
       extra=$'[object_storage]\nenabled = true\nbackend = "s3"\nbucket = "perf"\nregion = "us-east-1"\nforce_path_style = true\naccess_key_env = "PERF_S3_AK"\nsecret_key_env = "PERF_S3_SK"\n'"endpoint = \"http://127.0.0.1:$S3_PORT\""
       ;;
