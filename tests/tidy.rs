@@ -348,6 +348,45 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
     out
 }
 
+/// Every error status the shell answers comes from a kind of the registry in
+/// `core/src/error.rs` (`ErrorCode`, `ReceiptErrorKind`, `AdminErrorKind`): no literal 4xx or
+/// 5xx status is written into a response outside the HTTP server itself (`io/src/http/`, whose
+/// own answers for malformed input are the codec's statuses).
+#[test]
+fn error_statuses_come_from_the_registry() {
+    let root = repo();
+    let mut files = Vec::new();
+    rust_files(&root.join("io").join("src"), &mut files);
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let shown = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+        if shown.starts_with("io/src/http/") {
+            continue;
+        }
+        let code = code_of(&std::fs::read_to_string(f).expect("source readable"));
+        let flat: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
+        for call in ["Response::json(", "Response::text(", "Response::new(", "diagnostic("] {
+            let mut rest = flat.as_str();
+            while let Some(i) = rest.find(call) {
+                rest = &rest[i + call.len()..];
+                let arg = rest.trim_start();
+                if arg.len() >= 3
+                    && (arg.starts_with('4') || arg.starts_with('5'))
+                    && arg[..3].bytes().all(|b| b.is_ascii_digit())
+                {
+                    found.push(format!("{shown}: {call}{}", &arg[..3]));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "literal error statuses (use the registry kind's http_status):\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn no_function_is_longer_than_the_limit() {
     let root = repo();

@@ -334,7 +334,80 @@ pub fn receipt_error_json(message: &str) -> Vec<u8> {
     out
 }
 
-/// Stable `error` values of the admin API.
+/// Why the receipt API refused a call: the kind fixes the HTTP status, and every answer has the
+/// body `{"code":"receipt_error","message":...}` (spec, Errors > Receipt API). This is the only
+/// place a receipt API failure is mapped to HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiptErrorKind {
+    /// 400: malformed metadata or parts.
+    Malformed,
+    /// 401: deployment authentication failed.
+    AuthFailed,
+    /// 403: invalid assignment signature on a worker's object URL.
+    InvalidSignature,
+    /// 404: unknown receipt id, or a path that is no receipt route (also every receipt path
+    /// while object storage is disabled).
+    NotFound,
+    /// 409: illegal state transition (including cancel of assigned or consumed), or a receipt
+    /// that changed meanwhile.
+    IllegalTransition,
+    /// 411: a part without an exact `Content-Length` (HTTP's own status for it).
+    LengthRequired,
+    /// 413: metadata over 64 KiB, or a part over the part limit (HTTP's own status for it).
+    TooLarge,
+    /// 500: unexpected storage failure.
+    StorageFailure,
+}
+
+impl ReceiptErrorKind {
+    /// Every kind, in status order.
+    pub const ALL: [ReceiptErrorKind; 8] = [
+        ReceiptErrorKind::Malformed,
+        ReceiptErrorKind::AuthFailed,
+        ReceiptErrorKind::InvalidSignature,
+        ReceiptErrorKind::NotFound,
+        ReceiptErrorKind::IllegalTransition,
+        ReceiptErrorKind::LengthRequired,
+        ReceiptErrorKind::TooLarge,
+        ReceiptErrorKind::StorageFailure,
+    ];
+
+    /// The HTTP status of the kind.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            ReceiptErrorKind::Malformed => 400,
+            ReceiptErrorKind::AuthFailed => 401,
+            ReceiptErrorKind::InvalidSignature => 403,
+            ReceiptErrorKind::NotFound => 404,
+            ReceiptErrorKind::IllegalTransition => 409,
+            ReceiptErrorKind::LengthRequired => 411,
+            ReceiptErrorKind::TooLarge => 413,
+            ReceiptErrorKind::StorageFailure => 500,
+        }
+    }
+
+    /// When the kind is answered, for the rendered registry.
+    pub const fn condition(self) -> &'static str {
+        match self {
+            ReceiptErrorKind::Malformed => "malformed metadata or parts",
+            ReceiptErrorKind::AuthFailed => "deployment authentication failed",
+            ReceiptErrorKind::InvalidSignature => "invalid assignment signature",
+            ReceiptErrorKind::NotFound => {
+                "unknown receipt ID or route (every receipt route without object storage)"
+            }
+            ReceiptErrorKind::IllegalTransition => {
+                "illegal state transition (including cancel of assigned or consumed)"
+            }
+            ReceiptErrorKind::LengthRequired => "a part without an exact Content-Length",
+            ReceiptErrorKind::TooLarge => "metadata over 64 KiB or a part over the part limit",
+            ReceiptErrorKind::StorageFailure => "unexpected storage failure",
+        }
+    }
+}
+
+/// Stable `error` values of the admin API. Each fixes the HTTP status of its answer; the kinds
+/// after [`AdminErrorKind::IfMatchRequired`] usually carry a diagnostic as their `error` value
+/// instead of the stable one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdminErrorKind {
     /// 400: If-Match is neither a quoted nor a bare revision number.
@@ -347,9 +420,33 @@ pub enum AdminErrorKind {
     RevisionConflict,
     /// 428: If-Match missing on a mutation.
     IfMatchRequired,
+    /// 400: a malformed or invalid body or header (a diagnostic says which).
+    InvalidRequest,
+    /// 404: no such route, or no such method on it.
+    NotFound,
+    /// 405: a route that exists answers other methods only (`Allow` lists them).
+    MethodNotAllowed,
+    /// 500: the control failed unexpectedly (a diagnostic says where).
+    InternalError,
+    /// 503: the record store cannot be reached now.
+    StoreUnavailable,
 }
 
 impl AdminErrorKind {
+    /// Every kind, in the order of the rendered registry.
+    pub const ALL: [AdminErrorKind; 10] = [
+        AdminErrorKind::InvalidIfMatch,
+        AdminErrorKind::AuthRequired,
+        AdminErrorKind::RequestNotFound,
+        AdminErrorKind::RevisionConflict,
+        AdminErrorKind::IfMatchRequired,
+        AdminErrorKind::InvalidRequest,
+        AdminErrorKind::NotFound,
+        AdminErrorKind::MethodNotAllowed,
+        AdminErrorKind::InternalError,
+        AdminErrorKind::StoreUnavailable,
+    ];
+
     /// The stable `error` value.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -358,17 +455,25 @@ impl AdminErrorKind {
             AdminErrorKind::RequestNotFound => "request_not_found",
             AdminErrorKind::RevisionConflict => "revision_conflict",
             AdminErrorKind::IfMatchRequired => "if_match_required",
+            AdminErrorKind::InvalidRequest => "invalid_request",
+            AdminErrorKind::NotFound => "not_found",
+            AdminErrorKind::MethodNotAllowed => "method_not_allowed",
+            AdminErrorKind::InternalError => "internal_error",
+            AdminErrorKind::StoreUnavailable => "store_unavailable",
         }
     }
 
     /// The HTTP status of the kind.
     pub const fn http_status(self) -> u16 {
         match self {
-            AdminErrorKind::InvalidIfMatch => 400,
+            AdminErrorKind::InvalidIfMatch | AdminErrorKind::InvalidRequest => 400,
             AdminErrorKind::AuthRequired => 401,
-            AdminErrorKind::RequestNotFound => 404,
+            AdminErrorKind::RequestNotFound | AdminErrorKind::NotFound => 404,
+            AdminErrorKind::MethodNotAllowed => 405,
             AdminErrorKind::RevisionConflict => 409,
             AdminErrorKind::IfMatchRequired => 428,
+            AdminErrorKind::InternalError => 500,
+            AdminErrorKind::StoreUnavailable => 503,
         }
     }
 }
@@ -405,17 +510,17 @@ pub fn render_registry_markdown() -> String {
         s.push_str(&format!("- `{}`\n", t.as_str()));
     }
     s.push_str(
-        "\n## Receipt API\n\nBody: `{\"code\":\"receipt_error\",\"message\":...}` with HTTP \
-         400, 401, 403, 404, 409 or 500.\n\n## Admin API\n\n\
-         Body: `{\"error\":...}`.\n\n| HTTP | error |\n|---|---|\n",
+        "\n## Receipt API\n\nBody: `{\"code\":\"receipt_error\",\"message\":...}`.\n\n\
+         | HTTP | Condition |\n|---|---|\n",
     );
-    for k in [
-        AdminErrorKind::InvalidIfMatch,
-        AdminErrorKind::AuthRequired,
-        AdminErrorKind::RequestNotFound,
-        AdminErrorKind::RevisionConflict,
-        AdminErrorKind::IfMatchRequired,
-    ] {
+    for k in ReceiptErrorKind::ALL {
+        s.push_str(&format!("| {} | {} |\n", k.http_status(), k.condition()));
+    }
+    s.push_str(
+        "\n## Admin API\n\nBody: `{\"error\":...}`: the stable value below, or for 400, 404, \
+         500 and 503 often a diagnostic that says what failed.\n\n| HTTP | error |\n|---|---|\n",
+    );
+    for k in AdminErrorKind::ALL {
         s.push_str(&format!("| {} | {} |\n", k.http_status(), k.as_str()));
     }
     s
@@ -424,6 +529,35 @@ pub fn render_registry_markdown() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn receipt_and_admin_kinds_answer_the_contract_statuses() {
+        // The contract's receipt table, then HTTP's own 411 and 413.
+        let receipt: Vec<u16> = ReceiptErrorKind::ALL
+            .iter()
+            .map(|k| k.http_status())
+            .collect();
+        assert_eq!(receipt, [400, 401, 403, 404, 409, 411, 413, 500]);
+        let admin: Vec<(&str, u16)> = AdminErrorKind::ALL
+            .iter()
+            .map(|k| (k.as_str(), k.http_status()))
+            .collect();
+        assert_eq!(
+            admin,
+            [
+                ("invalid_if_match", 400),
+                ("admin_auth_required", 401),
+                ("request_not_found", 404),
+                ("revision_conflict", 409),
+                ("if_match_required", 428),
+                ("invalid_request", 400),
+                ("not_found", 404),
+                ("method_not_allowed", 405),
+                ("internal_error", 500),
+                ("store_unavailable", 503),
+            ]
+        );
+    }
 
     #[test]
     fn registry_matches_contract_table() {

@@ -291,9 +291,14 @@ impl TransitionError {
     /// error is mapped to HTTP (spec, Errors > Receipt API: 400 malformed parts, 409 illegal
     /// state transition, including cancel of assigned or consumed).
     pub const fn http_status(&self) -> u16 {
+        self.kind().http_status()
+    }
+
+    /// The receipt API error kind of the failure.
+    pub const fn kind(&self) -> crate::error::ReceiptErrorKind {
         match self {
-            TransitionError::Illegal { .. } => 409,
-            TransitionError::Parts(_) => 400,
+            TransitionError::Illegal { .. } => crate::error::ReceiptErrorKind::IllegalTransition,
+            TransitionError::Parts(_) => crate::error::ReceiptErrorKind::Malformed,
         }
     }
 

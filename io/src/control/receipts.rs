@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use ring::hmac;
-use sortie_core::error::receipt_error_json;
+use sortie_core::error::{receipt_error_json, ReceiptErrorKind as Kind};
 use sortie_core::receipt::{
     check_parts, decode_new_receipt, parse_part_number, ReceiptEvent, ReceiptState,
 };
@@ -46,23 +46,29 @@ pub struct Receipts {
     signing_key: hmac::Key,
 }
 
-/// An answer of a receipt route before it becomes a [`Response`].
-fn error(status: u16, message: &str) -> Response {
-    Response::json(status, receipt_error_json(message))
+/// The answer of a receipt route that failed with `kind`: its status, and `message` in the
+/// receipt error body.
+pub(crate) fn error(kind: Kind, message: &str) -> Response {
+    Response::json(kind.http_status(), receipt_error_json(message))
+}
+
+/// The answer to a refused state transition.
+fn transition_error(e: &sortie_core::receipt::TransitionError) -> Response {
+    error(e.kind(), &e.to_string())
 }
 
 fn storage_error(e: &StoreError) -> Response {
     tracing::warn!(error = %e, "receipt store failure");
-    error(500, "unexpected storage failure")
+    error(Kind::StorageFailure, "unexpected storage failure")
 }
 
 fn object_error(e: &ObjectError) -> Response {
     tracing::warn!(error = %e, "object store failure");
-    error(500, "unexpected storage failure")
+    error(Kind::StorageFailure, "unexpected storage failure")
 }
 
 fn not_found() -> Response {
-    error(404, "unknown receipt")
+    error(Kind::NotFound, "unknown receipt")
 }
 
 /// The `{id}` of a path is a receipt id or it names nothing.
@@ -156,24 +162,30 @@ pub fn admit(
     match route(method, path) {
         Some(Route::Create) => {
             if content_length.is_some_and(|n| n > MAX_METADATA_BYTES as u64) {
-                return Err(error(413, "receipt metadata is larger than 64 KiB"));
+                return Err(error(
+                    Kind::TooLarge,
+                    "receipt metadata is larger than 64 KiB",
+                ));
             }
             Ok(MAX_METADATA_BYTES as u64 + 1)
         }
         Some(Route::Part(..)) => match content_length {
             _ if is_chunked => Err(error(
-                411,
+                Kind::LengthRequired,
                 "a part needs an exact Content-Length, not chunked",
             )),
-            None => Err(error(411, "a part needs an exact Content-Length header")),
+            None => Err(error(
+                Kind::LengthRequired,
+                "a part needs an exact Content-Length header",
+            )),
             Some(n) if n > MAX_PART_BYTES => Err(error(
-                413,
+                Kind::TooLarge,
                 &format!("a part is at most {MAX_PART_BYTES} bytes"),
             )),
             Some(n) => Ok(n),
         },
         Some(_) => Ok(0),
-        None => Err(error(404, "unknown receipt route")),
+        None => Err(error(Kind::NotFound, "unknown receipt route")),
     }
 }
 
@@ -218,7 +230,7 @@ impl Receipts {
         body: &mut Body<'_>,
     ) -> Response {
         let Some(route) = route(method, path) else {
-            return error(404, "unknown receipt route");
+            return error(Kind::NotFound, "unknown receipt route");
         };
         match route {
             Route::Create => self.create(deployment, body).await,
@@ -281,13 +293,15 @@ impl Receipts {
         let mut bytes = match body.read_to_end(MAX_METADATA_BYTES as u64).await {
             Ok(b) => b,
             Err(crate::http::BodyError::TooLarge) => {
-                return error(413, "receipt metadata is larger than 64 KiB").closing()
+                return error(Kind::TooLarge, "receipt metadata is larger than 64 KiB").closing()
             }
-            Err(e) => return error(400, &format!("request body: {}", e.reason())).closing(),
+            Err(e) => {
+                return error(Kind::Malformed, &format!("request body: {}", e.reason())).closing()
+            }
         };
         let req = match decode_new_receipt(&mut bytes, self.max_object_bytes) {
             Ok(r) => r,
-            Err(why) => return error(400, &why),
+            Err(why) => return error(Kind::Malformed, &why),
         };
         let record = self.new_record(
             deployment,
@@ -309,7 +323,7 @@ impl Receipts {
                 record_response(201, &stored)
             }
             Ok(_) => error(
-                409,
+                Kind::IllegalTransition,
                 "idempotency_key was used for a receipt with another direction, size or checksum",
             ),
             Err(e) => storage_error(&e),
@@ -356,7 +370,7 @@ impl Receipts {
             };
             let t = match r.state.apply(ReceiptEvent::Cancel) {
                 Ok(t) => t,
-                Err(e) => return Response::json(e.http_status(), e.to_json()),
+                Err(e) => return transition_error(&e),
             };
             if !t.is_unchanged() {
                 match self.set_state(deployment, id, t.from, t.to, None).await {
@@ -374,7 +388,10 @@ impl Receipts {
                 Err(e) => storage_error(&e),
             };
         }
-        error(409, "the receipt changed while being cancelled; retry")
+        error(
+            Kind::IllegalTransition,
+            "the receipt changed while being cancelled; retry",
+        )
     }
 
     /// Removes every object of a receipt (idempotent).
@@ -449,7 +466,7 @@ impl Receipts {
     ) -> Response {
         let number = match parse_part_number(number) {
             Ok(n) => n,
-            Err(e) => return error(400, &e.to_string()),
+            Err(e) => return error(Kind::Malformed, &e.to_string()),
         };
         let want_sha = match part_sha256 {
             None => None,
@@ -461,7 +478,7 @@ impl Receipts {
                 Some(s) => Some(s.to_ascii_lowercase()),
                 None => {
                     return error(
-                        400,
+                        Kind::Malformed,
                         "X-Service-Part-SHA256 must be 64 hexadecimal characters",
                     )
                 }
@@ -473,7 +490,7 @@ impl Receipts {
             Err(e) => return storage_error(&e),
         };
         if let Err(e) = r.state.apply(ReceiptEvent::UploadPart) {
-            return Response::json(e.http_status(), e.to_json());
+            return transition_error(&e);
         }
         let len = match body.framing() {
             sortie_core::h1::BodyFraming::ContentLength(n) => n,
@@ -487,7 +504,7 @@ impl Receipts {
             .sum();
         if others.saturating_add(len) > self.max_object_bytes.max(r.size_bytes) {
             return error(
-                413,
+                Kind::TooLarge,
                 "the parts would exceed object_storage.max_object_bytes",
             )
             .closing();
@@ -496,7 +513,7 @@ impl Receipts {
         let digest = match self.upload(key.clone(), len, body).await {
             Ok(d) => d,
             Err(UploadError::Body(e)) => {
-                return error(400, &format!("part body: {}", e.reason())).closing()
+                return error(Kind::Malformed, &format!("part body: {}", e.reason())).closing()
             }
             Err(UploadError::Object(e)) => return object_error(&e),
             Err(UploadError::Store(e)) => return storage_error(&e),
@@ -504,7 +521,10 @@ impl Receipts {
         let sha = digest.sha256_hex();
         if want_sha.as_deref().is_some_and(|w| w != sha) {
             self.delete_object(key).await;
-            return error(400, "part SHA-256 does not match X-Service-Part-SHA256");
+            return error(
+                Kind::Malformed,
+                "part SHA-256 does not match X-Service-Part-SHA256",
+            );
         }
         let part = PartRecord {
             number,
@@ -537,7 +557,7 @@ impl Receipts {
                 self.delete_object(key).await;
                 match r {
                     Some(r) => error(
-                        409,
+                        Kind::IllegalTransition,
                         &format!("cannot upload a part to a receipt in state {}", r.state),
                     ),
                     None => not_found(),
@@ -584,7 +604,7 @@ impl Receipts {
         let numbers: Vec<u32> = r.parts.iter().map(|p| p.number).collect();
         let t = match r.state.apply(ReceiptEvent::Complete(check_parts(&numbers))) {
             Ok(t) => t,
-            Err(e) => return Response::json(e.http_status(), e.to_json()),
+            Err(e) => return transition_error(&e),
         };
         if t.is_unchanged() {
             // A repeated complete of a verified receipt: the same answer again.
@@ -592,7 +612,12 @@ impl Receipts {
         }
         match self.set_state(deployment, id, t.from, t.to, None).await {
             Ok(true) => {}
-            Ok(false) => return error(409, "the receipt changed during complete; retry"),
+            Ok(false) => {
+                return error(
+                    Kind::IllegalTransition,
+                    "the receipt changed during complete; retry",
+                )
+            }
             Err(e) => return storage_error(&e),
         }
         // The parts read above may be stale: a part committed between that read and the
@@ -601,14 +626,17 @@ impl Receipts {
         // are the ones to compose.
         let reread = match self.load(deployment, id).await {
             Ok(Some(r)) if r.state == ReceiptState::Verifying => Ok(r),
-            Ok(_) => Err(error(409, "the receipt changed during complete; retry")),
+            Ok(_) => Err(error(
+                Kind::IllegalTransition,
+                "the receipt changed during complete; retry",
+            )),
             Err(e) => Err(storage_error(&e)),
         };
         let r = match reread.and_then(|r| {
             let numbers: Vec<u32> = r.parts.iter().map(|p| p.number).collect();
             match ReceiptState::Uploading.apply(ReceiptEvent::Complete(check_parts(&numbers))) {
                 Ok(_) => Ok(r),
-                Err(e) => Err(Response::json(e.http_status(), e.to_json())),
+                Err(e) => Err(transition_error(&e)),
             }
         }) {
             Ok(r) => r,
@@ -671,7 +699,12 @@ impl Receipts {
             .await
         {
             Ok(true) => {}
-            Ok(false) => return error(409, "the receipt changed during complete"),
+            Ok(false) => {
+                return error(
+                    Kind::IllegalTransition,
+                    "the receipt changed during complete",
+                )
+            }
             Err(e) => return storage_error(&e),
         }
         if to == ReceiptState::Verified {
@@ -726,16 +759,19 @@ impl Receipts {
             Err(e) => return storage_error(&e),
         };
         if r.direction != "response" {
-            return error(409, "only response receipts are downloaded here");
+            return error(
+                Kind::IllegalTransition,
+                "only response receipts are downloaded here",
+            );
         }
         if !matches!(r.state, ReceiptState::Verified | ReceiptState::Consumed) {
             return error(
-                409,
+                Kind::IllegalTransition,
                 &format!("cannot download a receipt in state {}", r.state),
             );
         }
         if r.expires_unix_ms <= crate::clock::unix_ms() {
-            return error(409, "the receipt has expired");
+            return error(Kind::IllegalTransition, "the receipt has expired");
         }
         self.stream_response(&r)
     }
@@ -750,18 +786,18 @@ impl Receipts {
             return not_found();
         };
         let Some(q) = SignedQuery::parse(query.unwrap_or("")) else {
-            return error(403, "invalid assignment signature");
+            return error(Kind::InvalidSignature, "invalid assignment signature");
         };
         let now = crate::clock::unix_ms() / 1000;
         if q.expires <= now || q.expires > now.saturating_add(MAX_SIGNED_URL_SECONDS) {
-            return error(403, "invalid assignment signature");
+            return error(Kind::InvalidSignature, "invalid assignment signature");
         }
         let message = signed_message(q.deployment_id, q.request_id, id, q.expires);
         let Some(sig) = decode_hex(q.signature) else {
-            return error(403, "invalid assignment signature");
+            return error(Kind::InvalidSignature, "invalid assignment signature");
         };
         if hmac::verify(&self.signing_key, message.as_bytes(), &sig).is_err() {
-            return error(403, "invalid assignment signature");
+            return error(Kind::InvalidSignature, "invalid assignment signature");
         }
         let r = match self.load(q.deployment_id, id).await {
             Ok(Some(r)) => r,
@@ -772,7 +808,10 @@ impl Receipts {
             r.state,
             ReceiptState::Verified | ReceiptState::Assigned | ReceiptState::Consumed
         ) {
-            return error(409, &format!("cannot read a receipt in state {}", r.state));
+            return error(
+                Kind::IllegalTransition,
+                &format!("cannot read a receipt in state {}", r.state),
+            );
         }
         self.stream_response(&r)
     }

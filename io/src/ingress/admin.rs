@@ -85,8 +85,9 @@ impl AdminAnswer {
         AdminAnswer::json(kind.http_status(), admin_error_json(kind.as_str()))
     }
 
-    fn diagnostic(status: u16, message: &str) -> AdminAnswer {
-        AdminAnswer::json(status, admin_error_json(message))
+    /// An answer of `kind`'s status whose `error` says what failed.
+    fn diagnostic(kind: AdminErrorKind, message: &str) -> AdminAnswer {
+        AdminAnswer::json(kind.http_status(), admin_error_json(message))
     }
 
     fn with_etag(mut self, revision: u64) -> AdminAnswer {
@@ -153,7 +154,7 @@ impl AdminContext {
 fn store_error(e: &StoreError) -> AdminAnswer {
     match e {
         StoreError::RevisionConflict { .. } => AdminAnswer::error(AdminErrorKind::RevisionConflict),
-        other => AdminAnswer::diagnostic(500, &format!("store: {other}")),
+        other => AdminAnswer::diagnostic(AdminErrorKind::InternalError, &format!("store: {other}")),
     }
 }
 
@@ -161,11 +162,15 @@ fn parse_actor(v: Option<&[u8]>) -> Result<String, AdminAnswer> {
     match v {
         None => Ok(UNATTRIBUTED_ACTOR.to_string()),
         Some(b) => {
-            let s = std::str::from_utf8(b.trim_ascii())
-                .map_err(|_| AdminAnswer::diagnostic(400, "X-Service-Actor must be UTF-8"))?;
+            let s = std::str::from_utf8(b.trim_ascii()).map_err(|_| {
+                AdminAnswer::diagnostic(
+                    AdminErrorKind::InvalidRequest,
+                    "X-Service-Actor must be UTF-8",
+                )
+            })?;
             if s.is_empty() || s.len() > MAX_ACTOR_BYTES || s.chars().any(char::is_control) {
                 return Err(AdminAnswer::diagnostic(
-                    400,
+                    AdminErrorKind::InvalidRequest,
                     "X-Service-Actor must be 1 to 256 bytes of printable text",
                 ));
             }
@@ -205,7 +210,10 @@ fn write_record(out: &mut Vec<u8>, r: &ConfigRecord) {
 
 fn snapshot_error(e: &SnapshotError) -> AdminAnswer {
     match e {
-        SnapshotError::Decode(j) => AdminAnswer::diagnostic(400, &format!("invalid JSON: {j}")),
+        SnapshotError::Decode(j) => AdminAnswer::diagnostic(
+            AdminErrorKind::InvalidRequest,
+            &format!("invalid JSON: {j}"),
+        ),
         SnapshotError::Invalid { path, .. } => {
             // Decision 013: the 422 body carries the path and the message beside the error key.
             let mut out = Vec::new();
@@ -254,7 +262,7 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
                     body: b"ready\n".to_vec(),
                 }
             } else {
-                AdminAnswer::diagnostic(503, "store unavailable")
+                AdminAnswer::diagnostic(AdminErrorKind::StoreUnavailable, "store unavailable")
             };
         }
         _ => {}
@@ -265,7 +273,7 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
         return AdminAnswer::error(AdminErrorKind::AuthRequired);
     }
     if req.body.len() > MAX_ADMIN_BODY_BYTES {
-        return AdminAnswer::diagnostic(400, &body_too_large_message());
+        return AdminAnswer::diagnostic(AdminErrorKind::InvalidRequest, &body_too_large_message());
     }
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     match (req.method, segments.as_slice()) {
@@ -277,7 +285,10 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
         },
         ("GET", ["api", "v1", "admin", "config"]) => match ctx.store.latest_config().await {
             Ok(Some(r)) => AdminAnswer::json(200, record_json(&r)).with_etag(r.revision),
-            Ok(None) => AdminAnswer::diagnostic(500, "store holds no configuration"),
+            Ok(None) => AdminAnswer::diagnostic(
+                AdminErrorKind::InternalError,
+                "store holds no configuration",
+            ),
             Err(e) => store_error(&e),
         },
         ("PUT", ["api", "v1", "admin", "config"]) => put_config(ctx, req).await,
@@ -341,9 +352,9 @@ pub async fn handle(ctx: &AdminContext, req: AdminRequest<'_>) -> AdminAnswer {
             }
         }
         (_, ["api", "v1", "admin", ..]) | (_, ["metrics"]) => {
-            AdminAnswer::diagnostic(404, "no such admin route or method")
+            AdminAnswer::diagnostic(AdminErrorKind::NotFound, "no such admin route or method")
         }
-        _ => AdminAnswer::diagnostic(404, "not found"),
+        _ => AdminAnswer::diagnostic(AdminErrorKind::NotFound, "not found"),
     }
 }
 
@@ -406,7 +417,12 @@ async fn rollback(ctx: &AdminContext, mut req: AdminRequest<'_>) -> AdminAnswer 
     };
     let body: RollbackBody = match from_slice_strict(&mut req.body, MAX_ADMIN_BODY_BYTES) {
         Ok(b) => b,
-        Err(e) => return AdminAnswer::diagnostic(400, &format!("invalid JSON: {e}")),
+        Err(e) => {
+            return AdminAnswer::diagnostic(
+                AdminErrorKind::InvalidRequest,
+                &format!("invalid JSON: {e}"),
+            )
+        }
     };
     let record = match ctx.store.config_at(body.config_version).await {
         Ok(Some(r)) => r,
@@ -580,19 +596,25 @@ async fn worker_action(
 ) -> AdminAnswer {
     let Some(action) = WorkerAction::from_wire(action) else {
         return AdminAnswer::diagnostic(
-            400,
+            AdminErrorKind::InvalidRequest,
             "unknown action: use drain, undrain, disable or enable",
         );
     };
     let Ok(worker_id) = sortie_core::snapshot::ConfigId::parse(id) else {
-        return AdminAnswer::diagnostic(400, "worker id is not a valid identifier");
+        return AdminAnswer::diagnostic(
+            AdminErrorKind::InvalidRequest,
+            "worker id is not a valid identifier",
+        );
     };
     let expected = match if_match(&req) {
         Ok(r) => r,
         Err(a) => return a,
     };
     if !req.body.iter().all(u8::is_ascii_whitespace) {
-        return AdminAnswer::diagnostic(400, "worker actions take no body");
+        return AdminAnswer::diagnostic(
+            AdminErrorKind::InvalidRequest,
+            "worker actions take no body",
+        );
     }
     let actor = match parse_actor(req.actor) {
         Ok(a) => a,
@@ -619,7 +641,7 @@ async fn worker_action(
         Err(ActionError::RevisionConflict { .. }) => {
             return AdminAnswer::error(AdminErrorKind::RevisionConflict)
         }
-        Err(e) => return AdminAnswer::diagnostic(400, &e.to_string()),
+        Err(e) => return AdminAnswer::diagnostic(AdminErrorKind::InvalidRequest, &e.to_string()),
     };
     let stored = match ctx
         .store

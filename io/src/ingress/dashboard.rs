@@ -8,6 +8,7 @@
 use std::sync::LazyLock;
 
 use crate::http::Response;
+use sortie_core::error::AdminErrorKind;
 
 /// Prefix of every dashboard path.
 pub const PREFIX: &str = "/admin";
@@ -99,7 +100,7 @@ fn matches_tag(if_none_match: &[u8], tag: &str) -> bool {
 /// Answers a request for a dashboard path (see [`is_dashboard_path`]).
 pub fn serve(method: &str, path: &str, if_none_match: Option<&[u8]>) -> Response {
     if method != "GET" && method != "HEAD" {
-        return hardened(Response::text(405, "method not allowed\n"))
+        return hardened(super::web::admin_error(AdminErrorKind::MethodNotAllowed))
             .with_header("allow", "GET, HEAD");
     }
     let name = match path.strip_prefix(PREFIX) {
@@ -114,7 +115,7 @@ pub fn serve(method: &str, path: &str, if_none_match: Option<&[u8]>) -> Response
         None => "",
     };
     let Some(i) = ASSETS.iter().position(|a| a.name == name) else {
-        return hardened(Response::text(404, "not found\n"));
+        return hardened(super::web::admin_error(AdminErrorKind::NotFound));
     };
     let (asset, tag) = (&ASSETS[i], &ETAGS[i]);
     let base = if if_none_match.is_some_and(|v| matches_tag(v, tag)) {

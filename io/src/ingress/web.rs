@@ -5,7 +5,7 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use sortie_core::error::{admin_error_json, AdminErrorKind, ApiError, ErrorCode};
+use sortie_core::error::{admin_error_json, AdminErrorKind, ApiError, ErrorCode, ReceiptErrorKind};
 use sortie_core::h1::BodyFraming;
 use sortie_core::limits::{MAX_ADMIN_BODY_BYTES, MAX_REQUEST_ENVELOPE_BYTES};
 use sortie_core::request::envelope_too_large;
@@ -151,11 +151,10 @@ impl Handler for ApiHandler {
             }
             ApiAdmission::Request(d, in_flight) => (d, in_flight),
             ApiAdmission::Other if req.path() != REQUESTS_PATH => {
-                return Response::json(404, admin_error_json("not_found"));
+                return admin_error(AdminErrorKind::NotFound);
             }
             ApiAdmission::Other => {
-                return Response::json(405, admin_error_json("method_not_allowed"))
-                    .with_header("allow", "POST");
+                return admin_error(AdminErrorKind::MethodNotAllowed).with_header("allow", "POST");
             }
         };
         let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
@@ -186,10 +185,17 @@ impl Handler for ApiHandler {
 /// The answer of every receipt path without object storage (spec, Receipt API: the routes
 /// exist only when it is enabled).
 fn receipts_disabled() -> Response {
-    Response::json(
-        404,
-        sortie_core::error::receipt_error_json("object storage is not enabled"),
-    )
+    receipts::error(ReceiptErrorKind::NotFound, "object storage is not enabled")
+}
+
+/// The answer of an admin-style error `kind` with its stable `error` value.
+pub(crate) fn admin_error(kind: AdminErrorKind) -> Response {
+    admin_diagnostic(kind, kind.as_str())
+}
+
+/// The answer of an admin-style error `kind` whose `error` says what failed.
+fn admin_diagnostic(kind: AdminErrorKind, message: &str) -> Response {
+    Response::json(kind.http_status(), admin_error_json(message))
 }
 
 impl ApiHandler {
@@ -202,9 +208,9 @@ impl ApiHandler {
         }
         if req.path().starts_with(RECEIPT_OBJECTS_PATH) {
             if !matches!(req.method(), "GET" | "HEAD") {
-                return Err(Response::json(
-                    404,
-                    sortie_core::error::receipt_error_json("unknown receipt route"),
+                return Err(receipts::error(
+                    ReceiptErrorKind::NotFound,
+                    "unknown receipt route",
                 ));
             }
             return Ok(Admitted {
@@ -215,9 +221,9 @@ impl ApiHandler {
         let deployment = match api::authenticate(&self.ctx, req.header("authorization")) {
             Ok(d) => d,
             Err(_) => {
-                return Err(Response::json(
-                    401,
-                    sortie_core::error::receipt_error_json("deployment authentication failed"),
+                return Err(receipts::error(
+                    ReceiptErrorKind::AuthFailed,
+                    "deployment authentication failed",
                 ))
             }
         };
@@ -248,8 +254,7 @@ fn openapi_document(method: &str, document: &'static [u8]) -> Response {
             .with_header("content-type", "application/json")
             .with_header("cache-control", "no-cache")
             .with_body(bytes::Bytes::from_static(document)),
-        _ => Response::json(405, admin_error_json("method_not_allowed"))
-            .with_header("allow", "GET, HEAD"),
+        _ => admin_error(AdminErrorKind::MethodNotAllowed).with_header("allow", "GET, HEAD"),
     }
 }
 
@@ -305,10 +310,7 @@ impl Handler for AdminHandler {
             });
         }
         if !admin::is_authorized(&self.ctx, req.header("authorization")) {
-            let kind = AdminErrorKind::AuthRequired;
-            return Err(
-                Response::json(kind.http_status(), admin_error_json(kind.as_str())).closing(),
-            );
+            return Err(admin_error(AdminErrorKind::AuthRequired).closing());
         }
         Ok(Admitted {
             body_limit: MAX_ADMIN_BODY_BYTES as u64 + 1,
@@ -326,10 +328,15 @@ impl Handler for AdminHandler {
         let bytes = match body.read_to_end(MAX_ADMIN_BODY_BYTES as u64).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                return Response::json(400, admin_error_json(&admin::body_too_large_message()))
-                    .closing()
+                return admin_diagnostic(
+                    AdminErrorKind::InvalidRequest,
+                    &admin::body_too_large_message(),
+                )
+                .closing()
             }
-            Err(e) => return Response::json(400, admin_error_json(e.reason())).closing(),
+            Err(e) => {
+                return admin_diagnostic(AdminErrorKind::InvalidRequest, e.reason()).closing()
+            }
         };
         let method = if req.method() == "HEAD" {
             "GET"
@@ -362,7 +369,10 @@ impl Handler for AdminHandler {
         // whether the server sees it from the declared length or while reading; the server's own
         // 413 would give the same failure two statuses.
         if status == 413 {
-            return Response::json(400, admin_error_json(&admin::body_too_large_message()));
+            return admin_diagnostic(
+                AdminErrorKind::InvalidRequest,
+                &admin::body_too_large_message(),
+            );
         }
         Response::json(status, admin_error_json(reason))
     }
