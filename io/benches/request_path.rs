@@ -31,6 +31,10 @@ use sortie_io::ingress::api;
 use sortie_io::metrics::Metrics;
 use sortie_io::tokens::Authenticator;
 
+/// The allocator the `sortie` binary runs with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const TOKEN: &str = "bench-token-0123456789abcdef";
 const BODY_BYTES: usize = 1024;
 
