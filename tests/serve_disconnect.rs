@@ -58,9 +58,38 @@ fn silent_upstream() -> (String, mpsc::Receiver<Option<Instant>>) {
     (url, rx)
 }
 
+/// How many io_uring instances process `pid` holds open (`anon_inode:[io_uring]` among its
+/// descriptors): one per core when the cores run on io_uring, none on epoll.
+fn io_uring_instances(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the gateway's descriptors")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy() == "anon_inode:[io_uring]")
+        .count()
+}
+
+/// Whether this kernel lets processes create io_uring instances (`io_uring_disabled`, from
+/// Linux 6.6; 0 allows everyone, and a kernel without the setting allows them too).
+fn kernel_offers_io_uring() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").map_or(true, |v| v.trim() == "0")
+}
+
 #[test]
 fn client_leaving_mid_request_releases_it_at_once() {
-    assert_release_on_departure(&Gateway::start());
+    let gw = Gateway::start();
+    // The suite must test the driver production runs: where the kernel offers io_uring, the
+    // cores run on it (a silent fall-back to epoll would test epoll twice).
+    assert!(
+        kernel_offers_io_uring(),
+        "this kernel refuses io_uring: the suite cannot test it"
+    );
+    // The listeners accept before the cores have started: wait for the cores' rings.
+    wait_until(
+        Duration::from_secs(10),
+        "the cores to run on io_uring, which the kernel offers",
+        || io_uring_instances(gw.child.id()) >= 1,
+    );
+    assert_release_on_departure(&gw);
 }
 
 /// The watch waits on a duplicate of the client's descriptor; with the epoll driver that
@@ -71,6 +100,8 @@ fn client_leaving_is_noticed_with_the_epoll_driver_too() {
         .env("MONOIO_FORCE_LEGACY_DRIVER", "1")
         .start();
     assert_release_on_departure(&gw);
+    // Checked once the cores have served a request: they run, and without io_uring.
+    assert_eq!(io_uring_instances(gw.child.id()), 0, "epoll was forced");
 }
 
 fn assert_release_on_departure(gw: &Gateway) {
