@@ -366,7 +366,12 @@ fn error_statuses_come_from_the_registry() {
         }
         let code = code_of(&std::fs::read_to_string(f).expect("source readable"));
         let flat: String = code.split_whitespace().collect::<Vec<_>>().join(" ");
-        for call in ["Response::json(", "Response::text(", "Response::new(", "diagnostic("] {
+        for call in [
+            "Response::json(",
+            "Response::text(",
+            "Response::new(",
+            "diagnostic(",
+        ] {
             let mut rest = flat.as_str();
             while let Some(i) = rest.find(call) {
                 rest = &rest[i + call.len()..];

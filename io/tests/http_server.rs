@@ -136,6 +136,18 @@ fn chunked_body_streams_in_pieces() {
     assert_eq!(r.body, want);
     let pieces: usize = r.header("x-pieces").unwrap().parse().unwrap();
     assert!(pieces >= 1);
+
+    // The handler has the first piece while the client still holds the rest back: the answer
+    // comes before the body is complete, which a server that buffers whole bodies never gives.
+    let mut c = server.client();
+    c.send(b"POST /first-piece HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.send(b"3e8\r\n");
+    c.send(&[b'p'; 1000]);
+    c.send(b"\r\n");
+    let r = c.reply();
+    assert_eq!(r.status, 200);
+    let first: usize = r.text().parse().unwrap();
+    assert!((1..=1000).contains(&first), "first piece of {first} bytes");
 }
 
 #[test]

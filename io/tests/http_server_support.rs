@@ -194,6 +194,13 @@ impl Handler for TestHandler {
                 assert!(body.is_end());
                 Response::text(200, data).with_header("x-pieces", pieces.to_string())
             }
+            // Answers as soon as the first piece of the body is in, before the rest is sent:
+            // only a server that streams the body to its handler can.
+            "/first-piece" => match body.read_chunk().await {
+                Ok(Some(piece)) => Response::text(200, piece.len().to_string()).closing(),
+                Ok(None) => Response::text(200, "0").closing(),
+                Err(e) => return error_reply(e),
+            },
             p if p.starts_with("/big/") => {
                 let n: usize = p.trim_start_matches("/big/").parse().unwrap_or(0);
                 Response::text(200, vec![b'b'; n])
