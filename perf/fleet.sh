@@ -16,6 +16,8 @@ HEARTBEAT_MS=${HEARTBEAT_MS:-1000}
 # The bus protocol version the simulated workers offer: 4 heartbeats on lane 0 only, 3 on
 # every lane (decision 118). PROTOCOLS="3 4" measures both in one run.
 PROTOCOLS=${PROTOCOLS:-4}
+# Workers started per second by the simulator; 0 starts them all at once (a storm).
+CONNECT_RATE=${CONNECT_RATE:-0}
 IDLE_SECONDS=${IDLE_SECONDS:-10}
 # Request API throughput at each size: wrk for THROUGHPUT_SECONDS against nginx through the
 # control and the simulated workers (which answer without an upstream).
@@ -103,7 +105,7 @@ one_size() {
   base_ticks=$(cpu_ticks "$CONTROL_PID")
   local stay=$((IDLE_SECONDS + THROUGHPUT_SECONDS + 60))
   python3 "$PERF_DIR/fleetsim.py" --control "127.0.0.1:$BUS_PORT" --token "$BUS_TOKEN" \
-    --workers "$n" --seconds "$stay" --timeout 120 --protocol "$protocol" >"$sim_out" 2>"$WORK_DIR/fleetsim-$n-v$protocol.err" &
+    --workers "$n" --seconds "$stay" --timeout 120 --protocol "$protocol" --connect-rate "$CONNECT_RATE" >"$sim_out" 2>"$WORK_DIR/fleetsim-$n-v$protocol.err" &
   SIM_PID=$!
   local deadline=$((SECONDS + 150))
   until reg_line=$(grep '^FLEETSIM_REGISTERED ' "$sim_out" 2>/dev/null); do
@@ -188,7 +190,7 @@ main() {
   say "=== sortie simulated fleet $(date -u +%FT%TZ)"
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), open files $(ulimit -Hn)"
-  say "knobs: FLEET_SIZES='$FLEET_SIZES' CONTROL_CORES=$CONTROL_CORES HEARTBEAT_MS=$HEARTBEAT_MS PROTOCOLS='$PROTOCOLS'" \
+  say "knobs: FLEET_SIZES='$FLEET_SIZES' CONTROL_CORES=$CONTROL_CORES HEARTBEAT_MS=$HEARTBEAT_MS PROTOCOLS='$PROTOCOLS' CONNECT_RATE=$CONNECT_RATE" \
     "IDLE_SECONDS=$IDLE_SECONDS THROUGHPUT_SECONDS=$THROUGHPUT_SECONDS CONNECTIONS=$CONNECTIONS"
   say ""
   say "    workers  register  control CPU  ms/worker   idle CPU  KiB/worker     rollout      req/s  us/req  us/req-net  non-2xx"
