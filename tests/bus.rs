@@ -543,6 +543,33 @@ fn from_version_4_only_lane_zero_carries_heartbeats() {
     }
 }
 
+/// Heartbeats are recorded without the registry's lock, in the worker's slot: `last_seen` of a
+/// connected worker follows its lane 0's heartbeats, and stops when it disconnects.
+#[test]
+fn last_seen_follows_the_heartbeats_of_lane_zero() {
+    let gw = control_with("127.0.0.1:0", None, 200).cores(2).start();
+    let mut w = start_worker("seen", gw.bus.unwrap(), None, "");
+    let first = wait_worker(&gw, "seen", "connected")["last_seen"]
+        .as_str()
+        .expect("last_seen")
+        .to_string();
+    let mut later = String::new();
+    wait_until(Duration::from_secs(5), "a later heartbeat", || {
+        let items = admin_items(&gw, "/api/v1/admin/workers");
+        later = support::gateway::worker_item(&items, "seen")["last_seen"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        later > first
+    });
+    w.kill9();
+    let gone = wait_worker(&gw, "seen", "disconnected")["last_seen"]
+        .as_str()
+        .expect("last_seen")
+        .to_string();
+    assert!(gone >= later, "{gone} < {later}");
+}
+
 /// A real worker and a control both leave their lanes' liveness to the kernel: every lane has
 /// a keepalive timer on both of its ends (decision 118).
 #[test]

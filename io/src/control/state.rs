@@ -71,6 +71,16 @@ pub struct WorkerSlot {
     /// Requests in flight on a remote worker as its last heartbeat reported them, across every
     /// control it serves; `NOT_REPORTED` until its session sent one (decision 069).
     reported: AtomicU64,
+    /// [`session_tag`] of the remote worker's connected session; 0 while none is.
+    session: AtomicU64,
+    /// When the connected session's last heartbeat came (Unix ms; 0: none yet).
+    heard: AtomicU64,
+}
+
+/// The tag of a session id in [`WorkerSlot`]: its heartbeats are recorded without the registry
+/// lock, and only while the tag matches the connected session's. Never 0.
+pub fn session_tag(session: &str) -> u64 {
+    sortie_core::rendezvous::stable_hash(&[session.as_bytes()]).max(1)
 }
 
 /// [`WorkerSlot::reported`] before a heartbeat.
@@ -116,6 +126,25 @@ impl WorkerSlot {
     /// Records a remote worker's own count of requests in flight from its heartbeat.
     pub fn set_reported(&self, active: u32) {
         self.reported.store(u64::from(active), Ordering::Relaxed);
+    }
+
+    /// Records a heartbeat of the session tagged `session` (see [`session_tag`]): when it came
+    /// and the load it reported (decision 069). A session that is not the connected one, a
+    /// superseded or standby one, is ignored. Lock-free: heartbeats never wait for the
+    /// registry's writer, which may be rebuilding routing.
+    pub fn heartbeat(&self, session: u64, now_unix_ms: u64, active: u32) {
+        if self.session.load(Ordering::Acquire) == session {
+            self.set_reported(active);
+            self.heard.fetch_max(now_unix_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// When the connected session's last heartbeat came, if one did.
+    pub fn last_heard(&self) -> Option<u64> {
+        match self.heard.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
     }
 
     /// Records a revision the worker acknowledged.
@@ -254,6 +283,8 @@ impl ControlState {
                     bind_address,
                     applied: AtomicU64::new(0),
                     reported: AtomicU64::new(NOT_REPORTED),
+                    session: AtomicU64::new(0),
+                    heard: AtomicU64::new(0),
                 }),
             );
         }
@@ -497,12 +528,16 @@ impl ControlState {
                     bind_address: None,
                     applied: AtomicU64::new(0),
                     reported: AtomicU64::new(NOT_REPORTED),
+                    session: AtomicU64::new(0),
+                    heard: AtomicU64::new(0),
                 })
             })
             .clone();
-        // A new session has applied and reported nothing yet.
+        // A new session has applied, reported and been heard nothing yet.
         slot.applied.store(0, Ordering::Relaxed);
         slot.reported.store(NOT_REPORTED, Ordering::Relaxed);
+        slot.heard.store(0, Ordering::Relaxed);
+        slot.session.store(session_tag(session), Ordering::Release);
         Ok(slot)
     }
 
@@ -511,6 +546,9 @@ impl ControlState {
     pub fn disconnect_remote(&self, id: &str, session: &str, now_unix_ms: u64) {
         let mut w = self.writer();
         if w.registry.disconnect(id, session, now_unix_ms) {
+            if let Some(slot) = w.slots.get(id) {
+                slot.session.store(0, Ordering::Release);
+            }
             self.publish(&w);
         }
     }
@@ -542,15 +580,10 @@ impl ControlState {
         gone.len()
     }
 
-    /// Records a heartbeat: `last_seen` and the load the worker reported (for `/metrics`);
-    /// routing is unchanged.
-    pub fn touch(&self, id: &str, session: &str, now_unix_ms: u64, active: u32) {
-        let w = &mut *self.writer();
-        if w.registry.heartbeat(id, session, now_unix_ms) {
-            if let Some(slot) = w.slots.get(id) {
-                slot.set_reported(active);
-            }
-        }
+    /// The counters of worker `id`, if it has a slot (a local worker, or a remote one that
+    /// registered and was not forgotten).
+    pub fn slot_of(&self, id: &str) -> Option<Arc<WorkerSlot>> {
+        self.writer().slots.get(id).cloned()
     }
 
     /// Reads the worker registry.

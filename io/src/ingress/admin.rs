@@ -20,7 +20,7 @@ use sortie_core::worker::{
 
 use crate::clock;
 use crate::control::core::{cancel_request, list_active};
-use crate::control::state::ControlState;
+use crate::control::state::{ControlState, WorkerSlot};
 use crate::store::{ColdHandle, ConfigRecord, StoreError, HISTORY_LIMIT};
 use crate::tokens::{bearer, token_matches};
 
@@ -508,7 +508,8 @@ fn write_list<'a>(out: &mut Vec<u8>, items: impl Iterator<Item = &'a str>) {
     out.push(b']');
 }
 
-fn write_worker(out: &mut Vec<u8>, w: &WorkerRecord, active: u32) {
+fn write_worker(out: &mut Vec<u8>, w: &WorkerRecord, slot: Option<&WorkerSlot>) {
+    let active = slot.map_or(0, |s| s.active());
     out.extend_from_slice(b"{\"worker_id\":");
     write_str(out, w.id().as_str());
     out.extend_from_slice(b",\"session\":");
@@ -534,7 +535,11 @@ fn write_worker(out: &mut Vec<u8>, w: &WorkerRecord, active: u32) {
         .as_bytes(),
     );
     out.extend_from_slice(b",\"last_seen\":");
-    let seen = w.last_seen_unix_ms().map(clock::rfc3339);
+    // A connected remote worker's heartbeats are recorded in its slot, without the registry.
+    let heard = slot
+        .filter(|_| w.state() == sortie_core::worker::WorkerState::Connected)
+        .and_then(WorkerSlot::last_heard);
+    let seen = w.last_seen_unix_ms().max(heard).map(clock::rfc3339);
     write_opt(out, seen.as_deref());
     let caps = w.capabilities();
     out.extend_from_slice(b",\"pools\":");
@@ -579,8 +584,7 @@ fn workers(ctx: &AdminContext) -> AdminAnswer {
             if i > 0 {
                 out.push(b',');
             }
-            let active = slots.get(w.id().as_str()).map_or(0, |s| s.active());
-            write_worker(&mut out, w, active);
+            write_worker(&mut out, w, slots.get(w.id().as_str()).map(Arc::as_ref));
         }
         out.extend_from_slice(b"]}");
         out
@@ -666,12 +670,14 @@ async fn worker_action(
         revision: stored.revision,
     };
     // The answer is the worker record as the list shows it, live capacity included.
-    let active = ctx
-        .state
-        .with_registry(|_, slots| slots.get(id).map_or(0, |s| s.active()));
+    let slot = ctx.state.slot_of(id);
     let body = ctx.state.update_registry(|reg| {
         let mut out = Vec::new();
-        write_worker(&mut out, reg.set_settings(worker_id, committed), active);
+        write_worker(
+            &mut out,
+            reg.set_settings(worker_id, committed),
+            slot.as_deref(),
+        );
         out
     });
     tracing::info!(worker = id, action = action.as_str(), actor = %actor, revision = committed.revision, "worker action");

@@ -461,6 +461,10 @@ pub(crate) struct Lane {
     is_closed: Cell<bool>,
     stop: crate::bus::Notify,
     last_rx: Cell<Instant>,
+    /// The worker's counters, once a heartbeat looked them up.
+    slot: std::cell::OnceCell<Arc<crate::control::state::WorkerSlot>>,
+    /// [`crate::control::state::session_tag`] of `session`.
+    session_tag: u64,
     /// Whether the lane must carry heartbeats: lane 0, or every lane of a worker that speaks a
     /// version before 4 (decision 118). Other lanes are kept by TCP keepalive.
     needs_heartbeats: bool,
@@ -733,6 +737,8 @@ impl BusCore {
             stop: crate::bus::Notify::default(),
             last_rx: Cell::new(Instant::now()),
             needs_heartbeats: sortie_core::bus::lane_heartbeats(version, hello.lane),
+            slot: std::cell::OnceCell::new(),
+            session_tag: crate::control::state::session_tag(&hello.session),
             index: hello.lane,
             local: conn.local_addr(),
             standby_since: Cell::new(None),
@@ -823,12 +829,16 @@ impl BusCore {
         match frame {
             Frame::Heartbeat(h) => {
                 if lane.index == 0 {
-                    self.state.touch(
-                        &lane.worker_id,
-                        &lane.session,
-                        crate::clock::unix_ms(),
-                        h.active,
-                    );
+                    // The worker's slot, looked up once per lane: the heartbeat itself takes no
+                    // lock (a registration batch may hold the registry's for a rebuild).
+                    if lane.slot.get().is_none() {
+                        if let Some(slot) = self.state.slot_of(&lane.worker_id) {
+                            let _ = lane.slot.set(slot);
+                        }
+                    }
+                    if let Some(slot) = lane.slot.get() {
+                        slot.heartbeat(lane.session_tag, crate::clock::unix_ms(), h.active);
+                    }
                 }
             }
             Frame::ConfigApplied { version } => {
