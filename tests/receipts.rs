@@ -932,6 +932,10 @@ fn request_api(backend: &Backend) {
 
     // Over object_storage.max_object_bytes (4 MiB): body_too_large, no object left behind.
     let before = object_files(backend, &gw.dir);
+    assert!(
+        before.len() >= 2,
+        "the receipts stored above are not where the check looks: {before:?}"
+    );
     let r = send(
         &gw,
         json!({"method":"GET","url":up.url("/big"),"response_body_mode":"receipt"}),
@@ -950,10 +954,13 @@ fn request_api(backend: &Backend) {
     );
 }
 
-/// Every stored object file of the backend.
+/// Every file under the backend's whole store (objects, and the parts and temporary files a
+/// partial upload would leave: s3s-fs keeps multipart parts beside the buckets).
 fn object_files(backend: &Backend, gw_dir: &Path) -> Vec<PathBuf> {
     fn walk(p: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+        let entries = std::fs::read_dir(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        for e in entries {
+            let e = e.unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 walk(&e.path(), out);
             } else {
@@ -962,8 +969,8 @@ fn object_files(backend: &Backend, gw_dir: &Path) -> Vec<PathBuf> {
         }
     }
     let root = match backend {
-        Backend::Fs => gw_dir.join("data/objects/receipts"),
-        Backend::S3(s) => s.dir.join(BUCKET).join("receipts"),
+        Backend::Fs => gw_dir.join("data/objects"),
+        Backend::S3(s) => s.dir.clone(),
     };
     let mut out = Vec::new();
     walk(&root, &mut out);

@@ -76,18 +76,19 @@ fn kernel_offers_io_uring() -> bool {
 
 #[test]
 fn client_leaving_mid_request_releases_it_at_once() {
-    let gw = Gateway::start();
+    let gw = Gateway::builder().cores(2).start();
     // The suite must test the driver production runs: where the kernel offers io_uring, the
     // cores run on it (a silent fall-back to epoll would test epoll twice).
     assert!(
         kernel_offers_io_uring(),
         "this kernel refuses io_uring: the suite cannot test it"
     );
-    // The listeners accept before the cores have started: wait for the cores' rings.
+    // The listeners accept before the cores have started: wait for the cores' rings, one per
+    // core (a core that fell back to epoll alone would leave one missing).
     wait_until(
         Duration::from_secs(10),
-        "the cores to run on io_uring, which the kernel offers",
-        || io_uring_instances(gw.child.id()) >= 1,
+        "both cores to run on io_uring, which the kernel offers",
+        || io_uring_instances(gw.child.id()) == 2,
     );
     assert_release_on_departure(&gw);
 }

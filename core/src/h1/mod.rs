@@ -63,34 +63,55 @@ mod tests {
     /// nothing panics, and every accepted head obeys the strict rules.
     #[test]
     fn single_byte_mutations_never_panic_and_stay_strict() {
+        // The checks below run only on what the parsers accept: the seeds themselves must be
+        // accepted, and so must some of their mutations, or a parser that rejects everything
+        // would pass.
+        for seed in SEEDS {
+            assert!(check_request(seed), "{:?}", String::from_utf8_lossy(seed));
+        }
+        for seed in RESPONSE_SEEDS {
+            assert!(check_response(seed), "{:?}", String::from_utf8_lossy(seed));
+        }
+        let mut accepted = 0usize;
         for seed in SEEDS.iter().chain(RESPONSE_SEEDS) {
             for at in 0..seed.len() {
                 for &probe in PROBES {
                     let mut buf = seed.to_vec();
                     buf[at] = probe;
-                    check_request(&buf);
-                    check_response(&buf);
+                    accepted +=
+                        usize::from(check_request(&buf)) + usize::from(check_response(&buf));
                     buf.insert(at, probe);
-                    check_request(&buf);
-                    check_response(&buf);
+                    accepted +=
+                        usize::from(check_request(&buf)) + usize::from(check_response(&buf));
                 }
                 check_request(&seed[..at]);
                 check_response(&seed[..at]);
             }
         }
+        assert!(
+            accepted > 100,
+            "only {accepted} mutated heads were accepted"
+        );
+        let mut decoded = 0usize;
         for at in 0..CHUNKED_SEED.len() {
             for &probe in PROBES {
                 let mut buf = CHUNKED_SEED.to_vec();
                 buf[at] = probe;
-                check_chunked(&buf);
+                decoded += usize::from(check_chunked(&buf).is_some());
             }
         }
+        assert!(
+            decoded > 10,
+            "only {decoded} mutated chunked bodies decoded"
+        );
+        assert_eq!(check_chunked(CHUNKED_SEED).as_deref(), Some(&b"hello"[..]));
     }
 
-    fn check_request(buf: &[u8]) {
-        if let Ok(Parsed::Complete { head, consumed_len }) =
-            parse_request_head(buf, &HeadLimits::REQUEST)
-        {
+    /// Checks what the request parser accepts; whether it accepted a complete head.
+    fn check_request(buf: &[u8]) -> bool {
+        let parsed = parse_request_head(buf, &HeadLimits::REQUEST);
+        let is_complete = matches!(parsed, Ok(Parsed::Complete { .. }));
+        if let Ok(Parsed::Complete { head, consumed_len }) = parsed {
             assert!(consumed_len <= buf.len());
             let raw = &buf[..consumed_len];
             assert!(raw.ends_with(b"\r\n\r\n"));
@@ -104,20 +125,28 @@ mod tests {
             );
             assert!(head.headers().values("host").count() <= 1);
         }
+        is_complete
     }
 
-    fn check_response(buf: &[u8]) {
+    /// Checks what the response parser accepts after each method; whether it accepted a
+    /// complete head after any.
+    fn check_response(buf: &[u8]) -> bool {
+        let mut is_complete = false;
         for method in ["GET", "HEAD", "CONNECT"] {
             if let Ok(Parsed::Complete { head, consumed_len }) =
                 parse_response_head(buf, method, &HeadLimits::RESPONSE)
             {
+                is_complete = true;
                 assert!(consumed_len <= buf.len());
                 assert!((100..=599).contains(&head.status()));
             }
         }
+        is_complete
     }
 
-    fn check_chunked(buf: &[u8]) {
+    /// Decodes a chunked body whole and byte by byte, which must agree; the body when both
+    /// finished it.
+    fn check_chunked(buf: &[u8]) -> Option<Vec<u8>> {
         let mut whole = ChunkedDecoder::new(BodyLimits::with_max_body(1 << 20));
         let mut a = Vec::new();
         let ra = whole.decode(buf, &mut |d| a.extend_from_slice(d));
@@ -145,8 +174,12 @@ mod tests {
                 assert_eq!(pa.consumed, consumed);
                 assert_eq!(pa.is_done, pb.is_done);
                 assert_eq!(a, b);
+                pa.is_done.then_some(a)
             }
-            (Err(ea), Err(eb)) => assert_eq!(ea, eb),
+            (Err(ea), Err(eb)) => {
+                assert_eq!(ea, eb);
+                None
+            }
             (ra, rb) => panic!("{buf:?}: whole {ra:?} bytewise {rb:?}"),
         }
     }
