@@ -392,6 +392,139 @@ fn error_statuses_come_from_the_registry() {
     );
 }
 
+/// One `MAX_*` or `MIN_*` constant: where, its value's expression, and its doc comment.
+struct Limit {
+    file: String,
+    name: String,
+    value: String,
+    doc: String,
+}
+
+/// Every `MAX_*` and `MIN_*` constant outside test modules of `core/src` and `io/src`, in file
+/// and line order.
+fn limits() -> Vec<Limit> {
+    let root = repo();
+    let mut files = Vec::new();
+    rust_files(&root.join("core").join("src"), &mut files);
+    rust_files(&root.join("io").join("src"), &mut files);
+    let mut out = Vec::new();
+    for f in &files {
+        let shown = f.strip_prefix(&root).unwrap_or(f).display().to_string();
+        let src = std::fs::read_to_string(f).expect("source readable");
+        let src = match src.find("#[cfg(test)]\nmod tests") {
+            Some(i) => &src[..i],
+            None => &src[..],
+        };
+        let lines: Vec<&str> = src.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            let decl = ["pub const ", "pub(crate) const ", "const "]
+                .iter()
+                .find_map(|p| t.strip_prefix(p));
+            let Some(decl) = decl else { continue };
+            if !(decl.starts_with("MAX_") || decl.starts_with("MIN_")) {
+                continue;
+            }
+            let name = decl.split(':').next().unwrap_or("").trim().to_string();
+            // The value: from `=` to the `;`, which may be lines later.
+            let mut text = decl.to_string();
+            let mut j = i;
+            while !text.contains(';') && j + 1 < lines.len() {
+                j += 1;
+                text.push(' ');
+                text.push_str(lines[j].trim());
+            }
+            let value = text
+                .split_once('=')
+                .map_or("", |(_, v)| v)
+                .trim()
+                .trim_end_matches(';')
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            // The doc comment just above, attributes skipped.
+            let mut doc = Vec::new();
+            let mut k = i;
+            while k > 0 {
+                k -= 1;
+                let above = lines[k].trim();
+                if let Some(d) = above.strip_prefix("///") {
+                    doc.push(d.trim());
+                } else if !above.starts_with("#[") {
+                    break;
+                }
+            }
+            doc.reverse();
+            out.push(Limit {
+                file: shown.clone(),
+                name,
+                value,
+                doc: doc.join(" "),
+            });
+        }
+    }
+    out
+}
+
+/// `docs/limits.md`: every limit, grouped by file, the contract's first.
+fn render_limits(limits: &[Limit]) -> String {
+    let mut s = String::from(
+        "# Limits\n\nRendered from the sources by `tests/tidy.rs` \
+         (`limits_are_named_documented_and_listed`); do not edit by hand: run \
+         `SORTIE_BLESS=1 cargo test --test tidy`.\n\n\
+         Every bound on what a client, worker, upstream or operator can make the gateway hold or \
+         do is a named constant. The contract's limits are in `core/src/limits.rs`; every other \
+         one is declared beside the code that enforces it, with a doc comment saying what it \
+         bounds; the ranges a configuration key accepts are here too.\n",
+    );
+    let mut files: Vec<&str> = limits.iter().map(|l| l.file.as_str()).collect();
+    files.dedup();
+    files.sort_by_key(|f| (*f != "core/src/limits.rs", f.to_string()));
+    files.dedup();
+    for f in files {
+        s.push_str(&format!(
+            "\n## `{f}`\n\n| constant | value | what it bounds |\n|---|---|---|\n"
+        ));
+        for l in limits.iter().filter(|l| l.file == f) {
+            s.push_str(&format!(
+                "| `{}` | `{}` | {} |\n",
+                l.name,
+                l.value.replace('|', "\\|"),
+                l.doc.replace('|', "\\|")
+            ));
+        }
+    }
+    s
+}
+
+/// The rule for limits (see `docs/limits.md`): every `MAX_*`/`MIN_*` constant has a doc comment
+/// that says what it bounds, and the rendered list is current.
+#[test]
+fn limits_are_named_documented_and_listed() {
+    let all = limits();
+    assert!(all.len() > 50, "only {} limits found", all.len());
+    let undocumented: Vec<String> = all
+        .iter()
+        .filter(|l| l.doc.is_empty())
+        .map(|l| format!("{}: {}", l.file, l.name))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "limits without a doc comment:\n{}",
+        undocumented.join("\n")
+    );
+    let rendered = render_limits(&all);
+    let path = repo().join("docs").join("limits.md");
+    let current = std::fs::read_to_string(&path).unwrap_or_default();
+    if current != rendered {
+        if std::env::var_os("SORTIE_BLESS").is_some() {
+            std::fs::write(&path, &rendered).expect("write docs/limits.md");
+        } else {
+            panic!("docs/limits.md is stale: run `SORTIE_BLESS=1 cargo test --test tidy`");
+        }
+    }
+}
+
 #[test]
 fn no_function_is_longer_than_the_limit() {
     let root = repo();
