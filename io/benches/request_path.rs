@@ -61,12 +61,19 @@ fn upstream() -> SocketAddr {
     .into_bytes();
     response.extend(std::iter::repeat_n(b'x', BODY_BYTES));
     let response: Arc<[u8]> = response.into();
-    std::thread::spawn(move || {
+    // Named threads, so that a profile of the benchmark tells the upstream's samples apart.
+    let spawn = |f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name("upstream".into())
+            .spawn(f)
+            .expect("an upstream thread");
+    };
+    spawn(Box::new(move || {
         for conn in listener.incoming().flatten() {
             let response = response.clone();
-            std::thread::spawn(move || serve(conn, &response));
+            spawn(Box::new(move || serve(conn, &response)));
         }
-    });
+    }));
     addr
 }
 
