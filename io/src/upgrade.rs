@@ -74,6 +74,41 @@ pub enum UpgradeError {
     Exchange(String),
 }
 
+/// Why one hand-over to a successor failed, on the side of the process that hands over; it
+/// keeps serving and logs this.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    /// Reading, writing or passing descriptors on the connection failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The peer's credentials could not be read.
+    #[error("peer credentials: {0}")]
+    Credentials(#[from] rustix::io::Errno),
+    /// The peer runs as another user.
+    #[error("process {0} runs as another user")]
+    OtherUser(u32),
+    /// The peer's first line was not the greeting of this exchange.
+    #[error("process {0} sent an unknown request")]
+    UnknownRequest(u32),
+    /// This process is stopping and has nothing to offer.
+    #[error("process {0} asked while this process stops")]
+    Stopping(u32),
+    /// The peer answered something else than `ready`.
+    #[error("process {pid} answered {line:?} instead of ready")]
+    NotReady {
+        /// The peer.
+        pid: u32,
+        /// What it said.
+        line: String,
+    },
+    /// The peer closed the connection.
+    #[error("the other process closed the connection")]
+    Closed,
+    /// The peer sent a line that is not UTF-8.
+    #[error("a line that is not UTF-8")]
+    NotUtf8,
+}
+
 fn exchange(what: impl std::fmt::Display) -> UpgradeError {
     UpgradeError::Exchange(what.to_string())
 }
@@ -190,24 +225,23 @@ fn hand_over(
     conn: &mut UnixStream,
     offer: &Mutex<Option<Vec<Offered>>>,
     move_workers: &dyn Fn() -> Vec<String>,
-) -> Result<u32, String> {
+) -> Result<u32, HandoverError> {
     let (pid, mut reader) = greeted(conn, GREETING)?;
     {
         let guard = offer.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(listeners) = guard.as_ref() else {
             let _ = conn.write_all(b"error stopping\n");
-            return Err(format!("process {pid} asked while this process stops"));
+            return Err(HandoverError::Stopping(pid));
         };
         for l in listeners {
             for chunk in l.fds.chunks(MAX_FDS_PER_MESSAGE) {
                 let line = format!("listener {} {} {}\n", l.name, l.addr, chunk.len());
-                send_fds(conn, line.as_bytes(), chunk).map_err(|e| e.to_string())?;
+                send_fds(conn, line.as_bytes(), chunk)?;
             }
         }
     }
-    conn.write_all(b"end\n").map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    conn.write_all(b"end\n")?;
+    conn.set_read_timeout(Some(READY_TIMEOUT))?;
     let mut has_moved_workers = false;
     loop {
         match read_line(&mut reader)?.as_str() {
@@ -221,28 +255,35 @@ fn hand_over(
                     "binary upgrade: the bus moves to the successor; its workers dial it"
                 );
                 let line = format!("workers {}\n", ids.join(" "));
-                conn.write_all(line.as_bytes()).map_err(|e| e.to_string())?;
+                conn.write_all(line.as_bytes())?;
             }
-            other => return Err(format!("process {pid} answered {other:?} instead of ready")),
+            other => {
+                return Err(HandoverError::NotReady {
+                    pid,
+                    line: other.to_string(),
+                })
+            }
         }
     }
 }
 
 /// The running process's first step with a successor: the step timeouts, the peer's user
 /// (this process's), and its greeting; the peer's pid and a reader on the connection.
-fn greeted(conn: &mut UnixStream, greeting: &str) -> Result<(u32, BufReader<UnixStream>), String> {
+fn greeted(
+    conn: &mut UnixStream,
+    greeting: &str,
+) -> Result<(u32, BufReader<UnixStream>), HandoverError> {
     conn.set_read_timeout(Some(STEP_TIMEOUT))
-        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd()).map_err(|e| e.to_string())?;
+        .and_then(|()| conn.set_write_timeout(Some(STEP_TIMEOUT)))?;
+    let peer = rustix::net::sockopt::socket_peercred(conn.as_fd())?;
     let pid = peer.pid.as_raw_nonzero().get().unsigned_abs();
     if peer.uid != rustix::process::getuid() {
-        return Err(format!("process {pid} runs as another user"));
+        return Err(HandoverError::OtherUser(pid));
     }
-    let mut reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    let mut reader = BufReader::new(conn.try_clone()?);
     if read_line(&mut reader)? != greeting {
         let _ = conn.write_all(b"error unknown request\n");
-        return Err(format!("process {pid} sent an unknown request"));
+        return Err(HandoverError::UnknownRequest(pid));
     }
     Ok((pid, reader))
 }
@@ -257,17 +298,13 @@ fn greet(conn: &mut UnixStream, greeting: &str) -> Result<(), UpgradeError> {
 }
 
 /// Reads one line of at most 256 bytes, without its end.
-fn read_line(reader: &mut BufReader<UnixStream>) -> Result<String, String> {
+fn read_line(reader: &mut BufReader<UnixStream>) -> Result<String, HandoverError> {
     let mut line = Vec::new();
-    let n = reader
-        .by_ref()
-        .take(256)
-        .read_until(b'\n', &mut line)
-        .map_err(|e| e.to_string())?;
+    let n = reader.by_ref().take(256).read_until(b'\n', &mut line)?;
     if n == 0 || line.pop() != Some(b'\n') {
-        return Err("the other process closed the connection".into());
+        return Err(HandoverError::Closed);
     }
-    String::from_utf8(line).map_err(|_| "a line that is not UTF-8".into())
+    String::from_utf8(line).map_err(|_| HandoverError::NotUtf8)
 }
 
 /// Sends `data` with the descriptors `fds` attached.
@@ -602,15 +639,16 @@ pub fn offer_worker(
 }
 
 /// One successor of a worker: who it is, this worker's session, then its `ready`.
-fn worker_hand_over(conn: &mut UnixStream, session: &str) -> Result<u32, String> {
+fn worker_hand_over(conn: &mut UnixStream, session: &str) -> Result<u32, HandoverError> {
     let (pid, mut reader) = greeted(conn, WORKER_GREETING)?;
-    conn.write_all(format!("session {session}\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    conn.write_all(format!("session {session}\n").as_bytes())?;
+    conn.set_read_timeout(Some(READY_TIMEOUT))?;
     match read_line(&mut reader)?.as_str() {
         "ready" => Ok(pid),
-        other => Err(format!("process {pid} answered {other:?} instead of ready")),
+        other => Err(HandoverError::NotReady {
+            pid,
+            line: other.to_string(),
+        }),
     }
 }
 
@@ -670,6 +708,31 @@ mod tests {
         // More: nothing closed.
         let per_core = spread(vec![bind(), bind(), bind()], 2).expect("spread");
         assert_eq!(per_core.iter().map(Vec::len).collect::<Vec<_>>(), [2, 1]);
+    }
+
+    /// The side that hands over names what went wrong: an unknown greeting, a peer that
+    /// hangs up, a peer that answers something else than `ready`.
+    #[test]
+    fn a_hand_over_says_why_it_failed() {
+        let (mut ours, mut theirs) = UnixStream::pair().expect("pair");
+        theirs.write_all(b"hello\n").expect("write");
+        let e = greeted(&mut ours, GREETING).expect_err("refused");
+        assert!(matches!(e, HandoverError::UnknownRequest(_)), "{e}");
+
+        let (mut ours, theirs) = UnixStream::pair().expect("pair");
+        drop(theirs);
+        let e = greeted(&mut ours, GREETING).expect_err("refused");
+        assert!(matches!(e, HandoverError::Closed), "{e}");
+
+        let (mut ours, mut theirs) = UnixStream::pair().expect("pair");
+        theirs
+            .write_all(format!("{WORKER_GREETING}\nnope\n").as_bytes())
+            .expect("write");
+        let e = worker_hand_over(&mut ours, "s1").expect_err("refused");
+        assert!(
+            matches!(&e, HandoverError::NotReady { line, .. } if line == "nope"),
+            "{e}"
+        );
     }
 
     #[test]
