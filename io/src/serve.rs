@@ -1308,7 +1308,7 @@ fn bus_auth(
         };
         Some(
             crate::bus::conn::server_config(&identity, b.tls_client_ca_file.as_deref())
-                .map_err(ServeError::Config)?,
+                .map_err(|e| ServeError::Config(e.to_string()))?,
         )
     };
     Ok((credentials, tls))

@@ -176,7 +176,10 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
                 }),
                 _ => None,
             };
-            Some(crate::bus::conn::client_config(ca, identity.as_ref())?)
+            Some(
+                crate::bus::conn::client_config(ca, identity.as_ref())
+                    .map_err(|e| e.to_string())?,
+            )
         }
         (None, false) => return Err("worker.ca_file is required, or plaintext = true".into()),
     };

@@ -386,43 +386,112 @@ pub(crate) struct CertKey<'a> {
     pub(crate) key_file: &'a str,
 }
 
+/// Why a bus TLS configuration could not be built: each names the setting and the file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BusTlsError {
+    /// A file could not be read, or not as PEM.
+    #[error("{setting} {file}: {source}")]
+    Read {
+        /// The setting that names the file.
+        setting: String,
+        /// The file.
+        file: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// A certificate file holds no certificate.
+    #[error("{setting} {file}: no certificate")]
+    NoCertificate {
+        /// The setting that names the file.
+        setting: String,
+        /// The file.
+        file: String,
+    },
+    /// A key file holds no private key.
+    #[error("{setting} {file}: no private key")]
+    NoKey {
+        /// The setting that names the file.
+        setting: String,
+        /// The file.
+        file: String,
+    },
+    /// rustls refused what was read: a certificate, a key, or a verifier over the CA.
+    #[error("{what}: {source}")]
+    Refused {
+        /// The setting (and file) refused.
+        what: String,
+        /// rustls's reason.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn refused(what: impl Into<String>) -> impl FnOnce(rustls::Error) -> BusTlsError {
+    let what = what.into();
+    move |e| BusTlsError::Refused {
+        what,
+        source: Box::new(e),
+    }
+}
+
 type Identity = (
     Vec<rustls::pki_types::CertificateDer<'static>>,
     rustls::pki_types::PrivateKeyDer<'static>,
 );
 
 impl CertKey<'_> {
-    fn load(&self) -> Result<Identity, String> {
+    fn load(&self) -> Result<Identity, BusTlsError> {
         let (k, cert_file, key_file) = (self.key, self.cert_file, self.key_file);
+        let read = |setting: &str, file: &str| {
+            let (setting, file) = (setting.to_string(), file.to_string());
+            move |source| BusTlsError::Read {
+                setting,
+                file,
+                source,
+            }
+        };
+        let cert_setting = format!("{k}.tls_cert_file");
         let certs: Vec<_> = rustls_pemfile::certs(&mut io::BufReader::new(
-            std::fs::File::open(cert_file)
-                .map_err(|e| format!("{k}.tls_cert_file {cert_file}: {e}"))?,
+            std::fs::File::open(cert_file).map_err(read(&cert_setting, cert_file))?,
         ))
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{k}.tls_cert_file {cert_file}: {e}"))?;
+        .map_err(read(&cert_setting, cert_file))?;
         if certs.is_empty() {
-            return Err(format!("{k}.tls_cert_file {cert_file}: no certificate"));
+            return Err(BusTlsError::NoCertificate {
+                setting: cert_setting,
+                file: cert_file.into(),
+            });
         }
+        let key_setting = format!("{k}.tls_key_file");
         let key = rustls_pemfile::private_key(&mut io::BufReader::new(
-            std::fs::File::open(key_file)
-                .map_err(|e| format!("{k}.tls_key_file {key_file}: {e}"))?,
+            std::fs::File::open(key_file).map_err(read(&key_setting, key_file))?,
         ))
-        .map_err(|e| format!("{k}.tls_key_file {key_file}: {e}"))?
-        .ok_or_else(|| format!("{k}.tls_key_file {key_file}: no private key"))?;
+        .map_err(read(&key_setting, key_file))?
+        .ok_or_else(|| BusTlsError::NoKey {
+            setting: key_setting.clone(),
+            file: key_file.into(),
+        })?;
         Ok((certs, key))
     }
 }
 
 /// The certificates of a PEM CA file as trust roots; `key` names the setting in messages.
-fn roots(key: &str, file: &str) -> Result<rustls::RootCertStore, String> {
+fn roots(key: &str, file: &str) -> Result<rustls::RootCertStore, BusTlsError> {
+    let read = |source| BusTlsError::Read {
+        setting: key.into(),
+        file: file.into(),
+        source,
+    };
     let mut roots = rustls::RootCertStore::empty();
-    let f = std::fs::File::open(file).map_err(|e| format!("{key} {file}: {e}"))?;
+    let f = std::fs::File::open(file).map_err(read)?;
     for cert in rustls_pemfile::certs(&mut io::BufReader::new(f)) {
-        let cert = cert.map_err(|e| format!("{key} {file}: {e}"))?;
-        roots.add(cert).map_err(|e| format!("{key} {file}: {e}"))?;
+        let cert = cert.map_err(read)?;
+        roots.add(cert).map_err(refused(format!("{key} {file}")))?;
     }
     if roots.is_empty() {
-        return Err(format!("{key} {file}: no certificate"));
+        return Err(BusTlsError::NoCertificate {
+            setting: key.into(),
+            file: file.into(),
+        });
     }
     Ok(roots)
 }
@@ -434,12 +503,12 @@ fn roots(key: &str, file: &str) -> Result<rustls::RootCertStore, String> {
 pub(crate) fn server_config(
     identity: &CertKey<'_>,
     client_ca_file: Option<&str>,
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, BusTlsError> {
     let (certs, key) = identity.load()?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(refused("control.bus"))?;
     let builder = match client_ca_file {
         None => builder.with_no_client_auth(),
         Some(file) => {
@@ -447,13 +516,16 @@ pub(crate) fn server_config(
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                     .build()
-                    .map_err(|e| format!("control.bus.tls_client_ca_file {file}: {e}"))?;
+                    .map_err(|e| BusTlsError::Refused {
+                        what: format!("control.bus.tls_client_ca_file {file}"),
+                        source: Box::new(e),
+                    })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let config = builder
         .with_single_cert(certs, key)
-        .map_err(|e| format!("control.bus: {e}"))?;
+        .map_err(refused("control.bus"))?;
     Ok(Arc::new(config))
 }
 
@@ -463,12 +535,12 @@ pub(crate) fn server_config(
 pub(crate) fn client_config(
     ca_file: &str,
     identity: Option<&CertKey<'_>>,
-) -> Result<Arc<rustls::ClientConfig>, String> {
+) -> Result<Arc<rustls::ClientConfig>, BusTlsError> {
     let roots = roots("worker.ca_file", ca_file)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(refused("worker"))?
         .with_root_certificates(roots);
     let config = match identity {
         None => builder.with_no_client_auth(),
@@ -476,8 +548,49 @@ pub(crate) fn client_config(
             let (certs, key) = id.load()?;
             builder
                 .with_client_auth_cert(certs, key)
-                .map_err(|e| format!("worker.tls_cert_file: {e}"))?
+                .map_err(refused("worker.tls_cert_file"))?
         }
     };
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bad file is named with the setting that points at it, and the reason is typed.
+    #[test]
+    fn bad_tls_files_are_named_with_their_setting() {
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = dir.path().join("missing.pem");
+        let missing = missing.to_str().expect("utf-8 path");
+        let e = client_config(missing, None).expect_err("refused");
+        assert!(matches!(e, BusTlsError::Read { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("worker.ca_file {missing}: ")),
+            "{e}"
+        );
+
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let empty = empty.to_str().expect("utf-8 path");
+        let e = client_config(empty, None).expect_err("refused");
+        assert!(matches!(e, BusTlsError::NoCertificate { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!("worker.ca_file {empty}: no certificate")
+        );
+
+        let identity = CertKey {
+            key: "control.bus",
+            cert_file: empty,
+            key_file: missing,
+        };
+        let e = server_config(&identity, None).expect_err("refused");
+        assert_eq!(
+            e.to_string(),
+            format!("control.bus.tls_cert_file {empty}: no certificate")
+        );
+    }
 }
