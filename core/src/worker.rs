@@ -1,6 +1,7 @@
 //! Worker registry model: who the workers are, what they advertise, their operator flags and
-//! their connection state, as plain data. The IO layer feeds registrations, heartbeats,
-//! disconnects and admin actions in; routing tables are built from the records.
+//! their connection state, as plain data. The IO layer feeds registrations, disconnects and
+//! admin actions in (heartbeats go to the IO layer's per-worker counters, without this
+//! registry's lock); routing tables are built from the records.
 //!
 //! Decisions (009): a worker that advertises no ingress modes serves all three;
 //! a worker that advertises no pools belongs to `direct`; a worker is routable only while it is
@@ -549,7 +550,8 @@ impl WorkerRecord {
         self.settings.is_draining
     }
 
-    /// Last registration or heartbeat, in Unix milliseconds as the IO layer observed it.
+    /// Last registration or disconnect, in Unix milliseconds as the IO layer observed it (a
+    /// connected remote worker's heartbeats are kept beside it, in the IO layer).
     pub fn last_seen_unix_ms(&self) -> Option<u64> {
         self.last_seen_unix_ms
     }
@@ -683,19 +685,6 @@ impl WorkerRegistry {
         record.capabilities = Some(capabilities);
         record.last_seen_unix_ms = Some(now_unix_ms);
         Ok(previous)
-    }
-
-    /// Records a heartbeat of the current session; a stale session is ignored.
-    pub fn heartbeat(&mut self, id: &str, session: &str, now_unix_ms: u64) -> bool {
-        match self.workers.get_mut(id) {
-            Some(r)
-                if r.state == WorkerState::Connected && r.session.as_deref() == Some(session) =>
-            {
-                r.last_seen_unix_ms = Some(now_unix_ms);
-                true
-            }
-            _ => false,
-        }
     }
 
     /// Marks the worker disconnected when `session` is its current session; the disconnect of a
@@ -1040,9 +1029,6 @@ mod tests {
         assert_eq!(r.state(), WorkerState::Connected);
         assert!(r.is_routable());
         assert_eq!(r.last_seen_unix_ms(), Some(10));
-        assert!(reg.heartbeat("w1", "s1", 20));
-        assert!(!reg.heartbeat("w1", "other", 30));
-        assert_eq!(reg.get("w1").unwrap().last_seen_unix_ms(), Some(20));
         // A new session supersedes the old one; the old lane's disconnect is then ignored.
         assert_eq!(
             reg.register("w1", "s2", Executor::Remote, c.clone(), 40),

@@ -196,40 +196,14 @@ fn bench_request_path(c: &mut Criterion) {
         }
     });
 
-    let mut group = c.benchmark_group("request_path");
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("api_1k_local_worker", |b| {
-        b.iter_custom(|iters| {
-            let start = thread_cpu();
-            rt.block_on(async {
-                for _ in 0..iters {
-                    call().await;
-                }
-            });
-            thread_cpu() - start
-        })
-    });
-    group.bench_function("bare_exchange_1k", |b| {
-        b.iter_custom(|iters| {
-            let start = thread_cpu();
-            rt.block_on(async {
-                for _ in 0..iters {
-                    exchange().await;
-                }
-            });
-            thread_cpu() - start
-        })
-    });
-    group.finish();
-
-    // Same run, interleaved rounds: the gateway's own CPU per request beyond a bare exchange.
-    let per = |rt: &mut monoio::Runtime<monoio::time::TimeDriver<monoio::IoUringDriver>>,
-               api_path: bool|
-     -> f64 {
-        const N: u32 = 2_000;
+    // The thread CPU of `n` API calls (or bare exchanges), one after the other.
+    let cpu_of = |rt: &mut monoio::Runtime<monoio::time::TimeDriver<monoio::IoUringDriver>>,
+                  n: u64,
+                  api_path: bool|
+     -> Duration {
         let start = thread_cpu();
         rt.block_on(async {
-            for _ in 0..N {
+            for _ in 0..n {
                 if api_path {
                     call().await;
                 } else {
@@ -237,11 +211,21 @@ fn bench_request_path(c: &mut Criterion) {
                 }
             }
         });
-        (thread_cpu() - start).as_nanos() as f64 / f64::from(N)
+        thread_cpu() - start
     };
-    let mut rounds: Vec<(f64, f64)> = (0..5)
-        .map(|_| (per(&mut rt, true), per(&mut rt, false)))
-        .collect();
+    let mut group = c.benchmark_group("request_path");
+    group.throughput(Throughput::Elements(1));
+    for (name, api_path) in [("api_1k_local_worker", true), ("bare_exchange_1k", false)] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| cpu_of(&mut rt, iters, api_path))
+        });
+    }
+    group.finish();
+
+    // Same run, interleaved rounds: the gateway's own CPU per request beyond a bare exchange.
+    const N: u64 = 2_000;
+    let mut per = |api_path: bool| cpu_of(&mut rt, N, api_path).as_nanos() as f64 / N as f64;
+    let mut rounds: Vec<(f64, f64)> = (0..5).map(|_| (per(true), per(false))).collect();
     rounds.sort_by(|a, b| (a.0 - a.1).total_cmp(&(b.0 - b.1)));
     let (api_ns, bare_ns) = rounds[rounds.len() / 2];
     println!(

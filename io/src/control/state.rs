@@ -747,6 +747,28 @@ mod tests {
         assert_eq!(s.active().revision, 3);
     }
 
+    /// A heartbeat counts for the connected session only: not for another session of the same
+    /// id, and not once the session disconnected.
+    #[test]
+    fn heartbeats_count_for_the_connected_session_only() {
+        let caps = sortie_core::worker::AdvertisedCapabilities {
+            capacity: 4,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let s = state();
+        let slot = s.register_remote("w1", "s1", caps, 10).unwrap();
+        assert_eq!(slot.last_heard(), None);
+        slot.heartbeat(session_tag("s1"), 20, 3);
+        assert_eq!((slot.last_heard(), slot.reported()), (Some(20), Some(3)));
+        slot.heartbeat(session_tag("other"), 30, 5);
+        assert_eq!((slot.last_heard(), slot.reported()), (Some(20), Some(3)));
+        s.disconnect_remote("w1", "s1", 40);
+        slot.heartbeat(session_tag("s1"), 50, 7);
+        assert_eq!((slot.last_heard(), slot.reported()), (Some(20), Some(3)));
+    }
+
     #[test]
     fn every_deployment_quota_fits_the_store_at_once() {
         for deployments in [0, 1, 2, 3, 100, 5000] {

@@ -384,7 +384,7 @@ impl BusShared {
         }
         e.applied = e.applied.max(version);
         if e.is_registered {
-            if let Some(slot) = state.with_registry(|_, slots| slots.get(worker_id).cloned()) {
+            if let Some(slot) = state.slot_of(worker_id) {
                 slot.set_applied(version);
             }
         }
