@@ -442,6 +442,20 @@ fn hello(id: &str) -> Vec<u8> {
     hello_with_capacity(id, 4)
 }
 
+/// An encoded heartbeat of an idle fake worker of `capacity`.
+fn heartbeat_frame(capacity: u32) -> Vec<u8> {
+    let mut frame = Vec::new();
+    encode(
+        &Frame::Heartbeat(sortie_core::bus::Heartbeat {
+            active: 0,
+            capacity,
+        }),
+        &mut frame,
+    )
+    .unwrap();
+    frame
+}
+
 /// The timer the kernel runs on the TCP connection from `local` to `remote`, from
 /// `/proc/net/tcp` (`tr`: 0 none, 1 retransmission, 2 keepalive, ...); `None` when no such
 /// connection is listed.
@@ -509,15 +523,7 @@ fn from_version_4_only_lane_zero_carries_heartbeats() {
         for s in [&lane0, &lane1] {
             assert_kept_alive(s.peer_addr().unwrap(), s.local_addr().unwrap());
         }
-        let mut beat = Vec::new();
-        encode(
-            &Frame::Heartbeat(sortie_core::bus::Heartbeat {
-                active: 0,
-                capacity: 4,
-            }),
-            &mut beat,
-        )
-        .unwrap();
+        let beat = heartbeat_frame(4);
         // The bound is 3 intervals of 200 ms, checked every interval.
         let until = Instant::now() + Duration::from_millis(2400);
         while Instant::now() < until {
@@ -1222,15 +1228,7 @@ fn a_worker_that_heartbeats_but_never_reads_is_disconnected() {
     let mut hb = s.try_clone().unwrap();
     let stopping = stop.clone();
     let beats = std::thread::spawn(move || {
-        let mut frame = Vec::new();
-        encode(
-            &Frame::Heartbeat(sortie_core::bus::Heartbeat {
-                active: 0,
-                capacity: 256,
-            }),
-            &mut frame,
-        )
-        .unwrap();
+        let frame = heartbeat_frame(256);
         while !stopping.load(Ordering::Relaxed) && hb.write_all(&frame).is_ok() {
             std::thread::sleep(Duration::from_millis(50));
         }
