@@ -1,6 +1,6 @@
 //! Named limits of the contract. The other limits on untrusted input are named, documented
 //! `MAX_*`/`MIN_*` constants beside the code that enforces them; `docs/limits.md` lists every
-//! one (rendered and checked by `tests/tidy.rs`).
+//! one (rendered and checked by `tests/it/tidy.rs`).
 
 /// Request envelope of POST /api/v1/requests (spec, Limits).
 pub const MAX_REQUEST_ENVELOPE_BYTES: usize = 4 * 1024 * 1024;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Browser tests of the operator dashboard at /admin/, driven by Playwright in headless Chromium.
 
-Run by tests/dashboard.rs against a real `sortie serve`; the gateway, its upstreams and the
+Run by tests/it/dashboard.rs against a real `sortie serve`; the gateway, its upstreams and the
 tokens come in through the environment (see `Env`). Every case opens a fresh tab (so a fresh
 sessionStorage), checks that the page logs no console error it did not expect and makes no
 request outside the admin listener, and saves a screenshot. Exit status 0 when every case passed.
