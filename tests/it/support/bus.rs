@@ -211,20 +211,13 @@ impl Drop for Worker {
 
 /// Waits until the control lists `id` in `state` (and, when connected, with `session`).
 pub fn wait_worker(gw: &Gateway, id: &str, state: &str) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    super::wait::poll(Duration::from_secs(20), || {
         let items = admin_items(gw, "/api/v1/admin/workers");
-        if let Some(w) = items.iter().find(|w| w["worker_id"] == id) {
-            if w["state"] == state {
-                return w.clone();
-            }
+        match items.iter().find(|w| w["worker_id"] == id) {
+            Some(w) if w["state"] == state => Ok(w.clone()),
+            _ => Err(format!("worker {id} not {state}: {items:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "worker {id} not {state}: {items:?}"
-        );
-        std::thread::park_timeout(Duration::from_millis(20));
-    }
+    })
 }
 
 /// `POST /api/v1/requests` on `api` with the test deployment's token.

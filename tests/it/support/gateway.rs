@@ -426,11 +426,4 @@ pub fn worker_item<'a>(items: &'a [serde_json::Value], id: &str) -> &'a serde_js
         .unwrap_or_else(|| panic!("{id} not listed: {items:?}"))
 }
 
-/// Waits until `f` holds, or panics after `timeout`.
-pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
+pub use super::wait::wait_until;

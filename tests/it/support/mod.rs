@@ -16,3 +16,5 @@ pub mod s3;
 pub mod tls;
 #[path = "../../../io/tests/it/support/upstream.rs"]
 pub mod upstream;
+#[path = "../../../io/tests/it/support/wait.rs"]
+pub mod wait;

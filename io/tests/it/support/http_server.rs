@@ -410,13 +410,6 @@ fn owned_head(
 
 /// Retries `f` until it returns `Some`, for at most [`WAIT`]: waiting on a condition with a
 /// deadline, never a fixed sleep.
-pub(crate) fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::yield_now();
-    }
+pub(crate) fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    super::wait::eventually(WAIT, what, f)
 }

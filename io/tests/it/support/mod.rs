@@ -12,6 +12,7 @@ pub mod postgres;
 pub mod proxies;
 pub mod tls;
 pub mod upstream;
+pub mod wait;
 
 use std::future::Future;
 use std::net::IpAddr;

@@ -8,7 +8,7 @@ use std::io::Read as _;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::tls::TestCa;
 
@@ -138,10 +138,12 @@ impl Nginx {
     }
 
     fn wait_ready(&mut self) {
-        let until = Instant::now() + Duration::from_secs(10);
         for (_, port) in self.ports.clone() {
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            super::wait::poll(Duration::from_secs(10), || {
+                if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    return Ok(());
+                }
                 if let Ok(Some(status)) = self.child.try_wait() {
                     let mut err = String::new();
                     if let Some(mut e) = self.child.stderr.take() {
@@ -149,9 +151,8 @@ impl Nginx {
                     }
                     panic!("nginx exited ({status}): {err} {}", self.error_log());
                 }
-                assert!(Instant::now() < until, "nginx did not listen on {port}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+                Err(format!("nginx did not listen on {port}"))
+            });
         }
     }
 
@@ -194,19 +195,13 @@ impl Nginx {
     /// Waits until the access log holds `n` entries (nginx writes a line when a request
     /// ends, which may be just after the client saw the response).
     pub fn wait_logged(&self, n: usize) -> Vec<Logged> {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
+        super::wait::poll(Duration::from_secs(10), || {
             let log = self.access_log();
             if log.len() >= n {
-                return log;
+                return Ok(log);
             }
-            assert!(
-                Instant::now() < until,
-                "nginx logged {} of {n} requests",
-                log.len()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+            Err(format!("nginx logged {} of {n} requests", log.len()))
+        })
     }
 
     /// nginx's error log, for failure messages.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What to install when the server binaries are missing.
 pub const INSTALL: &str =
@@ -240,28 +240,21 @@ rm -rf "$2"
     }
 
     fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match postgres::Client::connect(&self.url("postgres"), postgres::NoTls) {
-                Ok(_) => return,
-                Err(e) => {
-                    if Instant::now() > deadline {
-                        panic!(
-                            "PostgreSQL did not accept connections on port {} within 60 s ({e}); \
-                             server log:\n{}",
-                            self.port,
-                            self.log()
-                        );
-                    }
-                }
-            }
+        super::wait::poll(Duration::from_secs(60), || {
+            let e = match postgres::Client::connect(&self.url("postgres"), postgres::NoTls) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
             let mut keeper = self._keeper.lock().unwrap_or_else(|p| p.into_inner());
             if let Ok(Some(status)) = keeper.0.try_wait() {
                 panic!("PostgreSQL exited ({status}); server log:\n{}", self.log());
             }
-            drop(keeper);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            Err(format!(
+                "PostgreSQL did not accept connections on port {} ({e}); server log:\n{}",
+                self.port,
+                self.log()
+            ))
+        })
     }
 
     /// The URL of database `db` (trust authentication, no password).

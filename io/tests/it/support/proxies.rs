@@ -33,10 +33,9 @@ fn require(program: &str, package: &str) -> PathBuf {
 }
 
 fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
-    let until = Instant::now() + START_LIMIT;
-    loop {
+    super::wait::poll(START_LIMIT, || {
         if TcpStream::connect(addr).is_ok() {
-            return;
+            return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
             panic!(
@@ -44,13 +43,11 @@ fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
                 std::fs::read_to_string(log).unwrap_or_default()
             );
         }
-        assert!(
-            Instant::now() < until,
-            "the proxy did not listen on {addr} within {START_LIMIT:?}:\n{}",
+        Err(format!(
+            "the proxy did not listen on {addr}:\n{}",
             std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ))
+    })
 }
 
 fn stop(child: &mut Child) {
@@ -71,19 +68,16 @@ fn stop(child: &mut Child) {
 
 /// Polls a log file until `pred` holds on its text; returns the text. Fails after 10 s.
 pub fn wait_for_log(path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
+    super::wait::poll(Duration::from_secs(10), || {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         if pred(&text) {
-            return text;
+            return Ok(text);
         }
-        assert!(
-            Instant::now() < until,
+        Err(format!(
             "{what} did not appear in {}:\n{text}",
             path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ))
+    })
 }
 
 /// A squid on loopback with Basic authentication.
