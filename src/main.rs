@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use sortie_core::config::Config;
+use sortie_io::serve::LogSettingError;
 
 /// Sortie: an egress gateway that routes outbound HTTP/HTTPS work to egress workers.
 #[derive(Parser)]
@@ -440,18 +441,21 @@ fn log_layer(
 }
 
 /// The filter of `log.level`, unless `RUST_LOG` is set (and valid), which takes precedence.
-fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, String> {
+fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, LogSettingError> {
     if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
         return Ok(f);
     }
-    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| format!("log.level {level:?}: {e}"))
+    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| LogSettingError {
+        setting: format!("log.level {level:?}"),
+        reason: e.to_string(),
+    })
 }
 
 /// Sets up the process's log on stderr; the function a SIGHUP reload calls to change its level
 /// and format (decision 114).
 fn init_logging(
     log: &sortie_core::config::LogConfig,
-) -> Result<sortie_io::serve::LogReload, String> {
+) -> Result<sortie_io::serve::LogReload, LogSettingError> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let (filter, filter_handle) = tracing_subscriber::reload::Layer::new(log_filter(&log.level)?);
@@ -464,14 +468,18 @@ fn init_logging(
     let format = std::sync::Mutex::new(log.format);
     Ok(Box::new(move |new: &sortie_core::config::LogConfig| {
         let filter = log_filter(&new.level)?;
-        filter_handle
-            .reload(filter)
-            .map_err(|e| format!("log.level: {e}"))?;
+        filter_handle.reload(filter).map_err(|e| LogSettingError {
+            setting: "log.level".into(),
+            reason: e.to_string(),
+        })?;
         let mut current = format.lock().unwrap_or_else(|p| p.into_inner());
         if *current != new.format {
             layer_handle
                 .reload(log_layer(new.format))
-                .map_err(|e| format!("log.format: {e}"))?;
+                .map_err(|e| LogSettingError {
+                    setting: "log.format".into(),
+                    reason: e.to_string(),
+                })?;
             *current = new.format;
         }
         Ok(())

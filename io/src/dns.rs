@@ -300,9 +300,9 @@ fn finish(st: &mut PoolState, tenant: Tenant, host: &str) -> Vec<Reply> {
 
 /// Builds the stub resolver: hickory's own cache is off (each core caches, with the TTL this
 /// resolver reports), and both address families are asked for at once.
-fn build_resolver(setup: &DnsSetup) -> Result<TokioResolver, String> {
+fn build_resolver(setup: &DnsSetup) -> Result<TokioResolver, hickory_resolver::net::NetError> {
     let mut builder = match &setup.servers {
-        None => TokioResolver::builder_tokio().map_err(|e| e.to_string())?,
+        None => TokioResolver::builder_tokio()?,
         Some(servers) => {
             let config = ResolverConfig::from_name_servers(
                 servers
@@ -326,7 +326,7 @@ fn build_resolver(setup: &DnsSetup) -> Result<TokioResolver, String> {
     let opts = builder.options_mut();
     opts.cache_size = 0;
     opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
-    builder.build().map_err(|e| e.to_string())
+    builder.build()
 }
 
 /// The resolver thread: starts lookups in the fair order while slots are free, each in a task

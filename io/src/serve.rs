@@ -428,11 +428,11 @@ fn reload_from(r: &Reloadable<'_>, path: &Path) {
     }
     if let Some(apply) = r.log {
         if let Err(e) = apply(&new.log) {
-            return refused(e);
+            return refused(e.to_string());
         }
     }
     if let Err(e) = state.auth.replace_tokens(&resolved.deployments) {
-        return refused(e);
+        return refused(e.to_string());
     }
     r.server_limits
         .replace(ServerConfig::from_limits(&new.control.server));
@@ -515,7 +515,10 @@ fn start_cold(
     store: Box<dyn RecordStore + Send>,
 ) -> Result<Cold, ServeError> {
     let objects = if config.object_storage.enabled {
-        Some(Objects::from_config(&config.object_storage, data_dir).map_err(ServeError::Config)?)
+        Some(
+            Objects::from_config(&config.object_storage, data_dir)
+                .map_err(|e| ServeError::Config(e.to_string()))?,
+        )
     } else {
         None
     };
@@ -557,7 +560,19 @@ pub struct Start {
 }
 
 /// Applies a reloaded `[log]` (level and format) to the process's log, or says why it cannot.
-pub type LogReload = Box<dyn Fn(&sortie_core::config::LogConfig) -> Result<(), String> + Send>;
+pub type LogReload =
+    Box<dyn Fn(&sortie_core::config::LogConfig) -> Result<(), LogSettingError> + Send>;
+
+/// A `[log]` setting the process's log cannot take: which setting, and the logging library's
+/// reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{setting}: {reason}")]
+pub struct LogSettingError {
+    /// The setting, with its value where that helps (`log.level "x"`).
+    pub setting: String,
+    /// Why it was refused.
+    pub reason: String,
+}
 
 /// Runs the gateway until SIGTERM or SIGINT, or until a successor took over (decision 115);
 /// SIGHUP reads the configuration file again and applies what can change live (decision 114);

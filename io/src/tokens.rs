@@ -15,6 +15,12 @@ use subtle::ConstantTimeEq as _;
 /// File name of the generated tokens inside the data directory.
 pub const TOKENS_FILE: &str = "tokens.toml";
 
+/// A reload that adds, removes or reorders deployments, which takes a restart: their positions
+/// index per-deployment limits and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the deployments differ (ids or order): that needs a restart")]
+pub struct DeploymentsChanged;
+
 /// Why tokens could not be resolved.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
@@ -359,11 +365,11 @@ impl Authenticator {
 
     /// Replaces the deployments' tokens (a reload, decision 114). The deployments must be the
     /// same, in the same order: their positions index per-deployment limits and counters.
-    pub fn replace_tokens(&self, tokens: &[(String, String)]) -> Result<(), String> {
+    pub fn replace_tokens(&self, tokens: &[(String, String)]) -> Result<(), DeploymentsChanged> {
         let same = tokens.len() == self.ids.len()
             && tokens.iter().zip(&self.ids).all(|((id, _), old)| id == old);
         if !same {
-            return Err("the deployments differ (ids or order): that needs a restart".into());
+            return Err(DeploymentsChanged);
         }
         let generation = self.generation().wrapping_add(1);
         self.tokens

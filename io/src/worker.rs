@@ -133,7 +133,80 @@ enum LaneEnd {
     /// Connected and admitted, then lost (or stopped).
     Lost,
     /// Never admitted: connection failure or refusal.
-    Failed(String),
+    Failed(LaneSetupError),
+}
+
+/// Why a worker could not start, or could not take over from its predecessor.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The binary upgrade's hand-over with the running worker failed.
+    #[error("binary upgrade: {0}")]
+    Upgrade(#[from] crate::upgrade::UpgradeError),
+    /// `worker.token_env` names a variable that is not set, or is empty.
+    #[error(transparent)]
+    Token(#[from] crate::tokens::TokenError),
+    /// Neither `worker.token` nor `worker.token_env` is set.
+    #[error("worker: needs token or token_env")]
+    NoToken,
+    /// TLS to the controls without a CA to trust.
+    #[error("worker.ca_file is required, or plaintext = true")]
+    NoCaFile,
+    /// The bus TLS files (CA, client certificate and key) did not load.
+    #[error(transparent)]
+    BusTls(#[from] crate::bus::conn::BusTlsError),
+    /// `egress.ca_file` did not load.
+    #[error("egress.ca_file: {0}")]
+    EgressTls(#[from] crate::egress::TlsConfigError),
+    /// A thread, signal handler or lock the worker needs could not be set up.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What failed to start.
+        what: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A binary upgrade's successor could not bring up every lane in time; the running
+    /// worker keeps serving.
+    #[error(
+        "binary upgrade: not every lane to the controls was admitted within {} s; the running worker keeps serving",
+        UPGRADE_READY_WAIT.as_secs()
+    )]
+    UpgradeNotReady,
+}
+
+fn setup(what: &'static str) -> impl FnOnce(std::io::Error) -> WorkerError {
+    move |source| WorkerError::Setup { what, source }
+}
+
+/// Why a lane to a control was not admitted (logged; the worker retries with backoff).
+#[derive(Debug, thiserror::Error)]
+enum LaneSetupError {
+    #[error("connect {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server name: {0}")]
+    ServerName(#[from] rustls::pki_types::InvalidDnsNameError),
+    #[error("TLS to {addr}: {source}")]
+    Tls {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("hello: {0}")]
+    Encode(#[from] sortie_core::bus::EncodeError),
+    #[error("write hello: {0}")]
+    Write(std::io::Error),
+    #[error("read welcome: {0}")]
+    Read(crate::bus::ReadError),
+    #[error("{reason}: {message}")]
+    Rejected { reason: String, message: String },
+    #[error("{0} instead of welcome")]
+    Unexpected(&'static str),
+    #[error("closed before welcome")]
+    Closed,
+    #[error("no welcome in time")]
+    TimedOut,
 }
 
 /// How `run` starts.
@@ -149,12 +222,11 @@ pub struct Start {
 pub const UPGRADE_READY_WAIT: Duration = Duration::from_secs(30);
 
 /// Runs the worker until the process is stopped, or until a successor took over.
-pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
+pub fn run(file: WorkerFile, start: Start) -> Result<(), WorkerError> {
     let predecessor = start
         .upgrade
         .then(|| crate::upgrade::WorkerSuccessor::connect(&start.config_path))
-        .transpose()
-        .map_err(|e| e.to_string())?;
+        .transpose()?;
     let w = &file.worker;
     let token = crate::tokens::from_secret(
         "worker",
@@ -162,9 +234,8 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
             token: w.token.clone(),
             token_env: w.token_env.clone(),
         },
-    )
-    .map_err(|e| e.to_string())?
-    .ok_or("worker: needs token or token_env")?;
+    )?
+    .ok_or(WorkerError::NoToken)?;
     let tls = match (&w.ca_file, w.plaintext) {
         (_, true) => None,
         (Some(ca), false) => {
@@ -176,17 +247,13 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
                 }),
                 _ => None,
             };
-            Some(
-                crate::bus::conn::client_config(ca, identity.as_ref())
-                    .map_err(|e| e.to_string())?,
-            )
+            Some(crate::bus::conn::client_config(ca, identity.as_ref())?)
         }
-        (None, false) => return Err("worker.ca_file is required, or plaintext = true".into()),
+        (None, false) => return Err(WorkerError::NoCaFile),
     };
     let egress_tls =
-        crate::egress::client_config(file.egress.ca_file.as_deref().map(std::path::Path::new))
-            .map_err(|e| format!("egress.ca_file: {e}"))?;
-    let resolver = ResolverPool::start().map_err(|e| e.to_string())?;
+        crate::egress::client_config(file.egress.ca_file.as_deref().map(std::path::Path::new))?;
+    let resolver = ResolverPool::start().map_err(setup("resolver threads"))?;
     // The worker advertises exactly the profiles whose loopback self-test passed in this
     // process, before it dials any control (decision 082).
     let fingerprint_profiles = crate::egress::fingerprint::verify_and_log(
@@ -233,7 +300,10 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
     });
     let mut receivers = Vec::with_capacity(n);
     {
-        let mut cores = shared.cores.lock().map_err(|_| "lock")?;
+        let mut cores = shared
+            .cores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for _ in 0..n {
             let (tx, rx) = mpsc::unbounded();
             cores.push(tx);
@@ -247,7 +317,7 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGUSR2,
     ])
-    .map_err(|e| e.to_string())?;
+    .map_err(setup("signal handlers"))?;
     let stopping = shared.clone();
     println!(
         "sortie {} worker {} (session {session})",
@@ -301,7 +371,7 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), String> {
             }
         }
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(setup("core threads"))?;
     if let Some(p) = predecessor {
         take_over(p, &stopping, &w.controls)?;
     }
@@ -362,14 +432,11 @@ fn take_over(
     p: crate::upgrade::WorkerSuccessor,
     shared: &Shared,
     controls: &[String],
-) -> Result<(), String> {
+) -> Result<(), WorkerError> {
     let started = Instant::now();
     while !shared.is_fully_connected(controls) {
         if started.elapsed() > UPGRADE_READY_WAIT {
-            return Err(format!(
-                "binary upgrade: not every lane to the controls was admitted within {} s; the running worker keeps serving",
-                UPGRADE_READY_WAIT.as_secs()
-            ));
+            return Err(WorkerError::UpgradeNotReady);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -378,7 +445,7 @@ fn take_over(
         waited_ms = started.elapsed().as_millis() as u64,
         "binary upgrade: every lane admitted; the running worker steps back"
     );
-    p.ready().map_err(|e| e.to_string())
+    Ok(p.ready()?)
 }
 
 /// How long a stopping worker lets its assignments in flight run.
@@ -601,10 +668,13 @@ async fn run_lane(
 async fn connect(
     shared: &Shared,
     addr: &str,
-) -> Result<(Conn<monoio::net::TcpStream>, Option<IpAddr>), String> {
+) -> Result<(Conn<monoio::net::TcpStream>, Option<IpAddr>), LaneSetupError> {
     let tcp = monoio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
+        .map_err(|source| LaneSetupError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
     let peer = tcp.peer_addr().ok().map(|a| a.ip());
     connect_tls(shared, addr, tcp).await.map(|c| (c, peer))
 }
@@ -613,7 +683,7 @@ async fn connect_tls(
     shared: &Shared,
     addr: &str,
     tcp: monoio::net::TcpStream,
-) -> Result<Conn<monoio::net::TcpStream>, String> {
+) -> Result<Conn<monoio::net::TcpStream>, LaneSetupError> {
     match &shared.tls {
         None => Ok(Conn::plain(tcp)),
         Some(cfg) => {
@@ -623,11 +693,13 @@ async fn connect_tls(
                     .trim_matches(['[', ']'])
                     .to_string()
             });
-            let name = rustls::pki_types::ServerName::try_from(host)
-                .map_err(|e| format!("server name: {e}"))?;
+            let name = rustls::pki_types::ServerName::try_from(host)?;
             Conn::connect_tls(tcp, cfg.clone(), name)
                 .await
-                .map_err(|e| format!("TLS to {addr}: {e}"))
+                .map_err(|source| LaneSetupError::Tls {
+                    addr: addr.to_string(),
+                    source,
+                })
         }
     }
 }
@@ -658,24 +730,26 @@ async fn lane_session(
         };
         let mut buf = FrameBuf::new();
         let mut out = Vec::new();
-        sortie_core::bus::encode(&Frame::Hello(Box::new(hello)), &mut out)
-            .map_err(|e| e.to_string())?;
+        sortie_core::bus::encode(&Frame::Hello(Box::new(hello)), &mut out)?;
         let (r, _) = conn.write_all(out).await;
-        r.map_err(|e| e.to_string())?;
+        r.map_err(LaneSetupError::Write)?;
         match read_frame(&mut conn, &mut buf)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(LaneSetupError::Read)?
         {
             Some(Frame::Welcome(w)) => Ok((conn, buf, w, peer)),
-            Some(Frame::Reject(r)) => Err(format!("{}: {}", r.reason, r.message)),
-            Some(f) => Err(format!("{} instead of welcome", f.name())),
-            None => Err("closed before welcome".into()),
+            Some(Frame::Reject(r)) => Err(LaneSetupError::Rejected {
+                reason: r.reason.to_string(),
+                message: r.message,
+            }),
+            Some(f) => Err(LaneSetupError::Unexpected(f.name())),
+            None => Err(LaneSetupError::Closed),
         }
     };
     let (conn, buf, welcome, peer) = match monoio::time::timeout(CONNECT_TIMEOUT, setup).await {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => return LaneEnd::Failed(e),
-        Err(_) => return LaneEnd::Failed("no welcome in time".into()),
+        Err(_) => return LaneEnd::Failed(LaneSetupError::TimedOut),
     };
     let _counted = LinkCount::up(&shared, addr, (lane == 0).then_some(welcome.cores));
     let mut proto = WorkerLane::new();

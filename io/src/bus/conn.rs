@@ -388,7 +388,7 @@ pub(crate) struct CertKey<'a> {
 
 /// Why a bus TLS configuration could not be built: each names the setting and the file.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BusTlsError {
+pub enum BusTlsError {
     /// A file could not be read, or not as PEM.
     #[error("{setting} {file}: {source}")]
     Read {

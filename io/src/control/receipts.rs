@@ -197,7 +197,7 @@ impl Receipts {
         cold: ColdHandle,
         config: &sortie_core::config::ObjectStorageConfig,
         data_dir: &Path,
-    ) -> Result<Receipts, String> {
+    ) -> Result<Receipts, SigningKeyError> {
         let key = match &config.signing_key_env {
             Some(name) => signing_key_from_env(name)?,
             None => load_signing_key(data_dir)?,
@@ -995,42 +995,82 @@ fn decode_hex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Why the key that signs worker URLs could not be had. The environment variable's value is
+/// never part of the message.
+#[derive(Debug, thiserror::Error)]
+pub enum SigningKeyError {
+    /// The key file does not hold 64 hex digits.
+    #[error("{}: expected 64 hex digits", path.display())]
+    Malformed {
+        /// The key file.
+        path: std::path::PathBuf,
+    },
+    /// The key file could not be read or created.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The key file.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// `object_storage.signing_key_env` names a variable that is not set.
+    #[error("object_storage.signing_key_env: the environment variable {name} is not set")]
+    EnvUnset {
+        /// The variable's name.
+        name: String,
+    },
+    /// The variable does not hold 64 hex digits.
+    #[error(
+        "object_storage.signing_key_env: the environment variable {name} must hold 64 hex digits (32 bytes)"
+    )]
+    EnvMalformed {
+        /// The variable's name.
+        name: String,
+    },
+}
+
 /// Reads the HMAC key from `<data_dir>/receipt-signing.key` (64 hex digits), creating it with
 /// mode 0600 from the OS's randomness when missing. Controls that share a data directory (or
 /// are given the same file) accept each other's worker URLs.
-pub fn load_signing_key(data_dir: &Path) -> Result<[u8; 32], String> {
+pub fn load_signing_key(data_dir: &Path) -> Result<[u8; 32], SigningKeyError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let path = data_dir.join(SIGNING_KEY_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => decode_hex(text.trim())
             .and_then(|v| <[u8; 32]>::try_from(v).ok())
-            .ok_or_else(|| format!("{}: expected 64 hex digits", path.display())),
+            .ok_or(SigningKeyError::Malformed { path }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key: [u8; 32] = crate::tokens::random_bytes();
-            let mut f = std::fs::OpenOptions::new()
+            let written = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            f.write_all(format!("{}\n", hex(&key)).as_bytes())
-                .and_then(|()| f.sync_all())
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            Ok(key)
+                .and_then(|mut f| {
+                    f.write_all(format!("{}\n", hex(&key)).as_bytes())?;
+                    f.sync_all()
+                });
+            match written {
+                Ok(()) => Ok(key),
+                Err(source) => Err(SigningKeyError::File { path, source }),
+            }
         }
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(SigningKeyError::File { path, source }),
     }
 }
 
 /// Reads the HMAC key from the environment variable `name` (64 hex digits, the format of the
 /// key file). The error names the variable, never its value.
-pub fn signing_key_from_env(name: &str) -> Result<[u8; 32], String> {
-    let what = format!("object_storage.signing_key_env: the environment variable {name}");
-    let text = std::env::var(name).map_err(|_| format!("{what} is not set"))?;
+pub fn signing_key_from_env(name: &str) -> Result<[u8; 32], SigningKeyError> {
+    let text = std::env::var(name).map_err(|_| SigningKeyError::EnvUnset {
+        name: name.to_string(),
+    })?;
     decode_hex(text.trim())
         .and_then(|v| <[u8; 32]>::try_from(v).ok())
-        .ok_or_else(|| format!("{what} must hold 64 hex digits (32 bytes)"))
+        .ok_or_else(|| SigningKeyError::EnvMalformed {
+            name: name.to_string(),
+        })
 }
 
 /// Wraps a signing key for tests and tools that sign worker URLs themselves.
@@ -1127,5 +1167,42 @@ mod tests {
         )
         .is_none());
         assert!(SignedQuery::parse("x=1").is_none());
+    }
+
+    /// The key file is created once with mode 0600 and read back the same; a file that is not
+    /// 64 hex digits and a variable that holds something else are refused with what to fix,
+    /// never with the variable's value.
+    #[test]
+    fn signing_keys_load_or_fail_with_what_to_fix() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key = load_signing_key(dir.path()).expect("created");
+        let path = dir.path().join(SIGNING_KEY_FILE);
+        let mode = std::fs::metadata(&path)
+            .expect("key file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_signing_key(dir.path()).expect("read back"), key);
+
+        std::fs::write(&path, "not hex\n").expect("overwritten");
+        let e = load_signing_key(dir.path()).expect_err("malformed file");
+        assert!(matches!(e, SigningKeyError::Malformed { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .ends_with("receipt-signing.key: expected 64 hex digits"),
+            "{e}"
+        );
+
+        let e = load_signing_key(&dir.path().join("missing-dir")).expect_err("no directory");
+        assert!(matches!(e, SigningKeyError::File { .. }), "{e:?}");
+
+        let e = signing_key_from_env("SORTIE_TEST_UNSET_SIGNING_KEY").expect_err("unset");
+        assert!(matches!(e, SigningKeyError::EnvUnset { .. }), "{e:?}");
+        // PATH is set in every test environment and is never 64 hex digits.
+        let e = signing_key_from_env("PATH").expect_err("not a key");
+        assert!(matches!(e, SigningKeyError::EnvMalformed { .. }), "{e:?}");
+        let path_value = std::env::var("PATH").expect("PATH set");
+        assert!(!e.to_string().contains(&path_value), "{e}");
     }
 }

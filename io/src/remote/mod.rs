@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sortie_core::bus::{
     negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, FrameBuf, Hello,
-    LaneSettings, Reject, ResponseHead, StreamError, StreamId, Verdict, Welcome, MAX_DATA_BYTES,
-    PROTOCOL_VERSION,
+    LaneSettings, Reject, ResponseHead, StreamError, StreamId, Verdict, Violation, Welcome,
+    MAX_DATA_BYTES, PROTOCOL_VERSION,
 };
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use subtle::ConstantTimeEq as _;
@@ -44,6 +44,25 @@ use crate::bus::{read_frame, read_hello, Handoff, Outbox, Queue};
 use crate::control::core::CoreCommand;
 use crate::control::state::ControlState;
 use crate::egress::BodyLength;
+
+/// Why a bus connection was closed before it became a lane.
+#[derive(Debug, thiserror::Error)]
+enum GreetError {
+    #[error("TLS: {0}")]
+    Tls(std::io::Error),
+    #[error("hello: {0}")]
+    Read(crate::bus::ReadError),
+    #[error("{0} before hello")]
+    BeforeHello(&'static str),
+    #[error("closed before hello")]
+    Closed,
+    #[error("rejected {0}")]
+    Rejected(String),
+    #[error("handing the lane to its core: {0}")]
+    Handoff(std::io::Error),
+    #[error("no core {0} for the lane")]
+    NoCore(usize),
+}
 
 /// How long a new connection may take to finish TLS and send its hello: short, since a
 /// connection that has not authenticated holds a slot of [`MAX_PRE_AUTH_PER_CORE`]
@@ -579,22 +598,24 @@ impl BusCore {
     }
 
     /// TLS, hello, the checks that need no registry, then the hand-over.
-    async fn greet(self: Rc<Self>, stream: monoio::net::TcpStream) -> Result<(), String> {
+    ///
+    /// A refused connection is logged at debug level: before the hello, anyone may dial.
+    async fn greet(self: Rc<Self>, stream: monoio::net::TcpStream) -> Result<(), GreetError> {
         let s = &self.shared.settings;
         let mut conn = match &s.tls {
             Some(cfg) => Conn::accept_tls(stream, cfg.load_full())
                 .await
-                .map_err(|e| format!("TLS: {e}"))?,
+                .map_err(GreetError::Tls)?,
             None => Conn::plain(stream),
         };
         let mut buf = FrameBuf::new();
         let hello = match read_hello(&mut conn, &mut buf)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(GreetError::Read)?
         {
             Some(Frame::Hello(h)) => h,
-            Some(f) => return Err(format!("{} before hello", f.name())),
-            None => return Err("closed before hello".into()),
+            Some(f) => return Err(GreetError::BeforeHello(f.name())),
+            None => return Err(GreetError::Closed),
         };
         let reject = |reason: &str, message: &str| {
             Frame::Reject(Reject {
@@ -628,7 +649,7 @@ impl BusCore {
             let mut out = Vec::new();
             let _ = sortie_core::bus::encode(&f, &mut out);
             let (_r, _) = conn.write_all(out).await;
-            return Err(format!("rejected {}", hello.worker_id));
+            return Err(GreetError::Rejected(hello.worker_id));
         }
         let target = usize::from(hello.lane);
         if target == self.core {
@@ -636,7 +657,7 @@ impl BusCore {
             monoio::spawn(self.clone().adopt(conn, hello, buf));
             return Ok(());
         }
-        let (stream, tls) = conn.into_parts().map_err(|e| e.to_string())?;
+        let (stream, tls) = conn.into_parts().map_err(GreetError::Handoff)?;
         let handoff = Handoff {
             stream,
             tls,
@@ -652,7 +673,7 @@ impl BusCore {
         if sent {
             Ok(())
         } else {
-            Err("no core for the lane".into())
+            Err(GreetError::NoCore(target))
         }
     }
 
@@ -815,12 +836,8 @@ impl BusCore {
         }
     }
 
-    fn dispatch(&self, lane: &Rc<Lane>, frame: Frame) -> Result<(), String> {
-        let verdict = lane
-            .proto
-            .borrow_mut()
-            .receive(&frame)
-            .map_err(|v| v.to_string())?;
+    fn dispatch(&self, lane: &Rc<Lane>, frame: Frame) -> Result<(), Violation> {
+        let verdict = lane.proto.borrow_mut().receive(&frame)?;
         if verdict == Verdict::Ignore {
             return Ok(());
         }
@@ -897,7 +914,12 @@ impl BusCore {
                     q.credit_ready.notify();
                 }
             }
-            other => return Err(format!("{} is not expected here", other.name())),
+            other => {
+                return Err(Violation {
+                    frame: other.name(),
+                    reason: "is not expected from a worker",
+                })
+            }
         }
         Ok(())
     }

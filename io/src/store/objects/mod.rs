@@ -90,6 +90,23 @@ impl Hasher {
     }
 }
 
+/// Why the object storage section cannot be used. Credentials' values are never part of the
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectsConfigError {
+    /// A setting the S3 backend needs is missing.
+    #[error("{0} is required")]
+    Required(&'static str),
+    /// A credential's environment variable is not set, or is empty.
+    #[error("{key}: environment variable {name} is not set")]
+    EnvUnset {
+        /// The setting naming the variable.
+        key: &'static str,
+        /// The variable's name.
+        name: String,
+    },
+}
+
 /// Why an object operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
@@ -143,7 +160,10 @@ pub enum Objects {
 impl Objects {
     /// Builds the backend `config` names. S3 credentials are read here from the environment
     /// variables the config names; their values are never logged.
-    pub fn from_config(config: &ObjectStorageConfig, data_dir: &Path) -> Result<Objects, String> {
+    pub fn from_config(
+        config: &ObjectStorageConfig,
+        data_dir: &Path,
+    ) -> Result<Objects, ObjectsConfigError> {
         match config.backend {
             ObjectBackend::Fs => Ok(Objects::Fs(FsObjects::new(data_dir.join(FS_DIRECTORY)))),
             ObjectBackend::S3 => S3Objects::from_config(config).map(Objects::S3),

@@ -24,6 +24,7 @@ use http_body::{Frame, SizeHint};
 use sortie_core::config::ObjectStorageConfig;
 use tokio::sync::mpsc;
 
+use super::ObjectsConfigError;
 use super::{Digested, Hasher, ObjectError, CHUNK_QUEUE};
 
 /// S3's smallest multipart part (except the last): below it, parts cannot be copied into a
@@ -47,17 +48,20 @@ fn backend<E: std::error::Error>(what: &str, e: E) -> ObjectError {
     ObjectError::Backend(format!("{what}: {}", DisplayErrorContext(e)))
 }
 
-fn env_value(key: &str, name: Option<&str>) -> Result<String, String> {
+fn env_value(key: &'static str, name: Option<&str>) -> Result<String, ObjectsConfigError> {
     let name = name.unwrap_or_default();
     std::env::var(name)
         .ok()
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| format!("{key}: environment variable {name} is not set"))
+        .ok_or_else(|| ObjectsConfigError::EnvUnset {
+            key,
+            name: name.to_string(),
+        })
 }
 
 impl S3Objects {
     /// Builds the client from the `[object_storage]` section.
-    pub fn from_config(config: &ObjectStorageConfig) -> Result<S3Objects, String> {
+    pub fn from_config(config: &ObjectStorageConfig) -> Result<S3Objects, ObjectsConfigError> {
         let access_key = env_value(
             "object_storage.access_key_env",
             config.access_key_env.as_deref(),
@@ -69,11 +73,11 @@ impl S3Objects {
         let bucket = config
             .bucket
             .clone()
-            .ok_or("object_storage.bucket is required")?;
+            .ok_or(ObjectsConfigError::Required("object_storage.bucket"))?;
         let endpoint = config
             .endpoint
             .clone()
-            .ok_or("object_storage.endpoint is required")?;
+            .ok_or(ObjectsConfigError::Required("object_storage.endpoint"))?;
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(Provider::Rustls(CryptoMode::Ring))
             .build_https();
