@@ -1216,7 +1216,8 @@ fn sticky_fallback_repins_when_allowed() {
 // ---------------------------------------------------------------------------------------------
 
 /// Without the fingerprinted connector local workers advertise no profile (decision 082); with
-/// it, `tests/it/fingerprints.rs` covers fingerprinted requests.
+/// it, `tests/it/fingerprints.rs` covers fingerprinted requests. `.ci/run` runs this test in the
+/// build without the feature.
 #[cfg(not(feature = "fingerprints"))]
 #[test]
 fn unsupported_fingerprint_when_local_workers_advertise_none() {
