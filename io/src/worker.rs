@@ -704,6 +704,19 @@ async fn connect_tls(
     }
 }
 
+/// The control's answer to a hello: its welcome, or why there is none.
+fn welcome(answer: Option<Frame>) -> Result<sortie_core::bus::Welcome, LaneSetupError> {
+    match answer {
+        Some(Frame::Welcome(w)) => Ok(w),
+        Some(Frame::Reject(r)) => Err(LaneSetupError::Rejected {
+            reason: r.reason.to_string(),
+            message: r.message,
+        }),
+        Some(f) => Err(LaneSetupError::Unexpected(f.name())),
+        None => Err(LaneSetupError::Closed),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn lane_session(
     shared: Arc<Shared>,
@@ -733,18 +746,8 @@ async fn lane_session(
         sortie_core::bus::encode(&Frame::Hello(Box::new(hello)), &mut out)?;
         let (r, _) = conn.write_all(out).await;
         r.map_err(LaneSetupError::Write)?;
-        match read_frame(&mut conn, &mut buf)
-            .await
-            .map_err(LaneSetupError::Read)?
-        {
-            Some(Frame::Welcome(w)) => Ok((conn, buf, w, peer)),
-            Some(Frame::Reject(r)) => Err(LaneSetupError::Rejected {
-                reason: r.reason.to_string(),
-                message: r.message,
-            }),
-            Some(f) => Err(LaneSetupError::Unexpected(f.name())),
-            None => Err(LaneSetupError::Closed),
-        }
+        let answer = read_frame(&mut conn, &mut buf).await;
+        welcome(answer.map_err(LaneSetupError::Read)?).map(|w| (conn, buf, w, peer))
     };
     let (conn, buf, welcome, peer) = match monoio::time::timeout(CONNECT_TIMEOUT, setup).await {
         Ok(Ok(v)) => v,

@@ -580,3 +580,48 @@ fn the_scanner_blanks_comments_and_literals_and_finds_functions() {
     graph.get_mut("z").expect("z").clear();
     assert!(find_cycle(&graph).is_none());
 }
+
+/// A `major.minor.patch` version as numbers, for comparing.
+fn version(v: &str) -> Vec<u64> {
+    v.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+}
+
+/// The workspace's `rust-version` is no older than any locked dependency's, so the toolchain
+/// the README names can build what `Cargo.lock` holds (a dependency update that raises its own
+/// minimum fails here, naming it, instead of on a user's older toolchain).
+#[test]
+fn rust_version_covers_every_locked_dependency() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--features", "fingerprints"])
+        .current_dir(repo())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    let ours = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .find(|p| p["name"] == "sortie")
+        .and_then(|p| p["rust_version"].as_str())
+        .expect("the workspace sets rust-version")
+        .to_string();
+    let newer: Vec<String> = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter_map(|p| Some((p["name"].as_str()?, p["rust_version"].as_str()?)))
+        .filter(|(_, v)| version(v) > version(&ours))
+        .map(|(n, v)| format!("{n} needs {v}"))
+        .collect();
+    assert!(
+        newer.is_empty(),
+        "rust-version is {ours}, but {newer:?}: raise it in Cargo.toml and README.md"
+    );
+}
