@@ -336,6 +336,7 @@ fn a_response_header_list_over_the_limit_is_refused() {
     {
         use sortie_io::egress::fingerprint::{verified, verify_at_startup};
         let results = verify_at_startup(Some(ca.ca_file())).expect("the self-test runs");
+        assert!(!results.is_empty(), "the self-test checked no profile");
         assert!(
             results
                 .iter()
