@@ -170,7 +170,10 @@ fn desync_inputs_are_refused_and_close_the_connection_on_both_listeners() {
     // bytes (the loop below says which, should one arrive).
     let seen = seen.lock().unwrap();
     let targets: Vec<&String> = seen.iter().map(|(t, _)| t).collect();
-    assert!(targets.is_empty(), "requests reached the upstream: {targets:?}");
+    assert!(
+        targets.is_empty(),
+        "requests reached the upstream: {targets:?}"
+    );
     for (target, raw) in seen.iter() {
         assert!(
             !target.contains("smuggled"),
