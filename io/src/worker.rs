@@ -1229,7 +1229,13 @@ async fn send_response(
                     .with_detail("direction", "response"),
             );
         }
-        send_within_credit(wl, s, a.stream, &piece).await;
+        // The piece that ends the body carries the end itself: a body read in one piece (most
+        // small answers) is one `Data` frame, and the control sends no `Credit` for it.
+        let is_last = resp.body.is_end();
+        send_within_credit(wl, s, a.stream, &piece, is_last).await;
+        if is_last {
+            return Ok(());
+        }
     }
     wl.post(&Frame::Data {
         stream: a.stream,
@@ -1240,8 +1246,9 @@ async fn send_response(
 }
 
 /// Sends `bytes` in `Data` frames within the stream's credit, waiting for `Credit` when it runs
-/// out (a cancel or a lost lane ends the waiting task from outside).
-async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[u8]) {
+/// out (a cancel or a lost lane ends the waiting task from outside); with `end`, the last frame
+/// ends the stream.
+async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[u8], end: bool) {
     let mut at = 0;
     while at < bytes.len() {
         while s.credit.get() == 0 {
@@ -1257,7 +1264,7 @@ async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[
         wl.post(&Frame::Data {
             stream,
             bytes: piece.to_vec(),
-            end: false,
+            end: end && at + n == bytes.len(),
         });
         s.credit.set(s.credit.get() - n as u64);
         at += n;
@@ -1354,7 +1361,7 @@ async fn relay_tunnel(
     // with or without `close_notify`).
     let download = async {
         if !first_down.is_empty() {
-            send_within_credit(wl, s, stream, &first_down).await;
+            send_within_credit(wl, s, stream, &first_down, false).await;
         }
         let mut buf = Vec::with_capacity(64 * 1024);
         loop {
@@ -1368,7 +1375,7 @@ async fn relay_tunnel(
                     });
                     return Ok(());
                 }
-                Ok(_) => send_within_credit(wl, s, stream, &buf).await,
+                Ok(_) => send_within_credit(wl, s, stream, &buf, false).await,
                 Err(e) => {
                     return Err(ApiError::new(
                         ErrorCode::UpstreamReset,
