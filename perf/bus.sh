@@ -16,6 +16,8 @@ BUS_PORT=${BUS_PORT:-18070}
 # Cores of the control (and of the gateway it is compared with) and of the worker.
 CORES=${CORES:-1}
 WORKER_CORES=${WORKER_CORES:-1}
+# COUNT_OPS=1: also count io_uring operations and context switches per request (perf stat).
+COUNT_OPS=${COUNT_OPS:-0}
 TARGET_RATIO=0.70
 WORKER_PID=""
 WORKER_TOKEN=perf-worker-token-0123456789
@@ -82,20 +84,36 @@ measure() {
   SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
     SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" \
     -s "$PERF_DIR/envelope.lua" "$url" >/dev/null 2>&1 || die "wrk warmup failed"
+  local counter="" counts="$WORK_DIR/ops-$label.csv"
+  if [ "$COUNT_OPS" = 1 ]; then
+    # io_uring operations submitted and context switches of the measured processes: counts per
+    # request that do not move with the machine's background load as CPU time does.
+    perf stat -x, -e io_uring:io_uring_submit_req,context-switches -p "$(IFS=,; echo "$*")" \
+      -o "$counts" 2>/dev/null &
+    counter=$!
+  fi
   for pid in "$@"; do before=$((before + $(cpu_ticks "$pid"))); done
   SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
     SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" \
     --latency -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
   for pid in "$@"; do after=$((after + $(cpu_ticks "$pid"))); done
+  local ops=""
+  if [ -n "$counter" ]; then
+    kill -INT "$counter" 2>/dev/null || true
+    wait "$counter" 2>/dev/null || true
+    ops=$(awk -F, -v r="$(field requests "$(grep '^WRK_RESULT ' "$out")")" '
+      $3 == "io_uring:io_uring_submit_req" { s = $1 } $3 == "context-switches" { c = $1 }
+      END { if (r > 0) printf " uring_ops_per_req=%.2f switches_per_req=%.2f", s / r, c / r }' "$counts")
+  fi
   local line requests rps cpu errors
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
   requests=$(field requests "$line")
   rps=$(field rps "$line")
   errors=$(($(field connect_errors "$line") + $(field read_errors "$line") + $(field write_errors "$line") + $(field timeouts "$line") + $(field non_2xx "$line")))
   cpu=$(awk -v t=$((after - before)) -v hz="$tck" 'BEGIN { printf "%.2f", t / hz }')
-  printf 'rps=%s cpu_s=%s req_per_cpu_s=%s p99_us=%s errors=%s\n' "$rps" "$cpu" \
+  printf 'rps=%s cpu_s=%s req_per_cpu_s=%s p99_us=%s errors=%s%s\n' "$rps" "$cpu" \
     "$(awk -v r="$requests" -v c="$cpu" 'BEGIN { printf "%.0f", (c > 0 ? r / c : 0) }')" \
-    "$(field p99_us "$line")" "$errors"
+    "$(field p99_us "$line")" "$errors" "$ops"
 }
 
 main() {
