@@ -9,7 +9,13 @@
 //! Time is the benchmark thread's own CPU time (`/proc/thread-self/schedstat`: user and
 //! kernel), so the upstream's threads are not counted and a regression of the gateway's code
 //! shows without a load test. The run prints both paths and their difference, the gateway's
-//! own cost per request beyond a bare exchange.
+//! own cost per request beyond a bare exchange, and the allocations per request of each path
+//! on the benchmark thread (a count that does not move with the machine's load).
+//!
+//! The counting allocator is the one `unsafe` outside `io/src/fd.rs`: a `GlobalAlloc` cannot be
+//! written without it. It only forwards to mimalloc.
+
+#![allow(unsafe_code)]
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -31,9 +37,59 @@ use sortie_io::ingress::api;
 use sortie_io::metrics::Metrics;
 use sortie_io::tokens::Authenticator;
 
-/// The allocator the `sortie` binary runs with.
+/// The allocator the `sortie` binary runs with, counting what the calling thread allocates.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
+
+thread_local! {
+    /// Allocations (and reallocations) made by this thread, and their bytes.
+    static ALLOCATED: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// mimalloc, counting each thread's allocations: the bench thread's count per request is a
+/// figure that, unlike time, does not move with the machine's load.
+struct Counting;
+
+fn count(bytes: usize) {
+    // `try_with`: nothing is counted while the thread's locals are being torn down.
+    let _ = ALLOCATED.try_with(|c| {
+        let (n, b) = c.get();
+        c.set((n + 1, b + bytes as u64));
+    });
+}
+
+/// This thread's allocations and bytes allocated so far.
+fn allocated() -> (u64, u64) {
+    ALLOCATED.with(std::cell::Cell::get)
+}
+
+// SAFETY: every method forwards its arguments unchanged to mimalloc's implementation of the
+// same method, which upholds `GlobalAlloc`'s contract; counting touches only a thread-local
+// `Cell` (const-initialised, so it never allocates).
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: the caller's guarantees for `alloc` hold for this forwarded call.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size());
+        // SAFETY: as for `alloc`.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from mimalloc, with `layout`.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count(new_size);
+        // SAFETY: as for `dealloc`, and the caller's guarantees on `new_size` hold.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
 
 const TOKEN: &str = "bench-token-0123456789abcdef";
 const BODY_BYTES: usize = 1024;
@@ -228,6 +284,23 @@ fn bench_request_path(c: &mut Criterion) {
     let mut rounds: Vec<(f64, f64)> = (0..5).map(|_| (per(true), per(false))).collect();
     rounds.sort_by(|a, b| (a.0 - a.1).total_cmp(&(b.0 - b.1)));
     let (api_ns, bare_ns) = rounds[rounds.len() / 2];
+    // Allocations per request of each path, on this thread (the gateway's work; the upstream's
+    // threads are not counted).
+    let mut allocs = |api_path: bool| {
+        let before = allocated();
+        cpu_of(&mut rt, N, api_path);
+        let after = allocated();
+        (
+            (after.0 - before.0) as f64 / N as f64,
+            (after.1 - before.1) as f64 / N as f64,
+        )
+    };
+    let (api_allocs, bare_allocs) = (allocs(true), allocs(false));
+    println!(
+        "request_path, allocations per request on the gateway's thread: api {:.1} ({:.0} bytes), \
+         bare exchange {:.1} ({:.0} bytes)",
+        api_allocs.0, api_allocs.1, bare_allocs.0, bare_allocs.1
+    );
     println!(
         "request_path, same run, 5 interleaved rounds of 2,000 (median round), thread CPU per \
          request: api {:.1} µs, bare exchange {:.1} µs, the gateway's own {:.1} µs ({:.2}x)",
