@@ -277,8 +277,19 @@ async fn handle_inner(
             let Some(r) = req.as_ref() else {
                 return Err(internal("the request ran locally already").into());
             };
+            // Each branch in a box of its own size: the attempt future stays small (it lives
+            // in the connection's task), and a request copies only its own branch's state into
+            // the heap, not the larger of the two.
             if assigned.is_remote {
-                remote_attempt(ctx, &job, r, &route, assigned, &mut remote_hold).await
+                Box::pin(remote_attempt(
+                    ctx,
+                    &job,
+                    r,
+                    &route,
+                    assigned,
+                    &mut remote_hold,
+                ))
+                .await
             } else {
                 // Refused by remote workers, routed to a local one: the receipt goes back to
                 // `verified` before the local attempt takes it.
@@ -288,13 +299,13 @@ async fn handle_inner(
                 let Some(r) = req.take() else {
                     return Err(internal("the request ran locally already").into());
                 };
-                local_attempt(ctx, &job, r, &route, assigned)
+                Box::pin(local_attempt(ctx, &job, r, &route, assigned))
                     .await
                     .map_err(Failure::Error)
             }
         };
         monoio::select! {
-            r = Box::pin(attempt) => r,
+            r = attempt => r,
             _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
         }
     })
