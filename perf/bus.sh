@@ -18,6 +18,11 @@ CORES=${CORES:-1}
 WORKER_CORES=${WORKER_CORES:-1}
 # COUNT_OPS=1: also count io_uring operations and context switches per request (perf stat).
 COUNT_OPS=${COUNT_OPS:-0}
+# COUNT_ALLOCS=1 (implies COUNT_OPS): also count calls into the allocator per request, with
+# uprobes on mimalloc's entry points in the binary. The probes slow every allocation down, so
+# the run's req/s and CPU figures are not comparable with a run without them; the counts are.
+COUNT_ALLOCS=${COUNT_ALLOCS:-0}
+OPS_EVENTS=io_uring:io_uring_submit_req,context-switches
 TARGET_RATIO=0.70
 WORKER_PID=""
 WORKER_TOKEN=perf-worker-token-0123456789
@@ -88,8 +93,7 @@ measure() {
   if [ "$COUNT_OPS" = 1 ]; then
     # io_uring operations submitted and context switches of the measured processes: counts per
     # request that do not move with the machine's background load as CPU time does.
-    perf stat -x, -e io_uring:io_uring_submit_req,context-switches -p "$(IFS=,; echo "$*")" \
-      -o "$counts" 2>/dev/null &
+    perf stat -x, -e "$OPS_EVENTS" -p "$(IFS=,; echo "$*")" -o "$counts" 2>/dev/null &
     counter=$!
   fi
   for pid in "$@"; do before=$((before + $(cpu_ticks "$pid"))); done
@@ -103,7 +107,11 @@ measure() {
     wait "$counter" 2>/dev/null || true
     ops=$(awk -F, -v r="$(field requests "$(grep '^WRK_RESULT ' "$out")")" '
       $3 == "io_uring:io_uring_submit_req" { s = $1 } $3 == "context-switches" { c = $1 }
-      END { if (r > 0) printf " uring_ops_per_req=%.2f switches_per_req=%.2f", s / r, c / r }' "$counts")
+      $3 ~ /^probe_sortie:/ { a += $1; has_allocs = 1 }
+      END {
+        if (r > 0) printf " uring_ops_per_req=%.2f switches_per_req=%.2f", s / r, c / r
+        if (r > 0 && has_allocs) printf " allocs_per_req=%.1f", a / r
+      }' "$counts")
   fi
   local line requests rps cpu errors
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
@@ -122,6 +130,16 @@ main() {
   apt_install nginx wrk curl
   local bin
   bin=$(gateway_binary)
+  if [ "$COUNT_ALLOCS" = 1 ]; then
+    COUNT_OPS=1
+    perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true
+    perf probe -x "$bin" -a mi_malloc_aligned -a mi_zalloc_aligned -a mi_realloc_aligned \
+      >/dev/null 2>&1 || die "perf probe could not attach to mimalloc in $bin (needs its symbols)"
+    # Removed again with the run's other cleanup (lib.sh's EXIT trap).
+    trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
+    OPS_EVENTS="$OPS_EVENTS,probe_sortie:mi_malloc_aligned,probe_sortie:mi_zalloc_aligned,probe_sortie:mi_realloc_aligned"
+    say "COUNT_ALLOCS=1: uprobes on the allocator slow both paths; compare counts, not req/s or CPU"
+  fi
   start_nginx
   say ""
   say "=== sortie bus run $(date -u +%FT%TZ)"
