@@ -1204,16 +1204,13 @@ async fn send_response(
 ) -> Result<(), ApiError> {
     // A destination may answer with headers beyond the bus's bounds (too many fields, a name
     // over 256 bytes): that request fails, the lane and its other streams go on.
-    wl.send(&Frame::ResponseHead(ResponseHead {
-        stream: a.stream,
-        status: resp.status,
-        headers: resp
-            .headers
-            .iter()
-            .map(|(n, v)| (n.to_vec(), v.to_vec()))
-            .collect(),
-    }))
-    .map_err(unsendable_head)?;
+    // Encoded from the response's own header slices, without a copy of each field; a head
+    // changes nothing the lane's protocol state tracks (`WLane::send` would only encode it).
+    wl.out
+        .push_with(|out| {
+            sortie_core::bus::encode_response_head(a.stream, resp.status, &resp.headers, out)
+        })
+        .map_err(unsendable_head)?;
     let mut sent: u64 = 0;
     let mut piece = Vec::new();
     loop {

@@ -554,6 +554,46 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     result
 }
 
+/// Encodes a `ResponseHead` frame from borrowed fields: the same bytes as [`encode`] of
+/// `Frame::ResponseHead` with these fields, without first copying each name and value into a
+/// `Vec` of its own (the worker's answer heads, a per-request path). On error `out` is as it
+/// was.
+pub fn encode_response_head<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+    stream: StreamId,
+    status: u16,
+    headers: &[(N, V)],
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    const WHAT: &str = "response_head";
+    let start = out.len();
+    out.extend_from_slice(&[0, 0, 0, 0, TYPE_RESPONSE_HEAD]);
+    let mut w = Writer { out: &mut *out };
+    w.u32(stream);
+    w.u16(status);
+    let result = w
+        .fields(headers, MAX_FIELDS, "response_head.headers")
+        .and_then(|()| finish_frame(out, start, WHAT));
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+/// Writes the length of the frame that starts at `start` into its four reserved bytes.
+fn finish_frame(out: &mut [u8], start: usize, name: &'static str) -> Result<(), EncodeError> {
+    let len = out.len() - start - 4;
+    if len > MAX_FRAME_BYTES {
+        return Err(EncodeError(name));
+    }
+    out.get_mut(start..start + 4)
+        .ok_or(EncodeError(name))?
+        .copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(())
+}
+
+/// The type byte of `ResponseHead` frames.
+const TYPE_RESPONSE_HEAD: u8 = 0x13;
+
 fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
     out.extend_from_slice(&[0, 0, 0, 0, frame.type_byte()]);
     let mut w = Writer { out };
@@ -697,15 +737,7 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
         }
         Frame::GoAway { reason } => w.str(reason, MAX_TEXT_BYTES, "goaway.reason")?,
     }
-    let len = out.len() - start - 4;
-    if len > MAX_FRAME_BYTES {
-        return Err(EncodeError(frame.name()));
-    }
-    // The four bytes reserved for the length at `start`.
-    out.get_mut(start..start + 4)
-        .ok_or(EncodeError(frame.name()))?
-        .copy_from_slice(&(len as u32).to_be_bytes());
-    Ok(())
+    finish_frame(out, start, frame.name())
 }
 
 struct Writer<'a> {
@@ -782,14 +814,19 @@ impl Writer<'_> {
         }
         Ok(())
     }
-    fn fields(&mut self, v: &[Field], max: usize, field: &'static str) -> Result<(), EncodeError> {
+    fn fields<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        v: &[(N, V)],
+        max: usize,
+        field: &'static str,
+    ) -> Result<(), EncodeError> {
         if v.len() > max {
             return Err(EncodeError(field));
         }
         self.u16(v.len() as u16);
         for (n, val) in v {
-            self.short_bytes(n, MAX_FIELD_NAME_BYTES, field)?;
-            self.bytes(val, MAX_FIELD_VALUE_BYTES, field)?;
+            self.short_bytes(n.as_ref(), MAX_FIELD_NAME_BYTES, field)?;
+            self.bytes(val.as_ref(), MAX_FIELD_VALUE_BYTES, field)?;
         }
         Ok(())
     }

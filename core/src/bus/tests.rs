@@ -894,3 +894,47 @@ fn from_version_4_only_lane_zero_carries_heartbeats() {
     assert!(lane_heartbeats(4, 0));
     assert!(!lane_heartbeats(4, 1) && !lane_heartbeats(4, 7));
 }
+
+/// The borrowed encoding of a response head writes the bytes `encode` writes for the same
+/// frame, and fails as it does (leaving the buffer as it was) when the fields are over the
+/// bounds.
+#[test]
+fn borrowed_response_heads_encode_as_frames_do() {
+    let fields: Vec<(Vec<u8>, Vec<u8>)> = vec![
+        (b"content-type".to_vec(), b"text/plain".to_vec()),
+        (b"x-empty".to_vec(), Vec::new()),
+        (b"set-cookie".to_vec(), vec![b'v'; 300]),
+    ];
+    let mut framed = b"before".to_vec();
+    encode(
+        &Frame::ResponseHead(ResponseHead {
+            stream: 7,
+            status: 203,
+            headers: fields.clone(),
+        }),
+        &mut framed,
+    )
+    .expect("encodes");
+    let borrowed: Vec<(&[u8], &[u8])> = fields
+        .iter()
+        .map(|(n, v)| (n.as_slice(), v.as_slice()))
+        .collect();
+    let mut direct = b"before".to_vec();
+    encode_response_head(7, 203, &borrowed, &mut direct).expect("encodes");
+    assert_eq!(direct, framed);
+
+    let too_many: Vec<(&[u8], &[u8])> = vec![(b"a", b"b"); 10_000];
+    let mut out = b"kept".to_vec();
+    let err = encode_response_head(1, 200, &too_many, &mut out).expect_err("over the bound");
+    let framed_err = encode(
+        &Frame::ResponseHead(ResponseHead {
+            stream: 1,
+            status: 200,
+            headers: vec![(b"a".to_vec(), b"b".to_vec()); 10_000],
+        }),
+        &mut Vec::new(),
+    )
+    .expect_err("over the bound");
+    assert_eq!(err, framed_err);
+    assert_eq!(out, b"kept");
+}

@@ -110,10 +110,19 @@ impl Outbox {
 
     /// Queues a frame.
     pub(crate) fn push(&self, frame: &Frame) -> Result<(), EncodeError> {
+        self.push_with(|out| encode(frame, out))
+    }
+
+    /// Queues the frame `write` appends to the queue's bytes (an encoder that leaves them as
+    /// they were when it fails), for frames written from borrowed parts without a `Frame`.
+    pub(crate) fn push_with(
+        &self,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+    ) -> Result<(), EncodeError> {
         if self.is_closed.get() {
             return Ok(());
         }
-        encode(frame, &mut self.buf.borrow_mut())?;
+        write(&mut self.buf.borrow_mut())?;
         self.ready.notify();
         Ok(())
     }
