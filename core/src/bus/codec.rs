@@ -256,7 +256,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
         0x13 => Frame::ResponseHead(ResponseHead {
             stream: r.u32("response_head.stream")?,
             status: r.u16("response_head.status")?,
-            headers: r.fields("response_head.headers", MAX_FIELDS)?,
+            headers: r.shared_fields("response_head.headers", MAX_FIELDS)?,
         }),
         0x14 => Frame::Data {
             stream: r.u32("data.stream")?,
@@ -417,6 +417,37 @@ impl<'a> Reader<'a> {
             v.push((name, value));
         }
         Ok(v)
+    }
+
+    /// Header fields as slices of one copy of their bytes, with the bounds of [`Self::fields`].
+    fn shared_fields(
+        &mut self,
+        field: &'static str,
+        max: usize,
+    ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, FrameError> {
+        let n = self.count(field, max)?;
+        let from = self.at;
+        let mut ranges = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name_len = self.u16(field)? as usize;
+            if name_len > MAX_FIELD_NAME_BYTES {
+                return Err(FrameError::FieldTooLong(field));
+            }
+            let name = self.at - from..self.at - from + name_len;
+            self.take(name_len, field)?;
+            let value_len = self.u32(field)? as usize;
+            if value_len > MAX_FIELD_VALUE_BYTES {
+                return Err(FrameError::FieldTooLong(field));
+            }
+            let value = self.at - from..self.at - from + value_len;
+            self.take(value_len, field)?;
+            ranges.push((name, value));
+        }
+        let all = bytes::Bytes::copy_from_slice(self.buf.get(from..self.at).unwrap_or_default());
+        Ok(ranges
+            .into_iter()
+            .map(|(name, value)| (all.slice(name), all.slice(value)))
+            .collect())
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {

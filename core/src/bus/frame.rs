@@ -165,8 +165,9 @@ pub struct ResponseHead {
     pub stream: StreamId,
     /// The destination's status.
     pub status: u16,
-    /// Response header fields as received.
-    pub headers: Vec<Field>,
+    /// Response header fields as received. Decoded, every name and value is a slice of one
+    /// buffer holding them all (one allocation per head, not two per field).
+    pub headers: Vec<(bytes::Bytes, bytes::Bytes)>,
 }
 
 /// Worker → control: the stream failed; ends it.

@@ -131,7 +131,11 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
         9 => Frame::ResponseHead(ResponseHead {
             stream: r.next() as u32,
             status: r.next() as u16,
-            headers: r.fields(20),
+            headers: r
+                .fields(20)
+                .into_iter()
+                .map(|(n, v)| (n.into(), v.into()))
+                .collect(),
         }),
         10 => Frame::Data {
             stream: r.next() as u32,
@@ -910,7 +914,10 @@ fn borrowed_response_heads_encode_as_frames_do() {
         &Frame::ResponseHead(ResponseHead {
             stream: 7,
             status: 203,
-            headers: fields.clone(),
+            headers: fields
+                .iter()
+                .map(|(n, v)| (n.clone().into(), v.clone().into()))
+                .collect(),
         }),
         &mut framed,
     )
@@ -930,7 +937,7 @@ fn borrowed_response_heads_encode_as_frames_do() {
         &Frame::ResponseHead(ResponseHead {
             stream: 1,
             status: 200,
-            headers: vec![(b"a".to_vec(), b"b".to_vec()); 10_000],
+            headers: vec![(b"a".to_vec().into(), b"b".to_vec().into()); 10_000],
         }),
         &mut Vec::new(),
     )

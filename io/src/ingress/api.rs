@@ -504,11 +504,7 @@ async fn remote_attempt<'r>(
             let body = streamed::store_response(receipts, job.deployment, &mut reader).await?;
             Ok(Exchange {
                 status: h.status,
-                headers: h
-                    .headers
-                    .into_iter()
-                    .map(|(n, v)| (bytes::Bytes::from(n), bytes::Bytes::from(v)))
-                    .collect(),
+                headers: h.headers,
                 body,
             })
         }

@@ -1195,11 +1195,8 @@ impl BusCore {
         }
         Ok(RemoteResponse {
             status: h.status,
-            headers: h
-                .headers
-                .into_iter()
-                .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
-                .collect(),
+            // Slices of the one buffer the head was decoded into.
+            headers: h.headers,
             body,
         })
     }

@@ -188,7 +188,7 @@ impl Opened {
             h.headers
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_slice())
+                .map(|(_, v)| v.as_ref())
         };
         let declared = field(b"content-length")
             .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
