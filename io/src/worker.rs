@@ -54,6 +54,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// What every core of the worker shares.
 struct Shared {
     id: String,
+    /// `id` as the routing model names workers, parsed once at the start.
+    config_id: ConfigId,
     session: String,
     token: Vec<u8>,
     caps: AdvertisedCapabilities,
@@ -145,6 +147,9 @@ pub enum WorkerError {
     /// `worker.token_env` names a variable that is not set, or is empty.
     #[error(transparent)]
     Token(#[from] crate::tokens::TokenError),
+    /// `worker.id` is not an id the routing model accepts.
+    #[error("worker.id {0:?} is not a valid id")]
+    InvalidId(String),
     /// Neither `worker.token` nor `worker.token_env` is set.
     #[error("worker: needs token or token_env")]
     NoToken,
@@ -267,8 +272,10 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), WorkerError> {
         "s"
     };
     let session = format!("{prefix}{}", hex(&crate::tokens::random_bytes::<12>()));
+    let config_id = ConfigId::parse(&w.id).map_err(|_| WorkerError::InvalidId(w.id.clone()))?;
     let shared = Arc::new(Shared {
         id: w.id.clone(),
+        config_id,
         session: session.clone(),
         token: token.into_bytes(),
         caps: AdvertisedCapabilities {
@@ -1101,7 +1108,7 @@ async fn exchange(
             )
         })?),
     };
-    let worker_id = ConfigId::parse(&shared.id).map_err(|_| invalid("worker id"))?;
+    let worker_id = shared.config_id.clone();
     if let BodySource::Receipt {
         url: receipt_url,
         len,
@@ -1459,8 +1466,7 @@ async fn fetch_receipt(
             .collect(),
         Vec::new(),
     );
-    let worker_id = ConfigId::parse(&shared.id)
-        .map_err(|_| ApiError::new(ErrorCode::ExecutorInternalError, "worker id"))?;
+    let worker_id = shared.config_id.clone();
     let req = StreamRequest {
         method: Method::Get,
         url: &target,
