@@ -253,7 +253,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
             stream: r.u32("refuse.stream")?,
             reason: r.str("refuse.reason", MAX_NAME_BYTES)?,
         },
-        0x13 => Frame::ResponseHead(ResponseHead {
+        RESPONSE_HEAD_TYPE => Frame::ResponseHead(ResponseHead {
             stream: r.u32("response_head.stream")?,
             status: r.u16("response_head.status")?,
             headers: r.shared_fields("response_head.headers", MAX_FIELDS)?,
@@ -387,11 +387,25 @@ impl<'a> Reader<'a> {
     }
 
     fn bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
+        Ok(self.long_slice(field, max)?.to_vec())
+    }
+
+    /// Bytes with a 32-bit length in front, at most `max`, borrowed from the frame.
+    fn long_slice(&mut self, field: &'static str, max: usize) -> Result<&'a [u8], FrameError> {
         let n = self.u32(field)? as usize;
         if n > max {
             return Err(FrameError::FieldTooLong(field));
         }
-        Ok(self.take(n, field)?.to_vec())
+        self.take(n, field)
+    }
+
+    /// Bytes with a 16-bit length in front, at most `max`, borrowed from the frame.
+    fn short_slice(&mut self, field: &'static str, max: usize) -> Result<&'a [u8], FrameError> {
+        let n = self.u16(field)? as usize;
+        if n > max {
+            return Err(FrameError::FieldTooLong(field));
+        }
+        self.take(n, field)
     }
 
     fn strs(
@@ -428,20 +442,13 @@ impl<'a> Reader<'a> {
         let n = self.count(field, max)?;
         let from = self.at;
         let mut ranges = Vec::with_capacity(n);
+        // Where the slice just read lies in the fields' bytes (it ends at `self.at`).
+        let span = |r: &Self, len: usize| r.at - from - len..r.at - from;
         for _ in 0..n {
-            let name_len = self.u16(field)? as usize;
-            if name_len > MAX_FIELD_NAME_BYTES {
-                return Err(FrameError::FieldTooLong(field));
-            }
-            let name = self.at - from..self.at - from + name_len;
-            self.take(name_len, field)?;
-            let value_len = self.u32(field)? as usize;
-            if value_len > MAX_FIELD_VALUE_BYTES {
-                return Err(FrameError::FieldTooLong(field));
-            }
-            let value = self.at - from..self.at - from + value_len;
-            self.take(value_len, field)?;
-            ranges.push((name, value));
+            let name = self.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
+            let name = span(self, name);
+            let value = self.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
+            ranges.push((name, span(self, value)));
         }
         let all = bytes::Bytes::copy_from_slice(self.buf.get(from..self.at).unwrap_or_default());
         Ok(ranges
@@ -451,11 +458,7 @@ impl<'a> Reader<'a> {
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
-        let n = self.u16(field)? as usize;
-        if n > max {
-            return Err(FrameError::FieldTooLong(field));
-        }
-        Ok(self.take(n, field)?.to_vec())
+        Ok(self.short_slice(field, max)?.to_vec())
     }
 
     fn hello(&mut self) -> Result<Hello, FrameError> {
@@ -577,12 +580,9 @@ pub fn check_request_head(method: &str, url: &str, headers: &[Field]) -> Result<
 
 /// Appends the encoding of `frame` to `out`. On error `out` is left as it was.
 pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
-    let start = out.len();
-    let result = encode_inner(frame, out, start);
-    if result.is_err() {
-        out.truncate(start);
-    }
-    result
+    framed(out, frame.type_byte(), frame.name(), |w| {
+        encode_body(frame, w)
+    })
 }
 
 /// Encodes a `ResponseHead` frame from borrowed fields: the same bytes as [`encode`] of
@@ -595,39 +595,41 @@ pub fn encode_response_head<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     headers: &[(N, V)],
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    const WHAT: &str = "response_head";
+    framed(out, RESPONSE_HEAD_TYPE, "response_head", |w| {
+        w.u32(stream);
+        w.u16(status);
+        w.fields(headers, MAX_FIELDS, "response_head.headers")
+    })
+}
+
+/// Appends one frame to `out`: four bytes reserved for the length, the type byte, what `body`
+/// writes, then the length in the reserved bytes. On error `out` is left as it was.
+fn framed(
+    out: &mut Vec<u8>,
+    type_byte: u8,
+    name: &'static str,
+    body: impl FnOnce(&mut Writer<'_>) -> Result<(), EncodeError>,
+) -> Result<(), EncodeError> {
     let start = out.len();
-    out.extend_from_slice(&[0, 0, 0, 0, TYPE_RESPONSE_HEAD]);
-    let mut w = Writer { out: &mut *out };
-    w.u32(stream);
-    w.u16(status);
-    let result = w
-        .fields(headers, MAX_FIELDS, "response_head.headers")
-        .and_then(|()| finish_frame(out, start, WHAT));
+    out.extend_from_slice(&[0, 0, 0, 0, type_byte]);
+    let result = body(&mut Writer { out: &mut *out }).and_then(|()| {
+        let len = out.len() - start - 4;
+        if len > MAX_FRAME_BYTES {
+            return Err(EncodeError(name));
+        }
+        out.get_mut(start..start + 4)
+            .ok_or(EncodeError(name))?
+            .copy_from_slice(&(len as u32).to_be_bytes());
+        Ok(())
+    });
     if result.is_err() {
         out.truncate(start);
     }
     result
 }
 
-/// Writes the length of the frame that starts at `start` into its four reserved bytes.
-fn finish_frame(out: &mut [u8], start: usize, name: &'static str) -> Result<(), EncodeError> {
-    let len = out.len() - start - 4;
-    if len > MAX_FRAME_BYTES {
-        return Err(EncodeError(name));
-    }
-    out.get_mut(start..start + 4)
-        .ok_or(EncodeError(name))?
-        .copy_from_slice(&(len as u32).to_be_bytes());
-    Ok(())
-}
-
-/// The type byte of `ResponseHead` frames.
-const TYPE_RESPONSE_HEAD: u8 = 0x13;
-
-fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
-    out.extend_from_slice(&[0, 0, 0, 0, frame.type_byte()]);
-    let mut w = Writer { out };
+/// The fields of `frame`, after its type byte.
+fn encode_body(frame: &Frame, w: &mut Writer<'_>) -> Result<(), EncodeError> {
     match frame {
         Frame::Hello(h) => {
             w.u16(h.version_min);
@@ -768,7 +770,7 @@ fn encode_inner(frame: &Frame, out: &mut Vec<u8>, start: usize) -> Result<(), En
         }
         Frame::GoAway { reason } => w.str(reason, MAX_TEXT_BYTES, "goaway.reason")?,
     }
-    finish_frame(out, start, frame.name())
+    Ok(())
 }
 
 struct Writer<'a> {

@@ -158,6 +158,9 @@ pub struct Assign {
     pub window: u32,
 }
 
+/// The type byte of [`Frame::ResponseHead`], which the codec also writes without a `Frame`.
+pub(crate) const RESPONSE_HEAD_TYPE: u8 = 0x13;
+
 /// Worker → control: the response head of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseHead {
@@ -277,7 +280,7 @@ impl Frame {
             Frame::Assign(_) => 0x10,
             Frame::Accept { .. } => 0x11,
             Frame::Refuse { .. } => 0x12,
-            Frame::ResponseHead(_) => 0x13,
+            Frame::ResponseHead(_) => RESPONSE_HEAD_TYPE,
             Frame::Data { .. } => 0x14,
             Frame::Credit { .. } => 0x15,
             Frame::StreamError(_) => 0x16,
