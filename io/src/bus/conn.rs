@@ -425,11 +425,23 @@ pub enum BusTlsError {
     },
 }
 
-fn refused(what: impl Into<String>) -> impl FnOnce(rustls::Error) -> BusTlsError {
+fn refused<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> BusTlsError {
     let what = what.into();
     move |e| BusTlsError::Refused {
         what,
         source: Box::new(e),
+    }
+}
+
+/// A file named by `setting` that could not be read.
+fn unreadable(setting: &str, file: &str) -> impl FnOnce(io::Error) -> BusTlsError {
+    let (setting, file) = (setting.to_string(), file.to_string());
+    move |source| BusTlsError::Read {
+        setting,
+        file,
+        source,
     }
 }
 
@@ -441,20 +453,12 @@ type Identity = (
 impl CertKey<'_> {
     fn load(&self) -> Result<Identity, BusTlsError> {
         let (k, cert_file, key_file) = (self.key, self.cert_file, self.key_file);
-        let read = |setting: &str, file: &str| {
-            let (setting, file) = (setting.to_string(), file.to_string());
-            move |source| BusTlsError::Read {
-                setting,
-                file,
-                source,
-            }
-        };
         let cert_setting = format!("{k}.tls_cert_file");
         let certs: Vec<_> = rustls_pemfile::certs(&mut io::BufReader::new(
-            std::fs::File::open(cert_file).map_err(read(&cert_setting, cert_file))?,
+            std::fs::File::open(cert_file).map_err(unreadable(&cert_setting, cert_file))?,
         ))
         .collect::<Result<_, _>>()
-        .map_err(read(&cert_setting, cert_file))?;
+        .map_err(unreadable(&cert_setting, cert_file))?;
         if certs.is_empty() {
             return Err(BusTlsError::NoCertificate {
                 setting: cert_setting,
@@ -463,9 +467,9 @@ impl CertKey<'_> {
         }
         let key_setting = format!("{k}.tls_key_file");
         let key = rustls_pemfile::private_key(&mut io::BufReader::new(
-            std::fs::File::open(key_file).map_err(read(&key_setting, key_file))?,
+            std::fs::File::open(key_file).map_err(unreadable(&key_setting, key_file))?,
         ))
-        .map_err(read(&key_setting, key_file))?
+        .map_err(unreadable(&key_setting, key_file))?
         .ok_or_else(|| BusTlsError::NoKey {
             setting: key_setting.clone(),
             file: key_file.into(),
@@ -476,15 +480,10 @@ impl CertKey<'_> {
 
 /// The certificates of a PEM CA file as trust roots; `key` names the setting in messages.
 fn roots(key: &str, file: &str) -> Result<rustls::RootCertStore, BusTlsError> {
-    let read = |source| BusTlsError::Read {
-        setting: key.into(),
-        file: file.into(),
-        source,
-    };
     let mut roots = rustls::RootCertStore::empty();
-    let f = std::fs::File::open(file).map_err(read)?;
+    let f = std::fs::File::open(file).map_err(unreadable(key, file))?;
     for cert in rustls_pemfile::certs(&mut io::BufReader::new(f)) {
-        let cert = cert.map_err(read)?;
+        let cert = cert.map_err(unreadable(key, file))?;
         roots.add(cert).map_err(refused(format!("{key} {file}")))?;
     }
     if roots.is_empty() {
@@ -516,10 +515,7 @@ pub(crate) fn server_config(
             let verifier =
                 rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
                     .build()
-                    .map_err(|e| BusTlsError::Refused {
-                        what: format!("control.bus.tls_client_ca_file {file}"),
-                        source: Box::new(e),
-                    })?;
+                    .map_err(refused(format!("control.bus.tls_client_ca_file {file}")))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
