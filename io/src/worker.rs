@@ -53,9 +53,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every core of the worker shares.
 struct Shared {
-    id: String,
-    /// `id` as the routing model names workers, parsed once at the start.
-    config_id: ConfigId,
+    /// The worker's id, parsed once at the start.
+    id: ConfigId,
     session: String,
     token: Vec<u8>,
     caps: AdvertisedCapabilities,
@@ -148,8 +147,13 @@ pub enum WorkerError {
     #[error(transparent)]
     Token(#[from] crate::tokens::TokenError),
     /// `worker.id` is not an id the routing model accepts.
-    #[error("worker.id {0:?} is not a valid id")]
-    InvalidId(String),
+    #[error("worker.id {id:?}: {reason}")]
+    InvalidId {
+        /// The id as configured.
+        id: String,
+        /// What is wrong with it.
+        reason: sortie_core::config_id::IdError,
+    },
     /// Neither `worker.token` nor `worker.token_env` is set.
     #[error("worker: needs token or token_env")]
     NoToken,
@@ -162,7 +166,7 @@ pub enum WorkerError {
     /// `egress.ca_file` did not load.
     #[error("egress.ca_file: {0}")]
     EgressTls(#[from] crate::egress::TlsConfigError),
-    /// A thread, signal handler or lock the worker needs could not be set up.
+    /// A thread or signal handler the worker needs could not be set up.
     #[error("{what}: {source}")]
     Setup {
         /// What failed to start.
@@ -272,10 +276,12 @@ pub fn run(file: WorkerFile, start: Start) -> Result<(), WorkerError> {
         "s"
     };
     let session = format!("{prefix}{}", hex(&crate::tokens::random_bytes::<12>()));
-    let config_id = ConfigId::parse(&w.id).map_err(|_| WorkerError::InvalidId(w.id.clone()))?;
-    let shared = Arc::new(Shared {
+    let id = ConfigId::parse(&w.id).map_err(|reason| WorkerError::InvalidId {
         id: w.id.clone(),
-        config_id,
+        reason,
+    })?;
+    let shared = Arc::new(Shared {
+        id,
         session: session.clone(),
         token: token.into_bytes(),
         caps: AdvertisedCapabilities {
@@ -740,7 +746,7 @@ async fn lane_session(
         let hello = Hello {
             version_min: PROTOCOL_VERSION_MIN,
             version_max: PROTOCOL_VERSION,
-            worker_id: shared.id.clone(),
+            worker_id: shared.id.as_str().to_owned(),
             session: shared.session.clone(),
             token: shared.token.clone(),
             lane,
@@ -1108,7 +1114,7 @@ async fn exchange(
             )
         })?),
     };
-    let worker_id = shared.config_id.clone();
+    let worker_id = shared.id.clone();
     if let BodySource::Receipt {
         url: receipt_url,
         len,
@@ -1466,7 +1472,7 @@ async fn fetch_receipt(
             .collect(),
         Vec::new(),
     );
-    let worker_id = shared.config_id.clone();
+    let worker_id = shared.id.clone();
     let req = StreamRequest {
         method: Method::Get,
         url: &target,
