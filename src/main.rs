@@ -445,10 +445,8 @@ fn log_filter(level: &str) -> Result<tracing_subscriber::EnvFilter, LogSettingEr
     if let Ok(f) = tracing_subscriber::EnvFilter::try_from_default_env() {
         return Ok(f);
     }
-    tracing_subscriber::EnvFilter::try_new(level).map_err(|e| LogSettingError {
-        setting: format!("log.level {level:?}"),
-        reason: e.to_string(),
-    })
+    tracing_subscriber::EnvFilter::try_new(level)
+        .map_err(LogSettingError::refused(format!("log.level {level:?}")))
 }
 
 /// Sets up the process's log on stderr; the function a SIGHUP reload calls to change its level
@@ -468,18 +466,14 @@ fn init_logging(
     let format = std::sync::Mutex::new(log.format);
     Ok(Box::new(move |new: &sortie_core::config::LogConfig| {
         let filter = log_filter(&new.level)?;
-        filter_handle.reload(filter).map_err(|e| LogSettingError {
-            setting: "log.level".into(),
-            reason: e.to_string(),
-        })?;
+        filter_handle
+            .reload(filter)
+            .map_err(LogSettingError::refused("log.level"))?;
         let mut current = format.lock().unwrap_or_else(|p| p.into_inner());
         if *current != new.format {
             layer_handle
                 .reload(log_layer(new.format))
-                .map_err(|e| LogSettingError {
-                    setting: "log.format".into(),
-                    reason: e.to_string(),
-                })?;
+                .map_err(LogSettingError::refused("log.format"))?;
             *current = new.format;
         }
         Ok(())

@@ -574,6 +574,17 @@ pub struct LogSettingError {
     pub reason: String,
 }
 
+impl LogSettingError {
+    /// `setting` refused for `reason`, as a `map_err` function.
+    pub fn refused<E: std::fmt::Display>(setting: impl Into<String>) -> impl FnOnce(E) -> Self {
+        let setting = setting.into();
+        move |reason| LogSettingError {
+            setting,
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// Runs the gateway until SIGTERM or SIGINT, or until a successor took over (decision 115);
 /// SIGHUP reads the configuration file again and applies what can change live (decision 114);
 /// SIGUSR2 starts a successor.
