@@ -101,11 +101,13 @@ measure() {
     SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" \
     --latency -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
   for pid in "$@"; do after=$((after + $(cpu_ticks "$pid"))); done
-  local ops=""
+  local line requests rps cpu errors ops=""
+  line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
+  requests=$(field requests "$line")
   if [ -n "$counter" ]; then
     kill -INT "$counter" 2>/dev/null || true
     wait "$counter" 2>/dev/null || true
-    ops=$(awk -F, -v r="$(field requests "$(grep '^WRK_RESULT ' "$out")")" '
+    ops=$(awk -F, -v r="$requests" '
       $3 == "io_uring:io_uring_submit_req" { s = $1 } $3 == "context-switches" { c = $1 }
       $3 ~ /^probe_sortie:/ { a += $1; has_allocs = 1 }
       END {
@@ -113,9 +115,6 @@ measure() {
         if (r > 0 && has_allocs) printf " allocs_per_req=%.1f", a / r
       }' "$counts")
   fi
-  local line requests rps cpu errors
-  line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
-  requests=$(field requests "$line")
   rps=$(field rps "$line")
   errors=$(($(field connect_errors "$line") + $(field read_errors "$line") + $(field write_errors "$line") + $(field timeouts "$line") + $(field non_2xx "$line")))
   cpu=$(awk -v t=$((after - before)) -v hz="$tck" 'BEGIN { printf "%.2f", t / hz }')
