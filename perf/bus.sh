@@ -131,12 +131,8 @@ main() {
   bin=$(gateway_binary)
   if [ "$COUNT_ALLOCS" = 1 ]; then
     COUNT_OPS=1
-    perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true
-    perf probe -x "$bin" -a mi_malloc_aligned -a mi_zalloc_aligned -a mi_realloc_aligned \
-      >/dev/null 2>&1 || die "perf probe could not attach to mimalloc in $bin (needs its symbols)"
-    # Removed again with the run's other cleanup (lib.sh's EXIT trap).
-    trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
-    OPS_EVENTS="$OPS_EVENTS,probe_sortie:mi_malloc_aligned,probe_sortie:mi_zalloc_aligned,probe_sortie:mi_realloc_aligned"
+    alloc_probes "$bin"
+    OPS_EVENTS="$OPS_EVENTS,$ALLOC_EVENTS"
     say "COUNT_ALLOCS=1: uprobes on the allocator slow both paths; compare counts, not req/s or CPU"
   fi
   start_nginx

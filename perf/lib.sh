@@ -45,6 +45,19 @@ die() {
   exit 1
 }
 
+# Attaches uprobes to mimalloc's entry points in the binary $1 and sets ALLOC_EVENTS to the perf
+# events that count them (every Rust allocation of the gateway goes through one of the three).
+# The probes are removed with the run's cleanup. They slow every allocation down: a run with
+# them gives counts per request, not req/s or CPU figures to compare.
+ALLOC_EVENTS=""
+alloc_probes() {
+  perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true
+  perf probe -x "$1" -a mi_malloc_aligned -a mi_zalloc_aligned -a mi_realloc_aligned \
+    >/dev/null 2>&1 || die "perf probe could not attach to mimalloc in $1 (needs its symbols)"
+  trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
+  ALLOC_EVENTS="probe_sortie:mi_malloc_aligned,probe_sortie:mi_zalloc_aligned,probe_sortie:mi_realloc_aligned"
+}
+
 # Creates the run's scratch directory and arranges for every process started here to be
 # stopped however the script ends.
 init_run() {

@@ -35,12 +35,20 @@ MODES=${MODES:-"absolute connect-new in-tunnel api"}
 # PROFILE=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and size
 # under `perf record`, and its top symbols by self time.
 PROFILE=${PROFILE:-0}
+# COUNT_ALLOCS=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and
+# size with uprobes on the allocator, and the allocator calls per request it made. The probes
+# slow every allocation; that run's req/s and CPU are not comparable, its count is.
+COUNT_ALLOCS=${COUNT_ALLOCS:-0}
+# ALLOC_SITES=1 (with COUNT_ALLOCS=1): also record the allocations' call stacks and print the
+# sites in Sortie's code that allocate, per request.
+ALLOC_SITES=${ALLOC_SITES:-0}
 # A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
 # the gateway's own pinning (one CPU per core thread).
 GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 
 RESULTS_FILE=""
 TUNNELBENCH=""
+LAST_LINE=""
 declare -A PID_OF=()
 # Rows "mode size label" -> list of result lines over rounds.
 declare -A RESULTS=()
@@ -319,6 +327,7 @@ measure() {
     sys_s=$(awk -v a="${after#* }" -v b="${before#* }" -v t="$tick" 'BEGIN { printf "%.3f", (a - b) / t }')
   fi
   RESULTS["$mode $size $label"]+="$line cpu_s=$cpu_s sys_s=$sys_s"$'\n'
+  LAST_LINE=$line
   log "$mode $size $label: $(field rps "$line") req/s, cpu ${cpu_s}s, errors $(field read_errors "$line")/$(field non_2xx "$line")"
 }
 
@@ -395,6 +404,7 @@ main() {
     done
   done
   say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ "$COUNT_ALLOCS" != 1 ] || count_allocs_all "$bin"
   [ "$PROFILE" != 1 ] || profile_all
   say ""
   say "results: $RESULTS_FILE"
@@ -417,6 +427,40 @@ profile_all() {
       perf report -i "$data" --stdio --no-children --sort sym -g none >"$WORK_DIR/perf-report.txt" 2>&1 || true
       { grep -E '^ +[0-9]' "$WORK_DIR/perf-report.txt" || echo "(no samples)"; } |
         awk 'NR <= 12' | tee -a "$RESULTS_FILE"
+    done
+  done
+}
+
+# One unrecorded run of Sortie per mode and size (request modes only: a tunnel's count is per
+# tunnel, not per request) with uprobes on the allocator; prints allocator calls per request.
+count_allocs_all() {
+  local mode size counts requests calls
+  alloc_probes "$1"
+  for mode in $MODES; do
+    case $mode in absolute | api) ;; *) continue ;; esac
+    for size in $SIZES; do
+      counts="$WORK_DIR/allocs-$mode-$size.csv"
+      perf stat -x, -e "$ALLOC_EVENTS" -p "$GATEWAY_PID" -o "$counts" 2>/dev/null &
+      local counter=$! sites="" recorder=""
+      if [ "$ALLOC_SITES" = 1 ]; then
+        sites="$WORK_DIR/alloc-sites-$mode-$size.data"
+        perf record -q -e "$ALLOC_EVENTS" --call-graph dwarf,8192 -p "$GATEWAY_PID" -o "$sites" \
+          -- sleep "${DURATION%s}" >"$WORK_DIR/perf-record.log" 2>&1 &
+        recorder=$!
+      fi
+      measure "$mode" "$size" sortie
+      kill -INT "$counter" 2>/dev/null || true
+      wait "$counter" 2>/dev/null || true
+      requests=$(field requests "$LAST_LINE")
+      calls=$(awk -F, '$3 ~ /^probe_sortie:/ { a += $1 } END { print a + 0 }' "$counts")
+      say "$mode $size: allocator calls per request $(awk -v a="$calls" -v r="$requests" \
+        'BEGIN { if (r > 0) printf "%.1f", a / r; else printf "-" }') ($calls calls, $requests requests, probes on)"
+      if [ -n "$sites" ]; then
+        wait "$recorder" || { cat "$WORK_DIR/perf-record.log" >&2; die "perf record failed"; }
+        say "--- allocation sites: $mode $size (calls per request by the first caller in Sortie's code)"
+        perf script -i "$sites" -F ip,sym,srcline 2>/dev/null |
+          python3 "$PERF_DIR/alloc_sites.py" --requests "$requests" --calls "$calls" | tee -a "$RESULTS_FILE"
+      fi
     done
   done
 }
