@@ -23,9 +23,51 @@ fn has_shape(s: &str, prefix: &str) -> bool {
             .is_some_and(|id| id.iter().all(|&b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
+/// Length of a request id: its prefix and 32 hex digits.
+const REQUEST_ID_LEN: usize = REQUEST_ID_PREFIX.len() + 32;
+
+/// A request id, held inline: every request gets one, and an owned string would cost an
+/// allocation each time. Dereferences to the id's text.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId([u8; REQUEST_ID_LEN]);
+
+impl RequestId {
+    /// The id's text.
+    pub fn as_str(&self) -> &str {
+        // Always ASCII: the prefix and hex digits.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for RequestId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// A request id from 16 random bytes.
-pub fn request_id(random: [u8; 16]) -> String {
-    render(REQUEST_ID_PREFIX, random)
+pub fn request_id(random: [u8; 16]) -> RequestId {
+    let mut id = [0u8; REQUEST_ID_LEN];
+    let (prefix, digits) = id.split_at_mut(REQUEST_ID_PREFIX.len());
+    prefix.copy_from_slice(REQUEST_ID_PREFIX.as_bytes());
+    for (pair, b) in digits.chunks_exact_mut(2).zip(random) {
+        pair.copy_from_slice(&crate::hex::pair(b));
+    }
+    RequestId(id)
 }
 
 /// A receipt id from 16 random bytes.
@@ -50,7 +92,11 @@ mod tests {
     #[test]
     fn shapes() {
         let r = request_id([0xab; 16]);
-        assert_eq!(r, format!("req_{}", "ab".repeat(16)));
+        assert_eq!(r.as_str(), format!("req_{}", "ab".repeat(16)));
+        assert_eq!(
+            request_id([0x0f; 16]).to_string(),
+            format!("req_{}", "0f".repeat(16))
+        );
         assert!(is_request_id(&r));
         assert!(!is_receipt_id(&r));
         let c = receipt_id([1; 16]);

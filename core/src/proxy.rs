@@ -163,14 +163,58 @@ const RESPONSE_CONNECTION_FIELDS: &[&[u8]] = &[
 /// The names listed by the `Connection` fields among `fields`.
 pub fn connection_tokens<'a, N: AsRef<[u8]> + 'a, V: AsRef<[u8]> + 'a>(
     fields: impl IntoIterator<Item = &'a (N, V)>,
-) -> Vec<&'a [u8]> {
+) -> ConnectionTokens<'a> {
+    let mut tokens = ConnectionTokens {
+        inline: [&[]; INLINE_TOKENS],
+        len: 0,
+        more: Vec::new(),
+    };
     fields
         .into_iter()
         .filter(|(n, _)| n.as_ref().eq_ignore_ascii_case(b"connection"))
         .flat_map(|(_, v)| v.as_ref().split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
-        .collect()
+        .for_each(|t| tokens.push(t));
+    tokens
+}
+
+/// Tokens [`ConnectionTokens`] holds without allocating: a head lists one or two
+/// (`keep-alive`, `close`, `upgrade`), and this runs for every proxied request and response.
+const INLINE_TOKENS: usize = 4;
+
+/// The names a head's `Connection` fields list ([`connection_tokens`]); dereferences to a slice.
+pub struct ConnectionTokens<'a> {
+    inline: [&'a [u8]; INLINE_TOKENS],
+    len: usize,
+    /// Every token, once there are more than fit inline.
+    more: Vec<&'a [u8]>,
+}
+
+impl<'a> ConnectionTokens<'a> {
+    fn push(&mut self, token: &'a [u8]) {
+        if self.more.is_empty() {
+            if let Some(slot) = self.inline.get_mut(self.len) {
+                *slot = token;
+                self.len += 1;
+                return;
+            }
+            self.more.extend_from_slice(&self.inline);
+        }
+        self.more.push(token);
+    }
+}
+
+impl<'a> std::ops::Deref for ConnectionTokens<'a> {
+    type Target = [&'a [u8]];
+
+    fn deref(&self) -> &[&'a [u8]] {
+        if self.more.is_empty() {
+            self.inline.get(..self.len).unwrap_or_default()
+        } else {
+            &self.more
+        }
+    }
 }
 
 /// Whether a response field is hop-by-hop: a fixed connection field or a name the response's
@@ -404,6 +448,21 @@ mod tests {
     }
 
     #[test]
+    fn connection_tokens_past_the_inline_ones_are_all_kept() {
+        let fields: Vec<(&[u8], &[u8])> = vec![
+            (b"Connection", b"a, b, c"),
+            (b"Connection", b"d, e"),
+            (b"Connection", b"f"),
+        ];
+        let tokens = connection_tokens(&fields);
+        assert_eq!(*tokens, [&b"a"[..], b"b", b"c", b"d", b"e", b"f"]);
+        let four: Vec<(&[u8], &[u8])> = vec![(b"Connection", b"a,b,c,d")];
+        assert_eq!(*connection_tokens(&four), [&b"a"[..], b"b", b"c", b"d"]);
+        let none: Vec<(&[u8], &[u8])> = vec![(b"Server", b"x")];
+        assert!(connection_tokens(&none).is_empty());
+    }
+
+    #[test]
     fn hop_by_hop_response_fields() {
         let fields: Vec<(&[u8], &[u8])> = vec![
             (b"Connection", b"close, X-Private"),
@@ -411,7 +470,7 @@ mod tests {
             (b"Server", b"x"),
         ];
         let tokens = connection_tokens(&fields);
-        assert_eq!(tokens, [&b"close"[..], b"X-Private", b"keep-alive"]);
+        assert_eq!(*tokens, [&b"close"[..], b"X-Private", b"keep-alive"]);
         for (name, hop) in [
             (&b"Transfer-Encoding"[..], true),
             (b"x-private", true),

@@ -7,6 +7,7 @@ use std::fs;
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ring::digest;
 use sortie_core::config::{Config, SecretRef, DEFAULT_DEPLOYMENT_ID};
@@ -296,7 +297,7 @@ pub fn bearer(value: &[u8]) -> Option<&[u8]> {
 pub struct Authenticator {
     /// The tokens, replaced whole by a reload (decision 114).
     tokens: arc_swap::ArcSwap<Tokens>,
-    ids: Vec<String>,
+    ids: Vec<Arc<str>>,
 }
 
 /// One generation of deployment tokens.
@@ -343,7 +344,10 @@ fn sha256(b: &[u8]) -> [u8; 32] {
 impl Authenticator {
     /// Builds the table from (deployment id, token) pairs.
     pub fn new(tokens: &[(String, String)]) -> Authenticator {
-        let ids = tokens.iter().map(|(id, _)| id.clone()).collect();
+        let ids = tokens
+            .iter()
+            .map(|(id, _)| Arc::from(id.as_str()))
+            .collect();
         Authenticator {
             tokens: arc_swap::ArcSwap::from_pointee(Tokens::new(tokens, 0)),
             ids,
@@ -367,7 +371,10 @@ impl Authenticator {
     /// same, in the same order: their positions index per-deployment limits and counters.
     pub fn replace_tokens(&self, tokens: &[(String, String)]) -> Result<(), DeploymentsChanged> {
         let same = tokens.len() == self.ids.len()
-            && tokens.iter().zip(&self.ids).all(|((id, _), old)| id == old);
+            && tokens
+                .iter()
+                .zip(&self.ids)
+                .all(|((id, _), old)| id.as_str() == &**old);
         if !same {
             return Err(DeploymentsChanged);
         }
@@ -389,7 +396,12 @@ impl Authenticator {
 
     /// The id of an authenticated deployment.
     pub fn id(&self, d: DeploymentRef) -> &str {
-        self.ids.get(d.0).map_or("", String::as_str)
+        self.ids.get(d.0).map_or("", |id| id)
+    }
+
+    /// The deployment's id, shared: for what outlives the borrow (the core's active list).
+    pub fn shared_id(&self, d: DeploymentRef) -> Arc<str> {
+        self.ids.get(d.0).cloned().unwrap_or_else(|| Arc::from(""))
     }
 }
 

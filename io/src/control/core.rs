@@ -11,6 +11,8 @@ use std::task::{Context, Poll, Waker};
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 
+use sortie_core::ids::RequestId;
+
 use super::state::ControlState;
 
 /// An active request as the admin API lists it.
@@ -96,8 +98,8 @@ impl Future for Cancelled {
 }
 
 struct Entry {
-    request_id: Box<str>,
-    deployment_id: Box<str>,
+    request_id: RequestId,
+    deployment_id: Arc<str>,
     signal: Rc<CancelSignal>,
 }
 
@@ -137,13 +139,13 @@ impl ActiveRequests {
     /// Registers a request; the returned future completes when an operator cancels it.
     pub fn track(
         self: &Rc<Self>,
-        request_id: &str,
-        deployment_id: &str,
+        request_id: RequestId,
+        deployment_id: Arc<str>,
     ) -> (ActiveGuard, Cancelled) {
         let signal = Rc::new(CancelSignal::default());
         let entry = Entry {
-            request_id: request_id.into(),
-            deployment_id: deployment_id.into(),
+            request_id,
+            deployment_id,
             signal: Rc::clone(&signal),
         };
         let mut slab = self.slab.borrow_mut();
@@ -191,7 +193,7 @@ impl ActiveRequests {
             .entries
             .iter()
             .flatten()
-            .find(|e| &*e.request_id == request_id)
+            .find(|e| e.request_id.as_str() == request_id)
         else {
             return false;
         };
@@ -280,20 +282,21 @@ mod tests {
     #[test]
     fn track_list_cancel_and_release() {
         let active = Rc::new(ActiveRequests::default());
-        let (a, mut a_cancelled) = active.track("req_a", "d1");
-        let (b, _) = active.track("req_b", "d2");
+        let [id_a, id_b, id_c] = [1, 2, 3].map(|n| sortie_core::ids::request_id([n; 16]));
+        let (a, mut a_cancelled) = active.track(id_a, "d1".into());
+        let (b, _) = active.track(id_b, "d2".into());
         assert_eq!(active.len(), 2);
         let mut items = active.list();
         items.sort();
-        assert_eq!(items[0].request_id, "req_a");
+        assert_eq!(items[0].request_id, id_a.as_str());
         assert_eq!(items[1].deployment_id, "d2");
 
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut a_cancelled).poll(&mut cx).is_pending());
-        assert!(active.cancel("req_a"));
+        assert!(active.cancel(&id_a));
         assert!(
-            active.cancel("req_a"),
+            active.cancel(&id_a),
             "repeats answer true while the request winds down"
         );
         assert!(Pin::new(&mut a_cancelled).poll(&mut cx).is_ready());
@@ -301,9 +304,9 @@ mod tests {
 
         drop(a);
         assert_eq!(active.len(), 1);
-        assert!(!active.cancel("req_a"));
+        assert!(!active.cancel(&id_a));
         // The freed slot is reused.
-        let (c, _) = active.track("req_c", "d1");
+        let (c, _) = active.track(id_c, "d1".into());
         assert_eq!(active.len(), 2);
         drop(b);
         drop(c);

@@ -642,7 +642,7 @@ impl<H: Handler> Connection<H> {
         connection: ConnectionField,
         is_http10: bool,
     ) -> io::Result<()> {
-        let mut out = Vec::with_capacity(HEAD_CAPACITY);
+        let mut out = Vec::with_capacity(response_capacity(response));
         let mut fallback;
         let (response, has_body) =
             match encode_head_for(&mut out, response, is_head, connection, is_http10) {
@@ -726,13 +726,8 @@ async fn write_stream(
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
     let mut head_len = head.len();
     let mut buf = head;
-    // A known small body gets a small buffer.
-    let room = stream.length().map_or(STREAM_BUFFER_BYTES, |n| {
-        usize::try_from(n)
-            .unwrap_or(usize::MAX)
-            .min(STREAM_BUFFER_BYTES)
-    });
-    buf.reserve(room + prefix + CHUNK_DATA_END.len());
+    // Room the caller did not leave already (`response_capacity`).
+    buf.reserve(stream_room(stream.length()) + prefix + CHUNK_DATA_END.len());
     let mut declared_left = stream.length();
     if !is_chunked {
         // Body bytes the stream already holds (read with the destination's head): a large
@@ -776,6 +771,9 @@ async fn write_stream(
     }
     loop {
         buf.truncate(head_len);
+        if stream.is_finished() {
+            break;
+        }
         buf.resize(head_len + prefix, 0);
         let more = match stream.read_into(&mut buf).await {
             Ok(more) => more,
@@ -830,6 +828,34 @@ async fn write_stream(
         io.write_all_timed(buf).await?;
     }
     Ok(())
+}
+
+/// Room for a streamed body's pieces: a known small body gets a small buffer.
+fn stream_room(length: Option<u64>) -> usize {
+    length.map_or(STREAM_BUFFER_BYTES, |n| {
+        usize::try_from(n)
+            .unwrap_or(usize::MAX)
+            .min(STREAM_BUFFER_BYTES)
+    })
+}
+
+/// The capacity of a response's write buffer: its head (the fields it carries, and room for
+/// the status line and the server's own fields), and the body where the body is written from
+/// the same buffer. One allocation per response instead of a head buffer grown by its body.
+fn response_capacity(response: &Response) -> usize {
+    let fields: usize = response
+        .headers
+        .iter()
+        .map(|(n, v)| n.as_bytes().len() + v.len() + 4)
+        .sum();
+    let body = match &response.body {
+        ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => b.len(),
+        ResponseBody::Stream(s) => {
+            stream_room(s.length()) + CHUNK_PREFIX_BYTES + CHUNK_DATA_END.len()
+        }
+        _ => 0,
+    };
+    HEAD_CAPACITY.saturating_add(fields).saturating_add(body)
 }
 
 /// A streamed body failed before any byte of its response was written: sends the stream's

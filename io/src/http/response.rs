@@ -17,8 +17,49 @@ use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
 
 use super::date;
 
-/// A header field name: usually a `&'static str`, owned when built at run time.
-pub type HeaderName = Cow<'static, str>;
+/// A header field name: usually a `&'static str`, owned when built at run time, or a slice of
+/// a received head when a field is relayed (sharing that head's buffer, not copied). The
+/// encoder checks every name, wherever it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderName(Bytes);
+
+impl HeaderName {
+    /// A name that is a slice of a received head's buffer: no copy.
+    pub fn shared(name: Bytes) -> HeaderName {
+        HeaderName(name)
+    }
+
+    /// The name's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Whether the name is `other`, ignoring ASCII case.
+    pub fn eq_ignore_ascii_case(&self, other: &str) -> bool {
+        self.0.eq_ignore_ascii_case(other.as_bytes())
+    }
+}
+
+impl From<&'static str> for HeaderName {
+    fn from(name: &'static str) -> HeaderName {
+        HeaderName(Bytes::from_static(name.as_bytes()))
+    }
+}
+
+impl From<String> for HeaderName {
+    fn from(name: String) -> HeaderName {
+        HeaderName(Bytes::from(name))
+    }
+}
+
+impl From<Cow<'static, str>> for HeaderName {
+    fn from(name: Cow<'static, str>) -> HeaderName {
+        match name {
+            Cow::Borrowed(s) => s.into(),
+            Cow::Owned(s) => s.into(),
+        }
+    }
+}
 
 /// A response body produced while it is sent (a relayed upstream body).
 ///
@@ -44,6 +85,13 @@ pub trait StreamBody {
     /// are none; the rest of the body still comes from `read_into`.
     fn take_ready(&mut self) -> Option<Bytes> {
         None
+    }
+
+    /// Whether the body is known to have ended without another [`StreamBody::read_into`]:
+    /// a small body that came whole with its head ends without a boxed read that would only
+    /// answer `false`. `false` (the default) when a read must tell.
+    fn is_finished(&self) -> bool {
+        false
     }
 
     /// The response to send instead when the body fails before any byte of the response

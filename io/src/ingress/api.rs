@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use sortie_core::dispatch::{BodyState, Failure};
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
+use sortie_core::ids::RequestId;
 use sortie_core::proxy::{connection_tokens, is_hop_by_hop_response_field};
 use sortie_core::receipt::ReceiptState;
 use sortie_core::request::{
@@ -113,7 +114,7 @@ pub async fn handle(
     content_type: Option<&[u8]>,
     body: Vec<u8>,
 ) -> ApiAnswer {
-    let tenant = Some(deployment.index());
+    let deployment_ref = deployment;
     let deployment = ctx.state.auth.id(deployment);
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let mut pending = Unanswered {
@@ -127,8 +128,8 @@ pub async fn handle(
     let answer = handle_inner(
         ctx,
         &request_id,
+        deployment_ref,
         deployment,
-        tenant,
         content_type,
         body,
         &mut target,
@@ -190,14 +191,15 @@ impl Drop for Unanswered<'_> {
 
 async fn handle_inner(
     ctx: &Dispatcher,
-    request_id: &str,
+    request_id: &RequestId,
+    d: DeploymentRef,
     deployment: &str,
-    tenant: crate::dns::Tenant,
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
     target: &mut Option<(&'static str, String)>,
 ) -> ApiAnswer {
     let started = Instant::now();
+    let tenant = Some(d.index());
     if !is_json_content_type(content_type) {
         let e = ApiError::new(
             ErrorCode::InvalidRequest,
@@ -263,7 +265,7 @@ async fn handle_inner(
             _ => BodyState::Whole,
         },
     };
-    let (_tracked, mut cancelled) = ctx.active.track(request_id, deployment);
+    let (_tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
     // A request receipt held for remote attempts, kept across refusals; released (consumed
     // or verified again) before the answer goes out.
     let mut remote_hold: Option<RemoteHold<'_>> = None;
@@ -328,12 +330,14 @@ async fn handle_inner(
     // The body in the envelope is already de-framed: the fields that describe the upstream
     // connection are left out.
     let tokens = connection_tokens(&resp.headers);
-    let headers: Vec<(&[u8], &[u8])> = resp
-        .headers
-        .iter()
-        .filter(|(n, _)| !is_hop_by_hop_response_field(n, &tokens))
-        .map(|(n, v)| (&n[..], &v[..]))
-        .collect();
+    // Sized once: collected through the filter, the list would grow as it fills.
+    let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(resp.headers.len());
+    headers.extend(
+        resp.headers
+            .iter()
+            .filter(|(n, _)| !is_hop_by_hop_response_field(n, &tokens))
+            .map(|(n, v)| (&n[..], &v[..])),
+    );
     let timing = Timing {
         routing_ms: millis(assigned.routed - started),
         assignment_ms: millis(assigned_at.saturating_duration_since(assigned.routed)),

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use monoio::net::TcpStream;
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
+use sortie_core::ids::RequestId;
 use sortie_core::proxy::{
     connection_tokens, is_forwarded_request_field, is_relayed_response_field, parse_basic,
     parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
@@ -39,7 +40,8 @@ use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
 };
 use crate::http::{
-    Admitted, Body, BodyError, Handler, RequestParts, Response, ResponseBody, StreamBody, Tunnel,
+    Admitted, Body, BodyError, Handler, HeaderName, RequestParts, Response, ResponseBody,
+    StreamBody, Tunnel,
 };
 use crate::remote::proxy::ProxyAssignment;
 use crate::remote::BusCore;
@@ -74,7 +76,7 @@ pub fn proxy_error(e: &ApiError, request_id: &str) -> Response {
     r
 }
 
-fn new_request_id() -> String {
+fn new_request_id() -> RequestId {
     sortie_core::ids::request_id(crate::tokens::random_bytes())
 }
 
@@ -216,13 +218,13 @@ impl Handler for ProxyHandler {
             is_answered: false,
         };
         let outcome = match a.ingress {
+            // Boxed (once per tunnel), so that an absolute-form request's future does not
+            // carry the tunnel's state.
             Ingress::Connect => {
-                self.connect(&req, a.deployment, deployment, &request_id, started)
-                    .await
+                Box::pin(self.connect(&req, a.deployment, deployment, &request_id, started)).await
             }
             _ => {
-                let tenant = Some(a.deployment.index());
-                self.relay(&req, deployment, tenant, &request_id, body, started)
+                self.relay(&req, a.deployment, deployment, &request_id, body, started)
                     .await
             }
         };
@@ -328,13 +330,14 @@ impl ProxyHandler {
     async fn relay(
         &self,
         req: &RequestParts,
+        d: DeploymentRef,
         deployment: &str,
-        tenant: crate::dns::Tenant,
-        request_id: &str,
+        request_id: &RequestId,
         body: &mut Body<'_>,
         started: Instant,
     ) -> Result<Response, ApiError> {
         let ctx = &*self.ctx;
+        let tenant = Some(d.index());
         let method = Method::parse(req.method()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::InvalidRequest,
@@ -376,7 +379,7 @@ impl ProxyHandler {
             body: BodyState::Streamed,
         };
         let deadline = self.deadline(started);
-        let (tracked, mut cancelled) = ctx.active.track(request_id, deployment);
+        let (tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
         let mut source = ClientBody { body, length };
         let job = ProxyJob {
             request_id,
@@ -388,7 +391,9 @@ impl ProxyHandler {
         };
         let (upstream, assigned) = dispatch::run(ctx, &route, resend, async |a: &Assigned| {
             if a.is_remote {
-                return remote_relay(ctx, &job, a, &mut source, &mut cancelled)
+                // Boxed: inline, the remote attempt's state would be part of every local
+                // request's future, and of what each request copies into its box.
+                return Box::pin(remote_relay(ctx, &job, a, &mut source, &mut cancelled))
                     .await
                     .map(Upstream::Remote);
             }
@@ -449,14 +454,16 @@ impl ProxyHandler {
             _ => None,
         };
         let mut out = Response::new(resp.status);
-        out.headers = head_fields
-            .iter()
-            .filter(|(n, _)| is_relayed_response_field(n, &tokens))
-            .filter_map(|(n, v)| {
-                let name = std::str::from_utf8(n).ok()?.to_owned();
-                Some((name.into(), v.clone()))
-            })
-            .collect();
+        // The relayed fields share the destination's head buffer: no copy of a name or value.
+        // Sized once: collected through the filter, the list would grow (and reallocate) as
+        // it fills.
+        out.headers = Vec::with_capacity(head_fields.len());
+        out.headers.extend(
+            head_fields
+                .iter()
+                .filter(|(n, _)| is_relayed_response_field(n, &tokens))
+                .map(|(n, v)| (HeaderName::shared(n.clone()), v.clone())),
+        );
         // The body deadline is its idle limit alone: a long download is not cut by the head's
         // total deadline.
         resp.body
@@ -464,7 +471,7 @@ impl ProxyHandler {
         out.body = ResponseBody::Stream(Box::new(RelayedBody {
             reader: resp.body,
             length,
-            request_id: request_id.to_owned(),
+            request_id: *request_id,
             failure: None,
             cancelled,
             metrics: Arc::clone(&ctx.metrics),
@@ -560,7 +567,7 @@ struct RelayedBody {
     reader: ResponseBodyReader,
     length: Option<u64>,
     /// For the error answer when the body fails before any byte reached the client.
-    request_id: String,
+    request_id: RequestId,
     /// Why the last read failed.
     failure: Option<ApiError>,
     cancelled: Cancelled,
@@ -612,6 +619,10 @@ impl StreamBody for RelayedBody {
         self.reader.take_early()
     }
 
+    fn is_finished(&self) -> bool {
+        !self.cancelled.is_set() && self.reader.is_end()
+    }
+
     fn can_splice(&self) -> bool {
         !self.cancelled.is_set() && self.reader.can_splice()
     }
@@ -645,7 +656,7 @@ impl ProxyHandler {
         req: &RequestParts,
         d: DeploymentRef,
         deployment: &str,
-        request_id: &str,
+        request_id: &RequestId,
         started: Instant,
     ) -> Result<Response, ApiError> {
         let ctx = &*self.ctx;
@@ -671,7 +682,7 @@ impl ProxyHandler {
             body: BodyState::Streamed,
         };
         let deadline = self.deadline(started);
-        let (tracked, mut cancelled) = ctx.active.track(request_id, deployment);
+        let (tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
         let job = ProxyJob {
             request_id,
             deployment,

@@ -16,7 +16,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
 use sortie_core::bus::{Assign, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
@@ -26,7 +25,7 @@ use sortie_core::proxy::{connection_tokens, is_relayed_response_field};
 use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
 use crate::egress::{BodyLength, BodySource};
-use crate::http::{Response, ResponseBody, StreamBody, Tunnel};
+use crate::http::{HeaderName, Response, ResponseBody, StreamBody, Tunnel};
 
 /// Bytes one read of the client's side of a tunnel asks for.
 const TUNNEL_READ_BYTES: usize = 64 * 1024;
@@ -204,15 +203,14 @@ impl Opened {
             declared
         };
         let mut out = Response::new(h.status);
-        out.headers = h
-            .headers
-            .iter()
-            .filter(|(n, _)| is_relayed_response_field(n, &tokens))
-            .filter_map(|(n, v)| {
-                let name = std::str::from_utf8(n).ok()?.to_owned();
-                Some((name.into(), Bytes::copy_from_slice(v)))
-            })
-            .collect();
+        // Slices of the head's one buffer, in a list sized once.
+        out.headers = Vec::with_capacity(h.headers.len());
+        out.headers.extend(
+            h.headers
+                .iter()
+                .filter(|(n, _)| is_relayed_response_field(n, &tokens))
+                .map(|(n, v)| (HeaderName::shared(n.clone()), v.clone())),
+        );
         out.body = ResponseBody::Stream(Box::new(RemoteBody {
             guard: self.guard,
             slot: self.slot,
