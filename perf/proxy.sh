@@ -35,6 +35,10 @@ MODES=${MODES:-"absolute connect-new in-tunnel api"}
 # PROFILE=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and size
 # under `perf record`, and its top symbols by self time.
 PROFILE=${PROFILE:-0}
+# How the profile walks stacks: fp (frame pointers: cheap, but the release build omits them, so
+# callers are mostly lost) or dwarf (full callers, for `perf report -g caller` on the data kept
+# with KEEP_WORK_DIR=1; larger files and more overhead).
+PROFILE_CALL_GRAPH=${PROFILE_CALL_GRAPH:-fp}
 # COUNT_ALLOCS=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and
 # size with uprobes on the allocator, and the allocator calls per request it made. The probes
 # slow every allocation; that run's req/s and CPU are not comparable, its count is.
@@ -417,7 +421,7 @@ profile_all() {
   for mode in $MODES; do
     for size in $SIZES; do
       data="$WORK_DIR/perf-$mode-$size.data"
-      perf record -q -F 999 -g -p "$GATEWAY_PID" -o "$data" -- sleep "$secs" \
+      perf record -q -F 999 --call-graph "$PROFILE_CALL_GRAPH" -p "$GATEWAY_PID" -o "$data" -- sleep "$secs" \
         >"$WORK_DIR/perf-record.log" 2>&1 &
       local rec=$!
       measure "$mode" "$size" sortie

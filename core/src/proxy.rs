@@ -164,6 +164,13 @@ const RESPONSE_CONNECTION_FIELDS: &[&[u8]] = &[
 pub fn connection_tokens<'a, N: AsRef<[u8]> + 'a, V: AsRef<[u8]> + 'a>(
     fields: impl IntoIterator<Item = &'a (N, V)>,
 ) -> ConnectionTokens<'a> {
+    connection_tokens_of(fields.into_iter().map(|(n, v)| (n.as_ref(), v.as_ref())))
+}
+
+/// [`connection_tokens`] of fields given as (name, value) slices, as a parsed head yields them.
+pub fn connection_tokens_of<'a>(
+    fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+) -> ConnectionTokens<'a> {
     let mut tokens = ConnectionTokens {
         inline: [&[]; INLINE_TOKENS],
         len: 0,
@@ -171,8 +178,8 @@ pub fn connection_tokens<'a, N: AsRef<[u8]> + 'a, V: AsRef<[u8]> + 'a>(
     };
     fields
         .into_iter()
-        .filter(|(n, _)| n.as_ref().eq_ignore_ascii_case(b"connection"))
-        .flat_map(|(_, v)| v.as_ref().split(|&b| b == b','))
+        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
         .for_each(|t| tokens.push(t));

@@ -344,11 +344,27 @@ pub(crate) async fn read_head(
                     // The fields become slices of the head's buffer: one allocation shared by
                     // every field instead of two per field. The codec gives each field's
                     // offsets in the buffer it parsed, which is `buf`.
-                    let ranges: Vec<_> = head
-                        .headers()
-                        .iter()
-                        .map(|h| (h.name_range(), h.value_range()))
-                        .collect();
+                    // Ordinary heads keep their offsets on the stack (nothing is awaited
+                    // while they live); a head with more fields spills them to the heap.
+                    let fields = head.headers();
+                    let mut inline: [FieldRanges; INLINE_FIELDS] =
+                        std::array::from_fn(|_| (0..0, 0..0));
+                    let spilled: Vec<FieldRanges> = if fields.len() <= INLINE_FIELDS {
+                        for (slot, h) in inline.iter_mut().zip(fields) {
+                            *slot = (h.name_range(), h.value_range());
+                        }
+                        Vec::new()
+                    } else {
+                        fields
+                            .iter()
+                            .map(|h| (h.name_range(), h.value_range()))
+                            .collect()
+                    };
+                    let ranges = if spilled.is_empty() {
+                        inline.get(..fields.len()).unwrap_or_default()
+                    } else {
+                        &spilled[..]
+                    };
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());
@@ -357,7 +373,7 @@ pub(crate) async fn read_head(
                     let rest = frozen.slice(consumed..);
                     let mut headers = Vec::with_capacity(ranges.len());
                     for (name, value) in ranges {
-                        match (slice(&frozen, name), slice(&frozen, value)) {
+                        match (slice(&frozen, name.clone()), slice(&frozen, value.clone())) {
                             (Some(n), Some(v)) => headers.push((n, v)),
                             _ => {
                                 return Err(Failure::during_response(error::protocol_error(
@@ -401,6 +417,13 @@ pub(crate) async fn read_head(
 
 /// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
 /// offsets always are; this keeps a mistake from becoming a panic).
+/// Where a response field's name and value are in the head's buffer.
+type FieldRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+/// Fields of a response head whose offsets [`read_head`] keeps on the stack: more than most
+/// responses carry.
+const INLINE_FIELDS: usize = 32;
+
 fn slice(b: &Bytes, range: std::ops::Range<usize>) -> Option<Bytes> {
     b.get(range.clone())?;
     Some(b.slice(range))

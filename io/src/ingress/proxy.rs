@@ -25,8 +25,9 @@ use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
 use sortie_core::ids::RequestId;
 use sortie_core::proxy::{
-    connection_tokens, is_forwarded_request_field, is_relayed_response_field, parse_basic,
-    parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
+    connection_tokens, connection_tokens_of, is_forwarded_request_field, is_relayed_response_field,
+    parse_basic, parse_connect_target, proxy_http_status, proxy_status, route_hints,
+    PROXY_AUTHENTICATE,
 };
 use sortie_core::request::{parse_target_url, Method};
 use sortie_core::routing::Ingress;
@@ -350,13 +351,13 @@ impl ProxyHandler {
         ctx.state.limits.denied_ports.check(url.port)?;
         let hints = route_hints(req.headers())?;
         let active = ctx.state.active();
-        let fields: Vec<(&str, &[u8])> = req.headers().collect();
-        let tokens = connection_tokens(&fields);
-        let forwarded: Vec<(&str, &[u8])> = fields
-            .iter()
-            .copied()
-            .filter(|(n, _)| is_forwarded_request_field(n, &tokens))
-            .collect();
+        let tokens = connection_tokens_of(req.headers().map(|(n, v)| (n.as_bytes(), v)));
+        // Sized once: collected through the filter, the list would grow as it fills.
+        let mut forwarded: Vec<(&str, &[u8])> = Vec::with_capacity(req.header_count());
+        forwarded.extend(
+            req.headers()
+                .filter(|(n, _)| is_forwarded_request_field(n, &tokens)),
+        );
         let length = match body.framing() {
             BodyFraming::None | BodyFraming::ContentLength(0) => BodyLength::None,
             BodyFraming::ContentLength(n) => BodyLength::Known(n),
