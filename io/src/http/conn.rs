@@ -642,7 +642,7 @@ impl<H: Handler> Connection<H> {
         connection: ConnectionField,
         is_http10: bool,
     ) -> io::Result<()> {
-        let mut out = Vec::with_capacity(response_capacity(response));
+        let mut out = Vec::with_capacity(response_capacity(response, is_head));
         let mut fallback;
         let (response, has_body) =
             match encode_head_for(&mut out, response, is_head, connection, is_http10) {
@@ -842,13 +842,15 @@ fn stream_room(length: Option<u64>) -> usize {
 /// The capacity of a response's write buffer: its head (the fields it carries, and room for
 /// the status line and the server's own fields), and the body where the body is written from
 /// the same buffer. One allocation per response instead of a head buffer grown by its body.
-fn response_capacity(response: &Response) -> usize {
+/// The answer to HEAD has no body, whatever the response holds.
+fn response_capacity(response: &Response, is_head: bool) -> usize {
     let fields: usize = response
         .headers
         .iter()
         .map(|(n, v)| n.as_bytes().len() + v.len() + 4)
         .sum();
     let body = match &response.body {
+        _ if is_head => 0,
         ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => b.len(),
         ResponseBody::Stream(s) => {
             stream_room(s.length()) + CHUNK_PREFIX_BYTES + CHUNK_DATA_END.len()
