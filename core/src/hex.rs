@@ -14,6 +14,16 @@ pub fn pair(b: u8) -> [u8; 2] {
     [digit(b >> 4), digit(b)]
 }
 
+/// The 32 lowercase hex digits of 16 bytes (a random id, a provider session), without
+/// allocating.
+pub fn encode16(bytes: [u8; 16]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (digits, b) in out.chunks_exact_mut(2).zip(bytes) {
+        digits.copy_from_slice(&pair(b));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -25,5 +35,9 @@ mod tests {
         assert_eq!(pair(0xa0), *b"a0");
         assert_eq!(pair(0xff), *b"ff");
         assert_eq!(digit(0x3c), b'c');
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0x01;
+        bytes[15] = 0xfe;
+        assert_eq!(&encode16(bytes), b"010000000000000000000000000000fe");
     }
 }

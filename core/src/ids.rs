@@ -9,9 +9,7 @@ pub const RECEIPT_ID_PREFIX: &str = "rcpt_";
 fn render(prefix: &str, random: [u8; 16]) -> String {
     let mut s = String::with_capacity(prefix.len() + 32);
     s.push_str(prefix);
-    for b in random {
-        s.extend(crate::hex::pair(b).map(char::from));
-    }
+    s.extend(crate::hex::encode16(random).map(char::from));
     s
 }
 
@@ -64,9 +62,7 @@ pub fn request_id(random: [u8; 16]) -> RequestId {
     let mut id = [0u8; REQUEST_ID_LEN];
     let (prefix, digits) = id.split_at_mut(REQUEST_ID_PREFIX.len());
     prefix.copy_from_slice(REQUEST_ID_PREFIX.as_bytes());
-    for (pair, b) in digits.chunks_exact_mut(2).zip(random) {
-        pair.copy_from_slice(&crate::hex::pair(b));
-    }
+    digits.copy_from_slice(&crate::hex::encode16(random));
     RequestId(id)
 }
 

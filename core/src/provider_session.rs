@@ -110,11 +110,7 @@ impl ProviderSession {
 
     /// The 32 lowercase hex characters, without allocating.
     pub fn to_hex(&self) -> [u8; 32] {
-        let mut out = [0u8; 32];
-        for (pair, b) in out.chunks_exact_mut(2).zip(self.0) {
-            pair.copy_from_slice(&crate::hex::pair(b));
-        }
-        out
+        crate::hex::encode16(self.0)
     }
 }
 

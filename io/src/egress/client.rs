@@ -347,23 +347,20 @@ pub(crate) async fn read_head(
                     // Ordinary heads keep their offsets on the stack (nothing is awaited
                     // while they live); a head with more fields spills them to the heap.
                     let fields = head.headers();
+                    let span = |h: &sortie_core::h1::Header<'_>| -> FieldRanges {
+                        (h.name_range(), h.value_range())
+                    };
                     let mut inline: [FieldRanges; INLINE_FIELDS] =
                         std::array::from_fn(|_| (0..0, 0..0));
-                    let spilled: Vec<FieldRanges> = if fields.len() <= INLINE_FIELDS {
+                    let spilled: Vec<FieldRanges>;
+                    let ranges: &[FieldRanges] = if fields.len() <= INLINE_FIELDS {
                         for (slot, h) in inline.iter_mut().zip(fields) {
-                            *slot = (h.name_range(), h.value_range());
+                            *slot = span(h);
                         }
-                        Vec::new()
-                    } else {
-                        fields
-                            .iter()
-                            .map(|h| (h.name_range(), h.value_range()))
-                            .collect()
-                    };
-                    let ranges = if spilled.is_empty() {
                         inline.get(..fields.len()).unwrap_or_default()
                     } else {
-                        &spilled[..]
+                        spilled = fields.iter().map(span).collect();
+                        &spilled
                     };
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
@@ -415,8 +412,6 @@ pub(crate) async fn read_head(
     }
 }
 
-/// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
-/// offsets always are; this keeps a mistake from becoming a panic).
 /// Where a response field's name and value are in the head's buffer.
 type FieldRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
 
@@ -424,6 +419,8 @@ type FieldRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
 /// responses carry.
 const INLINE_FIELDS: usize = 32;
 
+/// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
+/// offsets always are; this keeps a mistake from becoming a panic).
 fn slice(b: &Bytes, range: std::ops::Range<usize>) -> Option<Bytes> {
     b.get(range.clone())?;
     Some(b.slice(range))

@@ -6,7 +6,6 @@
 //!
 //! On the per-request path: one head buffer per response, no logging.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -49,15 +48,6 @@ impl From<&'static str> for HeaderName {
 impl From<String> for HeaderName {
     fn from(name: String) -> HeaderName {
         HeaderName(Bytes::from(name))
-    }
-}
-
-impl From<Cow<'static, str>> for HeaderName {
-    fn from(name: Cow<'static, str>) -> HeaderName {
-        match name {
-            Cow::Borrowed(s) => s.into(),
-            Cow::Owned(s) => s.into(),
-        }
     }
 }
 

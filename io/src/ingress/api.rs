@@ -110,12 +110,11 @@ pub fn record_refusal(ctx: &Dispatcher, deployment: DeploymentRef, e: &ApiError)
 /// Serves one `POST /api/v1/requests` of an authenticated deployment whose body has been read.
 pub async fn handle(
     ctx: &Dispatcher,
-    deployment: DeploymentRef,
+    d: DeploymentRef,
     content_type: Option<&[u8]>,
     body: Vec<u8>,
 ) -> ApiAnswer {
-    let deployment_ref = deployment;
-    let deployment = ctx.state.auth.id(deployment);
+    let deployment = ctx.state.auth.id(d);
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let mut pending = Unanswered {
         ctx,
@@ -128,7 +127,7 @@ pub async fn handle(
     let answer = handle_inner(
         ctx,
         &request_id,
-        deployment_ref,
+        d,
         deployment,
         content_type,
         body,
