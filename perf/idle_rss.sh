@@ -9,7 +9,7 @@ IDLE_CONNECTIONS=${IDLE_CONNECTIONS:-10000}
 # Seconds the connections stay idle before the RSS is read: past the gateway's idle release
 # (100 ms), so what is read is what an idle connection keeps.
 IDLE_SETTLE=${IDLE_SETTLE:-3}
-TARGET_KIB_PER_CONN=16
+TARGET_KIB_PER_CONN=1
 # The whole measurement gives up after this many seconds.
 IDLE_TIMEOUT=${IDLE_TIMEOUT:-60}
 # File descriptors wanted by the client and the gateway: the connections plus headroom.

@@ -2,8 +2,9 @@
 //! a non-blocking connect, switching a socket back to blocking mode for the io_uring driver,
 //! checking an idle pooled connection or a client's connection for a close or unread bytes
 //! without consuming them or waiting, duplicating a client's descriptor to wait on it, and the
-//! pipe and non-waiting `splice` a tunnel moves its bytes with (decision 022), and the pair of
-//! buffers a response head and body go out with in one vectored write.
+//! pipe and non-waiting `splice` a tunnel moves its bytes with (decision 022), the pair of
+//! buffers a response head and body go out with in one vectored write, and the epoll set idle
+//! keep-alive connections wait in.
 //!
 //! This is the only module of the io crate's network code with `unsafe` code: each operation
 //! borrows the raw descriptor of a stream the caller keeps open, for the length of one system
@@ -53,8 +54,9 @@ pub(crate) fn take_error<S: AsRawFd>(stream: &S) -> io::Result<Option<io::Error>
     with_socket(stream, |s| s.take_error())
 }
 
-/// Shuts both directions of a socket down: a receive waiting on it completes (with end of
-/// stream) at once, and the peer sees the connection end, before the descriptor is closed.
+/// Shuts both directions of a socket down, so that the peer sees the connection end even if
+/// another process holds a copy of the descriptor (one inherited across a fork), before the
+/// descriptor is closed.
 pub(crate) fn shutdown_both<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.shutdown(std::net::Shutdown::Both))
 }
@@ -188,6 +190,69 @@ pub(crate) fn duplicate_stream(fd: RawFd) -> io::Result<monoio::net::TcpStream> 
     // the function returns, and the duplicate is a descriptor of its own.
     let owned = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned()?;
     monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
+}
+
+/// Most readiness events taken from an [`EpollSet`] per system call.
+const EPOLL_BATCH: usize = 64;
+
+/// An epoll set that sockets wait in for readability without a runtime operation each: the set
+/// itself is the one thing the runtime waits on ([`EpollSet::waiter`]). Each socket is added
+/// for one report (`EPOLLONESHOT`) under a token of the caller's choosing.
+pub(crate) struct EpollSet {
+    fd: OwnedFd,
+}
+
+impl EpollSet {
+    pub(crate) fn new() -> io::Result<EpollSet> {
+        let fd = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?;
+        Ok(EpollSet { fd })
+    }
+
+    /// Adds `stream` until it is readable, half-closed, closed or in error, which is reported
+    /// once with `token`.
+    pub(crate) fn add_oneshot<S: AsRawFd>(&self, stream: &S, token: u64) -> io::Result<()> {
+        use rustix::event::epoll::{EventData, EventFlags};
+        // SAFETY: `stream` owns the descriptor and is borrowed for the whole call; the set keeps
+        // no borrow (the kernel tracks the open file, and closing it removes it from the set).
+        let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+        rustix::event::epoll::add(
+            &self.fd,
+            fd,
+            EventData::new_u64(token),
+            EventFlags::IN | EventFlags::RDHUP | EventFlags::ONESHOT,
+        )?;
+        Ok(())
+    }
+
+    /// Removes `stream` from the set; a stream not in it is left alone.
+    pub(crate) fn remove<S: AsRawFd>(&self, stream: &S) {
+        // SAFETY: as in `add_oneshot`.
+        let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+        let _ = rustix::event::epoll::delete(&self.fd, fd);
+    }
+
+    /// Appends the tokens of the streams that became ready to `out`, without waiting.
+    pub(crate) fn take_ready(&self, out: &mut Vec<u64>) -> io::Result<()> {
+        let mut events = [std::mem::MaybeUninit::uninit(); EPOLL_BATCH];
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        loop {
+            let (ready, _) = rustix::event::epoll::wait(&self.fd, &mut events, Some(&now))?;
+            out.extend(ready.iter().map(|e| e.data.u64()));
+            if ready.len() < EPOLL_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A runtime stream on a duplicate of the set's descriptor, whose `readable` completes when
+    /// a stream in the set is ready. (The runtime waits for readiness of streams only; it does
+    /// nothing else with this one.)
+    pub(crate) fn waiter(&self) -> io::Result<monoio::net::TcpStream> {
+        duplicate_stream(self.fd.as_raw_fd())
+    }
 }
 
 /// Whether `fd` is a stream socket of an internet family that listens.

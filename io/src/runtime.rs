@@ -12,6 +12,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::thread::JoinHandle;
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -56,6 +57,25 @@ impl Driver {
 }
 
 static FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// How the process's allocator gives memory it holds free back to the system, if the binary
+/// (which chooses the allocator) says: see [`set_release_free_memory`].
+static RELEASE_FREE_MEMORY: OnceLock<fn()> = OnceLock::new();
+
+/// Sets what a core calls to give the memory its allocator holds free back to the system: the
+/// calling thread's part of it (mimalloc's `mi_collect`, for example). A core calls it when
+/// its idle connections have settled after a busy period, so that memory a burst used does
+/// not stay resident while nothing happens. The first call wins; without one, nothing is done.
+pub fn set_release_free_memory(release: fn()) {
+    let _ = RELEASE_FREE_MEMORY.set(release);
+}
+
+/// Runs the function given to [`set_release_free_memory`], if any, on this thread.
+pub(crate) fn release_free_memory() {
+    if let Some(release) = RELEASE_FREE_MEMORY.get() {
+        release();
+    }
+}
 
 /// The number of hot cores for `control.cores` (0 = every available CPU).
 pub fn core_count(configured: u32) -> usize {

@@ -35,10 +35,9 @@ use super::shutdown::ShutdownSignal;
 pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
 /// How long a connection waits for its next request with a read buffer in the kernel's
 /// hands. After that the read is cancelled (safely: bytes it received are kept), the buffer
-/// and the boxed state of reading heads are freed, and the connection waits with a one-byte
-/// read and a deadline on the core's idle timer: an idle keep-alive connection keeps its task,
-/// its socket and that byte. A connection whose requests come closer together than this never
-/// pays for the switch.
+/// and the boxed state of reading heads are freed, the task ends, and the connection is parked
+/// (`park.rs`): an idle keep-alive connection keeps its socket and a slot, nothing else. A
+/// connection whose requests come closer together than this never pays for the switch.
 pub(crate) const IDLE_RELEASE: std::time::Duration = std::time::Duration::from_millis(100);
 /// Capacity the read buffer grows to while a request body is read, so that uploads take few
 /// reads; it shrinks back after the request.
@@ -66,16 +65,6 @@ pub(crate) struct ConnIo {
 }
 
 impl ConnIo {
-    fn new(stream: TcpStream, cfg: Rc<ServerConfig>) -> ConnIo {
-        ConnIo {
-            stream,
-            buf: Vec::with_capacity(INITIAL_READ_BUFFER_BYTES),
-            pos: 0,
-            cfg,
-            is_nonblocking: monoio::utils::is_legacy(),
-        }
-    }
-
     /// The socket, switched to non-blocking mode for `splice` (kept for the connection's life:
     /// io_uring's receive and send operations wait through their own poll whatever the flag,
     /// and the epoll driver sets it anyway).
@@ -283,10 +272,18 @@ enum Next {
 
 /// How a busy period of a connection ended.
 enum Busy {
-    /// Idle until the deadline given: wait for readability without a buffer.
+    /// Idle until the deadline given: park without a buffer.
     Idle(Instant),
     Close,
     Tunnel(Box<dyn Tunnel>),
+}
+
+/// How a connection's task ended.
+enum End {
+    Close,
+    Tunnel(Box<dyn Tunnel>),
+    /// Idle until the deadline given: parked (see `park.rs`), or closed if it cannot be.
+    Idle(Instant),
 }
 
 /// Whether a read ended because it was cancelled.
@@ -302,6 +299,37 @@ enum Flow {
     Tunnel(Box<dyn Tunnel>),
 }
 
+/// A connection between busy periods: what it keeps while it is parked without a task, and
+/// what a task serving it starts from (see `park.rs`).
+pub struct Parked {
+    stream: TcpStream,
+    cfg: Rc<ServerConfig>,
+    peer: SocketAddr,
+    accepted_at: Instant,
+    requests: u64,
+    is_nonblocking: bool,
+}
+
+impl Parked {
+    /// A connection just accepted, to be served with the limits in `cfg`.
+    pub fn accepted(stream: TcpStream, peer: SocketAddr, cfg: Rc<ServerConfig>) -> Parked {
+        Parked {
+            stream,
+            cfg,
+            peer,
+            accepted_at: Instant::now(),
+            requests: 0,
+            is_nonblocking: monoio::utils::is_legacy(),
+        }
+    }
+}
+
+impl AsRawFd for Parked {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.stream.as_raw_fd()
+    }
+}
+
 struct Connection<H> {
     io: ConnIo,
     peer: SocketAddr,
@@ -311,84 +339,86 @@ struct Connection<H> {
     requests: u64,
 }
 
-/// Serves one connection until it closes: requests in order (pipelined ones from the leftover
-/// bytes of the previous one), keep-alive as the client and handler allow.
+/// Serves one connection until it closes or goes idle: requests in order (pipelined ones from
+/// the leftover bytes of the previous one), keep-alive as the client and handler allow. A
+/// connection that goes idle is handed to `park` with its deadline, and the future ends; a
+/// task started later from the [`Parked`] state goes on where it left off.
 ///
 /// Not an `async fn`: the connection's state is built here and moved into the future whole,
 /// which uses it in place. An `async fn` would keep its arguments and the state built from
-/// them side by side, and this future is what every idle connection keeps.
-pub fn serve_connection<H: Handler>(
-    stream: TcpStream,
-    peer: SocketAddr,
+/// them side by side.
+pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
+    from: Parked,
     handler: Rc<H>,
-    cfg: Rc<ServerConfig>,
     shutdown: ShutdownSignal,
+    park: P,
 ) -> impl std::future::Future<Output = ()> {
+    let Parked {
+        stream,
+        cfg,
+        peer,
+        accepted_at,
+        requests,
+        is_nonblocking,
+    } = from;
     let mut conn = Connection {
-        io: ConnIo::new(stream, cfg),
+        io: ConnIo {
+            stream,
+            buf: Vec::new(),
+            pos: 0,
+            cfg,
+            is_nonblocking,
+        },
         peer,
         handler,
         shutdown,
-        accepted_at: Instant::now(),
-        requests: 0,
+        accepted_at,
+        requests,
     };
     async move {
-        if let Some(tunnel) = conn.run().await {
-            let ConnIo {
-                stream, buf, pos, ..
-            } = conn.io;
-            let early = buf.get(pos..).unwrap_or_default().to_vec();
-            tunnel.run(stream, early).await;
+        match conn.run().await {
+            End::Close => {}
+            End::Idle(deadline) => {
+                let io = conn.io;
+                let parked = Parked {
+                    stream: io.stream,
+                    cfg: io.cfg,
+                    peer: conn.peer,
+                    accepted_at: conn.accepted_at,
+                    requests: conn.requests,
+                    is_nonblocking: io.is_nonblocking,
+                };
+                park(parked, deadline);
+            }
+            End::Tunnel(tunnel) => {
+                let ConnIo {
+                    stream, buf, pos, ..
+                } = conn.io;
+                let early = buf.get(pos..).unwrap_or_default().to_vec();
+                tunnel.run(stream, early).await;
+            }
         }
     }
 }
 
 impl<H: Handler> Connection<H> {
-    /// Serves requests until the connection closes, or until a request hands it to a tunnel:
-    /// busy periods, each boxed, separated by idle waits that hold no buffer.
-    async fn run(&mut self) -> Option<Box<dyn Tunnel>> {
+    /// Serves requests until the connection closes, goes idle, or a request hands it to a
+    /// tunnel: busy periods, each boxed.
+    async fn run(&mut self) -> End {
         loop {
             // Boxed, once per busy period (for a connection under load, once), so that the
-            // state of reading heads is not part of the state every idle connection keeps.
-            let idle_until = match Box::pin(self.busy()).await {
-                Busy::Idle(deadline) => deadline,
-                Busy::Close => return None,
-                Busy::Tunnel(tunnel) => return Some(tunnel),
-            };
-            self.io.release_buffer();
-            if !self.wait_readable(idle_until).await {
-                return None;
-            }
-        }
-    }
-
-    /// Waits, holding a one-byte buffer, for the first byte of the next request (it becomes the
-    /// start of the read buffer), the peer closing, shutdown, or `deadline`; `true` for a byte.
-    async fn wait_readable(&mut self, deadline: Instant) -> bool {
-        // The deadline is the core's idle timer's, not a runtime timer of its own: those are
-        // large, and this is the state every idle connection keeps.
-        let fd = self.io.stream.as_raw_fd();
-        let mut read = pin!(self.io.stream.read(Vec::with_capacity(1)));
-        let expiry = pin!(super::idle::until(deadline));
-        let stop = pin!(self.shutdown.idle_close());
-        let (res, byte) = match race(read.as_mut(), race(stop, expiry)).await {
-            Either::Left(done) => done,
-            Either::Right(_) => {
-                // Closing: end the receive by shutting the socket down, and let it complete,
-                // so that no operation still holds the descriptor when it is closed.
-                if crate::fd::shutdown_both(&fd).is_ok() {
-                    let _ = read.await;
+            // state of reading heads is held only while requests come.
+            match Box::pin(self.busy()).await {
+                Busy::Idle(deadline) => {
+                    self.io.release_buffer();
+                    // Bytes that came with the cancellation are served at once.
+                    if self.io.buffered().is_empty() {
+                        return End::Idle(deadline);
+                    }
                 }
-                return false;
+                Busy::Close => return End::Close,
+                Busy::Tunnel(tunnel) => return End::Tunnel(tunnel),
             }
-        };
-        match res {
-            Ok(n) if n > 0 => {
-                self.io.buf = byte;
-                self.io.pos = 0;
-                true
-            }
-            _ => false,
         }
     }
 
@@ -911,8 +941,8 @@ mod tests {
         }
     }
 
-    /// Every idle connection keeps its task's state: the request in progress and the rare
-    /// error path are boxed so that this state stays small.
+    /// Every connection between two requests of a busy period keeps its task's state: the
+    /// request in progress and the rare error path are boxed so that this state stays small.
     #[test]
     fn connection_state_stays_small() {
         crate::runtime::run_on(crate::runtime::Driver::detect(), async {
@@ -922,11 +952,10 @@ mod tests {
             let (accepted, _) = listener.accept().unwrap();
             let stream = TcpStream::from_std(accepted).unwrap();
             let fut = serve_connection(
-                stream,
-                addr,
+                Parked::accepted(stream, addr, Rc::new(ServerConfig::default())),
                 Rc::new(Minimal),
-                Rc::new(ServerConfig::default()),
                 ShutdownSignal::new(),
+                |_, _| {},
             );
             let size = std::mem::size_of_val(&fut);
             assert!(size <= 3 * 1024, "{size} bytes");

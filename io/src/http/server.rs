@@ -14,8 +14,9 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 
 use super::config::{CoreServerConfig, ServerConfig};
-use super::conn::{serve_connection, MAX_LINGER_BYTES};
+use super::conn::{serve_connection, Parked, MAX_LINGER_BYTES};
 use super::handler::Handler;
+use super::park::{Parking, Woken};
 use super::race::{race, Either};
 use super::response::{encode_head, ConnectionField};
 use super::shutdown::{Latch, LatchWait, ShutdownSignal};
@@ -130,6 +131,20 @@ pub async fn serve_live<H: Handler>(
     shutdown: ShutdownSignal,
 ) {
     let tracker = Rc::new(Tracker::default());
+    let parking = match Parking::new() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot park idle connections: they are closed instead");
+            None
+        }
+    };
+    let serving = Rc::new(Serving {
+        handler: Rc::clone(&handler),
+        shutdown: shutdown.clone(),
+        tracker: Rc::clone(&tracker),
+        parking,
+    });
+    monoio::spawn(unpark(Rc::clone(&serving)));
     let admit = |stream: TcpStream, peer: std::net::SocketAddr| {
         let cfg = limits.current();
         if tracker.connections.get() >= cfg.max_connections {
@@ -138,11 +153,8 @@ pub async fn serve_live<H: Handler>(
         }
         // Responses are written whole; Nagle's algorithm would only delay them.
         let _ = stream.set_nodelay(true);
-        monoio::spawn(ConnectionTask {
-            conn: serve_connection(stream, peer, Rc::clone(&handler), cfg, shutdown.clone()),
-            hard_stop: LatchWait::new(Rc::clone(&tracker.hard_stop)),
-            _guard: TaskGuard::new(&tracker, true),
-        });
+        let guard = TaskGuard::new(&tracker, true);
+        spawn_connection(&serving, Parked::accepted(stream, peer, cfg), guard);
     };
     {
         let mut stop = pin!(shutdown.wait());
@@ -189,6 +201,111 @@ pub async fn serve_live<H: Handler>(
         tracker.hard_stop.set();
         AllEnded(&tracker).await;
     }
+}
+
+/// What the connections of one listener on one core share.
+struct Serving<H> {
+    handler: Rc<H>,
+    shutdown: ShutdownSignal,
+    tracker: Rc<Tracker>,
+    /// Idle connections, parked without a task; `None` if the epoll set could not be made.
+    parking: Option<Parking<ParkedConnection>>,
+}
+
+/// A parked connection and its place in the count.
+struct ParkedConnection {
+    conn: Parked,
+    guard: TaskGuard,
+}
+
+impl std::os::fd::AsRawFd for ParkedConnection {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.conn.as_raw_fd()
+    }
+}
+
+/// Starts the task of a connection, new or coming back from the parking.
+fn spawn_connection<H: Handler>(serving: &Rc<Serving<H>>, conn: Parked, guard: TaskGuard) {
+    let parker = Rc::clone(serving);
+    monoio::spawn(ConnectionTask {
+        conn: serve_connection(
+            conn,
+            Rc::clone(&serving.handler),
+            serving.shutdown.clone(),
+            move |conn, deadline| parker.park(conn, deadline),
+        ),
+        hard_stop: LatchWait::new(Rc::clone(&serving.tracker.hard_stop)),
+        _guard: guard,
+    });
+}
+
+impl<H> Serving<H> {
+    /// Parks an idle connection until its next request or `deadline`; closes it (by dropping
+    /// it) when shutdown has reached idle connections or parking fails.
+    fn park(&self, conn: Parked, deadline: monoio::time::Instant) {
+        if self.shutdown.is_closing_idle() || self.tracker.hard_stop.is_set() {
+            return;
+        }
+        let Some(parking) = &self.parking else {
+            return;
+        };
+        // Counted from here as parked; the task that parks it ends right after.
+        let guard = TaskGuard::new(&self.tracker, true);
+        if let Err((c, e)) = parking.park(ParkedConnection { conn, guard }, deadline) {
+            tracing::debug!(error = %e, "cannot park an idle connection: closing it");
+            c.close();
+        }
+    }
+}
+
+impl ParkedConnection {
+    /// Closes the connection and takes it out of the count. The socket is shut down first: a
+    /// copy of its descriptor in another process (inherited across a fork, as by a successor
+    /// during a binary upgrade) must not keep the client waiting.
+    fn close(self) {
+        let _ = crate::fd::shutdown_both(&self.conn);
+    }
+}
+
+/// Serves the parking of one listener on one core: a connection whose client sends again (or
+/// leaves) gets a task again; one that reaches its deadline is closed, and so is every parked
+/// one when shutdown reaches idle connections or the grace period ends.
+async fn unpark<H: Handler>(serving: Rc<Serving<H>>) {
+    let Some(parking) = &serving.parking else {
+        return;
+    };
+    let waiter = match parking.waiter() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot wait for idle connections: closing them");
+            parking
+                .close()
+                .into_iter()
+                .for_each(ParkedConnection::close);
+            return;
+        }
+    };
+    let mut stop = pin!(serving.shutdown.idle_close());
+    let mut hard_stop = pin!(LatchWait::new(Rc::clone(&serving.tracker.hard_stop)));
+    loop {
+        let next = pin!(parking.next(&waiter));
+        match race(race(stop.as_mut(), hard_stop.as_mut()), next).await {
+            Either::Left(_) => break,
+            Either::Right(Woken::Ready(conns)) => {
+                for c in conns {
+                    spawn_connection(&serving, c.conn, c.guard);
+                }
+            }
+            Either::Right(Woken::Expired(conns)) => {
+                conns.into_iter().for_each(ParkedConnection::close);
+            }
+            Either::Right(Woken::Settled) => crate::runtime::release_free_memory(),
+        }
+    }
+    parking
+        .close()
+        .into_iter()
+        .for_each(ParkedConnection::close);
 }
 
 pin_project_lite::pin_project! {

@@ -87,7 +87,7 @@ fn a_short_idle_timeout_closes_before_the_idle_release() {
 }
 
 /// An idle timeout longer than the idle release (100 ms): the connection has given its buffer
-/// back and waits on the core's idle timer, which still closes it on time; and a second
+/// back and is parked, and the parking still closes it on time; and a second
 /// connection that goes idle later is closed after its own timeout, not the first one's.
 #[test]
 fn idle_connection_past_the_idle_release_is_closed_after_the_idle_timeout() {
@@ -321,10 +321,9 @@ fn rss_bytes() -> usize {
     kb * 1024
 }
 
-/// Memory per idle keep-alive connection (the target is at most 16 KiB each). The measurement
-/// runs in a child process of this test binary, alone, so that other tests' threads and
-/// buffers do not count. Set `SORTIE_IDLE_CONNECTIONS` to measure with more connections than
-/// the default.
+/// Memory per idle keep-alive connection. The measurement runs in a child process of this
+/// test binary, alone, so that other tests' threads and buffers do not count. Set
+/// `SORTIE_IDLE_CONNECTIONS` to measure with more connections than the default.
 #[test]
 fn idle_keep_alive_connections_stay_small() {
     let Some(stderr) =
@@ -376,8 +375,11 @@ fn measure_idle_connections() {
         after.saturating_sub(before) / 1024,
         per_connection
     );
+    // `perf/idle_rss.sh` holds the release build to its target (1 KiB); under the test
+    // allocator a parked connection measures 0.8-1.3 KiB here, and a read buffer or a task kept
+    // per idle connection would break this bound.
     assert!(
-        per_connection <= 16 * 1024,
+        per_connection <= 3 * 1024,
         "{per_connection} bytes per idle connection"
     );
     // They are all still served.
