@@ -339,6 +339,17 @@ fn other_paths_are_404_and_other_methods_405() {
     let r = http(gw.api, "HEAD", "/api/v1/requests", &h, b"");
     assert_eq!(r.status, 405);
     assert!(r.body.is_empty(), "a HEAD answer has no body");
+    // A request that brings a body to such a route gets the same answer, not a 413 for a
+    // route that takes none.
+    let envelope = json!({"method": "GET", "url": up.url("/x")}).to_string();
+    for (method, path, status) in [
+        ("POST", "/v1/requests", 404),
+        ("PUT", "/api/v1/requests", 405),
+        ("POST", "/api/v1/openapi.json", 405),
+    ] {
+        let r = http(gw.api, method, path, &h, envelope.as_bytes());
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+    }
     // A query string does not change the route.
     let body = json!({"method": "GET", "url": up.url("/q")}).to_string();
     let r = http(

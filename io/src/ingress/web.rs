@@ -86,6 +86,12 @@ impl Handler for ApiHandler {
             return self.admit_receipt(req);
         }
         if req.path() != REQUESTS_PATH || req.method() != "POST" {
+            // A route that takes no body answers a request that brings one as it answers any
+            // other (404, 405), from the head: not 413 for a body limit of zero. The server
+            // discards the body within its drain bound.
+            if !matches!(req.framing(), BodyFraming::None) {
+                return Err(other_route(req.method(), req.path()));
+            }
             return Ok(Admitted {
                 body_limit: 0,
                 admission: ApiAdmission::Other,
@@ -123,9 +129,6 @@ impl Handler for ApiHandler {
         deployment: Self::Admission,
         body: &mut Body<'_>,
     ) -> Response {
-        if req.path() == openapi::OPENAPI_PATH {
-            return openapi_document(req.method(), openapi::API_DOCUMENT);
-        }
         // The in-flight share is held until the answer is built, or until the future is dropped.
         let (deployment, _in_flight) = match deployment {
             ApiAdmission::Receipt(d) => {
@@ -150,12 +153,7 @@ impl Handler for ApiHandler {
                 return receipts.worker_object(req.path(), req.query()).await;
             }
             ApiAdmission::Request(d, in_flight) => (d, in_flight),
-            ApiAdmission::Other if req.path() != REQUESTS_PATH => {
-                return admin_error(AdminErrorKind::NotFound);
-            }
-            ApiAdmission::Other => {
-                return admin_error(AdminErrorKind::MethodNotAllowed).with_header("allow", "POST");
-            }
+            ApiAdmission::Other => return other_route(req.method(), req.path()),
         };
         let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
             Ok(b) => b,
@@ -179,6 +177,18 @@ impl Handler for ApiHandler {
         // The status stays the server's (400, 408, 413, 414, 431, 503...): it describes the HTTP
         // failure; the body is the registry envelope so API clients can parse it.
         Response::json(status, server_error(status, reason).to_json(&id))
+    }
+}
+
+/// The answer of the request API's listener on a route other than `POST` to the requests path
+/// and the receipt routes: the OpenAPI document, 405 on the requests path, 404 elsewhere.
+fn other_route(method: &str, path: &str) -> Response {
+    if path == openapi::OPENAPI_PATH {
+        openapi_document(method, openapi::API_DOCUMENT)
+    } else if path == REQUESTS_PATH {
+        admin_error(AdminErrorKind::MethodNotAllowed).with_header("allow", "POST")
+    } else {
+        admin_error(AdminErrorKind::NotFound)
     }
 }
 
