@@ -245,7 +245,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
         0x06 => Frame::ConfigApplied {
             version: r.u64("config_applied.version")?,
         },
-        0x10 => Frame::Assign(Box::new(r.assign()?)),
+        ASSIGN_TYPE => Frame::Assign(Box::new(r.assign()?)),
         0x11 => Frame::Accept {
             stream: r.u32("accept.stream")?,
         },
@@ -585,6 +585,64 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     })
 }
 
+/// Encodes an `Assign` frame from borrowed parts: the same bytes as [`encode`] of
+/// `Frame::Assign` with these fields (the control's per-request path). On error `out` is as it
+/// was.
+pub fn encode_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+    a: &AssignRef<'_, N, V>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    framed(out, ASSIGN_TYPE, "assign", |w| write_assign(w, a))
+}
+
+fn write_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+    w: &mut Writer<'_>,
+    a: &AssignRef<'_, N, V>,
+) -> Result<(), EncodeError> {
+    w.u32(a.stream);
+    w.str(a.request_id, MAX_NAME_BYTES, "assign.request_id")?;
+    w.str(a.deployment_id, MAX_NAME_BYTES, "assign.deployment_id")?;
+    w.u32(a.deadline_ms);
+    w.u8(u8::from(a.is_replayable));
+    if a.ingress > 2 {
+        return Err(EncodeError("assign.ingress"));
+    }
+    w.u8(a.ingress);
+    w.str(a.method, MAX_NAME_BYTES, "assign.method")?;
+    w.str(a.url, MAX_URL_BYTES, "assign.url")?;
+    w.fields(a.headers, MAX_FIELDS, "assign.headers")?;
+    match a.body {
+        BodySource::Empty => w.u8(0),
+        BodySource::Inline { len } => {
+            w.u8(1);
+            w.u64(*len);
+        }
+        BodySource::Receipt { url, len } => {
+            w.u8(2);
+            w.str(url, MAX_URL_BYTES, "assign.body.url")?;
+            w.u64(*len);
+        }
+        BodySource::Tunnel => w.u8(3),
+        BodySource::Stream { len } => {
+            w.u8(4);
+            match len {
+                None => w.u8(0),
+                Some(n) => {
+                    w.u8(1);
+                    w.u64(*n);
+                }
+            }
+        }
+    }
+    w.str(a.pool, MAX_NAME_BYTES, "assign.pool")?;
+    w.opt_str(a.provider_session, "assign.provider_session")?;
+    w.opt_text(a.proxy_username, "assign.proxy_username")?;
+    w.opt_str(a.fingerprint_profile, "assign.fingerprint_profile")?;
+    w.u64(a.max_response_bytes);
+    w.u32(a.window);
+    Ok(())
+}
+
 /// Encodes a `ResponseHead` frame from borrowed fields: the same bytes as [`encode`] of
 /// `Frame::ResponseHead` with these fields, without first copying each name and value into a
 /// `Vec` of its own (the worker's answer heads, a per-request path). On error `out` is as it
@@ -682,52 +740,7 @@ fn encode_body(frame: &Frame, w: &mut Writer<'_>) -> Result<(), EncodeError> {
             w.bytes(&x.payload, MAX_CONFIG_BYTES, "config_push.payload")?;
         }
         Frame::ConfigApplied { version } => w.u64(*version),
-        Frame::Assign(a) => {
-            w.u32(a.stream);
-            w.str(&a.request_id, MAX_NAME_BYTES, "assign.request_id")?;
-            w.str(&a.deployment_id, MAX_NAME_BYTES, "assign.deployment_id")?;
-            w.u32(a.deadline_ms);
-            w.u8(u8::from(a.is_replayable));
-            if a.ingress > 2 {
-                return Err(EncodeError("assign.ingress"));
-            }
-            w.u8(a.ingress);
-            w.str(&a.method, MAX_NAME_BYTES, "assign.method")?;
-            w.str(&a.url, MAX_URL_BYTES, "assign.url")?;
-            w.fields(&a.headers, MAX_FIELDS, "assign.headers")?;
-            match &a.body {
-                BodySource::Empty => w.u8(0),
-                BodySource::Inline { len } => {
-                    w.u8(1);
-                    w.u64(*len);
-                }
-                BodySource::Receipt { url, len } => {
-                    w.u8(2);
-                    w.str(url, MAX_URL_BYTES, "assign.body.url")?;
-                    w.u64(*len);
-                }
-                BodySource::Tunnel => w.u8(3),
-                BodySource::Stream { len } => {
-                    w.u8(4);
-                    match len {
-                        None => w.u8(0),
-                        Some(n) => {
-                            w.u8(1);
-                            w.u64(*n);
-                        }
-                    }
-                }
-            }
-            w.str(&a.pool, MAX_NAME_BYTES, "assign.pool")?;
-            w.opt_str(a.provider_session.as_deref(), "assign.provider_session")?;
-            w.opt_text(a.proxy_username.as_deref(), "assign.proxy_username")?;
-            w.opt_str(
-                a.fingerprint_profile.as_deref(),
-                "assign.fingerprint_profile",
-            )?;
-            w.u64(a.max_response_bytes);
-            w.u32(a.window);
-        }
+        Frame::Assign(a) => write_assign(w, &a.borrowed())?,
         Frame::Accept { stream } | Frame::Cancel { stream } => w.u32(*stream),
         Frame::Refuse { stream, reason } => {
             w.u32(*stream);

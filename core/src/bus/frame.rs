@@ -158,8 +158,58 @@ pub struct Assign {
     pub window: u32,
 }
 
+/// An [`Assign`] from borrowed parts, for writing one (`codec::encode_assign`): the control
+/// encodes each assignment straight from the request it serves, without first copying every
+/// string and header field into an owned `Assign`. The fields mean what [`Assign`]'s do.
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct AssignRef<'a, N, V> {
+    pub stream: StreamId,
+    pub request_id: &'a str,
+    pub deployment_id: &'a str,
+    pub deadline_ms: u32,
+    pub is_replayable: bool,
+    pub ingress: u8,
+    pub method: &'a str,
+    pub url: &'a str,
+    pub headers: &'a [(N, V)],
+    pub body: &'a BodySource,
+    pub pool: &'a str,
+    pub provider_session: Option<&'a str>,
+    pub proxy_username: Option<&'a str>,
+    pub fingerprint_profile: Option<&'a str>,
+    pub max_response_bytes: u64,
+    pub window: u32,
+}
+
+impl Assign {
+    /// The borrowed form of this assignment.
+    pub fn borrowed(&self) -> AssignRef<'_, Vec<u8>, Vec<u8>> {
+        AssignRef {
+            stream: self.stream,
+            request_id: &self.request_id,
+            deployment_id: &self.deployment_id,
+            deadline_ms: self.deadline_ms,
+            is_replayable: self.is_replayable,
+            ingress: self.ingress,
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            body: &self.body,
+            pool: &self.pool,
+            provider_session: self.provider_session.as_deref(),
+            proxy_username: self.proxy_username.as_deref(),
+            fingerprint_profile: self.fingerprint_profile.as_deref(),
+            max_response_bytes: self.max_response_bytes,
+            window: self.window,
+        }
+    }
+}
+
 /// The type byte of [`Frame::ResponseHead`], which the codec also writes without a `Frame`.
 pub(crate) const RESPONSE_HEAD_TYPE: u8 = 0x13;
+/// The type byte of [`Frame::Assign`], which the codec also writes without a `Frame`.
+pub(crate) const ASSIGN_TYPE: u8 = 0x10;
 
 /// Worker → control: the response head of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,7 +327,7 @@ impl Frame {
             Frame::Heartbeat(_) => 0x04,
             Frame::ConfigPush(_) => 0x05,
             Frame::ConfigApplied { .. } => 0x06,
-            Frame::Assign(_) => 0x10,
+            Frame::Assign(_) => ASSIGN_TYPE,
             Frame::Accept { .. } => 0x11,
             Frame::Refuse { .. } => 0x12,
             Frame::ResponseHead(_) => RESPONSE_HEAD_TYPE,

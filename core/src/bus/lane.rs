@@ -163,22 +163,26 @@ impl ControlLane {
         self.half.contains(&stream)
     }
 
+    /// Notes an `Assign` the control wrote from borrowed parts (`encode_assign`): what
+    /// [`ControlLane::sent`] notes for a `Frame::Assign` with these fields.
+    pub fn sent_assign(&mut self, stream: StreamId, window: u32, body: &BodySource) {
+        self.streams.insert(
+            stream,
+            ControlStream::Assigned {
+                window: u64::from(window),
+            },
+        );
+        if matches!(body, BodySource::Tunnel | BodySource::Stream { .. }) {
+            self.up_open.insert(stream);
+            self.sendable
+                .insert(stream, u64::from(INITIAL_UPLOAD_WINDOW));
+        }
+    }
+
     /// Records a frame the control sends.
     pub fn sent(&mut self, frame: &Frame) {
         match frame {
-            Frame::Assign(a) => {
-                self.streams.insert(
-                    a.stream,
-                    ControlStream::Assigned {
-                        window: u64::from(a.window),
-                    },
-                );
-                if matches!(a.body, BodySource::Tunnel | BodySource::Stream { .. }) {
-                    self.up_open.insert(a.stream);
-                    self.sendable
-                        .insert(a.stream, u64::from(INITIAL_UPLOAD_WINDOW));
-                }
-            }
+            Frame::Assign(a) => self.sent_assign(a.stream, a.window, &a.body),
             Frame::Data { stream, bytes, end } => {
                 if let Some(w) = self.sendable.get_mut(stream) {
                     *w = w.saturating_sub(bytes.len() as u64);

@@ -8,12 +8,12 @@ mod frame;
 mod lane;
 
 pub use codec::{
-    check_first_frame, check_request_head, decode, encode, encode_response_head, Decoded,
-    EncodeError, FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
+    check_first_frame, check_request_head, decode, encode, encode_assign, encode_response_head,
+    Decoded, EncodeError, FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
-    Assign, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, LaneSettings, Reject,
-    ResponseHead, Sender, StreamError, StreamId, Welcome,
+    Assign, AssignRef, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, LaneSettings,
+    Reject, ResponseHead, Sender, StreamError, StreamId, Welcome,
 };
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 

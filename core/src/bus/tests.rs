@@ -903,6 +903,23 @@ fn from_version_4_only_lane_zero_carries_heartbeats() {
 /// frame, and fails as it does (leaving the buffer as it was) when the fields are over the
 /// bounds.
 #[test]
+fn borrowed_assigns_encode_as_frames_do() {
+    let mut r = Rng(0x5eed_a551);
+    for _ in 0..200 {
+        let f = frame(&mut r, 6);
+        let Frame::Assign(a) = &f else {
+            panic!("kind 6 is an assignment");
+        };
+        let mut framed = b"before".to_vec();
+        let framed_res = encode(&f, &mut framed);
+        let mut direct = b"before".to_vec();
+        let direct_res = encode_assign(&a.borrowed(), &mut direct);
+        assert_eq!(direct_res, framed_res);
+        assert_eq!(direct, framed);
+    }
+}
+
+#[test]
 fn borrowed_response_heads_encode_as_frames_do() {
     let fields: Vec<(Vec<u8>, Vec<u8>)> = vec![
         (b"content-type".to_vec(), b"text/plain".to_vec()),

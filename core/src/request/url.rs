@@ -91,6 +91,20 @@ impl TargetUrl {
         }
     }
 
+    /// The URL as text, as `Display` writes it, in one allocation of its exact length
+    /// (`to_string` grows its buffer piece by piece).
+    pub fn to_text(&self) -> String {
+        let scheme = self.scheme.as_str();
+        let authority = self.authority();
+        let mut s =
+            String::with_capacity(scheme.len() + 3 + authority.len() + self.path_and_query.len());
+        s.push_str(scheme);
+        s.push_str("://");
+        s.push_str(&authority);
+        s.push_str(&self.path_and_query);
+        s
+    }
+
     /// The host name for TLS SNI, DNS and routing: the domain, or the address literal without
     /// brackets. Built without allocating.
     pub fn host_str(&self) -> HostText<'_> {
@@ -484,6 +498,8 @@ mod tests {
             assert_eq!(u.scheme.as_str(), *scheme, "{input}");
             assert_eq!(u.authority(), *authority, "{input}");
             assert_eq!(u.port, *port, "{input}");
+            assert_eq!(u.to_text(), u.to_string(), "{input}");
+            assert_eq!(u.to_text().capacity(), u.to_text().len(), "{input}");
             assert_eq!(u.path_and_query, *pq, "{input}");
         }
     }

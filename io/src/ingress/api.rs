@@ -481,11 +481,11 @@ async fn remote_attempt<'r>(
         request_id: job.request_id,
         deployment_id: job.deployment,
         method: req.method.as_str(),
-        url: req.url.to_string(),
+        url: req.url.to_text(),
         headers: req
             .headers
             .iter()
-            .map(|h| (h.name.as_bytes().to_vec(), h.value.clone()))
+            .map(|h| (h.name.as_bytes(), h.value.as_slice()))
             .collect(),
         body,
         receipt,

@@ -554,8 +554,8 @@ async fn remote_relay<B: BodySource>(
         worker_id,
         &proxy_assignment(job, a),
         job.method,
-        job.target.to_string(),
-        headers,
+        job.target,
+        &headers,
         body,
         cancelled,
     )
@@ -716,7 +716,7 @@ impl ProxyHandler {
                     .tunnel(
                         a.decision.worker_id.as_str(),
                         &proxy_assignment(&job, a),
-                        job.target.to_string(),
+                        job.target,
                         &mut cancelled,
                     )
                     .await

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sortie_core::bus::{
-    negotiate, Assign, BodySource, ConfigPush, ControlLane, Field, Frame, FrameBuf, Hello,
+    negotiate, AssignRef, BodySource, ConfigPush, ControlLane, Frame, FrameBuf, Hello,
     LaneSettings, Reject, ResponseHead, StreamError, StreamId, Verdict, Violation, Welcome,
     MAX_DATA_BYTES, PROTOCOL_VERSION,
 };
@@ -495,6 +495,27 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
+    /// Queues an `Assign` written from borrowed parts, as [`Lane::send`] queues a frame.
+    pub(super) fn send_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        a: &AssignRef<'_, N, V>,
+    ) -> bool {
+        if self.is_closed.get() {
+            return false;
+        }
+        if self
+            .out
+            .push_with(|out| sortie_core::bus::encode_assign(a, out))
+            .is_err()
+        {
+            return false;
+        }
+        self.proto
+            .borrow_mut()
+            .sent_assign(a.stream, a.window, a.body);
+        true
+    }
+
     pub(super) fn send(&self, frame: &Frame) -> bool {
         if self.is_closed.get() {
             return false;
@@ -1072,10 +1093,10 @@ impl BusCore {
 
     /// Opens a stream to a worker on this core's lane and sends its `Assign` (the stream id is
     /// filled in here). The guard cancels the stream if it is dropped before it is done.
-    pub(super) fn open(
+    pub(super) fn open<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         &self,
         worker_id: &str,
-        mut assign: Assign,
+        mut assign: AssignRef<'_, N, V>,
     ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
         let Some(lane) = self.lanes.borrow().get(worker_id).cloned() else {
             return Err(RemoteFailure::Error(ApiError::new(
@@ -1110,7 +1131,7 @@ impl BusCore {
             is_done: false,
         };
         assign.stream = stream;
-        if !guard.lane.send(&Frame::Assign(Box::new(assign))) {
+        if !guard.lane.send_assign(&assign) {
             guard.is_done = true;
             guard.lane.streams.borrow_mut().remove(&stream);
             return Err(unavailable());
@@ -1219,25 +1240,24 @@ impl BusCore {
                 len: job.body.len() as u64,
             },
         };
+        let session = job.provider_session.map(|s| s.to_hex());
         let (mut guard, q) = self.open(
             worker_id,
-            Assign {
+            AssignRef {
                 stream: 0,
-                request_id: job.request_id.to_string(),
-                deployment_id: job.deployment_id.to_string(),
+                request_id: job.request_id,
+                deployment_id: job.deployment_id,
                 deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
                 is_replayable: job.is_replayable,
                 ingress: 0,
-                method: job.method.to_string(),
-                url: job.url.clone(),
-                headers: job.headers.clone(),
-                body,
-                pool: job.pool.to_string(),
-                provider_session: job
-                    .provider_session
-                    .map(|s| String::from_utf8_lossy(&s.to_hex()).into_owned()),
-                proxy_username: job.proxy_username.map(str::to_owned),
-                fingerprint_profile: job.fingerprint_profile.map(str::to_owned),
+                method: job.method,
+                url: &job.url,
+                headers: &job.headers,
+                body: &body,
+                pool: job.pool,
+                provider_session: session.as_ref().and_then(|h| std::str::from_utf8(h).ok()),
+                proxy_username: job.proxy_username,
+                fingerprint_profile: job.fingerprint_profile,
                 max_response_bytes: job.max_response_bytes as u64,
                 window: INITIAL_WINDOW,
             },
@@ -1425,7 +1445,8 @@ pub(crate) struct RemoteJob<'a> {
     pub(crate) deployment_id: &'a str,
     pub(crate) method: &'a str,
     pub(crate) url: String,
-    pub(crate) headers: Vec<Field>,
+    /// (name, value) of each request header field, borrowed from the validated request.
+    pub(crate) headers: Vec<(&'a [u8], &'a [u8])>,
     pub(crate) body: Bytes,
     /// A request receipt's signed worker URL (a bearer credential: never logged) and its
     /// length, instead of an inline body (decision 065).

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
-use sortie_core::bus::{Assign, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
+use sortie_core::bus::{AssignRef, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::proxy::{connection_tokens, is_relayed_response_field};
 
@@ -42,39 +42,46 @@ pub(crate) struct ProxyAssignment<'a> {
     pub(crate) proxy_username: Option<String>,
 }
 
-impl ProxyAssignment<'_> {
-    fn assign(
+impl BusCore {
+    /// Opens a stream for a proxied request or tunnel: its `Assign`, written from borrowed
+    /// parts.
+    #[allow(clippy::too_many_arguments)]
+    fn open_proxied(
         &self,
+        worker_id: &str,
+        a: &ProxyAssignment<'_>,
         ingress: u8,
         method: &str,
-        url: String,
-        headers: Vec<Field>,
-        body: Body,
-    ) -> Assign {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        Assign {
-            stream: 0,
-            request_id: self.request_id.to_string(),
-            deployment_id: self.deployment_id.to_string(),
-            deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
-            // RFC 9110 §9.2.2: only an idempotent request without a body may be retried.
-            is_replayable: matches!(body, Body::Empty)
-                && matches!(method, "GET" | "HEAD" | "OPTIONS"),
-            ingress,
-            method: method.to_string(),
-            url,
-            headers,
-            body,
-            pool: self.pool.clone(),
-            provider_session: self
-                .provider_session
-                .map(|s| String::from_utf8_lossy(&s.to_hex()).into_owned()),
-            proxy_username: self.proxy_username.clone(),
-            fingerprint_profile: None,
-            // A relayed body is streamed, not held: no limit but the client's patience.
-            max_response_bytes: u64::MAX,
-            window: super::INITIAL_WINDOW,
-        }
+        url: &str,
+        headers: &[Field],
+        body: &Body,
+    ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
+        let left = a.deadline.saturating_duration_since(Instant::now());
+        let session = a.provider_session.map(|s| s.to_hex());
+        self.open(
+            worker_id,
+            AssignRef {
+                stream: 0,
+                request_id: a.request_id,
+                deployment_id: a.deployment_id,
+                deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
+                // RFC 9110 §9.2.2: only an idempotent request without a body may be retried.
+                is_replayable: matches!(body, Body::Empty)
+                    && matches!(method, "GET" | "HEAD" | "OPTIONS"),
+                ingress,
+                method,
+                url,
+                headers,
+                body,
+                pool: &a.pool,
+                provider_session: session.as_ref().and_then(|h| std::str::from_utf8(h).ok()),
+                proxy_username: a.proxy_username.as_deref(),
+                fingerprint_profile: None,
+                // A relayed body is streamed, not held: no limit but the client's patience.
+                max_response_bytes: u64::MAX,
+                window: super::INITIAL_WINDOW,
+            },
+        )
     }
 }
 
@@ -234,8 +241,8 @@ impl BusCore {
         worker_id: &str,
         a: &ProxyAssignment<'_>,
         method: &str,
-        url: String,
-        headers: Vec<Field>,
+        url: &str,
+        headers: &[Field],
         body: &mut B,
         cancelled: &mut Cancelled,
     ) -> Result<Opened, RemoteFailure> {
@@ -245,8 +252,7 @@ impl BusCore {
             BodyLength::Chunked => Body::Stream { len: None },
         };
         let has_body = !matches!(kind, Body::Empty);
-        let assign = a.assign(1, method, url, headers, kind);
-        let (mut guard, slot) = self.open(worker_id, assign)?;
+        let (mut guard, slot) = self.open_proxied(worker_id, a, 1, method, url, headers, &kind)?;
         let (lane, stream) = (guard.lane.clone(), guard.stream);
         let deadline = a.deadline;
         monoio::select! {
@@ -294,11 +300,11 @@ impl BusCore {
         &self,
         worker_id: &str,
         a: &ProxyAssignment<'_>,
-        authority: String,
+        authority: &str,
         cancelled: &mut Cancelled,
     ) -> Result<OpenTunnel, RemoteFailure> {
-        let assign = a.assign(2, "CONNECT", authority, Vec::new(), Body::Tunnel);
-        let (mut guard, slot) = self.open(worker_id, assign)?;
+        let (mut guard, slot) =
+            self.open_proxied(worker_id, a, 2, "CONNECT", authority, &[], &Body::Tunnel)?;
         let h = {
             let answer = async {
                 self.accepted(worker_id, &mut guard, &slot, a.deadline)
