@@ -255,6 +255,42 @@ impl EpollSet {
     }
 }
 
+/// Makes `cmd`'s program start with no descriptor of this process from 3 up: in the child,
+/// between fork and exec, every such descriptor is marked close-on-exec. The runtime accepts
+/// connections without `SOCK_CLOEXEC` (io_uring's accept as monoio submits it), so without
+/// this a child would inherit every client connection open when it was spawned and keep it
+/// open after this process closed it. Descriptors the child needs must reach it otherwise
+/// (the upgrade hands its listeners over a Unix socket). `open_max` bounds the fallback for
+/// kernels without `close_range` (before 5.11): read it before spawning, as the child may
+/// not allocate or ask.
+pub(crate) fn inherit_only_stdio(cmd: &mut std::process::Command, open_max: u32) {
+    use std::os::unix::process::CommandExt as _;
+    let hook = move || {
+        // SAFETY: a raw system call with integer arguments; it marks descriptors, nothing
+        // else, and allocates nothing (this runs in the forked child).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                libc::c_uint::from(3u8),
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        if r != 0 {
+            // At most a million: an unlimited limit must not make this loop for ever.
+            let end = RawFd::try_from(open_max.min(1 << 20)).unwrap_or(RawFd::MAX);
+            for fd in 3..end {
+                // SAFETY: fcntl on any integer is sound; a closed descriptor fails with EBADF.
+                unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the child after fork and before exec, and makes only
+    // async-signal-safe system calls (close_range, fcntl) without allocating or locking.
+    unsafe { cmd.pre_exec(hook) };
+}
+
 /// Whether `fd` is a stream socket of an internet family that listens.
 fn is_listening_tcp(fd: BorrowedFd<'_>) -> bool {
     let s = SockRef::from(&fd);

@@ -529,15 +529,22 @@ pub fn spawn_successor() -> io::Result<u32> {
         .skip(1)
         .filter(|a| a != "--upgrade")
         .collect();
-    let mut child = std::process::Command::new(&exe)
-        .args(args)
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.args(args)
         .arg("--upgrade")
         .env_remove("LISTEN_PID")
         .env_remove("LISTEN_FDS")
         .env_remove("LISTEN_FDNAMES")
         .env_remove("WATCHDOG_PID")
-        .stdin(std::process::Stdio::null())
-        .spawn()?;
+        .stdin(std::process::Stdio::null());
+    // The successor gets the listeners over the upgrade socket; it must not inherit this
+    // process's connections, which it would hold open for their clients after this process
+    // closed them.
+    let open_max = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .map_or(u32::MAX, |n| u32::try_from(n).unwrap_or(u32::MAX));
+    crate::fd::inherit_only_stdio(&mut cmd, open_max);
+    let mut child = cmd.spawn()?;
     let pid = child.id();
     tracing::info!(successor = pid, program = %exe.display(), "binary upgrade: started the successor");
     std::thread::Builder::new()

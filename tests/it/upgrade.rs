@@ -244,6 +244,34 @@ fn upgrade(pid: u32, lines: &std::sync::mpsc::Receiver<String>) -> u32 {
     successor
 }
 
+/// The inodes of the sockets process `pid` has open (`/proc/PID/fd`).
+fn socket_inodes(pid: u32) -> std::collections::HashSet<u64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the process's descriptors");
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_str()?;
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// The inodes of every listening TCP socket on the machine (`/proc/net/tcp*`, state `0A`).
+fn listening_socket_inodes() -> std::collections::HashSet<u64> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    (cols.get(3) == Some(&"0A")).then(|| cols.get(9)?.parse().ok())?
+                })
+                .collect::<Vec<u64>>()
+        })
+        .collect()
+}
+
 /// Waits for a child process (the process upgraded) to exit; its status.
 fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + within;
@@ -294,6 +322,20 @@ fn sigusr2_upgrades_under_load_without_a_failed_request() {
 
     let successor = upgrade(gw.child.id(), &gw.stdout);
     let _reap = Reap(successor);
+    // The successor holds none of its predecessor's connections (the tunnel's among them),
+    // only the listening sockets they share: an inherited copy would keep each connection open
+    // for its client after the predecessor closed it, for the successor's whole life.
+    let listening = listening_socket_inodes();
+    let old = socket_inodes(gw.child.id());
+    let leaked: Vec<_> = socket_inodes(successor)
+        .intersection(&old)
+        .filter(|i| !listening.contains(*i))
+        .copied()
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "the successor holds the predecessor's connections {leaked:?}"
+    );
 
     // The tunnel lives on in the draining process, which waits for it.
     for i in 1..=8 {
