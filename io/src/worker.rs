@@ -1091,15 +1091,11 @@ async fn exchange(
     let invalid = |m: &str| ApiError::new(ErrorCode::ExecutorInternalError, m.to_string());
     let method = Method::parse(&a.method).ok_or_else(|| invalid("assignment: unknown method"))?;
     let url = parse_target_url(&a.url).map_err(|_| invalid("assignment: invalid url"))?;
-    let mut names = Vec::with_capacity(a.headers.len());
-    for (n, _) in &a.headers {
-        names.push(std::str::from_utf8(n).map_err(|_| invalid("assignment: header name"))?);
+    let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(a.headers.len());
+    for (n, v) in &a.headers {
+        let n = std::str::from_utf8(n).map_err(|_| invalid("assignment: header name"))?;
+        headers.push((n, v));
     }
-    let headers: Vec<(&str, &[u8])> = names
-        .iter()
-        .zip(&a.headers)
-        .map(|(n, (_, v))| (*n, &v[..]))
-        .collect();
     let is_proxy = a.ingress == 1;
     let tenant = crate::dns::tenant_of_id(&a.deployment_id);
     // The control routes a named profile only to a worker advertising it, and this worker

@@ -441,20 +441,25 @@ impl<'a> Reader<'a> {
     ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, FrameError> {
         let n = self.count(field, max)?;
         let from = self.at;
-        let mut ranges = Vec::with_capacity(n);
-        // Where the slice just read lies in the fields' bytes (it ends at `self.at`).
-        let span = |r: &Self, len: usize| r.at - from - len..r.at - from;
+        // First the bounds, on the frame; then the slices, on the one copy of the fields'
+        // bytes, whose lengths are known good (so no list of ranges in between).
         for _ in 0..n {
-            let name = self.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
-            let name = span(self, name);
-            let value = self.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
-            ranges.push((name, span(self, value)));
+            self.short_slice(field, MAX_FIELD_NAME_BYTES)?;
+            self.long_slice(field, MAX_FIELD_VALUE_BYTES)?;
         }
         let all = bytes::Bytes::copy_from_slice(self.buf.get(from..self.at).unwrap_or_default());
-        Ok(ranges
-            .into_iter()
-            .map(|(name, value)| (all.slice(name), all.slice(value)))
-            .collect())
+        let mut copy = Reader { buf: &all, at: 0 };
+        // Where the slice just read lies in the copy (it ends at `copy.at`).
+        let span = |r: &Reader<'_>, len: usize| r.at - len..r.at;
+        let mut fields = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = copy.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
+            let name = span(&copy, name);
+            let value = copy.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
+            let value = span(&copy, value);
+            fields.push((all.slice(name), all.slice(value)));
+        }
+        Ok(fields)
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
