@@ -171,14 +171,16 @@ impl<T: AsRawFd> Parking<T> {
     pub(crate) fn close(&self) -> Vec<T> {
         let mut state = self.state.borrow_mut();
         state.is_closed = true;
-        let indexes: Vec<u32> = state.deadlines.iter().map(|&(_, i)| i).collect();
-        let items = indexes
-            .into_iter()
-            .filter_map(|i| Self::take(&mut state, &self.set, i))
-            .collect();
-        state.slots = Vec::new();
+        state.deadlines = BTreeSet::new();
         state.free = Vec::new();
-        items
+        std::mem::take(&mut state.slots)
+            .into_iter()
+            .filter_map(|slot| slot.held)
+            .map(|held| {
+                self.set.remove(&held.item);
+                held.item
+            })
+            .collect()
     }
 
     /// The items whose deadline is not after `now`.

@@ -1229,7 +1229,6 @@ impl BusCore {
         worker_id: &str,
         job: &RemoteJob<'_>,
     ) -> Result<(ResponseHead, RemoteReader), RemoteFailure> {
-        let left = job.deadline.saturating_duration_since(Instant::now());
         let body = match (&job.receipt, job.body.is_empty()) {
             (Some((url, len)), _) => BodySource::Receipt {
                 url: url.clone(),
@@ -1247,7 +1246,7 @@ impl BusCore {
                 stream: 0,
                 request_id: job.request_id,
                 deployment_id: job.deployment_id,
-                deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
+                deadline_ms: millis_left(job.deadline),
                 is_replayable: job.is_replayable,
                 ingress: 0,
                 method: job.method,
@@ -1255,7 +1254,7 @@ impl BusCore {
                 headers: &job.headers,
                 body: &body,
                 pool: job.pool,
-                provider_session: session.as_ref().and_then(|h| std::str::from_utf8(h).ok()),
+                provider_session: session_text(&session),
                 proxy_username: job.proxy_username,
                 fingerprint_profile: job.fingerprint_profile,
                 max_response_bytes: job.max_response_bytes as u64,
@@ -1437,6 +1436,18 @@ impl Drop for StreamGuard {
             });
         }
     }
+}
+
+/// Milliseconds from now until `deadline`, as an assignment carries its deadline.
+fn millis_left(deadline: Instant) -> u32 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// A provider session's 32 hex digits (`ProviderSession::to_hex`) as an assignment carries
+/// them.
+fn session_text(hex: &Option<[u8; 32]>) -> Option<&str> {
+    hex.as_ref().and_then(|h| std::str::from_utf8(h).ok())
 }
 
 /// One request for a remote worker.

@@ -56,7 +56,6 @@ impl BusCore {
         headers: &[Field],
         body: &Body,
     ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
-        let left = a.deadline.saturating_duration_since(Instant::now());
         let session = a.provider_session.map(|s| s.to_hex());
         self.open(
             worker_id,
@@ -64,7 +63,7 @@ impl BusCore {
                 stream: 0,
                 request_id: a.request_id,
                 deployment_id: a.deployment_id,
-                deadline_ms: u32::try_from(left.as_millis()).unwrap_or(u32::MAX),
+                deadline_ms: super::millis_left(a.deadline),
                 // RFC 9110 §9.2.2: only an idempotent request without a body may be retried.
                 is_replayable: matches!(body, Body::Empty)
                     && matches!(method, "GET" | "HEAD" | "OPTIONS"),
@@ -74,7 +73,7 @@ impl BusCore {
                 headers,
                 body,
                 pool: &a.pool,
-                provider_session: session.as_ref().and_then(|h| std::str::from_utf8(h).ok()),
+                provider_session: super::session_text(&session),
                 proxy_username: a.proxy_username.as_deref(),
                 fingerprint_profile: None,
                 // A relayed body is streamed, not held: no limit but the client's patience.
