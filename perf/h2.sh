@@ -64,11 +64,7 @@ http {
     access_log $dir/logs/access.log conn;
     keepalive_timeout 120s;
     keepalive_requests 10000000;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
     ssl_certificate $d/leaf.pem;
     ssl_certificate_key $d/leaf.key;
     root $dir/www;

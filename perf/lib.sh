@@ -9,6 +9,8 @@ RESULTS_DIR="$PERF_DIR/results"
 # Loopback ports; override when something else holds them.
 UPSTREAM_PORT=${UPSTREAM_PORT:-18090}
 API_PORT=${API_PORT:-18080}
+# The nginx reverse hop peers are measured against (write_nginx_hop).
+NGINX_HOP_PORT=${NGINX_HOP_PORT:-19133}
 ADMIN_PORT=${ADMIN_PORT:-18081}
 
 # Credentials of the throwaway gateway instance; they protect nothing but this run.
@@ -154,6 +156,15 @@ wait_port() {
   done
 }
 
+# The `*_temp_path` lines of an nginx config whose files live under $1, so that nginx writes
+# nothing under its default prefix (which needs root).
+nginx_temp_paths() {
+  local t="$1/tmp" kind
+  for kind in client_body proxy fastcgi uwsgi scgi; do
+    printf '    %s_temp_path %s/%s;\n' "$kind" "$t" "${kind#client_}"
+  done
+}
+
 # Starts nginx in the foreground (in the background of this shell) as the upstream. One worker
 # process: on a 2-core machine the load generator and the gateway need the other core, and
 # the same single-worker upstream serves both the direct and the gateway runs.
@@ -177,11 +188,7 @@ http {
     $access_log
     keepalive_timeout 120s;
     keepalive_requests 10000000;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
     server {
         listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
         location = /small {
@@ -218,6 +225,44 @@ start_s3s() {
     "$WORK_DIR/s3" >"$WORK_DIR/s3s.log" 2>&1 &
   EXTRA_PIDS+=($!)
   wait_port "$port" 20 "$!" || die "s3s-fs did not start"
+}
+
+# Writes the config of an nginx reverse hop to the upstream nginx (one worker, keep-alive to
+# the upstream, buffers for a 64 KiB body in memory) listening on NGINX_HOP_PORT, and prints
+# its directory: the single hop that proxy.sh and rate_cpu.sh measure Sortie against.
+write_nginx_hop() {
+  local dir="$WORK_DIR/nginx-hop"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  cat >"$dir/nginx.conf" <<CONF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 16384; }
+http {
+    access_log off;
+    keepalive_timeout 120s;
+    keepalive_requests 10000000;
+$(nginx_temp_paths "$dir")
+    upstream up {
+        server 127.0.0.1:$UPSTREAM_PORT;
+        keepalive 256;
+        keepalive_requests 10000000;
+    }
+    server {
+        listen 127.0.0.1:$NGINX_HOP_PORT backlog=4096;
+        location / {
+            proxy_pass http://up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # Enough memory buffers for a 64 KiB body: no temp files.
+            proxy_buffer_size 16k;
+            proxy_buffers 8 16k;
+        }
+    }
+}
+CONF
+  echo "$dir"
 }
 
 # Pid of nginx's single worker process (the one that holds the connections).

@@ -19,7 +19,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PROXY_PORT=${PROXY_PORT:-19128}
 SQUID_PORT=${SQUID_PORT:-19131}
 TINYPROXY_PORT=${TINYPROXY_PORT:-19132}
-NGINX_HOP_PORT=${NGINX_HOP_PORT:-19133}
 HAPROXY_PORT=${HAPROXY_PORT:-19134}
 DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-3}
@@ -107,54 +106,11 @@ http {
     sendfile on;
     keepalive_timeout 120s;
     keepalive_requests 10000000;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
+$(nginx_temp_paths "$dir")
     server {
         listen 127.0.0.1:$UPSTREAM_PORT backlog=4096;
         root $dir/www;
         default_type application/octet-stream;
-    }
-}
-CONF
-  echo "$dir"
-}
-
-write_nginx_hop() {
-  local dir="$WORK_DIR/nginx-hop"
-  mkdir -p "$dir/logs" "$dir/tmp"
-  cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 16384; }
-http {
-    access_log off;
-    keepalive_timeout 120s;
-    keepalive_requests 10000000;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
-    upstream up {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 256;
-        keepalive_requests 10000000;
-    }
-    server {
-        listen 127.0.0.1:$NGINX_HOP_PORT backlog=4096;
-        location / {
-            proxy_pass http://up;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            # Enough memory buffers for a 64 KiB body: no temp files.
-            proxy_buffer_size 16k;
-            proxy_buffers 8 16k;
-        }
     }
 }
 CONF

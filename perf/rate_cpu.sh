@@ -13,44 +13,14 @@ ROUNDS=${ROUNDS:-3}
 RATE_SECONDS=10
 MEASURE_SECONDS=5
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-64}
-NGINX_HOP_PORT=${NGINX_HOP_PORT:-19133}
 GATEWAY_PROXY_PORT=${GATEWAY_PROXY_PORT:-19134}
 FIXEDRATE_BIN=""
 HOP_PID=""
 
-# An nginx reverse hop (one worker) to the upstream, as perf/proxy.sh runs it.
+# The nginx reverse hop proxy.sh measures (write_nginx_hop), started here on its own.
 start_hop() {
-  local dir="$WORK_DIR/nginx-hop" master
-  mkdir -p "$dir/logs" "$dir/tmp"
-  cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 16384; }
-http {
-    access_log off;
-    keepalive_timeout 120s;
-    keepalive_requests 10000000;
-    client_body_temp_path $dir/tmp/body;
-    proxy_temp_path $dir/tmp/proxy;
-    fastcgi_temp_path $dir/tmp/fastcgi;
-    uwsgi_temp_path $dir/tmp/uwsgi;
-    scgi_temp_path $dir/tmp/scgi;
-    upstream up {
-        server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 256;
-        keepalive_requests 10000000;
-    }
-    server {
-        listen 127.0.0.1:$NGINX_HOP_PORT backlog=4096;
-        location / {
-            proxy_pass http://up;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }
-    }
-}
-CONF
+  local dir master
+  dir=$(write_nginx_hop)
   require_free_port "$NGINX_HOP_PORT" NGINX_HOP_PORT
   nginx -e "$dir/logs/error.log" -p "$dir" -c "$dir/nginx.conf" -g 'daemon off;' &
   master=$!
