@@ -206,15 +206,30 @@ pub fn contain_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> 
     r.map_err(|_| format!("{what} panicked"))
 }
 
+type UringRuntime = monoio::Runtime<monoio::time::TimeDriver<monoio::IoUringDriver>>;
+
+/// A core's io_uring runtime with the ring made by `urb`.
+fn uring_runtime(urb: io_uring::Builder) -> std::io::Result<UringRuntime> {
+    monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+        .with_entries(URING_ENTRIES)
+        .uring_builder(urb)
+        .enable_timer()
+        .build()
+}
+
 /// Runs a future to completion on a new runtime of the given driver, on this thread.
 pub fn run_on<Fut: Future<Output = ()>>(driver: Driver, fut: Fut) {
     match driver {
         Driver::IoUring => {
-            match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-                .with_entries(URING_ENTRIES)
-                .enable_timer()
-                .build()
-            {
+            // Completions are delivered without interrupting the thread (decision 120); a kernel
+            // before 5.19 refuses the flag, and the ring is made without it.
+            let mut coop = io_uring::IoUring::builder();
+            coop.setup_coop_taskrun();
+            let built = uring_runtime(coop).or_else(|e| {
+                tracing::warn!(error = %e, "io_uring refused COOP_TASKRUN: completions will interrupt the core thread");
+                uring_runtime(io_uring::IoUring::builder())
+            });
+            match built {
                 Ok(mut rt) => rt.block_on(fut),
                 Err(e) => {
                     tracing::warn!(error = %e, "io_uring runtime failed to start: using epoll");
@@ -255,6 +270,36 @@ mod tests {
         let (r, after) = t.join().expect("the thread survived");
         assert_eq!(r, Err("the decoder panicked".to_string()));
         assert_eq!(after, Ok(7));
+    }
+
+    /// Decision 120: this kernel makes rings with `COOP_TASKRUN`, and on such a ring a wake from
+    /// another thread reaches a sleeping core and a receive that had to wait completes.
+    #[test]
+    fn cooperative_ring_wakes_a_sleeping_core_and_completes_waiting_receives() {
+        use monoio::io::AsyncReadRent;
+        use std::io::Write;
+        let mut coop = io_uring::IoUring::builder();
+        coop.setup_coop_taskrun();
+        let mut rt = uring_runtime(coop)
+            .expect("a kernel with io_uring 5.19 or later makes a ring with COOP_TASKRUN");
+        rt.block_on(async {
+            let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (tx, rx) = futures_channel::oneshot::channel::<()>();
+            let client = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                tx.send(()).unwrap();
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                s.write_all(b"ping").unwrap();
+                s
+            });
+            rx.await.expect("the other thread's wake arrives");
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let (n, buf) = conn.read(vec![0u8; 16]).await;
+            assert_eq!(&buf[..n.unwrap()], b"ping");
+            drop(client.join().unwrap());
+        });
     }
 
     #[test]
