@@ -42,12 +42,12 @@ impl Histogram {
 }
 
 /// One deployment's request counts by (ingress, outcome).
-type ByOutcome = HashMap<(Ingress, &'static str), u64>;
+type ByOutcome = HashMap<(Ingress, &'static str), u64, foldhash::fast::RandomState>;
 
 struct Shard {
     /// Deployment → (ingress, outcome) → count; looked up by `&str`, so a known deployment
     /// allocates nothing.
-    requests: Mutex<HashMap<String, ByOutcome>>,
+    requests: Mutex<HashMap<String, ByOutcome, foldhash::fast::RandomState>>,
     stages: [Histogram; 4],
     /// Tunnels ended, and the bytes they carried up (client to destination) and down.
     tunnels: [AtomicU64; 3],
@@ -90,7 +90,7 @@ impl Metrics {
         Metrics {
             shards: (0..cores.max(1))
                 .map(|_| Shard {
-                    requests: Mutex::new(HashMap::new()),
+                    requests: Mutex::new(HashMap::default()),
                     stages: std::array::from_fn(|_| Histogram::new()),
                     tunnels: std::array::from_fn(|_| AtomicU64::new(0)),
                     spliced: AtomicU64::new(0),
@@ -120,7 +120,7 @@ impl Metrics {
                 None => {
                     m.insert(
                         deployment.to_string(),
-                        HashMap::from([((ingress, outcome), 1)]),
+                        ByOutcome::from_iter([((ingress, outcome), 1)]),
                     );
                 }
             }

@@ -81,11 +81,14 @@ impl TargetUrl {
             (Host::Domain(d), false) => HostText::Borrowed(d),
             (host, has_port) => {
                 let mut t = InlineText::default();
-                let _ = if has_port {
-                    write!(t, "{host}:{}", self.port)
-                } else {
-                    write!(t, "{host}")
+                let _ = match host {
+                    Host::Domain(d) => t.write_str(d),
+                    Host::V4(a) => t.push_ipv4(*a),
+                    Host::V6(a) => write!(t, "[{a}]"),
                 };
+                if has_port {
+                    let _ = t.write_str(":").and_then(|()| t.push_decimal(self.port));
+                }
                 HostText::Inline(t)
             }
         }
@@ -119,7 +122,7 @@ impl Host {
         let mut t = InlineText::default();
         let _ = match self {
             Host::Domain(d) => return HostText::Borrowed(d),
-            Host::V4(a) => write!(t, "{a}"),
+            Host::V4(a) => t.push_ipv4(*a),
             Host::V6(a) => write!(t, "{a}"),
         };
         HostText::Inline(t)
@@ -146,13 +149,46 @@ impl Default for InlineText {
     }
 }
 
-impl fmt::Write for InlineText {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let end = self.len.checked_add(s.len()).ok_or(fmt::Error)?;
+impl InlineText {
+    /// Appends `n` in decimal. A host and a port are rendered on every request, and
+    /// `core::fmt` spends several times as long on them (its padding and width machinery).
+    fn push_decimal(&mut self, mut n: u16) -> fmt::Result {
+        let mut digits = [0u8; 5];
+        let mut start = digits.len();
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            start -= 1;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(digits.get(start..).unwrap_or_default())
+    }
+
+    /// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
+    fn push_ipv4(&mut self, a: Ipv4Addr) -> fmt::Result {
+        for (i, octet) in a.octets().into_iter().enumerate() {
+            if i > 0 {
+                self.push(b".")?;
+            }
+            self.push_decimal(u16::from(octet))?;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> fmt::Result {
+        let end = self.len.checked_add(bytes.len()).ok_or(fmt::Error)?;
         let dst = self.buf.get_mut(self.len..end).ok_or(fmt::Error)?;
-        dst.copy_from_slice(s.as_bytes());
+        dst.copy_from_slice(bytes);
         self.len = end;
         Ok(())
+    }
+}
+
+impl fmt::Write for InlineText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.push(s.as_bytes())
     }
 }
 
@@ -521,6 +557,27 @@ mod tests {
         let u = parse_target_url("http://10.0.0.1/").unwrap();
         assert_eq!(u.authority(), "10.0.0.1");
         assert_eq!(u.host_str(), "10.0.0.1");
+    }
+
+    /// The hand-written decimal rendering of addresses and ports says what `Display` says.
+    #[test]
+    fn addresses_and_ports_render_as_display_does() {
+        let octets = [0u8, 1, 9, 10, 42, 99, 100, 199, 200, 255];
+        let ports = [
+            1u16, 9, 10, 81, 99, 100, 443, 999, 1000, 8080, 9999, 10000, 65535,
+        ];
+        for (i, &a) in octets.iter().enumerate() {
+            for &b in &octets[i..] {
+                let addr = Ipv4Addr::new(a, b, octets[(i + 3) % octets.len()], b ^ a);
+                for &port in &ports {
+                    let u = parse_target_url(&format!("http://{addr}:{port}/")).unwrap();
+                    assert_eq!(&*u.host_str(), addr.to_string());
+                    assert_eq!(&*u.authority(), format!("{addr}:{port}"));
+                    let d = parse_target_url(&format!("http://h{a}.example:{port}/")).unwrap();
+                    assert_eq!(&*d.authority(), format!("h{a}.example:{port}"));
+                }
+            }
+        }
     }
 
     #[test]

@@ -99,7 +99,7 @@ struct Idle {
 #[derive(Default)]
 struct Inner {
     /// Per key, oldest first: reuse pops the newest from the back.
-    by_key: HashMap<PoolKey, VecDeque<Idle>>,
+    by_key: HashMap<PoolKey, VecDeque<Idle>, foldhash::fast::RandomState>,
     /// Sum of the list lengths.
     total: usize,
 }
