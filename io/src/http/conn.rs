@@ -492,12 +492,13 @@ impl<H: Handler> Connection<H> {
             }
             // A new connection must start its first request within the header timeout; a
             // kept-alive one may idle for the idle timeout.
+            let now = Instant::now();
             let idle_deadline = if self.requests == 0 {
                 checked_deadline(self.accepted_at, cfg.header_read_timeout)
             } else {
-                deadline_after(cfg.idle_timeout)
+                checked_deadline(now, cfg.idle_timeout)
             };
-            let release_at = deadline_after(IDLE_RELEASE);
+            let release_at = checked_deadline(now, IDLE_RELEASE);
             if release_at >= idle_deadline {
                 let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
                 match race(self.shutdown.idle_close(), read).await {
