@@ -168,32 +168,36 @@ impl<'de: 'a, 'a> Deserialize<'de> for CowStr<'a> {
     }
 }
 
+/// Whether `b` is written escaped in a JSON string.
+const fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\' || b == 0x7f
+}
+
 /// Appends `s` as a JSON string literal.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let esc: Option<&[u8]> = match b {
-            b'"' => Some(b"\\\""),
-            b'\\' => Some(b"\\\\"),
-            b'\n' => Some(b"\\n"),
-            b'\r' => Some(b"\\r"),
-            b'\t' => Some(b"\\t"),
-            0..=0x1f | 0x7f => None,
-            _ => continue,
+    let mut rest = s.as_bytes();
+    // Text without escapes (nearly all) is found by one scan and copied at once.
+    while let Some(at) = rest.iter().position(|&b| needs_escape(b)) {
+        let (clean, tail) = rest.split_at(at);
+        out.extend_from_slice(clean);
+        let Some((&b, after)) = tail.split_first() else {
+            break;
         };
-        out.extend_from_slice(bytes.get(start..i).unwrap_or_default());
-        match esc {
-            Some(e) => out.extend_from_slice(e),
-            None => {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            _ => {
                 out.extend_from_slice(b"\\u00");
                 out.extend_from_slice(&crate::hex::pair(b));
             }
         }
-        start = i + 1;
+        rest = after;
     }
-    out.extend_from_slice(bytes.get(start..).unwrap_or_default());
+    out.extend_from_slice(rest);
     out.push(b'"');
 }
 
@@ -271,5 +275,33 @@ mod tests {
         write_str(&mut out, "a\"b\\c\n\u{0}\u{7f}é");
         let back: String = serde_json::from_slice(&out).unwrap();
         assert_eq!(back, "a\"b\\c\n\u{0}\u{7f}é");
+    }
+
+    /// An escape anywhere, before, inside or after the runs skipped whole, is written escaped.
+    #[test]
+    fn write_str_escapes_at_every_position() {
+        for len in 0..50 {
+            for at in 0..len {
+                for special in ['"', '\\', '\n', '\u{1}', '\u{7f}'] {
+                    let text: String = (0..len)
+                        .map(|i| if i == at { special } else { 'x' })
+                        .collect();
+                    let mut out = Vec::new();
+                    write_str(&mut out, &text);
+                    let back: String = serde_json::from_slice(&out).unwrap();
+                    assert_eq!(back, text);
+                    let inner = &out[1..out.len() - 1];
+                    assert!(!inner.iter().any(|&b| b < 0x20 || b == 0x7f), "{text:?}");
+                    assert_eq!(inner.len(), len - 1 + escaped_len(special), "{text:?}");
+                }
+            }
+        }
+    }
+
+    fn escaped_len(c: char) -> usize {
+        match c {
+            '"' | '\\' | '\n' => 2,
+            _ => 6,
+        }
     }
 }
