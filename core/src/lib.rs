@@ -19,6 +19,7 @@
 pub mod bus;
 pub mod config;
 pub mod config_id;
+pub mod decimal;
 pub mod destination;
 pub mod dispatch;
 pub mod error;

@@ -87,20 +87,7 @@ fn write_b64_parts(out: &mut Vec<u8>, first: &[u8], second: &[u8]) {
 }
 
 fn write_u64(out: &mut Vec<u8>, v: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut v = v;
-    loop {
-        i -= 1;
-        if let Some(d) = buf.get_mut(i) {
-            *d = b'0' + (v % 10) as u8;
-        }
-        v /= 10;
-        if v == 0 || i == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(buf.get(i..).unwrap_or_default());
+    out.extend_from_slice(crate::decimal::Digits::of(v).as_bytes());
 }
 
 /// Header names are tokens on the wire; anything else is shown as lossy UTF-8.

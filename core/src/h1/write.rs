@@ -250,22 +250,8 @@ pub const fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        // `n % 10` is below 10, so the cast is exact; u64::MAX has 20 digits, so `i` stays in
-        // bounds.
-        if let Some(slot) = digits.get_mut(i) {
-            *slot = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(crate::decimal::Digits::of(n).as_bytes());
 }
 
 fn push_hex(out: &mut Vec<u8>, n: u64) {

@@ -150,20 +150,9 @@ impl Default for InlineText {
 }
 
 impl InlineText {
-    /// Appends `n` in decimal. A host and a port are rendered on every request, and
-    /// `core::fmt` spends several times as long on them (its padding and width machinery).
-    fn push_decimal(&mut self, mut n: u16) -> fmt::Result {
-        let mut digits = [0u8; 5];
-        let mut start = digits.len();
-        for d in digits.iter_mut().rev() {
-            *d = b'0' + (n % 10) as u8;
-            start -= 1;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(digits.get(start..).unwrap_or_default())
+    /// Appends `n` in decimal.
+    fn push_decimal(&mut self, n: u16) -> fmt::Result {
+        self.push(crate::decimal::Digits::of(u64::from(n)).as_bytes())
     }
 
     /// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
