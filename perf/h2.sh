@@ -54,11 +54,7 @@ start_tls_nginx() {
   chmod o+rx "$dir/www"
   chmod o+r "$dir/www/1k.bin"
   cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 16384; }
+$(nginx_main_context "$dir")
 http {
     log_format conn '\$server_port \$connection';
     access_log $dir/logs/access.log conn;

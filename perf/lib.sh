@@ -156,6 +156,19 @@ wait_port() {
   done
 }
 
+# The main context of every nginx the perf scripts start, whose files live under $1: one
+# worker (the other core belongs to the load generator and the gateway), enough descriptors for
+# the connection counts the scripts use, its pid and error log in $1.
+nginx_main_context() {
+  cat <<CONF
+worker_processes 1;
+worker_rlimit_nofile 20000;
+pid $1/nginx.pid;
+error_log $1/logs/error.log warn;
+events { worker_connections 16384; }
+CONF
+}
+
 # The `*_temp_path` lines of an nginx config whose files live under $1, so that nginx writes
 # nothing under its default prefix (which needs root).
 nginx_temp_paths() {
@@ -176,13 +189,7 @@ start_nginx() {
   local access_log="access_log off;"
   [ -z "${NGINX_ACCESS_LOG:-}" ] || access_log="access_log $NGINX_ACCESS_LOG source;"
   cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events {
-    worker_connections 16384;
-}
+$(nginx_main_context "$dir")
 http {
     log_format source '\$remote_addr';
     $access_log
@@ -234,11 +241,7 @@ write_nginx_hop() {
   local dir="$WORK_DIR/nginx-hop"
   mkdir -p "$dir/logs" "$dir/tmp"
   cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 16384; }
+$(nginx_main_context "$dir")
 http {
     access_log off;
     keepalive_timeout 120s;

@@ -96,11 +96,7 @@ write_upstream() {
   head -c 1024 /dev/zero | tr '\0' x >"$dir/www/1k"
   head -c 65536 /dev/zero | tr '\0' y >"$dir/www/64k"
   cat >"$dir/nginx.conf" <<CONF
-worker_processes 1;
-worker_rlimit_nofile 20000;
-pid $dir/nginx.pid;
-error_log $dir/logs/error.log warn;
-events { worker_connections 16384; }
+$(nginx_main_context "$dir")
 http {
     access_log off;
     sendfile on;
