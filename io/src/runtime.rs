@@ -286,6 +286,9 @@ mod tests {
             let listener = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = listener.local_addr().unwrap();
             let (tx, rx) = futures_channel::oneshot::channel::<()>();
+            // The pauses make the case under test, they wait for nothing: the core is asleep
+            // when the wake arrives, and its receive is posted before the bytes. Shorter ones
+            // would only test less.
             let client = std::thread::spawn(move || {
                 std::thread::sleep(std::time::Duration::from_millis(50));
                 tx.send(()).unwrap();
