@@ -17,6 +17,7 @@ pub mod serve;
 mod splice;
 pub mod store;
 pub mod systemd;
+pub(crate) mod timer;
 pub mod tokens;
 pub mod upgrade;
 pub mod worker;

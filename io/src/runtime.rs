@@ -219,6 +219,8 @@ fn uring_runtime(urb: io_uring::Builder) -> std::io::Result<UringRuntime> {
 
 /// Runs a future to completion on a new runtime of the given driver, on this thread.
 pub fn run_on<Fut: Future<Output = ()>>(driver: Driver, fut: Fut) {
+    // The coarse timers of a runtime that ran on this thread before are not this one's.
+    crate::timer::reset();
     match driver {
         Driver::IoUring => {
             // Completions are delivered without interrupting the thread (decision 120); a kernel

@@ -141,12 +141,9 @@ async fn connect_one(peer: SocketAddr, bind: Option<IpAddr>) -> io::Result<TcpSt
 /// Runs `fut` until `limit`; `None` when the limit came first (the future is dropped).
 ///
 /// A plain function returning a combinator, not an `async fn`: an `async fn` would keep `fut`
-/// twice in its state (as its argument and inside the timeout), and the timer alone is over
-/// half a kilobyte; every byte is copied when the request's future is boxed.
-pub(crate) fn within<F: std::future::Future>(
-    limit: Instant,
-    fut: F,
-) -> impl std::future::Future<Output = Option<F::Output>> {
-    use futures_util::FutureExt as _;
-    monoio::time::timeout_at(monoio::time::Instant::from_std(limit), fut).map(Result::ok)
+/// twice in its state (as its argument and inside the combinator). The timer is a coarse one
+/// of the core ([`crate::timer`]): the stage limits of an exchange are seconds, and almost
+/// none of them expires.
+pub(crate) fn within<F: std::future::Future>(limit: Instant, fut: F) -> crate::timer::Within<F> {
+    crate::timer::within(limit, fut)
 }

@@ -295,7 +295,7 @@ impl ResponseBodyReader {
             let Some(conn) = self.conn.as_mut() else {
                 return Ok(false);
             };
-            let idle_end = Instant::now().checked_add(self.idle);
+            let idle_end = crate::timer::now().checked_add(self.idle);
             if !matches!(self.framing, ResponseFraming::Chunked) {
                 // A body without chunk framing is relayed byte for byte: read it straight into
                 // the caller's buffer instead of copying it out of the connection's.
@@ -423,7 +423,7 @@ impl ResponseBodyReader {
             }
         };
         let read_until = || {
-            let idle_end = Instant::now().checked_add(idle);
+            let idle_end = crate::timer::now().checked_add(idle);
             Some(limit(idle_end, TimeoutType::Idle, deadline).0)
         };
         let outcome = splice::pump(
@@ -476,7 +476,7 @@ impl ResponseBodyReader {
             && self.framing != ResponseFraming::CloseDelimited
             && conn.is_plaintext_drained();
         if let (true, Some(key)) = (is_reusable, self.key.take()) {
-            self.home.pool.put(key, conn, Instant::now());
+            self.home.pool.put(key, conn, crate::timer::now());
         }
     }
 }
@@ -736,11 +736,10 @@ async fn exchange_head<B: BodySource>(
         BodyLength::Known(n) if sent != n => return Err(during(upload_mismatch())),
         _ => {}
     }
-    let sent_at = Instant::now();
     let header_end = req
         .timeouts
         .response_header
-        .and_then(|t| sent_at.checked_add(t));
+        .and_then(|t| crate::timer::now().checked_add(t));
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
     let mut buf = Vec::new();
     // For a caller that splices, on a plain connection, small reads: what they leave of a
@@ -767,7 +766,7 @@ async fn exchange_head<B: BodySource>(
 
 /// Writes `data` within the idle limit and the deadline.
 async fn write(conn: &mut Conn, req: &StreamRequest<'_>, data: Bytes) -> Result<(), ApiError> {
-    let idle_end = Instant::now().checked_add(req.timeouts.idle);
+    let idle_end = crate::timer::now().checked_add(req.timeouts.idle);
     let (at, expired) = limit(idle_end, TimeoutType::Idle, req.deadline);
     match within(at, conn.write_all(data)).await {
         Some(Ok(())) => Ok(()),

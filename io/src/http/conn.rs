@@ -202,9 +202,9 @@ impl ConnIo {
         let mut written = start.min(len);
         while written < len {
             let write = self.stream.write(buf.slice(written..len));
-            let (res, slice) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
-                Ok(done) => done,
-                Err(_) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
+            let (res, slice) = match crate::timer::within_for(self.cfg.write_timeout, write).await {
+                Some(done) => done,
+                None => return Err(io::Error::from(io::ErrorKind::TimedOut)),
             };
             buf = slice.into_inner();
             match res {
@@ -229,9 +229,9 @@ impl ConnIo {
         let pair = crate::fd::HeadAndBody::new(head, body);
         let total = pair.len();
         let write = self.stream.writev(pair);
-        let (res, pair) = match monoio::time::timeout(self.cfg.write_timeout, write).await {
-            Ok(done) => done,
-            Err(_) => return Err(io::Error::from(io::ErrorKind::TimedOut)),
+        let (res, pair) = match crate::timer::within_for(self.cfg.write_timeout, write).await {
+            Some(done) => done,
+            None => return Err(io::Error::from(io::ErrorKind::TimedOut)),
         };
         let written = match res {
             Ok(0) if total > 0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
@@ -480,10 +480,10 @@ impl<H: Handler> Connection<H> {
             self.io.prepare_head_read();
             if let Some(deadline) = head_deadline {
                 // Mid-head, shutdown does not interrupt: the request finishes, then closes.
-                match monoio::time::timeout_at(deadline, self.io.read_more()).await {
-                    Err(_) => return Next::Reject(408, "request_timeout"),
-                    Ok(Ok(0)) | Ok(Err(_)) => return Next::Close,
-                    Ok(Ok(_)) => {}
+                match crate::timer::within(deadline.into_std(), self.io.read_more()).await {
+                    None => return Next::Reject(408, "request_timeout"),
+                    Some(Ok(0)) | Some(Err(_)) => return Next::Close,
+                    Some(Ok(_)) => {}
                 }
                 continue;
             }
@@ -492,7 +492,8 @@ impl<H: Handler> Connection<H> {
             }
             // A new connection must start its first request within the header timeout; a
             // kept-alive one may idle for the idle timeout.
-            let now = Instant::now();
+            // The coarse clock: these are deadlines, and this runs once per request.
+            let now = Instant::from_std(crate::timer::now());
             let idle_deadline = if self.requests == 0 {
                 checked_deadline(self.accepted_at, cfg.header_read_timeout)
             } else {
@@ -500,17 +501,20 @@ impl<H: Handler> Connection<H> {
             };
             let release_at = checked_deadline(now, IDLE_RELEASE);
             if release_at >= idle_deadline {
-                let read = pin!(monoio::time::timeout_at(idle_deadline, self.io.read_more()));
+                let read = pin!(crate::timer::within(
+                    idle_deadline.into_std(),
+                    self.io.read_more()
+                ));
                 match race(self.shutdown.idle_close(), read).await {
                     Either::Left(()) => return Next::Close,
-                    Either::Right(Err(_)) => return Next::Close,
-                    Either::Right(Ok(Ok(0) | Err(_))) => return Next::Close,
-                    Either::Right(Ok(Ok(_))) => {}
+                    Either::Right(None) => return Next::Close,
+                    Either::Right(Some(Ok(0) | Err(_))) => return Next::Close,
+                    Either::Right(Some(Ok(_))) => {}
                 }
                 continue;
             }
             let mut read = pin!(self.io.read_more_cancelable(canceller.handle()));
-            let release = pin!(monoio::time::sleep_until(release_at));
+            let release = pin!(crate::timer::sleep_until(release_at.into_std()));
             let stop = pin!(race(self.shutdown.idle_close(), release));
             let res = match race(read.as_mut(), stop).await {
                 Either::Left(res) => res,

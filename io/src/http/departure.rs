@@ -23,7 +23,7 @@ pub const RECHECK_WITH_UNREAD_BYTES: Duration = Duration::from_millis(100);
 /// `fd` must stay open for as long as this future lives: the connection that owns it drops the
 /// watch before closing.
 pub(crate) async fn client_departure(fd: RawFd, after: Duration) {
-    monoio::time::sleep(after).await;
+    crate::timer::sleep(after).await;
     let watch = match fd::duplicate_stream(fd) {
         Ok(s) => s,
         Err(e) => {
@@ -34,12 +34,12 @@ pub(crate) async fn client_departure(fd: RawFd, after: Duration) {
     loop {
         match fd::peer_state(watch.as_raw_fd()) {
             PeerState::Gone => return,
-            PeerState::Unread => monoio::time::sleep(RECHECK_WITH_UNREAD_BYTES).await,
+            PeerState::Unread => crate::timer::sleep(RECHECK_WITH_UNREAD_BYTES).await,
             PeerState::Quiet => {
                 // Readable means bytes, an end of stream or an error: the next round tells
                 // which. A failed wait is retried after a pause rather than in a tight loop.
                 if watch.readable(false).await.is_err() {
-                    monoio::time::sleep(RECHECK_WITH_UNREAD_BYTES).await;
+                    crate::timer::sleep(RECHECK_WITH_UNREAD_BYTES).await;
                 }
             }
         }

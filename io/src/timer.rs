@@ -1,0 +1,696 @@
+//! Coarse per-core timers for the request path.
+//!
+//! Every request waits on a few limits (the write to the client, the stages of the exchange with
+//! the destination, the departure watch, the quiet spell before an idle connection gives its
+//! buffer back), and almost none of them ever expires: the operation finishes first and the
+//! timer is dropped. The runtime's own timers are precise and cost accordingly: a read of the
+//! clock per timer, an entry of a hierarchical wheel, a large future to move around. Limits of
+//! seconds do not need that. Here a timer is a slot in one vector per core and an index in a
+//! bucket of a hashed wheel of 8 ms buckets; one task per core (the ticker) sleeps on a
+//! single runtime timer until the earliest occupied bucket, and wakes what is due.
+//!
+//! The clock behind it is `CLOCK_MONOTONIC_COARSE` (the time of the last scheduler tick: a read
+//! without the time-stamp counter), and every deadline is rounded up, so that a timer never
+//! fires before its instant and at most about a bucket's length plus the clock's resolution after it.
+//! [`now`] gives the coarse clock as an [`Instant`] that is never behind the true time: for
+//! computing deadlines, not for measuring durations.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Length of one bucket of the wheel, in nanoseconds (8 ms).
+const TICK_NS: u64 = 8_000_000;
+/// Buckets of the wheel: one turn is 4.1 s; a longer limit stays in its bucket for more turns.
+const BUCKETS: usize = 512;
+const WORDS: usize = BUCKETS / 64;
+
+thread_local! {
+    static WHEEL: RefCell<Wheel> = RefCell::new(Wheel::new());
+    static BASE: Base = Base::capture();
+}
+
+/// The pairing of the coarse clock with [`Instant`], taken once per thread.
+struct Base {
+    instant: Instant,
+    /// The coarse clock when `instant` was read, in nanoseconds.
+    coarse_ns: u64,
+    /// How far the coarse clock may lag the true time: its resolution plus the gap between the
+    /// two reads that made the pairing.
+    lag_ns: u64,
+}
+
+impl Base {
+    fn capture() -> Base {
+        let coarse_ns = coarse_ns();
+        let instant = Instant::now();
+        let res_ns =
+            read(libc::CLOCK_MONOTONIC_COARSE, Read::Resolution).clamp(1_000_000, 100_000_000);
+        Base {
+            instant,
+            coarse_ns,
+            // The coarse read is at most a resolution behind the `Instant` read beside it; the
+            // margin covers the time between the two reads.
+            lag_ns: res_ns.saturating_add(100_000),
+        }
+    }
+}
+
+enum Read {
+    Time,
+    Resolution,
+}
+
+/// The time or the resolution of `clock`, in nanoseconds. Through the C library, whose
+/// `clock_gettime` reads the vDSO (and works under valgrind, which the raw vDSO lookup of
+/// `rustix` does not).
+#[allow(unsafe_code)]
+fn read(clock: libc::clockid_t, what: Read) -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable `timespec` for the length of the call, which only writes
+    // it; a clock the kernel does not know leaves it zero and returns an error, ignored here.
+    let _ = unsafe {
+        match what {
+            Read::Time => libc::clock_gettime(clock, &mut t),
+            Read::Resolution => libc::clock_getres(clock, &mut t),
+        }
+    };
+    u64::try_from(t.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(t.tv_nsec).unwrap_or(0))
+}
+
+/// The coarse monotonic clock; the precise one on a kernel without it (never zero in practice,
+/// so zero means the read failed).
+fn coarse_ns() -> u64 {
+    match read(libc::CLOCK_MONOTONIC_COARSE, Read::Time) {
+        0 => read(libc::CLOCK_MONOTONIC, Read::Time),
+        ns => ns,
+    }
+}
+
+/// The current tick: every instant of it has passed.
+fn current_tick() -> u64 {
+    coarse_ns() / TICK_NS
+}
+
+/// Now, from the coarse clock: never earlier than the true time, at most about twice the
+/// clock's resolution later. Cheaper than [`Instant::now`]; for deadlines, not for durations.
+pub(crate) fn now() -> Instant {
+    BASE.with(|b| {
+        let ahead = coarse_ns()
+            .saturating_sub(b.coarse_ns)
+            .saturating_add(b.lag_ns);
+        b.instant + Duration::from_nanos(ahead)
+    })
+}
+
+/// `now() + limit`, or a far instant when the sum does not fit.
+pub(crate) fn after(limit: Duration) -> Instant {
+    let from = now();
+    from.checked_add(limit)
+        .or_else(|| from.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(from)
+}
+
+/// The first tick at whose start `at` has certainly passed.
+fn tick_of(at: Instant) -> u64 {
+    BASE.with(|b| {
+        let since = u64::try_from(at.saturating_duration_since(b.instant).as_nanos())
+            .unwrap_or(u64::MAX / 2);
+        let ns = b.coarse_ns.saturating_add(since).saturating_add(b.lag_ns);
+        ns.div_ceil(TICK_NS)
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EntryState {
+    Vacant,
+    Waiting,
+    Fired,
+}
+
+struct Entry {
+    generation: u32,
+    state: EntryState,
+    tick: u64,
+    /// Position of the entry's index in its bucket, while it waits.
+    at: u32,
+    waker: Option<Waker>,
+}
+
+/// A registered timer: its slot, the slot's use and the wheel's.
+#[derive(Clone, Copy)]
+struct Handle {
+    index: u32,
+    generation: u32,
+    epoch: u32,
+}
+
+struct Wheel {
+    entries: Vec<Entry>,
+    free: Vec<u32>,
+    buckets: Vec<Vec<u32>>,
+    occupied: [u64; WORDS],
+    waiting: usize,
+    /// Every tick up to this one has been processed.
+    done: u64,
+    /// Changes when the wheel is reset for a new runtime on the thread, so that handles of the
+    /// runtime before do not reach the new entries.
+    epoch: u32,
+    ticker: Ticker,
+    /// Wakers to wake once the wheel is no longer borrowed, kept for its allocation.
+    due: Vec<Waker>,
+}
+
+#[derive(Default)]
+struct Ticker {
+    is_spawned: bool,
+    /// The tick the ticker sleeps until; `None` while it waits for a first timer.
+    sleeps_until: Option<u64>,
+    waker: Option<Waker>,
+}
+
+/// What registering found.
+enum Registered {
+    Waiting(Handle),
+    /// The deadline has passed already.
+    Due,
+}
+
+impl Wheel {
+    fn new() -> Wheel {
+        Wheel {
+            entries: Vec::new(),
+            free: Vec::new(),
+            buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
+            occupied: [0; WORDS],
+            waiting: 0,
+            done: current_tick(),
+            epoch: 0,
+            ticker: Ticker::default(),
+            due: Vec::new(),
+        }
+    }
+
+    fn entry(&mut self, h: Handle) -> Option<&mut Entry> {
+        if h.epoch != self.epoch {
+            return None;
+        }
+        self.entries
+            .get_mut(h.index as usize)
+            .filter(|e| e.generation == h.generation && e.state != EntryState::Vacant)
+    }
+
+    /// Registers a timer for `tick`; says whether the ticker must be woken (or spawned) to
+    /// honour it.
+    fn register(&mut self, tick: u64, waker: &Waker) -> (Registered, bool) {
+        if tick <= self.done {
+            return (Registered::Due, false);
+        }
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let Ok(i) = u32::try_from(self.entries.len()) else {
+                    return (Registered::Due, false);
+                };
+                self.entries.push(Entry {
+                    generation: 0,
+                    state: EntryState::Vacant,
+                    tick: 0,
+                    at: 0,
+                    waker: None,
+                });
+                i
+            }
+        };
+        let b = bucket_of(tick);
+        let Some(bucket) = self.buckets.get_mut(b) else {
+            self.free.push(index);
+            return (Registered::Due, false);
+        };
+        let at = u32::try_from(bucket.len()).unwrap_or(u32::MAX);
+        bucket.push(index);
+        if let Some(word) = self.occupied.get_mut(b / 64) {
+            *word |= 1 << (b % 64);
+        }
+        let Some(e) = self.entries.get_mut(index as usize) else {
+            return (Registered::Due, false);
+        };
+        e.generation = e.generation.wrapping_add(1);
+        e.state = EntryState::Waiting;
+        e.tick = tick;
+        e.at = at;
+        e.waker = Some(waker.clone());
+        let handle = Handle {
+            index,
+            generation: e.generation,
+            epoch: self.epoch,
+        };
+        self.waiting += 1;
+        let must_wake = match self.ticker.sleeps_until {
+            None => true,
+            Some(t) => tick < t,
+        };
+        (Registered::Waiting(handle), must_wake)
+    }
+
+    /// Takes the entry's index out of its bucket.
+    fn unlink(&mut self, index: u32, tick: u64, at: u32) {
+        let b = bucket_of(tick);
+        let Some(bucket) = self.buckets.get_mut(b) else {
+            return;
+        };
+        let at = at as usize;
+        if bucket.get(at) != Some(&index) {
+            return;
+        }
+        bucket.swap_remove(at);
+        if let Some(&moved) = bucket.get(at) {
+            if let Some(m) = self.entries.get_mut(moved as usize) {
+                m.at = at as u32;
+            }
+        }
+        if bucket.is_empty() {
+            if let Some(word) = self.occupied.get_mut(b / 64) {
+                *word &= !(1 << (b % 64));
+            }
+        }
+    }
+
+    /// Frees the timer behind `h`; gives back its waker, to be dropped once the wheel is no
+    /// longer borrowed.
+    fn cancel(&mut self, h: Handle) -> Option<Waker> {
+        let (state, tick, at, waker) = {
+            let e = self.entry(h)?;
+            let out = (e.state, e.tick, e.at, e.waker.take());
+            e.state = EntryState::Vacant;
+            out
+        };
+        if state == EntryState::Waiting {
+            self.unlink(h.index, tick, at);
+            self.waiting = self.waiting.saturating_sub(1);
+        }
+        self.free.push(h.index);
+        waker
+    }
+
+    /// Fires every timer whose tick is at or before `now` into `self.due`.
+    fn advance(&mut self, now: u64) {
+        if now <= self.done {
+            return;
+        }
+        let span = (now - self.done).min(BUCKETS as u64);
+        for step in 1..=span {
+            let b = bucket_of(self.done.wrapping_add(step));
+            let Some(bucket) = self.buckets.get_mut(b) else {
+                continue;
+            };
+            let mut i = 0;
+            while let Some(&index) = bucket.get(i) {
+                let fire = self
+                    .entries
+                    .get(index as usize)
+                    .is_some_and(|e| e.tick <= now);
+                if !fire {
+                    i += 1;
+                    continue;
+                }
+                bucket.swap_remove(i);
+                if let Some(&moved) = bucket.get(i) {
+                    if let Some(m) = self.entries.get_mut(moved as usize) {
+                        m.at = i as u32;
+                    }
+                }
+                if let Some(e) = self.entries.get_mut(index as usize) {
+                    e.state = EntryState::Fired;
+                    if let Some(w) = e.waker.take() {
+                        self.due.push(w);
+                    }
+                }
+                self.waiting = self.waiting.saturating_sub(1);
+            }
+            if bucket.is_empty() {
+                if let Some(word) = self.occupied.get_mut(b / 64) {
+                    *word &= !(1 << (b % 64));
+                }
+            }
+        }
+        self.done = now;
+    }
+
+    /// The first tick after `done` whose bucket holds a timer (of this turn or a later one).
+    fn next_occupied(&self) -> Option<u64> {
+        if self.waiting == 0 {
+            return None;
+        }
+        let start = bucket_of(self.done.wrapping_add(1));
+        (0..BUCKETS).find_map(|d| {
+            let b = (start + d) % BUCKETS;
+            let word = self.occupied.get(b / 64)?;
+            (word & (1 << (b % 64)) != 0).then(|| self.done + 1 + d as u64)
+        })
+    }
+}
+
+fn bucket_of(tick: u64) -> usize {
+    (tick % BUCKETS as u64) as usize
+}
+
+/// Starts over for a new runtime on this thread: the timers of the one before (whose tasks it
+/// never polls again) are forgotten, and the next timer spawns a ticker on the new runtime.
+pub(crate) fn reset() {
+    let old = WHEEL.with(|w| {
+        let mut w = w.borrow_mut();
+        let epoch = w.epoch.wrapping_add(1);
+        let old = std::mem::replace(&mut *w, Wheel::new());
+        w.epoch = epoch;
+        old
+    });
+    // Dropping wakers may drop tasks, whose timers reach the wheel again: not while it is
+    // borrowed.
+    drop(old);
+}
+
+/// Registers, spawning or waking the ticker when needed.
+fn register(tick: u64, waker: &Waker) -> Registered {
+    let (registered, spawn, wake) = WHEEL.with(|w| {
+        let mut w = w.borrow_mut();
+        let (registered, must_wake) = w.register(tick, waker);
+        if !must_wake {
+            return (registered, false, None);
+        }
+        if !w.ticker.is_spawned {
+            w.ticker.is_spawned = true;
+            return (registered, true, None);
+        }
+        (registered, false, w.ticker.waker.take())
+    });
+    if spawn {
+        monoio::spawn(Tick { sleep: None });
+    }
+    if let Some(w) = wake {
+        w.wake();
+    }
+    registered
+}
+
+fn cancel(h: Handle) {
+    let waker = WHEEL.with(|w| w.borrow_mut().cancel(h));
+    drop(waker);
+}
+
+/// Whether the timer behind `h` fired; refreshes its waker while it waits.
+fn check(h: Handle, waker: &Waker) -> bool {
+    let old = WHEEL.with(|w| {
+        let mut w = w.borrow_mut();
+        match w.entry(h) {
+            Some(e) if e.state == EntryState::Waiting => {
+                if e.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    return Ok(None);
+                }
+                Ok(e.waker.replace(waker.clone()))
+            }
+            // Fired, or forgotten by a reset: either way it will not wake anything any more.
+            _ => Err(()),
+        }
+    });
+    match old {
+        Ok(old) => {
+            drop(old);
+            false
+        }
+        Err(()) => true,
+    }
+}
+
+/// The per-core task that wakes due timers.
+struct Tick {
+    sleep: Option<(u64, Pin<Box<monoio::time::Sleep>>)>,
+}
+
+impl Future for Tick {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        loop {
+            let now = current_tick();
+            let (due, next) = WHEEL.with(|w| {
+                let mut w = w.borrow_mut();
+                w.advance(now);
+                let due = std::mem::take(&mut w.due);
+                let next = w.next_occupied();
+                w.ticker.sleeps_until = next;
+                if !w
+                    .ticker
+                    .waker
+                    .as_ref()
+                    .is_some_and(|k| k.will_wake(cx.waker()))
+                {
+                    w.ticker.waker = Some(cx.waker().clone());
+                }
+                (due, next)
+            });
+            let mut due = due;
+            for waker in due.drain(..) {
+                waker.wake();
+            }
+            // Give the vector back for its allocation.
+            WHEEL.with(|w| {
+                let mut w = w.borrow_mut();
+                if w.due.capacity() < due.capacity() {
+                    w.due = due;
+                }
+            });
+            let Some(next) = next else {
+                this.sleep = None;
+                return Poll::Pending;
+            };
+            let sleep = match &mut this.sleep {
+                Some((t, s)) if *t == next => s,
+                slot => {
+                    let wait_ns = next.saturating_mul(TICK_NS).saturating_sub(coarse_ns());
+                    let s = Box::pin(monoio::time::sleep(Duration::from_nanos(wait_ns)));
+                    &mut slot.insert((next, s)).1
+                }
+            };
+            match sleep.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) => this.sleep = None,
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`within`]'s future.
+    pub(crate) struct Within<F> {
+        #[pin]
+        fut: F,
+        timer: Timer,
+    }
+}
+
+/// A timer's registration, freed when dropped.
+struct Timer {
+    tick: u64,
+    handle: Option<Handle>,
+}
+
+impl Timer {
+    fn new(at: Instant) -> Timer {
+        Timer {
+            tick: tick_of(at),
+            handle: None,
+        }
+    }
+
+    /// Whether the deadline passed; registers on the first call.
+    fn is_due(&mut self, waker: &Waker) -> bool {
+        match self.handle {
+            Some(h) => check(h, waker),
+            None => match register(self.tick, waker) {
+                Registered::Waiting(h) => {
+                    self.handle = Some(h);
+                    false
+                }
+                Registered::Due => true,
+            },
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            cancel(h);
+        }
+    }
+}
+
+/// Runs `fut` until `at`: `None` when the deadline came first.
+pub(crate) fn within<F: Future>(at: Instant, fut: F) -> Within<F> {
+    Within {
+        fut,
+        timer: Timer::new(at),
+    }
+}
+
+/// Runs `fut` for at most `limit` from now.
+pub(crate) fn within_for<F: Future>(limit: Duration, fut: F) -> Within<F> {
+    within(after(limit), fut)
+}
+
+impl<F: Future> Future for Within<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(v) = this.fut.poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        if this.timer.is_due(cx.waker()) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
+}
+
+/// [`sleep_until`]'s future.
+pub(crate) struct Sleep {
+    timer: Timer,
+}
+
+/// Completes once `at` has passed.
+pub(crate) fn sleep_until(at: Instant) -> Sleep {
+    Sleep {
+        timer: Timer::new(at),
+    }
+}
+
+/// Completes once `limit` from now has passed.
+pub(crate) fn sleep(limit: Duration) -> Sleep {
+    sleep_until(after(limit))
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.get_mut().timer.is_due(cx.waker()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{run_on, Driver};
+
+    #[test]
+    fn now_is_never_behind_the_true_time() {
+        for _ in 0..1000 {
+            let before = Instant::now();
+            assert!(now() >= before);
+        }
+        let coarse = now();
+        assert!(coarse <= Instant::now() + Duration::from_millis(250));
+    }
+
+    /// Timers fire in order, never before their instant and not much after it, on both drivers.
+    #[test]
+    fn timers_fire_after_their_instant_and_in_order() {
+        for driver in [Driver::detect(), Driver::Legacy] {
+            run_on(driver, async {
+                let start = Instant::now();
+                let order = std::rc::Rc::new(RefCell::new(Vec::new()));
+                let mut tasks = Vec::new();
+                for ms in [120u64, 30, 70, 5, 300] {
+                    let order = order.clone();
+                    tasks.push(monoio::spawn(async move {
+                        let at = start + Duration::from_millis(ms);
+                        sleep_until(at).await;
+                        let late = Instant::now().duration_since(at);
+                        order.borrow_mut().push(ms);
+                        late
+                    }));
+                }
+                for t in tasks {
+                    let late = t.await;
+                    assert!(late < Duration::from_millis(200), "fired {late:?} late");
+                }
+                assert_eq!(*order.borrow(), vec![5, 30, 70, 120, 300]);
+            });
+        }
+    }
+
+    /// A limit beyond one turn of the wheel waits its turns; a deadline in the past is due at
+    /// once; an operation that finishes first wins and leaves no timer behind.
+    #[test]
+    fn long_limits_past_deadlines_and_finished_operations() {
+        run_on(Driver::detect(), async {
+            let long = BUCKETS as u64 * TICK_NS + 300_000_000;
+            let start = Instant::now();
+            sleep(Duration::from_nanos(long)).await;
+            assert!(start.elapsed() >= Duration::from_nanos(long));
+
+            assert!(within(
+                Instant::now() - Duration::from_millis(5),
+                std::future::pending::<()>()
+            )
+            .await
+            .is_none());
+
+            for _ in 0..1000 {
+                let v = within_for(Duration::from_secs(30), async { 7 }).await;
+                assert_eq!(v, Some(7));
+            }
+            let quick = within_for(
+                Duration::from_secs(30),
+                monoio::time::sleep(Duration::from_millis(20)),
+            )
+            .await;
+            assert!(quick.is_some());
+            WHEEL.with(|w| assert_eq!(w.borrow().waiting, 0));
+
+            let cut = within_for(Duration::from_millis(40), std::future::pending::<()>()).await;
+            assert!(cut.is_none());
+            assert!(start.elapsed() >= Duration::from_millis(40));
+        });
+    }
+
+    /// Many timers sharing buckets, most dropped before they fire: the wheel keeps its books.
+    #[test]
+    fn dropped_timers_leave_the_wheel_consistent() {
+        run_on(Driver::detect(), async {
+            let mut keep = Vec::new();
+            for i in 0..2000u64 {
+                let mut s = Box::pin(sleep(Duration::from_millis(10 + i % 50)));
+                let _ = s.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+                if i % 10 == 0 {
+                    keep.push(s);
+                }
+            }
+            WHEEL.with(|w| assert_eq!(w.borrow().waiting, 200));
+            for s in keep {
+                s.await;
+            }
+            WHEEL.with(|w| {
+                let w = w.borrow();
+                assert_eq!(w.waiting, 0);
+                assert!(w.buckets.iter().all(Vec::is_empty));
+                assert!(w.occupied.iter().all(|&x| x == 0));
+            });
+        });
+    }
+}
