@@ -111,6 +111,12 @@ pub(crate) fn now() -> Instant {
     })
 }
 
+/// Seconds since the Unix epoch, from the coarse wall clock (the last scheduler tick's time); a
+/// clock before 1970 reads as the epoch.
+pub(crate) fn wall_secs() -> u64 {
+    read(libc::CLOCK_REALTIME_COARSE, Read::Time) / 1_000_000_000
+}
+
 /// `now() + limit`, or a far instant when the sum does not fit.
 pub(crate) fn after(limit: Duration) -> Instant {
     let from = now();
@@ -605,6 +611,15 @@ mod tests {
         }
         let coarse = now();
         assert!(coarse <= Instant::now() + Duration::from_millis(250));
+    }
+
+    #[test]
+    fn the_coarse_wall_clock_agrees_with_the_system_clock() {
+        let precise = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(wall_secs().abs_diff(precise) <= 1);
     }
 
     /// Timers fire in order, never before their instant and not much after it, on both drivers.

@@ -1,11 +1,9 @@
 //! The `Date` response field (RFC 9110 §6.6.1), formatted at most once per second per core.
 //!
-//! On the per-request path: one clock read and a 29-byte copy per response.
-
-use std::cell::Cell;
-use std::time::{SystemTime, UNIX_EPOCH};
+//! On the per-request path: one read of the coarse clock and a 29-byte copy per response.
 
 use crate::clock::civil_from_days;
+use std::cell::Cell;
 
 /// Length of an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub(crate) const IMF_FIXDATE_LEN: usize = 29;
@@ -16,12 +14,9 @@ thread_local! {
     static CACHE: Cell<(u64, [u8; IMF_FIXDATE_LEN])> = const { Cell::new((u64::MAX, [0; IMF_FIXDATE_LEN])) };
 }
 
-/// The current time as an IMF-fixdate.
+/// The current time as an IMF-fixdate, from the coarse wall clock (a field of whole seconds).
 pub(crate) fn now() -> [u8; IMF_FIXDATE_LEN] {
-    // A clock before 1970 is a broken clock; the epoch is as good an answer as any.
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = crate::timer::wall_secs();
     CACHE.with(|cache| {
         let (cached_secs, text) = cache.get();
         if cached_secs == secs {
