@@ -442,7 +442,7 @@ impl<H: Handler> Connection<H> {
             // Boxed once per request, so that the state of a request in progress (the
             // handler's future, the body, the response) is held only while it runs, not
             // through the quiet time before the connection goes idle.
-            match Box::pin(self.exchange(parts)).await {
+            match crate::runtime::boxed_in_place(|| self.exchange(parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
                 Flow::Close => return Busy::Close,
                 Flow::Tunnel(tunnel) => return Busy::Tunnel(tunnel),
