@@ -1,7 +1,7 @@
 //! Benchmark: base64 encoding of a response body into the result envelope, the `base64` crate
 //! (zero-filled room, then `encode_slice`: the encoder used before) against `base64-simd`
-//! (`encode_append` into spare capacity: the one used now), at 1 KiB, 64 KiB and 1 MiB, plus the
-//! whole result envelope at 64 KiB. After the criterion groups it prints, per size, the ratio
+//! (`encode_append` into spare capacity: the one used now), at 16 and 60 bytes (header values,
+//! each encoded on its own), 1 KiB, 64 KiB and 1 MiB, plus the whole result envelope at 64 KiB. After the criterion groups it prints, per size, the ratio
 //! of the two encoders measured in interleaved rounds of the same run.
 // A benchmark measures time: the clock rule of `core/clippy.toml` is for the library.
 #![allow(clippy::disallowed_methods)]
@@ -11,7 +11,14 @@ use base64::Engine as _;
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sortie_core::result::{RequestResult, ResultBody, Timing};
 
-const SIZES: &[(&str, usize)] = &[("1k", 1024), ("64k", 64 * 1024), ("1m", 1024 * 1024)];
+/// A short header value, a long one, and bodies.
+const SIZES: &[(&str, usize)] = &[
+    ("16", 16),
+    ("60", 60),
+    ("1k", 1024),
+    ("64k", 64 * 1024),
+    ("1m", 1024 * 1024),
+];
 
 /// Deterministic bytes that are not one repeated value.
 fn body(len: usize) -> Vec<u8> {
