@@ -206,10 +206,10 @@ impl<'c> Body<'c> {
             }
             self.io.prepare_body_read();
             let timeout = self.io.cfg.body_read_timeout;
-            match monoio::time::timeout(timeout, self.io.read_more()).await {
-                Err(_) => return Err(self.fail(BodyError::TimedOut)),
-                Ok(Ok(0)) | Ok(Err(_)) => return Err(self.fail(BodyError::Disconnected)),
-                Ok(Ok(_)) => {}
+            match crate::timer::within_for(timeout, self.io.read_more()).await {
+                None => return Err(self.fail(BodyError::TimedOut)),
+                Some(Ok(0)) | Some(Err(_)) => return Err(self.fail(BodyError::Disconnected)),
+                Some(Ok(_)) => {}
             }
         }
     }

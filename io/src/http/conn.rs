@@ -729,8 +729,8 @@ impl<H: Handler> Connection<H> {
             if self.io.buf.capacity() == 0 {
                 self.io.buf.reserve(INITIAL_READ_BUFFER_BYTES);
             }
-            match monoio::time::timeout_at(deadline, self.io.read_more()).await {
-                Ok(Ok(n)) if n > 0 => {
+            match crate::timer::within(deadline.into_std(), self.io.read_more()).await {
+                Some(Ok(n)) if n > 0 => {
                     discarded = discarded.saturating_add(n);
                     if discarded > MAX_LINGER_BYTES {
                         return;
@@ -964,6 +964,10 @@ mod tests {
             );
             let size = std::mem::size_of_val(&fut);
             assert!(size <= 3 * 1024, "{size} bytes");
+            // A cache-padded field (the runtime's own timers have them) would make every box
+            // of a connection's or request's state an over-aligned allocation.
+            let align = std::mem::align_of_val(&fut);
+            assert!(align <= 16, "aligned to {align} bytes");
         });
     }
 
