@@ -90,8 +90,15 @@ fn write_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(crate::decimal::Digits::of(v).as_bytes());
 }
 
-/// Header names are tokens on the wire; anything else is shown as lossy UTF-8.
+/// Header names are tokens on the wire, copied as they are (a token is ASCII with nothing JSON
+/// escapes); anything else is shown as lossy UTF-8.
 fn write_name(out: &mut Vec<u8>, name: &[u8]) {
+    if name.iter().all(|&b| crate::request::is_tchar(b)) {
+        out.push(b'"');
+        out.extend_from_slice(name);
+        out.push(b'"');
+        return;
+    }
     match std::str::from_utf8(name) {
         Ok(s) => write_str(out, s),
         Err(_) => write_str(out, &String::from_utf8_lossy(name)),
@@ -228,6 +235,24 @@ mod tests {
         };
         let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
         assert_eq!(v["body"]["data_base64"], "");
+    }
+
+    /// Token names are copied, anything else escaped: each way the name reads back the same.
+    #[test]
+    fn names_are_copied_or_escaped() {
+        for (name, shown) in [
+            (&b"Content-Type"[..], "Content-Type"),
+            (b"x!#$%&'*+-.^_`|~09", "x!#$%&'*+-.^_`|~09"),
+            (b"with space", "with space"),
+            (b"q\"uo\\te", "q\"uo\\te"),
+            (b"ctl\x01", "ctl\u{1}"),
+            (b"bad\xff", "bad\u{fffd}"),
+        ] {
+            let mut out = Vec::new();
+            write_name(&mut out, name);
+            let v: String = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v, shown);
+        }
     }
 
     #[test]
