@@ -9,7 +9,7 @@
 //! On the per-request path: appends only, no logging.
 
 use super::error::H1Error;
-use super::head::{is_field_value_byte, is_target_byte, is_token};
+use super::head::{is_field_value, is_target_byte, is_token};
 use super::request::is_valid_host;
 
 /// How the body following a written head is delimited.
@@ -132,7 +132,7 @@ where
         let (name, value) = (name.as_ref(), value.as_ref());
         let checked = if !is_token(name) {
             Err(H1Error::InvalidHeaderName)
-        } else if !value.iter().all(|&b| is_field_value_byte(b)) {
+        } else if !is_field_value(value) {
             Err(H1Error::InvalidHeaderValue)
         } else {
             Ok(())
