@@ -1511,7 +1511,7 @@ async fn fetch_receipt(
 
 /// A receipt body read from the control while it is sent to the destination.
 struct ReceiptBody {
-    body: crate::egress::ResponseBodyReader,
+    body: Box<crate::egress::ResponseBodyReader>,
     left: u64,
     len: u64,
     piece: Vec<u8>,

@@ -354,7 +354,7 @@ async fn attempt<'a>(
                 rest: out,
             }
         }
-        ResponseBodyMode::Receipt => store_response(receipts, deployment, &mut resp.body).await?,
+        ResponseBodyMode::Receipt => store_response(receipts, deployment, &mut *resp.body).await?,
     };
     Ok(Exchange {
         status: resp.status,

@@ -165,8 +165,9 @@ pub struct StreamedResponse {
     pub connect_ms: u64,
     /// Whether the response came over a pooled connection.
     pub is_connection_reused: bool,
-    /// The body.
-    pub body: ResponseBodyReader,
+    /// The body, boxed: the reader (its connection and decoder) is most of the response's
+    /// size, and the response is moved through every layer between the egress and the handler.
+    pub body: Box<ResponseBodyReader>,
 }
 
 /// A `Content-Length` body with at least this many bytes left after its head is spliced to a
@@ -824,7 +825,7 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
             peer_addr: c.peer(),
             connect_ms: got.connect_ms,
             is_connection_reused: got.is_reused,
-            body: ResponseBodyReader {
+            body: Box::new(ResponseBodyReader {
                 conn: None,
                 h2: (!is_finished).then_some(head.body),
                 decoder,
@@ -837,7 +838,7 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
                 idle: self.req.timeouts.idle,
                 home: self.egress.inner.clone(),
                 key: None,
-            },
+            }),
         })
     }
 
@@ -880,7 +881,7 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
             peer_addr,
             connect_ms: got.connect_ms,
             is_connection_reused: got.is_reused,
-            body: reader,
+            body: Box::new(reader),
         })
     }
 

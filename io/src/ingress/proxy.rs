@@ -583,7 +583,7 @@ async fn remote_relay<B: BodySource>(
 /// A destination's response body on its way to the client. It holds the request's place in
 /// the active list and its worker capacity until the body ends or the client leaves.
 struct RelayedBody {
-    reader: ResponseBodyReader,
+    reader: Box<ResponseBodyReader>,
     length: Option<u64>,
     /// For the error answer when the body fails before any byte reached the client.
     request_id: RequestId,
