@@ -600,7 +600,7 @@ struct WLane {
     settings: Option<sortie_core::bus::LaneSettings>,
     out: Outbox,
     proto: RefCell<WorkerLane>,
-    streams: RefCell<HashMap<StreamId, Rc<WStream>>>,
+    streams: RefCell<HashMap<StreamId, Rc<WStream>, foldhash::fast::RandomState>>,
 }
 
 impl WLane {
@@ -781,7 +781,7 @@ async fn lane_session(
         settings: welcome.settings,
         out: Outbox::default(),
         proto: RefCell::new(proto),
-        streams: RefCell::new(HashMap::new()),
+        streams: RefCell::new(HashMap::default()),
     });
     conn.keep_alive(Duration::from_millis(u64::from(welcome.heartbeat_ms)));
     // Version 4: only lane 0 carries heartbeats; the kernel keeps the others (decision 118).

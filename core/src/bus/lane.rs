@@ -14,6 +14,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+/// The lanes' per-stream maps, looked up on every frame: seeded foldhash, a fraction of
+/// SipHash's cost on a stream id.
+type StreamMap<V> = HashMap<StreamId, V, foldhash::fast::RandomState>;
+
 use super::frame::{Assign, BodySource, Frame, Sender, StreamId};
 use super::{INITIAL_UPLOAD_WINDOW, MAX_WINDOW, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
 
@@ -77,7 +81,7 @@ enum Phase {
 #[derive(Debug)]
 pub struct ControlLane {
     phase: Phase,
-    streams: HashMap<StreamId, ControlStream>,
+    streams: StreamMap<ControlStream>,
     cancelled: HashSet<StreamId>,
     /// Streamed and tunnel streams whose control → worker direction has not ended.
     up_open: HashSet<StreamId>,
@@ -86,7 +90,7 @@ pub struct ControlLane {
     half: HashSet<StreamId>,
     /// Of the streamed and tunnel streams, the bytes the control may still send (the upload
     /// window plus the worker's credit, minus what it sent).
-    sendable: HashMap<StreamId, u64>,
+    sendable: StreamMap<u64>,
     next_stream: StreamId,
 }
 
@@ -101,11 +105,11 @@ impl ControlLane {
     pub fn new() -> ControlLane {
         ControlLane {
             phase: Phase::AwaitHello,
-            streams: HashMap::new(),
+            streams: StreamMap::default(),
             cancelled: HashSet::new(),
             up_open: HashSet::new(),
             half: HashSet::new(),
-            sendable: HashMap::new(),
+            sendable: StreamMap::default(),
             next_stream: 1,
         }
     }
@@ -370,7 +374,7 @@ struct WorkerStream {
 #[derive(Debug)]
 pub struct WorkerLane {
     phase: Phase,
-    streams: HashMap<StreamId, WorkerStream>,
+    streams: StreamMap<WorkerStream>,
 }
 
 impl Default for WorkerLane {
@@ -384,7 +388,7 @@ impl WorkerLane {
     pub fn new() -> WorkerLane {
         WorkerLane {
             phase: Phase::AwaitAdmission,
-            streams: HashMap::new(),
+            streams: StreamMap::default(),
         }
     }
 

@@ -475,7 +475,7 @@ pub(crate) struct Lane {
     worker_id: Box<str>,
     session: Box<str>,
     proto: RefCell<ControlLane>,
-    streams: RefCell<HashMap<StreamId, Rc<StreamSlot>>>,
+    streams: RefCell<HashMap<StreamId, Rc<StreamSlot>, foldhash::fast::RandomState>>,
     pub(super) out: Outbox,
     is_closed: Cell<bool>,
     stop: crate::bus::Notify,
@@ -533,9 +533,9 @@ pub struct BusCore {
     core: usize,
     shared: Arc<BusShared>,
     state: Arc<ControlState>,
-    lanes: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+    lanes: RefCell<HashMap<Box<str>, Rc<Lane>, foldhash::fast::RandomState>>,
     /// Lanes of standby sessions: a worker's successor waiting to take over (decision 115).
-    standby: RefCell<HashMap<Box<str>, Rc<Lane>>>,
+    standby: RefCell<HashMap<Box<str>, Rc<Lane>, foldhash::fast::RandomState>>,
     /// Lanes of sessions that said `GoAway` and were replaced on this core by their successor:
     /// they finish their streams, under heartbeat supervision, until the worker closes them.
     retiring: RefCell<Vec<Rc<Lane>>>,
@@ -550,8 +550,8 @@ impl BusCore {
             core,
             shared,
             state,
-            lanes: RefCell::new(HashMap::new()),
-            standby: RefCell::new(HashMap::new()),
+            lanes: RefCell::new(HashMap::default()),
+            standby: RefCell::new(HashMap::default()),
             retiring: RefCell::new(Vec::new()),
             pre_auth: Cell::new(0),
         })
@@ -773,7 +773,7 @@ impl BusCore {
             worker_id: hello.worker_id.as_str().into(),
             session: hello.session.as_str().into(),
             proto: RefCell::new(proto),
-            streams: RefCell::new(HashMap::new()),
+            streams: RefCell::new(HashMap::default()),
             out: Outbox::default(),
             is_closed: Cell::new(false),
             stop: crate::bus::Notify::default(),
