@@ -11,9 +11,9 @@
 //!
 //! The clock behind it is `CLOCK_MONOTONIC_COARSE` (the time of the last scheduler tick: a read
 //! without the time-stamp counter), and every deadline is rounded up, so that a timer never
-//! fires before its instant and at most about a bucket's length plus the clock's resolution after it.
-//! [`now`] gives the coarse clock as an [`Instant`] that is never behind the true time: for
-//! computing deadlines, not for measuring durations.
+//! fires before its instant and at most about a bucket's length plus the clock's resolution
+//! after it (decision 121). [`now`] gives the coarse clock as an [`Instant`] that is never
+//! behind the true time: for computing deadlines, not for measuring durations.
 
 use std::cell::RefCell;
 use std::future::Future;
