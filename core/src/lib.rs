@@ -41,3 +41,8 @@ pub mod routing;
 pub mod snapshot;
 pub mod upstream_proxy;
 pub mod worker;
+
+/// A map looked up on the per-request path (the connection pool, metrics, the routing table,
+/// the bus's streams and lanes): seeded foldhash, which costs a fraction of SipHash on these
+/// short keys. Build one with `FastMap::default()`.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -42,12 +42,12 @@ impl Histogram {
 }
 
 /// One deployment's request counts by (ingress, outcome).
-type ByOutcome = HashMap<(Ingress, &'static str), u64, foldhash::fast::RandomState>;
+type ByOutcome = sortie_core::FastMap<(Ingress, &'static str), u64>;
 
 struct Shard {
     /// Deployment → (ingress, outcome) → count; looked up by `&str`, so a known deployment
     /// allocates nothing.
-    requests: Mutex<HashMap<String, ByOutcome, foldhash::fast::RandomState>>,
+    requests: Mutex<sortie_core::FastMap<String, ByOutcome>>,
     stages: [Histogram; 4],
     /// Tunnels ended, and the bytes they carried up (client to destination) and down.
     tunnels: [AtomicU64; 3],

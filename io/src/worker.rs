@@ -600,7 +600,7 @@ struct WLane {
     settings: Option<sortie_core::bus::LaneSettings>,
     out: Outbox,
     proto: RefCell<WorkerLane>,
-    streams: RefCell<HashMap<StreamId, Rc<WStream>, foldhash::fast::RandomState>>,
+    streams: RefCell<sortie_core::FastMap<StreamId, Rc<WStream>>>,
 }
 
 impl WLane {

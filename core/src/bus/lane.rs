@@ -12,14 +12,11 @@
 //! a streamed body or tunnel bytes ends when both directions have ended (or on `StreamError`,
 //! `Refuse` or `Cancel`); otherwise the worker's end ends it.
 
-use std::collections::{HashMap, HashSet};
-
-/// The lanes' per-stream maps, looked up on every frame: seeded foldhash, a fraction of
-/// SipHash's cost on a stream id.
-type StreamMap<V> = HashMap<StreamId, V, foldhash::fast::RandomState>;
+use std::collections::HashSet;
 
 use super::frame::{Assign, BodySource, Frame, Sender, StreamId};
 use super::{INITIAL_UPLOAD_WINDOW, MAX_WINDOW, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
+use crate::FastMap;
 
 /// Most streams open at once on one lane.
 pub const MAX_STREAMS_PER_LANE: usize = 65_536;
@@ -81,7 +78,7 @@ enum Phase {
 #[derive(Debug)]
 pub struct ControlLane {
     phase: Phase,
-    streams: StreamMap<ControlStream>,
+    streams: FastMap<StreamId, ControlStream>,
     cancelled: HashSet<StreamId>,
     /// Streamed and tunnel streams whose control → worker direction has not ended.
     up_open: HashSet<StreamId>,
@@ -90,7 +87,7 @@ pub struct ControlLane {
     half: HashSet<StreamId>,
     /// Of the streamed and tunnel streams, the bytes the control may still send (the upload
     /// window plus the worker's credit, minus what it sent).
-    sendable: StreamMap<u64>,
+    sendable: FastMap<StreamId, u64>,
     next_stream: StreamId,
 }
 
@@ -105,11 +102,11 @@ impl ControlLane {
     pub fn new() -> ControlLane {
         ControlLane {
             phase: Phase::AwaitHello,
-            streams: StreamMap::default(),
+            streams: FastMap::default(),
             cancelled: HashSet::new(),
             up_open: HashSet::new(),
             half: HashSet::new(),
-            sendable: StreamMap::default(),
+            sendable: FastMap::default(),
             next_stream: 1,
         }
     }
@@ -374,7 +371,7 @@ struct WorkerStream {
 #[derive(Debug)]
 pub struct WorkerLane {
     phase: Phase,
-    streams: StreamMap<WorkerStream>,
+    streams: FastMap<StreamId, WorkerStream>,
 }
 
 impl Default for WorkerLane {
@@ -388,7 +385,7 @@ impl WorkerLane {
     pub fn new() -> WorkerLane {
         WorkerLane {
             phase: Phase::AwaitAdmission,
-            streams: StreamMap::default(),
+            streams: FastMap::default(),
         }
     }
 

@@ -14,17 +14,13 @@
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
-
-/// The table's maps, looked up on every routed request: seeded foldhash, which costs a fraction
-/// of SipHash on these short keys (claims, interned names, worker ids from the configuration
-/// and authenticated registrations).
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use crate::provider_session::{ProviderSession, ProviderSessionInputs};
 use crate::rendezvous;
 use crate::snapshot::{ConfigId, Pool, Rule, ValidatedSnapshot};
 use crate::worker::{IngressSet, WorkerRecord};
+use crate::FastMap;
 
 use super::pins::{PinKey, StickyPins};
 use super::{
@@ -62,7 +58,7 @@ struct PoolMembers {
     /// Every routable member, sorted by worker index.
     all: Vec<u32>,
     /// Claim to sorted member indices.
-    by_claim: Map<Claim, Vec<u32>>,
+    by_claim: FastMap<Claim, Vec<u32>>,
 }
 
 /// A request's hints resolved against the table's interned claims.
@@ -116,7 +112,7 @@ fn sample_draw(tie_break: u64, i: u64) -> u64 {
 }
 
 /// Interns a string, returning its id.
-fn intern(map: &mut Map<Box<str>, u32>, s: &str) -> u32 {
+fn intern(map: &mut FastMap<Box<str>, u32>, s: &str) -> u32 {
     if let Some(&id) = map.get(s) {
         return id;
     }
@@ -131,10 +127,10 @@ pub struct RoutingTable {
     snapshot: Arc<ValidatedSnapshot>,
     records: Vec<WorkerRecord>,
     facts: Vec<Facts>,
-    by_id: Map<ConfigId, u32>,
-    tag_ids: Map<Box<str>, u32>,
-    region_ids: Map<Box<str>, u32>,
-    ip_type_ids: Map<Box<str>, u32>,
+    by_id: FastMap<ConfigId, u32>,
+    tag_ids: FastMap<Box<str>, u32>,
+    region_ids: FastMap<Box<str>, u32>,
+    ip_type_ids: FastMap<Box<str>, u32>,
     /// Aligned with `snapshot.pools()`.
     pools: Vec<PoolMembers>,
 }
@@ -157,10 +153,10 @@ impl RoutingTable {
         let mut pools = vec![PoolMembers::default(); snapshot.pools().len()];
         let mut table_records = Vec::new();
         let mut facts = Vec::new();
-        let mut by_id = Map::default();
-        let mut tag_ids = Map::default();
-        let mut region_ids = Map::default();
-        let mut ip_type_ids = Map::default();
+        let mut by_id = FastMap::default();
+        let mut tag_ids = FastMap::default();
+        let mut region_ids = FastMap::default();
+        let mut ip_type_ids = FastMap::default();
         for record in workers {
             let Ok(index) = u32::try_from(table_records.len()) else {
                 break;

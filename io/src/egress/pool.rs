@@ -14,7 +14,7 @@
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -99,7 +99,7 @@ struct Idle {
 #[derive(Default)]
 struct Inner {
     /// Per key, oldest first: reuse pops the newest from the back.
-    by_key: HashMap<PoolKey, VecDeque<Idle>, foldhash::fast::RandomState>,
+    by_key: sortie_core::FastMap<PoolKey, VecDeque<Idle>>,
     /// Sum of the list lengths.
     total: usize,
 }

@@ -475,7 +475,7 @@ pub(crate) struct Lane {
     worker_id: Box<str>,
     session: Box<str>,
     proto: RefCell<ControlLane>,
-    streams: RefCell<HashMap<StreamId, Rc<StreamSlot>, foldhash::fast::RandomState>>,
+    streams: RefCell<sortie_core::FastMap<StreamId, Rc<StreamSlot>>>,
     pub(super) out: Outbox,
     is_closed: Cell<bool>,
     stop: crate::bus::Notify,
@@ -533,9 +533,9 @@ pub struct BusCore {
     core: usize,
     shared: Arc<BusShared>,
     state: Arc<ControlState>,
-    lanes: RefCell<HashMap<Box<str>, Rc<Lane>, foldhash::fast::RandomState>>,
+    lanes: RefCell<sortie_core::FastMap<Box<str>, Rc<Lane>>>,
     /// Lanes of standby sessions: a worker's successor waiting to take over (decision 115).
-    standby: RefCell<HashMap<Box<str>, Rc<Lane>, foldhash::fast::RandomState>>,
+    standby: RefCell<sortie_core::FastMap<Box<str>, Rc<Lane>>>,
     /// Lanes of sessions that said `GoAway` and were replaced on this core by their successor:
     /// they finish their streams, under heartbeat supervision, until the worker closes them.
     retiring: RefCell<Vec<Rc<Lane>>>,
