@@ -119,9 +119,15 @@ pub(crate) fn wall_secs() -> u64 {
 
 /// `now() + limit`, or a far instant when the sum does not fit.
 pub(crate) fn after(limit: Duration) -> Instant {
-    let from = now();
+    deadline(now(), limit)
+}
+
+/// `from + limit`, or a far instant when the sum does not fit (an absurdly long configured
+/// limit).
+pub(crate) fn deadline(from: Instant, limit: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
     from.checked_add(limit)
-        .or_else(|| from.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .or_else(|| from.checked_add(FAR))
         .unwrap_or(from)
 }
 

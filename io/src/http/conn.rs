@@ -921,10 +921,7 @@ fn deadline_after(d: std::time::Duration) -> Instant {
 }
 
 fn checked_deadline(from: Instant, d: std::time::Duration) -> Instant {
-    const FAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
-    from.checked_add(d)
-        .or_else(|| from.checked_add(FAR))
-        .unwrap_or(from)
+    Instant::from_std(crate::timer::deadline(from.into_std(), d))
 }
 
 #[cfg(test)]
