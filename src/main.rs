@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sortie_core::config::Config;
+use sortie_io::serve::LogSettingError;
 
 /// mimalloc: the per-request path allocates and frees many small buffers across threads; glibc
 /// malloc spent about 7% of the gateway's CPU under load (perf/README.md), mimalloc less.
@@ -69,8 +71,6 @@ unsafe impl std::alloc::GlobalAlloc for Allocator {
         }
     }
 }
-use sortie_core::config::Config;
-use sortie_io::serve::LogSettingError;
 
 /// Sortie: an egress gateway that routes outbound HTTP/HTTPS work to egress workers.
 #[derive(Parser)]

@@ -1,8 +1,9 @@
 //! Benchmark: base64 encoding of a response body into the result envelope, the `base64` crate
 //! (zero-filled room, then `encode_slice`: the encoder used before) against `base64-simd`
 //! (`encode_append` into spare capacity: the one used now), at 16 and 60 bytes (header values,
-//! each encoded on its own), 1 KiB, 64 KiB and 1 MiB, plus the whole result envelope at 64 KiB. After the criterion groups it prints, per size, the ratio
-//! of the two encoders measured in interleaved rounds of the same run.
+//! each encoded on its own), 1 KiB, 64 KiB and 1 MiB, plus the whole result envelope at 64 KiB.
+//! After the criterion groups it prints, per size, the ratio of the two encoders measured in
+//! interleaved rounds of the same run.
 // A benchmark measures time: the clock rule of `core/clippy.toml` is for the library.
 #![allow(clippy::disallowed_methods)]
 use std::time::{Duration, Instant};

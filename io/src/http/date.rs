@@ -2,8 +2,9 @@
 //!
 //! On the per-request path: one read of the coarse clock and a 29-byte copy per response.
 
-use crate::clock::civil_from_days;
 use std::cell::Cell;
+
+use crate::clock::civil_from_days;
 
 /// Length of an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub(crate) const IMF_FIXDATE_LEN: usize = 29;
