@@ -12,8 +12,9 @@
 //! own cost per request beyond a bare exchange, and the allocations per request of each path
 //! on the benchmark thread (a count that does not move with the machine's load).
 //!
-//! The counting allocator is the one `unsafe` outside `io/src/fd.rs`: a `GlobalAlloc` cannot be
-//! written without it. It only forwards to mimalloc.
+//! The counting allocator is the one `unsafe` of the benchmarks: a `GlobalAlloc` cannot be
+//! written without it. It only forwards to the allocator the binary installs
+//! (`sortie_io::alloc::Allocator`), so that the bench measures what ships.
 
 #![allow(unsafe_code)]
 
@@ -63,31 +64,31 @@ fn allocated() -> (u64, u64) {
     ALLOCATED.with(std::cell::Cell::get)
 }
 
-// SAFETY: every method forwards its arguments unchanged to mimalloc's implementation of the
-// same method, which upholds `GlobalAlloc`'s contract; counting touches only a thread-local
-// `Cell` (const-initialised, so it never allocates).
+// SAFETY: every method forwards its arguments unchanged to the same method of the shipped
+// allocator, which upholds `GlobalAlloc`'s contract; counting touches only a thread-local `Cell`
+// (const-initialised, so it never allocates).
 unsafe impl std::alloc::GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: the caller's guarantees for `alloc` hold for this forwarded call.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
+        unsafe { sortie_io::alloc::Allocator.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: as for `alloc`.
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        unsafe { sortie_io::alloc::Allocator.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from this allocator, that is from mimalloc, with `layout`.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        // SAFETY: `ptr` came from this allocator, that is from the shipped one, with `layout`.
+        unsafe { sortie_io::alloc::Allocator.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
         count(new_size);
         // SAFETY: as for `dealloc`, and the caller's guarantees on `new_size` hold.
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        unsafe { sortie_io::alloc::Allocator.realloc(ptr, layout, new_size) }
     }
 }
 

@@ -1,6 +1,7 @@
 //! IO shell of the Sortie egress gateway: everything that touches a socket, a file or a clock.
 //! Decisions are made by `sortie-core`; this crate drives it.
 
+pub mod alloc;
 pub mod bus;
 pub mod clock;
 pub mod control;
