@@ -77,21 +77,27 @@ impl TargetUrl {
     /// The value of the `Host` header for this URL: the host, plus the port when it is not the
     /// scheme's default. Built without allocating.
     pub fn authority(&self) -> HostText<'_> {
-        match (&self.host, self.has_explicit_port) {
-            (Host::Domain(d), false) => HostText::Borrowed(d),
-            (host, has_port) => {
-                let mut t = InlineText::default();
-                let _ = match host {
-                    Host::Domain(d) => t.write_str(d),
-                    Host::V4(a) => t.push_ipv4(*a),
-                    Host::V6(a) => write!(t, "[{a}]"),
-                };
-                if has_port {
-                    let _ = t.write_str(":").and_then(|()| t.push_decimal(self.port));
-                }
-                HostText::Inline(t)
+        let mut t = InlineText::default();
+        let _ = match &self.host {
+            Host::Domain(d) if !self.has_explicit_port => return HostText::Borrowed(d),
+            // A name with its port is longer than an address literal: rare enough (a
+            // destination on a port of its own) to be the one case that allocates.
+            Host::Domain(d) => {
+                let port = crate::decimal::Digits::of(u64::from(self.port));
+                let port = port.as_bytes();
+                let mut s = String::with_capacity(d.len() + 1 + port.len());
+                s.push_str(d);
+                s.push(':');
+                s.extend(port.iter().map(|&b| char::from(b)));
+                return HostText::Owned(s);
             }
+            Host::V4(a) => t.push_ipv4(*a),
+            Host::V6(a) => write!(t, "[{a}]"),
+        };
+        if self.has_explicit_port {
+            let _ = t.push(b":").and_then(|()| t.push_decimal(self.port));
         }
+        HostText::Inline(t)
     }
 
     /// The URL as text, as `Display` writes it, in one allocation of its exact length
@@ -129,11 +135,11 @@ impl Host {
     }
 }
 
-/// Longest text [`InlineText`] holds: the longest DNS name with `:65535`, which is longer than
-/// any bracketed IPv6 literal with a port.
-const INLINE_TEXT_BYTES: usize = MAX_HOSTNAME_BYTES + ":65535".len();
+/// Longest text [`InlineText`] holds: a bracketed IPv6 literal (at most 45 characters, the
+/// longest form with an embedded IPv4 address) with `:65535`.
+const INLINE_TEXT_BYTES: usize = "[]:65535".len() + 45;
 
-/// A short string on the stack.
+/// A short string on the stack: an address literal, with its port when it has one.
 #[derive(Clone, Copy)]
 pub struct InlineText {
     buf: [u8; INLINE_TEXT_BYTES],
@@ -157,13 +163,23 @@ impl InlineText {
 
     /// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
     fn push_ipv4(&mut self, a: Ipv4Addr) -> fmt::Result {
-        for (i, octet) in a.octets().into_iter().enumerate() {
-            if i > 0 {
-                self.push(b".")?;
-            }
-            self.push_decimal(u16::from(octet))?;
+        let [a, b, c, d] = a.octets();
+        self.push_octet(a)?;
+        for octet in [b, c, d] {
+            self.push(b".")?;
+            self.push_octet(octet)?;
         }
         Ok(())
+    }
+
+    /// Appends an octet in decimal, without leading zeros.
+    fn push_octet(&mut self, o: u8) -> fmt::Result {
+        let digit = |n: u8| b'0' + n % 10;
+        match o {
+            0..=9 => self.push(&[digit(o)]),
+            10..=99 => self.push(&[digit(o / 10), digit(o)]),
+            _ => self.push(&[digit(o / 100), digit(o / 10), digit(o)]),
+        }
     }
 
     fn push(&mut self, bytes: &[u8]) -> fmt::Result {
@@ -182,15 +198,15 @@ impl fmt::Write for InlineText {
 }
 
 /// A host or authority rendered from a [`TargetUrl`]: borrowed when the URL holds the text,
-/// otherwise formatted on the stack.
-// Short-lived on the stack; boxing the large variant would be the allocation this type avoids.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Copy)]
+/// otherwise formatted on the stack, or (a name with its port) in a string of its own.
+#[derive(Clone)]
 pub enum HostText<'a> {
     /// The URL's own text.
     Borrowed(&'a str),
-    /// Formatted text (an address literal, or a host with its port).
+    /// An address literal, with its port when it has one.
     Inline(InlineText),
+    /// A name with its port.
+    Owned(String),
 }
 
 impl std::ops::Deref for HostText<'_> {
@@ -199,6 +215,7 @@ impl std::ops::Deref for HostText<'_> {
     fn deref(&self) -> &str {
         match self {
             HostText::Borrowed(s) => s,
+            HostText::Owned(s) => s,
             // Only whole `&str`s are ever written, so the prefix is UTF-8.
             HostText::Inline(t) => t
                 .buf
@@ -539,7 +556,7 @@ mod tests {
         }
     }
 
-    /// The longest accepted names and literals render whole, with their port, on the stack.
+    /// The longest accepted names and literals render whole, with their port.
     #[test]
     fn longest_hosts_render_whole() {
         let label = "a".repeat(63);
@@ -576,6 +593,11 @@ mod tests {
                     assert_eq!(&*d.authority(), format!("h{a}.example:{port}"));
                 }
             }
+        }
+        for o in 0..=255u8 {
+            let addr = Ipv4Addr::new(o, 255 - o, o / 3, o);
+            let u = parse_target_url(&format!("http://{addr}/")).unwrap();
+            assert_eq!(&*u.authority(), addr.to_string());
         }
     }
 
