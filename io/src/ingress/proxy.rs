@@ -31,7 +31,6 @@ use sortie_core::proxy::{
 };
 use sortie_core::request::{parse_target_url, Method};
 use sortie_core::routing::Ingress;
-use subtle::ConstantTimeEq as _;
 
 use super::tunnel::{relay, Early};
 use crate::control::admission::TunnelCounts;
@@ -100,7 +99,7 @@ impl ProxyHandler {
         // The cache holds for one generation of tokens: a reload checks credentials again.
         let generation = auth.generation();
         if let Some((last, d, g)) = &*self.last_credential.borrow() {
-            if *g == generation && bool::from(last.as_slice().ct_eq(value)) {
+            if *g == generation && crate::tokens::secrets_equal(last, value) {
                 return Some(*d);
             }
         }

@@ -37,7 +37,6 @@ use sortie_core::bus::{
     MAX_DATA_BYTES, PROTOCOL_VERSION,
 };
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
-use subtle::ConstantTimeEq as _;
 
 use crate::bus::conn::Conn;
 use crate::bus::{read_frame, read_hello, Handoff, Outbox, Queue};
@@ -143,7 +142,7 @@ impl Credentials {
                 None => return Err("this worker id is not configured on this control"),
             },
         };
-        if bool::from(token.ct_eq(expected)) {
+        if crate::tokens::secrets_equal(token, expected) {
             Ok(())
         } else {
             Err("invalid worker token")
