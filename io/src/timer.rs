@@ -117,11 +117,6 @@ pub(crate) fn wall_secs() -> u64 {
     read(libc::CLOCK_REALTIME_COARSE, Read::Time) / 1_000_000_000
 }
 
-/// `now() + limit`, or a far instant when the sum does not fit.
-pub(crate) fn after(limit: Duration) -> Instant {
-    deadline(now(), limit)
-}
-
 /// `from + limit`, or a far instant when the sum does not fit (an absurdly long configured
 /// limit).
 pub(crate) fn deadline(from: Instant, limit: Duration) -> Instant {
@@ -134,11 +129,35 @@ pub(crate) fn deadline(from: Instant, limit: Duration) -> Instant {
 /// The first tick at whose start `at` has certainly passed.
 fn tick_of(at: Instant) -> u64 {
     BASE.with(|b| {
-        let since = u64::try_from(at.saturating_duration_since(b.instant).as_nanos())
-            .unwrap_or(u64::MAX / 2);
-        let ns = b.coarse_ns.saturating_add(since).saturating_add(b.lag_ns);
+        let since = at.saturating_duration_since(b.instant);
+        let ns = b
+            .coarse_ns
+            .saturating_add(nanos(since))
+            .saturating_add(b.lag_ns);
         ns.div_ceil(TICK_NS)
     })
+}
+
+/// The tick of `limit` from now, computed from the coarse clock alone, without the round trip
+/// through an [`Instant`]: the same sum as `tick_of(deadline(now(), limit))` (the clock, the
+/// lag of [`now`], the limit, the lag of [`tick_of`]), so a limit fires on the same tick.
+fn tick_after(limit: Duration) -> u64 {
+    BASE.with(|b| {
+        coarse_ns()
+            .saturating_add(b.lag_ns.saturating_mul(2))
+            .saturating_add(nanos(limit))
+            .div_ceil(TICK_NS)
+    })
+}
+
+/// A duration in nanoseconds, in 64-bit arithmetic; beyond a century it stays at a century
+/// (a deadline past it never fires either way).
+fn nanos(d: Duration) -> u64 {
+    const CENTURY_NS: u64 = 100 * 365 * 24 * 3600 * 1_000_000_000;
+    d.as_secs()
+        .checked_mul(1_000_000_000)
+        .and_then(|ns| ns.checked_add(u64::from(d.subsec_nanos())))
+        .map_or(CENTURY_NS, |ns| ns.min(CENTURY_NS))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -518,10 +537,11 @@ struct Timer {
 
 impl Timer {
     fn new(at: Instant) -> Timer {
-        Timer {
-            tick: tick_of(at),
-            handle: None,
-        }
+        Timer::at_tick(tick_of(at))
+    }
+
+    fn at_tick(tick: u64) -> Timer {
+        Timer { tick, handle: None }
     }
 
     /// Whether the deadline passed; registers on the first call.
@@ -557,7 +577,10 @@ pub(crate) fn within<F: Future>(at: Instant, fut: F) -> Within<F> {
 
 /// Runs `fut` for at most `limit` from now.
 pub(crate) fn within_for<F: Future>(limit: Duration, fut: F) -> Within<F> {
-    within(after(limit), fut)
+    Within {
+        fut,
+        timer: Timer::at_tick(tick_after(limit)),
+    }
 }
 
 impl<F: Future> Future for Within<F> {
@@ -589,7 +612,9 @@ pub(crate) fn sleep_until(at: Instant) -> Sleep {
 
 /// Completes once `limit` from now has passed.
 pub(crate) fn sleep(limit: Duration) -> Sleep {
-    sleep_until(after(limit))
+    Sleep {
+        timer: Timer::at_tick(tick_after(limit)),
+    }
 }
 
 impl Future for Sleep {
@@ -617,6 +642,24 @@ mod tests {
         }
         let coarse = now();
         assert!(coarse <= Instant::now() + Duration::from_millis(250));
+    }
+
+    /// A limit from now lands on the tick it would through an `Instant` deadline: between two
+    /// such ticks taken around it (the coarse clock may move between the reads).
+    #[test]
+    fn ticks_after_a_limit_match_ticks_of_its_deadline() {
+        for ms in [0u64, 1, 7, 8, 9, 100, 999, 1_000, 30_000, 86_400_000] {
+            let limit = Duration::from_millis(ms) + Duration::from_nanos(ms % 7);
+            let before = tick_of(deadline(now(), limit));
+            let direct = tick_after(limit);
+            let later = tick_of(deadline(now(), limit));
+            assert!(before <= direct && direct <= later, "{limit:?}");
+        }
+        assert_eq!(nanos(Duration::from_nanos(1_234)), 1_234);
+        assert_eq!(
+            nanos(Duration::MAX),
+            nanos(Duration::from_secs(200 * 365 * 24 * 3600))
+        );
     }
 
     #[test]
