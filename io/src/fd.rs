@@ -61,6 +61,12 @@ pub(crate) fn shutdown_both<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.shutdown(std::net::Shutdown::Both))
 }
 
+/// Sets `TCP_NODELAY`. On a listening socket, every connection it accepts starts with it (Linux
+/// copies the listener's options to each connection), which saves a system call per connection.
+pub(crate) fn set_nodelay<S: AsRawFd>(socket: &S) -> io::Result<()> {
+    with_socket(socket, |s| s.set_nodelay(true))
+}
+
 /// Clears `O_NONBLOCK`. The io_uring driver expects blocking sockets (it creates its own that
 /// way); the epoll driver needs non-blocking ones.
 pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {

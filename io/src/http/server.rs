@@ -130,6 +130,12 @@ pub async fn serve_live<H: Handler>(
     limits: Rc<CoreServerConfig>,
     shutdown: ShutdownSignal,
 ) {
+    // Responses are written whole; Nagle's algorithm would only delay them. Set once on the
+    // listener (it may come from a predecessor or the service manager without it): each accepted
+    // connection inherits it.
+    if let Err(e) = crate::fd::set_nodelay(&listener) {
+        tracing::warn!(error = %e, "cannot set TCP_NODELAY on the listener");
+    }
     let tracker = Rc::new(Tracker::default());
     let parking = match Parking::new() {
         Ok(p) => Some(p),
@@ -151,8 +157,6 @@ pub async fn serve_live<H: Handler>(
             reject_overload(&tracker, stream, &*handler);
             return;
         }
-        // Responses are written whole; Nagle's algorithm would only delay them.
-        let _ = stream.set_nodelay(true);
         let guard = TaskGuard::new(&tracker, true);
         spawn_connection(&serving, Parked::accepted(stream, peer, cfg), guard);
     };
@@ -419,6 +423,71 @@ mod tests {
         assert!(!tracker.is_idle());
         drop(b);
         assert!(tracker.is_idle());
+    }
+
+    /// What an accepted connection relies on instead of a `setsockopt` of its own: the
+    /// listener has `TCP_NODELAY` once serving starts, and the kernel hands it on.
+    #[test]
+    fn accepted_connections_inherit_no_delay_from_the_listener() {
+        let nodelay = |fd: std::os::fd::RawFd| {
+            // SAFETY: the descriptor stays open for the duration of the borrow.
+            #[allow(unsafe_code)]
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            socket2::SockRef::from(&fd).nodelay().unwrap()
+        };
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async move {
+            let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = std_listener.local_addr().unwrap();
+            let listener = TcpListener::from_std(std_listener).unwrap();
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+            assert!(!nodelay(fd));
+            let shutdown = ShutdownSignal::new();
+            let serving = monoio::spawn(serve(
+                listener,
+                Rc::new(NoContent),
+                Rc::new(ServerConfig::default()),
+                shutdown.clone(),
+            ));
+            let mut client = TcpStream::connect(addr).await.unwrap();
+            let (res, _) = client
+                .write_all(&b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"[..])
+                .await;
+            res.unwrap();
+            let (res, buf) = client.read(vec![0u8; 1024]).await;
+            let n = res.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 204"));
+            assert!(nodelay(fd));
+            shutdown.trigger();
+            drop(client);
+            serving.await;
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        crate::fd::set_nodelay(&listener).unwrap();
+        let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(nodelay(std::os::fd::AsRawFd::as_raw_fd(&accepted)));
+    }
+
+    struct NoContent;
+
+    impl Handler for NoContent {
+        type Admission = ();
+
+        fn admit(
+            &self,
+            _: &crate::http::RequestParts,
+        ) -> Result<crate::http::Admitted<()>, crate::http::Response> {
+            Ok(crate::http::Admitted::with_default_limit())
+        }
+
+        async fn handle(
+            &self,
+            _: crate::http::RequestParts,
+            _: (),
+            _: &mut crate::http::Body<'_>,
+        ) -> crate::http::Response {
+            crate::http::Response::new(204)
+        }
     }
 
     #[test]
