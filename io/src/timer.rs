@@ -568,6 +568,7 @@ impl Drop for Timer {
 }
 
 /// Runs `fut` until `at`: `None` when the deadline came first.
+#[inline(always)]
 pub(crate) fn within<F: Future>(at: Instant, fut: F) -> Within<F> {
     Within {
         fut,
@@ -576,6 +577,7 @@ pub(crate) fn within<F: Future>(at: Instant, fut: F) -> Within<F> {
 }
 
 /// Runs `fut` for at most `limit` from now.
+#[inline(always)]
 pub(crate) fn within_for<F: Future>(limit: Duration, fut: F) -> Within<F> {
     Within {
         fut,

@@ -144,6 +144,7 @@ async fn connect_one(peer: SocketAddr, bind: Option<IpAddr>) -> io::Result<TcpSt
 /// twice in its state (as its argument and inside the combinator). The timer is a coarse one
 /// of the core ([`crate::timer`]): the stage limits of an exchange are seconds, and almost
 /// none of them expires.
+#[inline(always)]
 pub(crate) fn within<F: std::future::Future>(limit: Instant, fut: F) -> crate::timer::Within<F> {
     crate::timer::within(limit, fut)
 }

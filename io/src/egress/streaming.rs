@@ -855,20 +855,24 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
                 is_before_response: false,
             })?;
         let is_finished = decoder.is_done() && early.is_empty();
-        let mut reader = ResponseBodyReader {
-            conn: Some(conn),
-            h2: None,
-            decoder,
-            framing: head.framing,
-            early,
-            is_keep_alive: head.is_keep_alive,
-            has_leftover: false,
-            is_finished: false,
-            deadline: self.req.deadline,
-            idle: self.req.timeouts.idle,
-            home: self.egress.inner.clone(),
-            key: Some(self.key.clone()),
-        };
+        // Built straight into its box: on the stack first, it would be copied into it.
+        let mut reader = Box::write(
+            Box::new_uninit(),
+            ResponseBodyReader {
+                conn: Some(conn),
+                h2: None,
+                decoder,
+                framing: head.framing,
+                early,
+                is_keep_alive: head.is_keep_alive,
+                has_leftover: false,
+                is_finished: false,
+                deadline: self.req.deadline,
+                idle: self.req.timeouts.idle,
+                home: self.egress.inner.clone(),
+                key: Some(self.key.clone()),
+            },
+        );
         if is_finished {
             // No body at all (HEAD, 204, 304, `Content-Length: 0`): the connection is ready for
             // the pool right away.
@@ -881,7 +885,7 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
             peer_addr,
             connect_ms: got.connect_ms,
             is_connection_reused: got.is_reused,
-            body: Box::new(reader),
+            body: reader,
         })
     }
 
