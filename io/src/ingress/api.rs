@@ -277,18 +277,13 @@ async fn handle_inner(
             let Some(r) = req.as_ref() else {
                 return Err(internal("the request ran locally already").into());
             };
-            // Each branch in a box of its own size: the attempt future stays small (it lives
-            // in the connection's task), and a request copies only its own branch's state into
-            // the heap, not the larger of the two.
+            // Each branch in a box of its own size, built in place: the attempt future stays
+            // small (it lives in the connection's task), and a request's branch state is
+            // written straight into the heap, not the larger of the two.
             if assigned.is_remote {
-                Box::pin(remote_attempt(
-                    ctx,
-                    &job,
-                    r,
-                    &route,
-                    assigned,
-                    &mut remote_hold,
-                ))
+                crate::runtime::boxed_in_place(|| {
+                    remote_attempt(ctx, &job, r, &route, assigned, &mut remote_hold)
+                })
                 .await
             } else {
                 // Refused by remote workers, routed to a local one: the receipt goes back to
@@ -299,7 +294,7 @@ async fn handle_inner(
                 let Some(r) = req.take() else {
                     return Err(internal("the request ran locally already").into());
                 };
-                Box::pin(local_attempt(ctx, &job, r, &route, assigned))
+                crate::runtime::boxed_in_place(|| local_attempt(ctx, &job, r, &route, assigned))
                     .await
                     .map_err(Failure::Error)
             }
