@@ -61,6 +61,11 @@ pub(crate) fn shutdown_both<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.shutdown(std::net::Shutdown::Both))
 }
 
+/// Shuts the socket down for writing: the peer reads the end of the stream.
+pub(crate) fn shutdown_write<S: AsRawFd>(socket: &S) -> io::Result<()> {
+    with_socket(socket, |s| s.shutdown(std::net::Shutdown::Write))
+}
+
 /// Sets `TCP_NODELAY`. On a listening socket, every connection it accepts starts with it (Linux
 /// copies the listener's options to each connection), which saves a system call per connection.
 pub(crate) fn set_nodelay<S: AsRawFd>(socket: &S) -> io::Result<()> {

@@ -64,6 +64,11 @@ pub(super) async fn relay(
 }
 
 /// [`relay`] to a TCP destination: copies, then splices bulk directions.
+///
+/// The direction that ends first half-closes the socket it wrote to; the one that ends second
+/// does not: both sockets are closed right after it, and the close sends the end itself (one
+/// `shutdown` call per tunnel instead of two). A relay dropped half-way (shutdown of the
+/// gateway, an operator's cancel) drops the halves, which half-close both sockets as before.
 async fn relay_tcp(
     client: TcpStream,
     upstream: TcpStream,
@@ -72,38 +77,55 @@ async fn relay_tcp(
     down_bytes: &Cell<u64>,
 ) -> io::Result<()> {
     let (client_fd, upstream_fd) = (client.as_raw_fd(), upstream.as_raw_fd());
-    let (client_read, client_write) = client.into_split();
-    let (up_read, up_write) = upstream.into_split();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut up_read, mut up_write) = upstream.into_split();
+    let has_ended = Cell::new(false);
     let upload = one_way(
-        client_read,
-        up_write,
+        &mut client_read,
+        &mut up_write,
         early.up,
         (client_fd, upstream_fd),
         up_bytes,
+        &has_ended,
     );
     let download = one_way(
-        up_read,
-        client_write,
+        &mut up_read,
+        &mut client_write,
         early.down,
         (upstream_fd, client_fd),
         down_bytes,
+        &has_ended,
     );
     let (u, d) = monoio::join!(upload, download);
+    // Put back together, the halves close their socket without the half-close a write
+    // half's drop makes.
+    drop(client_read.reunite(client_write));
+    drop(up_read.reunite(up_write));
     u.and(d)
 }
 
-/// One direction of a TCP tunnel: `early`, then [`direction`] from `from` to `to`. Dropping
-/// the write half `to` at the end shuts its socket down for writing (the half-close), whether
-/// the direction ended or failed: the other side then sees the end instead of waiting.
+/// One direction of a TCP tunnel: `early`, then [`direction`] from `from` to `to`. At the
+/// end, whether the direction ended or failed, the first of the two directions to stop shuts
+/// `to`'s socket down for writing (the half-close): the other side then sees the end instead
+/// of waiting. `has_ended` tells the two directions apart.
 async fn one_way<R: AsyncReadRent>(
-    from: R,
-    mut to: OwnedWriteHalf<TcpStream>,
+    from: &mut R,
+    to: &mut OwnedWriteHalf<TcpStream>,
     early: Vec<u8>,
     fds: (RawFd, RawFd),
     counter: &Cell<u64>,
+    has_ended: &Cell<bool>,
 ) -> io::Result<()> {
-    write_early(&mut to, early, counter).await?;
-    direction(from, &mut to, Some(fds), counter).await
+    let r = async {
+        write_early(to, early, counter).await?;
+        direction(from, to, Some(fds), counter).await
+    }
+    .await;
+    if !has_ended.replace(true) {
+        // The peer may be gone already; its close is the end either way.
+        let _ = fd::shutdown_write(&fds.1);
+    }
+    r
 }
 
 /// [`relay`] through TLS to an `https://` upstream proxy: the tunnel's bytes are the TLS
@@ -193,7 +215,7 @@ async fn write_early<W: AsyncWriteRent>(
 /// `to`. Counts the bytes in `counter`. Copies while pieces are small; with the descriptors of
 /// two sockets in `splice_fds`, splices once a read fills [`MAX_TUNNEL_BUFFER_BYTES`].
 async fn direction<R: AsyncReadRent, W: AsyncWriteRent>(
-    mut from: R,
+    from: &mut R,
     to: &mut W,
     splice_fds: Option<(RawFd, RawFd)>,
     counter: &Cell<u64>,
