@@ -15,6 +15,8 @@ import re
 import sys
 
 OWN = re.compile(r"\bsortie(_core|_io)?::")
+# The gateway's global allocator: the frame every allocation passes, never the site.
+ALLOCATOR = re.compile(r"sortie_io::alloc::Allocator|__rustc::__rust_(alloc|realloc|alloc_zeroed)")
 FRAME = re.compile(r"^\s*[0-9a-f]+ (.*)$")
 
 
@@ -58,7 +60,11 @@ def main():
     total = 0
     for frames in samples(sys.stdin):
         total += 1
-        own = [i for i, (sym, _) in enumerate(frames) if OWN.search(sym)]
+        own = [
+            i
+            for i, (sym, _) in enumerate(frames)
+            if OWN.search(sym) and not ALLOCATOR.search(sym)
+        ]
         if not own:
             sites["(outside the gateway's crates)"] += 1
             continue

@@ -54,10 +54,16 @@ die() {
 ALLOC_EVENTS=""
 alloc_probes() {
   perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true
-  perf probe -x "$1" -a mi_malloc_aligned -a mi_zalloc_aligned -a mi_realloc_aligned \
-    >/dev/null 2>&1 || die "perf probe could not attach to mimalloc in $1 (needs its symbols)"
+  # The gateway's allocator (io/src/alloc.rs) calls mimalloc's plain entry points for layouts of
+  # word alignment and the aligned ones otherwise: every allocation passes one of these six.
+  local f events=""
+  for f in mi_malloc mi_zalloc mi_realloc mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned; do
+    perf probe -x "$1" -a "$f" >/dev/null 2>&1 ||
+      die "perf probe could not attach to $f in $1 (needs its symbols)"
+    events="${events:+$events,}probe_sortie:$f"
+  done
   trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
-  ALLOC_EVENTS="probe_sortie:mi_malloc_aligned,probe_sortie:mi_zalloc_aligned,probe_sortie:mi_realloc_aligned"
+  ALLOC_EVENTS=$events
 }
 
 # Creates the run's scratch directory and arranges for every process started here to be
