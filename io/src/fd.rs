@@ -72,6 +72,12 @@ pub(crate) fn set_nodelay<S: AsRawFd>(socket: &S) -> io::Result<()> {
     with_socket(socket, |s| s.set_nodelay(true))
 }
 
+/// Whether `TCP_NODELAY` is set.
+#[cfg(test)]
+pub(crate) fn has_nodelay<S: AsRawFd>(socket: &S) -> io::Result<bool> {
+    with_socket(socket, |s| s.nodelay())
+}
+
 /// Clears `O_NONBLOCK`. The io_uring driver expects blocking sockets (it creates its own that
 /// way); the epoll driver needs non-blocking ones.
 pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {

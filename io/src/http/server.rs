@@ -429,12 +429,7 @@ mod tests {
     /// listener has `TCP_NODELAY` once serving starts, and the kernel hands it on.
     #[test]
     fn accepted_connections_inherit_no_delay_from_the_listener() {
-        let nodelay = |fd: std::os::fd::RawFd| {
-            // SAFETY: the descriptor stays open for the duration of the borrow.
-            #[allow(unsafe_code)]
-            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            socket2::SockRef::from(&fd).nodelay().unwrap()
-        };
+        let nodelay = |fd: std::os::fd::RawFd| crate::fd::has_nodelay(&fd).unwrap();
         crate::runtime::run_on(crate::runtime::Driver::detect(), async move {
             let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = std_listener.local_addr().unwrap();
