@@ -7,7 +7,8 @@
 # the envelope) beside the nginx hop. Prints req/s, p50/p99, the ratio to direct and requests
 # per CPU-second of the proxy process (utime + stime from /proc/PID/stat over the measured
 # window) with the share of it spent in the kernel (stime), and Sortie's per-CPU figure against
-# the nginx hop's. See perf/README.md.
+# the nginx hop's (squid's for tunnels), of the median rounds and round by round. See
+# perf/README.md.
 set -euo pipefail
 # Ports of this benchmark, away from load.sh's so both can run on one machine.
 UPSTREAM_PORT=${UPSTREAM_PORT:-19190}
@@ -303,6 +304,24 @@ median_line() {
   printf '%s' "$1" | awk 'NF' | sort -t= -k4 -g | awk '{ l[NR] = $0 } END { print l[int((NR + 1) / 2)] }'
 }
 
+# Requests per CPU-second of the result lines $1 over those of $2, round by round (both lists in
+# round order): the spread between rounds, beside the ratio of the medians.
+round_ratios() {
+  paste -d'|' <(printf '%s' "$1" | awk 'NF') <(printf '%s' "$2" | awk 'NF') | awk -F'|' '
+    function per_cpu(line, kv, n, i, req, cpu) {
+      n = split(line, kv, " ")
+      for (i = 1; i <= n; i++) {
+        if (kv[i] ~ /^requests=/) req = substr(kv[i], 10)
+        if (kv[i] ~ /^cpu_s=/) cpu = substr(kv[i], 7)
+      }
+      return (cpu > 0) ? req / cpu : 0
+    }
+    {
+      s = per_cpu($1); p = per_cpu($2)
+      printf "%s%s", (NR > 1 ? " " : ""), (p > 0 ? sprintf("%.2f", s / p) : "-")
+    }'
+}
+
 main() {
   init_run
   apt_install nginx wrk squid tinyproxy haproxy
@@ -348,15 +367,20 @@ main() {
   done
   say ""
   for mode in $MODES; do
-    case $mode in absolute | api) ;; *) continue ;; esac
+    local peer peer_name
+    case $mode in
+      absolute | api) peer=nginx-hop peer_name="nginx hop" ;;
+      *) peer=squid peer_name=squid ;;
+    esac
     for size in $SIZES; do
       local s_line n_line
       s_line=$(median_line "${RESULTS["$mode $size sortie"]}")
-      n_line=$(median_line "${RESULTS["$mode $size nginx-hop"]}")
-      say "$mode $size: sortie / nginx hop requests per CPU-second = $(awk \
+      n_line=$(median_line "${RESULTS["$mode $size $peer"]}")
+      say "$mode $size: sortie / $peer_name requests per CPU-second = $(awk \
         -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
         -v nn="$(field requests "$n_line")" -v nc="$(field cpu_s "$n_line")" \
-        'BEGIN { if (sc > 0 && nc > 0 && nn > 0) printf "%.2f", (sn / sc) / (nn / nc); else printf "-" }')"
+        'BEGIN { if (sc > 0 && nc > 0 && nn > 0) printf "%.2f", (sn / sc) / (nn / nc); else printf "-" }')" \
+        "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $peer"]}"))"
     done
   done
   say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
