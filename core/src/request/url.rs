@@ -209,6 +209,18 @@ pub enum HostText<'a> {
     Owned(String),
 }
 
+impl HostText<'_> {
+    /// The text's bytes, without the UTF-8 check the `str` view makes of formatted text (the
+    /// head writer takes bytes).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            HostText::Borrowed(s) => s.as_bytes(),
+            HostText::Owned(s) => s.as_bytes(),
+            HostText::Inline(t) => t.buf.get(..t.len).unwrap_or_default(),
+        }
+    }
+}
+
 impl std::ops::Deref for HostText<'_> {
     type Target = str;
 
@@ -564,11 +576,16 @@ mod tests {
         assert_eq!(name.len(), MAX_HOSTNAME_BYTES);
         let u = parse_target_url(&format!("https://{name}:65535/")).unwrap();
         assert_eq!(&*u.authority(), format!("{name}:65535"));
+        assert_eq!(u.authority().as_bytes(), format!("{name}:65535").as_bytes());
         assert_eq!(&*u.host_str(), name);
         let v6 = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255";
         let u = parse_target_url(&format!("http://[{v6}]:65535/")).unwrap();
         let canonical = v6.parse::<Ipv6Addr>().unwrap().to_string();
         assert_eq!(&*u.authority(), format!("[{canonical}]:65535"));
+        assert_eq!(
+            u.authority().as_bytes(),
+            format!("[{canonical}]:65535").as_bytes()
+        );
         assert_eq!(&*u.host_str(), canonical);
         let u = parse_target_url("http://10.0.0.1/").unwrap();
         assert_eq!(u.authority(), "10.0.0.1");
@@ -598,6 +615,7 @@ mod tests {
             let addr = Ipv4Addr::new(o, 255 - o, o / 3, o);
             let u = parse_target_url(&format!("http://{addr}/")).unwrap();
             assert_eq!(&*u.authority(), addr.to_string());
+            assert_eq!(u.authority().as_bytes(), addr.to_string().as_bytes());
         }
     }
 
