@@ -147,16 +147,30 @@ impl RequestParts {
 
     /// The value of the first field named `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.fields
+            .iter()
+            .find(|f| self.is_named(f, name))
+            .map(|f| self.values.get(f.value.clone()).unwrap_or_default())
     }
 
     /// The values of every field named `name` (case-insensitive), in received order.
     pub fn header_values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'s [u8]> + 's {
-        self.headers()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.fields
+            .iter()
+            .filter(move |f| self.is_named(f, name))
+            .map(|f| self.values.get(f.value.clone()).unwrap_or_default())
+    }
+
+    /// Whether the field is named `name` (case-insensitive). By length first and as bytes: a
+    /// request's head is searched several times, and most of its fields differ in length from
+    /// the one sought.
+    fn is_named(&self, f: &FieldSpan, name: &str) -> bool {
+        f.name.len() == name.len()
+            && self
+                .text
+                .as_bytes()
+                .get(f.name.clone())
+                .is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))
     }
 
     /// The Host field value, if any.
@@ -212,6 +226,9 @@ mod tests {
             ["Host", "X-A", "x-a", "Content-Length", "Expect"].to_vec()
         );
         assert_eq!(p.header("missing"), None);
+        assert_eq!(p.header("x-b"), None);
+        assert_eq!(p.header("X-"), None);
+        assert_eq!(p.header("CONTENT-LENGTH"), Some(&b"3"[..]));
         assert_eq!(p.peer().port(), 9);
     }
 
