@@ -927,21 +927,7 @@ fn checked_deadline(from: Instant, d: std::time::Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::Body;
-
-    struct Minimal;
-
-    impl Handler for Minimal {
-        type Admission = ();
-
-        fn admit(&self, _req: &RequestParts) -> Result<crate::http::Admitted<()>, Response> {
-            Ok(crate::http::Admitted::with_default_limit())
-        }
-
-        async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
-            Response::new(204)
-        }
-    }
+    use crate::http::handler::Minimal;
 
     /// Every connection between two requests of a busy period keeps its task's state: the
     /// request in progress and the rare error path are boxed so that this state stays small.

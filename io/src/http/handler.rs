@@ -64,23 +64,27 @@ pub trait Handler: 'static {
     }
 }
 
+/// A handler for the server's own tests: admits every request with the default body limit and
+/// answers `204` to each.
+#[cfg(test)]
+pub(crate) struct Minimal;
+
+#[cfg(test)]
+impl Handler for Minimal {
+    type Admission = ();
+
+    fn admit(&self, _req: &RequestParts) -> Result<Admitted<()>, Response> {
+        Ok(Admitted::with_default_limit())
+    }
+
+    async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
+        Response::new(204)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Minimal;
-
-    impl Handler for Minimal {
-        type Admission = ();
-
-        fn admit(&self, _req: &RequestParts) -> Result<Admitted<()>, Response> {
-            Ok(Admitted::with_default_limit())
-        }
-
-        async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
-            Response::new(204)
-        }
-    }
 
     #[test]
     fn defaults() {

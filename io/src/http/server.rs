@@ -439,7 +439,7 @@ mod tests {
             let shutdown = ShutdownSignal::new();
             let serving = monoio::spawn(serve(
                 listener,
-                Rc::new(NoContent),
+                Rc::new(crate::http::handler::Minimal),
                 Rc::new(ServerConfig::default()),
                 shutdown.clone(),
             ));
@@ -461,28 +461,6 @@ mod tests {
         let _client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         assert!(nodelay(std::os::fd::AsRawFd::as_raw_fd(&accepted)));
-    }
-
-    struct NoContent;
-
-    impl Handler for NoContent {
-        type Admission = ();
-
-        fn admit(
-            &self,
-            _: &crate::http::RequestParts,
-        ) -> Result<crate::http::Admitted<()>, crate::http::Response> {
-            Ok(crate::http::Admitted::with_default_limit())
-        }
-
-        async fn handle(
-            &self,
-            _: crate::http::RequestParts,
-            _: (),
-            _: &mut crate::http::Body<'_>,
-        ) -> crate::http::Response {
-            crate::http::Response::new(204)
-        }
     }
 
     #[test]
