@@ -46,3 +46,7 @@ pub mod worker;
 /// the bus's streams and lanes): seeded foldhash, which costs a fraction of SipHash on these
 /// short keys. Build one with `FastMap::default()`.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The set counterpart of [`FastMap`], for sets looked up on the same paths. Build one with
+/// `FastSet::default()`.
+pub type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;

@@ -12,11 +12,9 @@
 //! a streamed body or tunnel bytes ends when both directions have ended (or on `StreamError`,
 //! `Refuse` or `Cancel`); otherwise the worker's end ends it.
 
-use std::collections::HashSet;
-
 use super::frame::{Assign, BodySource, Frame, Sender, StreamId};
 use super::{INITIAL_UPLOAD_WINDOW, MAX_WINDOW, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN};
-use crate::FastMap;
+use crate::{FastMap, FastSet};
 
 /// Most streams open at once on one lane.
 pub const MAX_STREAMS_PER_LANE: usize = 65_536;
@@ -79,12 +77,12 @@ enum Phase {
 pub struct ControlLane {
     phase: Phase,
     streams: FastMap<StreamId, ControlStream>,
-    cancelled: HashSet<StreamId>,
+    cancelled: FastSet<StreamId>,
     /// Streamed and tunnel streams whose control → worker direction has not ended.
-    up_open: HashSet<StreamId>,
+    up_open: FastSet<StreamId>,
     /// Of those, the ones whose worker → control direction has ended: the worker may still
     /// grant credit (or fail the stream) until the control ends its direction.
-    half: HashSet<StreamId>,
+    half: FastSet<StreamId>,
     /// Of the streamed and tunnel streams, the bytes the control may still send (the upload
     /// window plus the worker's credit, minus what it sent).
     sendable: FastMap<StreamId, u64>,
@@ -103,9 +101,9 @@ impl ControlLane {
         ControlLane {
             phase: Phase::AwaitHello,
             streams: FastMap::default(),
-            cancelled: HashSet::new(),
-            up_open: HashSet::new(),
-            half: HashSet::new(),
+            cancelled: FastSet::default(),
+            up_open: FastSet::default(),
+            half: FastSet::default(),
             sendable: FastMap::default(),
             next_stream: 1,
         }
