@@ -781,7 +781,7 @@ async fn lane_session(
         settings: welcome.settings,
         out: Outbox::default(),
         proto: RefCell::new(proto),
-        streams: RefCell::new(HashMap::default()),
+        streams: RefCell::new(sortie_core::FastMap::default()),
     });
     conn.keep_alive(Duration::from_millis(u64::from(welcome.heartbeat_ms)));
     // Version 4: only lane 0 carries heartbeats; the kernel keeps the others (decision 118).
