@@ -108,7 +108,6 @@ pub fn bind_reuseport(
             sock.set_only_v6(true)?;
         }
         sock.set_nonblocking(true)?;
-        sock.set_nodelay(true)?;
         sock.bind(&bound.into())?;
         sock.listen(LISTEN_BACKLOG)?;
         if bound.port() == 0 {
