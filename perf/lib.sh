@@ -57,12 +57,13 @@ alloc_probes() {
   # The gateway's allocator (io/src/alloc.rs) calls mimalloc's plain entry points for layouts of
   # word alignment and the aligned ones otherwise: every allocation passes one of these six.
   local f events=""
+  # Set before the probes: one that fails to attach leaves none of the others behind.
+  trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
   for f in mi_malloc mi_zalloc mi_realloc mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned; do
     perf probe -x "$1" -a "$f" >/dev/null 2>&1 ||
       die "perf probe could not attach to $f in $1 (needs its symbols)"
     events="${events:+$events,}probe_sortie:$f"
   done
-  trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
   ALLOC_EVENTS=$events
 }
 
