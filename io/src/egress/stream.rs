@@ -150,9 +150,24 @@ impl Conn {
         // A read dropped by a timeout takes its buffer with it; never ask for zero bytes, which
         // would read as EOF.
         buf.reserve(READ_BUF_BYTES);
+        let n = if let Transport::Plain(s) = &mut self.transport {
+            let (res, buf) = s.read(buf).await;
+            self.buf = buf;
+            let n = res?;
+            // Plain TCP buffers nothing in user space, whatever the read filled.
+            self.is_plaintext_drained = true;
+            n
+        } else {
+            // Boxed for the reason `read_append` gives.
+            Box::pin(self.read_some_secured(buf)).await?
+        };
+        Ok(self.buf.get(..n).unwrap_or_default())
+    }
+
+    /// [`Conn::read_some`] on a TLS transport: how many bytes `self.buf` received.
+    async fn read_some_secured(&mut self, buf: Vec<u8>) -> io::Result<usize> {
         let asked = buf.capacity();
         let (res, buf) = match &mut self.transport {
-            Transport::Plain(s) => s.read(buf).await,
             Transport::Tls(s) => s.read(buf).await,
             Transport::TlsInTls(s) => s.read(buf).await,
             #[cfg(feature = "fingerprints")]
@@ -161,23 +176,20 @@ impl Conn {
                 let res = poll_read_vec(s, &mut buf, 0, asked).await;
                 (res, buf)
             }
+            // Read by the caller.
+            Transport::Plain(_) => (Err(io::ErrorKind::Unsupported.into()), buf),
         };
         self.buf = buf;
         match res {
             Ok(n) => {
-                // Plain TCP buffers nothing in user space, whatever the read filled; rustls may
-                // hold more when the read filled what was asked.
-                self.is_plaintext_drained =
-                    matches!(self.transport, Transport::Plain(_)) || n < asked;
-                Ok(self.buf.get(..n).unwrap_or_default())
+                // rustls may hold more when the read filled what was asked.
+                self.is_plaintext_drained = n < asked;
+                Ok(n)
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::UnexpectedEof
-                    && !matches!(self.transport, Transport::Plain(_)) =>
-            {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 self.is_plaintext_drained = true;
                 self.buf.clear();
-                Ok(&[])
+                Ok(0)
             }
             Err(e) => Err(e),
         }
@@ -191,10 +203,40 @@ impl Conn {
         let mut buf = std::mem::take(out);
         let len = buf.len();
         let max = max.max(1);
-        buf.reserve(max);
+        if buf.capacity() == 0 {
+            // A fresh buffer (a response head's) is made at its size: the growth path of
+            // `reserve` costs several times an allocation's own work.
+            buf = Vec::with_capacity(max);
+        } else {
+            buf.reserve(max);
+        }
         let end = len.saturating_add(max).min(buf.capacity());
+        if let Transport::Plain(s) = &mut self.transport {
+            let (res, slice) = s.read(buf.slice_mut(len..end)).await;
+            *out = slice.into_inner();
+            // Plain TCP buffers nothing in user space.
+            if res.is_ok() {
+                self.is_plaintext_drained = true;
+            }
+            return res;
+        }
+        // The TLS reads' futures are several times the size of a plain read's: in a box of
+        // their own, so that the plain path's future (moved into each limit that wraps it)
+        // stays small. One allocation per TLS read, beside the record's decryption.
+        Box::pin(self.read_append_secured(buf, len, end, out)).await
+    }
+
+    /// [`Conn::read_append`] on a TLS transport, into `buf[len..end]`, left in `out`.
+    async fn read_append_secured(
+        &mut self,
+        buf: Vec<u8>,
+        len: usize,
+        end: usize,
+        out: &mut Vec<u8>,
+    ) -> io::Result<usize> {
         #[cfg(feature = "fingerprints")]
         if let Transport::Boring(s) = &mut self.transport {
+            let mut buf = buf;
             let res = poll_read_vec(s, &mut buf, len, end).await;
             *out = buf;
             return match res {
@@ -211,11 +253,14 @@ impl Conn {
             };
         }
         let (res, slice) = match &mut self.transport {
-            Transport::Plain(s) => s.read(buf.slice_mut(len..end)).await,
             Transport::Tls(s) => s.read(buf.slice_mut(len..end)).await,
             Transport::TlsInTls(s) => s.read(buf.slice_mut(len..end)).await,
+            // Read by the callers above.
+            Transport::Plain(_) => (
+                Err(io::ErrorKind::Unsupported.into()),
+                buf.slice_mut(len..end),
+            ),
             #[cfg(feature = "fingerprints")]
-            // Returned above.
             Transport::Boring(_) => (
                 Err(io::ErrorKind::Unsupported.into()),
                 buf.slice_mut(len..end),
@@ -224,16 +269,11 @@ impl Conn {
         *out = slice.into_inner();
         match res {
             Ok(n) => {
-                // Plain TCP buffers nothing in user space; rustls may hold more when the read
-                // filled what was asked.
-                self.is_plaintext_drained =
-                    matches!(self.transport, Transport::Plain(_)) || n < end - len;
+                // rustls may hold more when the read filled what was asked.
+                self.is_plaintext_drained = n < end - len;
                 Ok(n)
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::UnexpectedEof
-                    && !matches!(self.transport, Transport::Plain(_)) =>
-            {
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
                 self.is_plaintext_drained = true;
                 Ok(0)
             }
@@ -243,12 +283,22 @@ impl Conn {
 
     /// Writes all of `data`.
     pub(crate) async fn write_all(&mut self, data: Bytes) -> io::Result<()> {
+        if let Transport::Plain(s) = &mut self.transport {
+            return s.write_all(data).await.0.map(drop);
+        }
+        // Boxed for the reason `read_append` gives.
+        Box::pin(self.write_all_secured(data)).await
+    }
+
+    /// [`Conn::write_all`] on a TLS transport, flushed.
+    async fn write_all_secured(&mut self, data: Bytes) -> io::Result<()> {
         let (res, _) = match &mut self.transport {
-            Transport::Plain(s) => s.write_all(data).await,
             Transport::Tls(s) => s.write_all(data).await,
             Transport::TlsInTls(s) => s.write_all(data).await,
             #[cfg(feature = "fingerprints")]
             Transport::Boring(s) => (poll_write_all(s, &data).await.map(|()| data.len()), data),
+            // Written by the caller.
+            Transport::Plain(_) => (Err(io::ErrorKind::Unsupported.into()), data),
         };
         res?;
         match &mut self.transport {
@@ -372,5 +422,52 @@ mod tests {
             }
             drop(writer.join().unwrap());
         });
+    }
+}
+
+#[cfg(test)]
+mod future_size {
+    use super::*;
+
+    /// The size of what `f` returns, without calling it.
+    fn returned_size<'a, F, R>(_: F) -> usize
+    where
+        F: FnOnce(&'a mut Conn, &'a mut Vec<u8>) -> R,
+    {
+        std::mem::size_of::<R>()
+    }
+
+    /// The plain path's futures are moved into every limit that wraps them, per request: the
+    /// TLS paths' larger state lives in a box of its own and must not come back into them
+    /// (with it inline, each of these was over 1 KiB).
+    #[test]
+    fn plain_reads_and_writes_stay_small() {
+        // `'a` names the borrow each future holds; only the closures' parameters use it.
+        #[allow(clippy::extra_unused_lifetimes)]
+        fn sizes<'a>() -> [(&'static str, usize); 4] {
+            [
+                (
+                    "read_some",
+                    returned_size(|c: &'a mut Conn, _| c.read_some()),
+                ),
+                (
+                    "read_append",
+                    returned_size(|c: &'a mut Conn, v| c.read_append(v, 1)),
+                ),
+                (
+                    "write_all",
+                    returned_size(|c: &'a mut Conn, _| c.write_all(Bytes::new())),
+                ),
+                (
+                    "read_head",
+                    returned_size(|c: &'a mut Conn, v| {
+                        crate::egress::client::read_head(c, sortie_core::request::Method::Get, v, 1)
+                    }),
+                ),
+            ]
+        }
+        for (name, size) in sizes() {
+            assert!(size <= 512, "{name}: {size} bytes");
+        }
     }
 }

@@ -441,14 +441,16 @@ impl ProxyHandler {
         );
         let holding = Holding::new(tracked, assigned, None);
         let head_fields = std::mem::take(&mut resp.headers);
-        let declared_length = head_fields
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"))
-            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
+        let declared_length = || {
+            head_fields
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"))
+                .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
+        };
         let length = match resp.body.framing() {
             ResponseFraming::ContentLength(n) => Some(n),
             // A HEAD answer relays the length the destination announced.
-            ResponseFraming::None if method == Method::Head => declared_length,
+            ResponseFraming::None if method == Method::Head => declared_length(),
             ResponseFraming::None => Some(0),
             _ => None,
         };
