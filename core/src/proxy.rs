@@ -150,6 +150,8 @@ pub fn is_forwarded_request_field(name: &str, connection_tokens: &[&[u8]]) -> bo
 }
 
 /// Fields of a response that describe the connection, not the message (RFC 9110 §7.6.1).
+/// [`is_fixed_connection_field`] matches them by length; a test holds the two together.
+#[cfg(test)]
 const RESPONSE_CONNECTION_FIELDS: &[&[u8]] = &[
     b"connection",
     b"keep-alive",
@@ -227,10 +229,29 @@ impl<'a> std::ops::Deref for ConnectionTokens<'a> {
 /// Whether a response field is hop-by-hop: a fixed connection field or a name the response's
 /// `Connection` fields list (`connection_tokens`). Such fields are not relayed.
 pub fn is_hop_by_hop_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
-    RESPONSE_CONNECTION_FIELDS
+    is_fixed_connection_field(name) || is_listed(name, connection_tokens)
+}
+
+/// Whether `name` is a fixed connection field: `Connection`, `Keep-Alive`,
+/// `Proxy-Connection`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`. By length first: this runs for
+/// every field of every relayed response, and an ordinary field's length matches none of
+/// them, or one or two.
+fn is_fixed_connection_field(name: &[u8]) -> bool {
+    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    match name.len() {
+        2 => is(b"te"),
+        7 => is(b"trailer") || is(b"upgrade"),
+        10 => is(b"connection") || is(b"keep-alive"),
+        16 => is(b"proxy-connection"),
+        17 => is(b"transfer-encoding"),
+        _ => false,
+    }
+}
+
+fn is_listed(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
+    connection_tokens
         .iter()
-        .chain(connection_tokens)
-        .any(|h| name.eq_ignore_ascii_case(h))
+        .any(|t| name.eq_ignore_ascii_case(t))
 }
 
 /// Whether a destination's response field goes back to the forward proxy's client: not
@@ -238,9 +259,12 @@ pub fn is_hop_by_hop_response_field(name: &[u8], connection_tokens: &[&[u8]]) ->
 /// `Proxy-Authenticate` (a challenge for the destination's proxy is not the gateway's; decision
 /// 021). The same rule for a local and a remote worker's response.
 pub fn is_relayed_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
-    !is_hop_by_hop_response_field(name, connection_tokens)
-        && !name.eq_ignore_ascii_case(b"content-length")
-        && !name.eq_ignore_ascii_case(b"proxy-authenticate")
+    let is_dropped = match name.len() {
+        14 => name.eq_ignore_ascii_case(b"content-length"),
+        18 => name.eq_ignore_ascii_case(b"proxy-authenticate"),
+        _ => is_fixed_connection_field(name),
+    };
+    !is_dropped && !is_listed(name, connection_tokens)
 }
 
 /// Parses the authority-form target of `CONNECT` (RFC 9110 §9.3.6: `uri-host ":" port`, the
@@ -488,6 +512,43 @@ mod tests {
         ] {
             assert_eq!(is_hop_by_hop_response_field(name, &tokens), hop);
         }
+    }
+
+    /// The length-first classifier names exactly the listed fields, in any case, and nothing
+    /// of another name (every length up to the longest listed and beyond).
+    #[test]
+    fn fixed_connection_fields_are_the_listed_ones() {
+        for known in RESPONSE_CONNECTION_FIELDS {
+            assert!(is_fixed_connection_field(known));
+            assert!(is_fixed_connection_field(&known.to_ascii_uppercase()));
+            let mut other = known.to_vec();
+            if let Some(last) = other.last_mut() {
+                *last ^= 0x01;
+            }
+            assert!(!is_fixed_connection_field(&other), "{other:?}");
+        }
+        for len in 0..=20 {
+            for fill in [b'a', b'e', b't', b'-'] {
+                let name = vec![fill; len];
+                let listed = RESPONSE_CONNECTION_FIELDS
+                    .iter()
+                    .any(|k| name.eq_ignore_ascii_case(k));
+                assert_eq!(is_fixed_connection_field(&name), listed, "{name:?}");
+            }
+        }
+        for (name, relayed) in [
+            (&b"Content-Length"[..], false),
+            (b"PROXY-AUTHENTICATE", false),
+            (b"Content-Lengths", true),
+            (b"Proxy-Authenticatf", true),
+            (b"Keep-Alive", false),
+            (b"TE", false),
+            (b"Date", true),
+            (b"", true),
+        ] {
+            assert_eq!(is_relayed_response_field(name, &[]), relayed, "{name:?}");
+        }
+        assert!(!is_relayed_response_field(b"X-Private", &[b"x-private"]));
     }
 
     #[test]
