@@ -394,8 +394,12 @@ fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), UrlError> {
             },
         };
     }
-    match authority.split_once(':') {
-        Some((h, p)) => Ok((h, Some(p))),
+    // A byte search, as in `parse_target_url`.
+    match authority.bytes().position(|b| b == b':') {
+        Some(at) => Ok((
+            authority.get(..at).unwrap_or_default(),
+            Some(authority.get(at + 1..).unwrap_or_default()),
+        )),
         None => Ok((authority, None)),
     }
 }
