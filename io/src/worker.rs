@@ -1217,7 +1217,12 @@ async fn send_response(
     // changes nothing the lane's protocol state tracks (`WLane::send` would only encode it).
     wl.out
         .push_with(|out| {
-            sortie_core::bus::encode_response_head(a.stream, resp.status, &resp.headers, out)
+            sortie_core::bus::encode_response_head_of(
+                a.stream,
+                resp.status,
+                resp.headers.iter(),
+                out,
+            )
         })
         .map_err(unsendable_head)?;
     let mut sent: u64 = 0;

@@ -658,10 +658,22 @@ pub fn encode_response_head<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     headers: &[(N, V)],
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
+    let fields = headers.iter().map(|(n, v)| (n.as_ref(), v.as_ref()));
+    encode_response_head_of(stream, status, fields, out)
+}
+
+/// [`encode_response_head`] of fields given as (name, value) slices, as a received head
+/// yields them.
+pub fn encode_response_head_of<'a>(
+    stream: StreamId,
+    status: u16,
+    headers: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
     framed(out, RESPONSE_HEAD_TYPE, "response_head", |w| {
         w.u32(stream);
         w.u16(status);
-        w.fields(headers, MAX_FIELDS, "response_head.headers")
+        w.fields_of(headers, MAX_FIELDS, "response_head.headers")
     })
 }
 
@@ -871,13 +883,22 @@ impl Writer<'_> {
         max: usize,
         field: &'static str,
     ) -> Result<(), EncodeError> {
+        self.fields_of(v.iter().map(|(n, v)| (n.as_ref(), v.as_ref())), max, field)
+    }
+
+    fn fields_of<'f>(
+        &mut self,
+        v: impl ExactSizeIterator<Item = (&'f [u8], &'f [u8])>,
+        max: usize,
+        field: &'static str,
+    ) -> Result<(), EncodeError> {
         if v.len() > max {
             return Err(EncodeError(field));
         }
         self.u16(v.len() as u16);
         for (n, val) in v {
-            self.short_bytes(n.as_ref(), MAX_FIELD_NAME_BYTES, field)?;
-            self.bytes(val.as_ref(), MAX_FIELD_VALUE_BYTES, field)?;
+            self.short_bytes(n, MAX_FIELD_NAME_BYTES, field)?;
+            self.bytes(val, MAX_FIELD_VALUE_BYTES, field)?;
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ pub(crate) enum ExchangeBody {
 /// A finished exchange: what the envelope reports.
 pub(crate) struct Exchange {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) body: ExchangeBody,
 }
 

@@ -17,6 +17,7 @@ use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 
 use super::connect::within;
 use super::error::{self, Expired, Stage};
+use super::fields::ResponseFields;
 use super::stream::{Conn, READ_BUF_BYTES};
 use super::Timeouts;
 
@@ -77,7 +78,7 @@ pub(crate) fn request_head(
 /// A response read completely.
 pub(crate) struct Response {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) headers: crate::egress::ResponseFields,
     /// The first bytes of the body, read with the head: a slice of the head's buffer.
     pub(crate) body_start: Bytes,
     /// The rest of the body.
@@ -171,7 +172,7 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
 /// The parts of a final response head that outlive the buffer it was parsed from.
 pub(crate) struct Head {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) framing: ResponseFraming,
     pub(crate) is_keep_alive: bool,
     /// The bytes read past the head: the start of the body (a slice of the head's buffer).
@@ -341,8 +342,8 @@ pub(crate) async fn read_head(
                         buf.drain(..consumed_len.min(buf.len()));
                         continue;
                     }
-                    // The fields become slices of the head's buffer: one allocation shared by
-                    // every field instead of two per field. The codec gives each field's
+                    // The fields stay in the head's buffer, read through their offsets: no
+                    // allocation or reference count per field. The codec gives each field's
                     // offsets in the buffer it parsed, which is `buf`.
                     // Ordinary heads keep their offsets on the stack (nothing is awaited
                     // while they live); a head with more fields spills them to the heap.
@@ -368,17 +369,12 @@ pub(crate) async fn read_head(
                     // The bytes past the head stay in the same buffer, handed on as a slice.
                     let frozen = Bytes::from(std::mem::take(buf));
                     let rest = frozen.slice(consumed..);
-                    let mut headers = Vec::with_capacity(ranges.len());
-                    for (name, value) in ranges {
-                        match (slice(&frozen, name.clone()), slice(&frozen, value.clone())) {
-                            (Some(n), Some(v)) => headers.push((n, v)),
-                            _ => {
-                                return Err(Failure::during_response(error::protocol_error(
-                                    H1Error::InvalidHeaderValue,
-                                )))
-                            }
-                        }
-                    }
+                    let Some(headers) = ResponseFields::in_buffer(frozen, ranges.iter().cloned())
+                    else {
+                        return Err(Failure::during_response(error::protocol_error(
+                            H1Error::InvalidHeaderValue,
+                        )));
+                    };
                     return Ok(Head {
                         status,
                         headers,
@@ -421,11 +417,6 @@ const INLINE_FIELDS: usize = 32;
 
 /// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
 /// offsets always are; this keeps a mistake from becoming a panic).
-fn slice(b: &Bytes, range: std::ops::Range<usize>) -> Option<Bytes> {
-    b.get(range.clone())?;
-    Some(b.slice(range))
-}
-
 pub(crate) fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
     if error::is_tls_error(e) {
         error::tls_failure(e)

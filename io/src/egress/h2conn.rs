@@ -549,7 +549,7 @@ pub(crate) struct H2Head {
     pub(crate) status: u16,
     /// Field names as the server sent them (lowercase on the wire, RFC 9113 §8.2.1), values
     /// raw; a name's repeated fields follow its first one.
-    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) framing: ResponseFraming,
     pub(crate) body: H2Body,
 }
@@ -605,19 +605,18 @@ pub(crate) async fn response_head(
         });
     }
     let status = parts.status.as_u16();
-    let mut headers = Vec::with_capacity(parts.headers.len());
-    let mut declared = None;
-    for (name, value) in &parts.headers {
-        if name == http::header::CONTENT_LENGTH {
-            declared = std::str::from_utf8(value.as_bytes())
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok());
-        }
-        headers.push((
-            Bytes::copy_from_slice(name.as_str().as_bytes()),
-            Bytes::copy_from_slice(value.as_bytes()),
-        ));
-    }
+    let declared = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|value| std::str::from_utf8(value.as_bytes()).ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    // Copied into one buffer: one allocation for the head, not two per field.
+    let headers = crate::egress::ResponseFields::copied(
+        parts
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str().as_bytes(), value.as_bytes())),
+    );
     // RFC 9110 §6.4.1: no content in answers to HEAD, and in 204 and 304 responses.
     let framing = if method == Method::Head || status == 204 || status == 304 {
         ResponseFraming::None

@@ -44,6 +44,7 @@
 mod client;
 mod connect;
 mod error;
+mod fields;
 pub mod fingerprint;
 mod h2conn;
 mod pool;
@@ -68,6 +69,7 @@ use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
+pub use fields::ResponseFields;
 pub use h2conn::{H2_CONNECTION_WINDOW, H2_MAX_HEADER_LIST_BYTES, H2_STREAM_WINDOW};
 pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
@@ -190,9 +192,8 @@ pub struct EgressResponse {
     /// The destination's status.
     pub status: u16,
     /// Response header fields as received: names as spelled, raw values, order and duplicates
-    /// kept (hop-by-hop and framing fields included; the caller decides what to relay). Each
-    /// is a slice of one shared buffer.
-    pub headers: Vec<(Bytes, Bytes)>,
+    /// kept (hop-by-hop and framing fields included; the caller decides what to relay).
+    pub headers: ResponseFields,
     /// The first bytes of the body when [`Egress::execute_split`] returned it; empty from
     /// [`Egress::execute`].
     pub body_start: Bytes,
@@ -325,7 +326,7 @@ impl Egress {
         conn: &Rc<H2Conn>,
         req: &EgressRequest,
         headers: &[Header],
-    ) -> Result<(u16, Vec<(Bytes, Bytes)>, Vec<u8>), H2Failure> {
+    ) -> Result<(u16, ResponseFields, Vec<u8>), H2Failure> {
         let no_retry = |error| H2Failure {
             error,
             retry: Retry::No,

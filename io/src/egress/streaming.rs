@@ -158,7 +158,7 @@ pub struct StreamedResponse {
     pub status: u16,
     /// Response header fields as received: names as spelled, raw values, order and duplicates
     /// kept (hop-by-hop and framing fields included; the caller decides what to relay).
-    pub headers: Vec<(Bytes, Bytes)>,
+    pub headers: crate::egress::ResponseFields,
     /// The address the response came from.
     pub peer_addr: SocketAddr,
     /// Milliseconds spent on DNS, TCP and TLS; 0 on a reused connection.

@@ -883,7 +883,8 @@ fn response_capacity(response: &Response, is_head: bool) -> usize {
         .headers
         .iter()
         .map(|(n, v)| n.as_bytes().len() + v.len() + 4)
-        .sum();
+        .sum::<usize>()
+        + response.relayed().map_or(0, |r| r.bytes() + 4 * r.len());
     let body = match &response.body {
         _ if is_head => 0,
         ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => b.len(),

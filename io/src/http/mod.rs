@@ -105,6 +105,8 @@ mod handler;
 mod park;
 mod race;
 pub(crate) use race::{race, Either};
+#[cfg(test)]
+pub(crate) use response::{encode_head, ConnectionField, RelayingBody};
 mod request;
 mod response;
 mod server;
@@ -124,7 +126,8 @@ pub use departure::RECHECK_WITH_UNREAD_BYTES;
 pub use handler::{Admitted, Handler};
 pub use request::RequestParts;
 pub use response::{
-    HeaderName, Response, ResponseBody, StreamBody, Tunnel, CONTENT_TYPE_JSON, CONTENT_TYPE_TEXT,
+    HeaderName, RelayedFields, Response, ResponseBody, StreamBody, Tunnel, CONTENT_TYPE_JSON,
+    CONTENT_TYPE_TEXT,
 };
 pub use server::{
     serve, serve_live, ACCEPT_ERROR_BACKOFF, MAX_PENDING_REJECTIONS, REJECTION_TIMEOUT,

@@ -15,6 +15,9 @@ use monoio::net::TcpStream;
 use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
 
 use super::date;
+use sortie_core::proxy::connection_tokens_of;
+
+use crate::egress::ResponseFields;
 
 /// A header field name: usually a `&'static str`, owned when built at run time, or a slice of
 /// a received head when a field is relayed (sharing that head's buffer, not copied). The
@@ -82,6 +85,14 @@ pub trait StreamBody {
     /// answer `false`. `false` (the default) when a read must tell.
     fn is_finished(&self) -> bool {
         false
+    }
+
+    /// The fields of the received head this body relays, written after the response's own
+    /// [`Response::headers`]. They travel with the body (already boxed per response) rather
+    /// than in [`Response`], which every handler result moves. `None` (the default) when the
+    /// body relays none.
+    fn relayed_fields(&self) -> Option<&RelayedFields> {
+        None
     }
 
     /// The response to send instead when the body fails before any byte of the response
@@ -197,6 +208,88 @@ pub struct Response {
     pub should_close: bool,
 }
 
+/// Fields of a received head that a response relays: the head's fields and which of them go
+/// on, read from the head's buffer when written (no reference count or copy per field). The
+/// encoder checks them as it checks a handler's own.
+#[derive(Debug, Default)]
+pub struct RelayedFields {
+    fields: ResponseFields,
+    /// Bit `i` set: field `i` is relayed.
+    keep: u64,
+    /// The relayed names' and values' bytes together, for sizing the head's buffer.
+    bytes: usize,
+    /// Whether a relayed field is `Date` (the server then adds none).
+    has_date: bool,
+}
+
+impl RelayedFields {
+    /// The most fields a head may have to be relayed this way; a longer head's relayed fields
+    /// go into [`Response::headers`].
+    pub const MAX_FIELDS: usize = 64;
+
+    /// The fields of `fields` that `relay` keeps, given each name and the names the head's
+    /// `Connection` fields list (RFC 9110 §7.6.1: those are the sender's hop-by-hop fields);
+    /// `fields` back when there are more than [`RelayedFields::MAX_FIELDS`]. One pass over
+    /// the fields besides the one that finds the `Connection` names.
+    pub fn select(
+        fields: ResponseFields,
+        mut relay: impl FnMut(&[u8], &[&[u8]]) -> bool,
+    ) -> Result<RelayedFields, ResponseFields> {
+        if fields.len() > Self::MAX_FIELDS {
+            return Err(fields);
+        }
+        let tokens = connection_tokens_of(fields.iter());
+        let (mut keep, mut bytes, mut has_date) = (0u64, 0, false);
+        for (i, (n, v)) in fields.iter().enumerate() {
+            if relay(n, &tokens) {
+                keep |= 1 << i;
+                bytes += n.len() + v.len();
+                has_date |= n.len() == 4 && n.eq_ignore_ascii_case(b"date");
+            }
+        }
+        drop(tokens);
+        Ok(RelayedFields {
+            fields,
+            keep,
+            bytes,
+            has_date,
+        })
+    }
+
+    /// How many fields are relayed.
+    pub fn len(&self) -> usize {
+        self.keep.count_ones() as usize
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.keep == 0
+    }
+
+    /// The relayed names' and values' bytes together.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether a relayed field is `Date`.
+    pub fn has_date(&self) -> bool {
+        self.has_date
+    }
+
+    /// The relayed fields in order: only they are visited, by the set bits of the mask.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let mut keep = self.keep;
+        std::iter::from_fn(move || {
+            if keep == 0 {
+                return None;
+            }
+            let i = keep.trailing_zeros() as usize;
+            keep &= keep - 1;
+            self.fields.get(i)
+        })
+    }
+}
+
 /// `Content-Type` of [`Response::json`].
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 /// `Content-Type` of [`Response::text`].
@@ -247,10 +340,25 @@ impl Response {
 
     /// The first value of the header field `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.fields()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// Every header field in the order written: the handler's own, then the relayed ones.
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.headers
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_ref())
+            .map(|(n, v)| (n.as_bytes(), v.as_ref()))
+            .chain(self.relayed().into_iter().flat_map(RelayedFields::iter))
+    }
+
+    /// The fields the body relays ([`StreamBody::relayed_fields`]).
+    pub fn relayed(&self) -> Option<&RelayedFields> {
+        match &self.body {
+            ResponseBody::Stream(s) => s.relayed_fields(),
+            _ => None,
+        }
     }
 
     /// Whether the response asks to close the connection, by flag or by a `Connection: close`
@@ -322,12 +430,14 @@ pub(crate) fn encode_head_for(
         _ => OutgoingBody::ContentLength(resp.body.len() as u64),
     };
     let date = date::now();
-    let has_date = resp.header("date").is_some();
+    let has_date = resp.relayed().is_some_and(RelayedFields::has_date)
+        || resp
+            .headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("date"));
     let own_fields = resp
-        .headers
-        .iter()
-        .filter(|(n, _)| !n.eq_ignore_ascii_case("connection"))
-        .map(|(n, v)| (n.as_bytes(), v.as_ref()));
+        .fields()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(b"connection"));
     let date_field = (!has_date).then_some((&b"Date"[..], &date[..]));
     let connection_field = match connection {
         ConnectionField::Omit => None,
@@ -348,6 +458,28 @@ pub(crate) fn encode_head_for(
     Ok(!is_head_request && !has_no_content && has_bytes)
 }
 
+/// An empty body that relays `fields`, for tests of relayed heads.
+#[cfg(test)]
+pub(crate) struct RelayingBody(pub(crate) RelayedFields);
+
+#[cfg(test)]
+impl StreamBody for RelayingBody {
+    fn length(&self) -> Option<u64> {
+        Some(0)
+    }
+
+    fn read_into<'a>(
+        &'a mut self,
+        _out: &'a mut Vec<u8>,
+    ) -> Pin<Box<dyn Future<Output = io::Result<bool>> + 'a>> {
+        Box::pin(async { Ok(false) })
+    }
+
+    fn relayed_fields(&self) -> Option<&RelayedFields> {
+        Some(&self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +497,38 @@ mod tests {
             None => text,
         };
         (text, has_body)
+    }
+
+    /// Relayed fields are written after the handler's own, only those selected, and a relayed
+    /// `Date` stands in for the server's; the counts size the buffer.
+    #[test]
+    fn relayed_fields_are_written_from_the_received_head() {
+        let received =
+            ResponseFields::copied([("date", "Tue, 1 Jan 2030"), ("X-A", "b"), ("Upgrade", "h2")]);
+        let relayed = RelayedFields::select(received, |n, _| !n.eq_ignore_ascii_case(b"upgrade"))
+            .expect("few fields");
+        assert_eq!(
+            (relayed.len(), relayed.bytes(), relayed.has_date()),
+            (2, 23, true)
+        );
+        let mut resp = Response::new(200).with_header("x-own", "1");
+        resp.body = ResponseBody::Stream(Box::new(RelayingBody(relayed)));
+        assert_eq!(resp.header("X-a"), Some(&b"b"[..]));
+        let (text, _) = encode(&resp, false, ConnectionField::Omit);
+        assert_eq!(
+            text,
+            "HTTP/1.1 200 OK\r\nx-own: 1\r\ndate: Tue, 1 Jan 2030\r\nX-A: b\r\nContent-Length: 0\r\n\r\n"
+        );
+        let many = ResponseFields::copied((0..65).map(|i| (format!("X-{i}"), "v")));
+        assert!(RelayedFields::select(many, |_, _| true).is_err());
+        // The names a `Connection` field lists reach the rule.
+        let listed = ResponseFields::copied([("Connection", "x-hop"), ("X-Hop", "1"), ("A", "b")]);
+        let relayed = RelayedFields::select(listed, |n, tokens| {
+            !tokens.iter().any(|t| t.eq_ignore_ascii_case(n))
+        })
+        .expect("few fields");
+        let names: Vec<&[u8]> = relayed.iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [&b"Connection"[..], b"A"]);
     }
 
     #[test]

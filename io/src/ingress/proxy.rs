@@ -25,9 +25,8 @@ use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
 use sortie_core::ids::RequestId;
 use sortie_core::proxy::{
-    connection_tokens, connection_tokens_of, is_forwarded_request_field, is_relayed_response_field,
-    parse_basic, parse_connect_target, proxy_http_status, proxy_status, route_hints,
-    PROXY_AUTHENTICATE,
+    connection_tokens_of, is_forwarded_request_field, is_relayed_response_field, parse_basic,
+    parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
 };
 use sortie_core::request::{parse_target_url, Method};
 use sortie_core::routing::Ingress;
@@ -37,11 +36,12 @@ use crate::control::admission::TunnelCounts;
 use crate::control::core::Cancelled;
 use crate::dispatch::{self, Assigned, Dispatcher, Holding, Resend, Route};
 use crate::egress::{
-    BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
+    BodyLength, BodySource, ResponseBodyReader, ResponseFields, StreamRequest, Timeouts,
+    TunnelStream,
 };
 use crate::http::{
-    Admitted, Body, BodyError, Handler, HeaderName, RequestParts, Response, ResponseBody,
-    StreamBody, Tunnel,
+    Admitted, Body, BodyError, Handler, HeaderName, RelayedFields, RequestParts, Response,
+    ResponseBody, StreamBody, Tunnel,
 };
 use crate::remote::proxy::ProxyAssignment;
 use crate::remote::BusCore;
@@ -442,10 +442,8 @@ impl ProxyHandler {
         let holding = Holding::new(tracked, assigned, None);
         let head_fields = std::mem::take(&mut resp.headers);
         let declared_length = || {
-            head_fields
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"))
-                .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok())
+            let v = head_fields.value(b"content-length")?;
+            std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok()
         };
         let length = match resp.body.framing() {
             ResponseFraming::ContentLength(n) => Some(n),
@@ -455,14 +453,15 @@ impl ProxyHandler {
             _ => None,
         };
         let mut out = Response::new(resp.status);
-        // The relayed fields share the destination's head buffer: no copy of a name or value.
-        out.headers = relayed_fields(head_fields);
+        // The relayed fields stay in the destination's head buffer: no copy of a name or value.
+        let fields = relay_fields(head_fields, &mut out);
         // The body deadline is its idle limit alone: a long download is not cut by the head's
         // total deadline.
         resp.body
             .set_deadline(started + Duration::from_secs(365 * 24 * 3600));
         out.body = ResponseBody::Stream(Box::new(RelayedBody {
             reader: resp.body,
+            fields,
             length,
             request_id: *request_id,
             failure: None,
@@ -475,31 +474,23 @@ impl ProxyHandler {
     }
 }
 
-/// The fields of a destination's response head that the client gets, in order. Up to 64
-/// fields (every ordinary head) they are moved, not cloned: the list's allocation is reused
-/// and no shared buffer's count is touched twice per field.
-fn relayed_fields(fields: Vec<(Bytes, Bytes)>) -> Vec<(HeaderName, Bytes)> {
-    let tokens = connection_tokens(&fields);
-    let relayed = |(n, _): &(Bytes, Bytes)| is_relayed_response_field(n, &tokens);
-    if fields.len() > 64 {
-        return fields
-            .iter()
-            .filter(|f| relayed(f))
-            .map(|(n, v)| (HeaderName::shared(n.clone()), v.clone()))
-            .collect();
-    }
-    let keep = fields
+/// The fields of a destination's response head that the client gets, in order: up to
+/// [`RelayedFields::MAX_FIELDS`] (every ordinary head) they stay in the head's buffer and are
+/// written from it; a longer head's go into `out.headers` as shared slices instead.
+fn relay_fields(fields: ResponseFields, out: &mut Response) -> RelayedFields {
+    let fields = match RelayedFields::select(fields, is_relayed_response_field) {
+        Ok(relayed) => return relayed,
+        Err(fields) => fields,
+    };
+    let tokens = connection_tokens_of(fields.iter());
+    out.headers = fields
         .iter()
         .enumerate()
-        .filter(|(_, f)| relayed(f))
-        .fold(0u64, |keep, (i, _)| keep | 1 << i);
-    drop(tokens);
-    fields
-        .into_iter()
-        .enumerate()
-        .filter(|(i, _)| keep >> i & 1 == 1)
-        .map(|(_, (n, v))| (HeaderName::shared(n), v))
-        .collect()
+        .filter(|(_, (n, _))| is_relayed_response_field(n, &tokens))
+        .filter_map(|(i, _)| fields.shared(i))
+        .map(|(n, v)| (HeaderName::shared(n), v))
+        .collect();
+    RelayedFields::default()
 }
 
 /// What the attempts of one proxied request share.
@@ -585,6 +576,8 @@ async fn remote_relay<B: BodySource>(
 /// the active list and its worker capacity until the body ends or the client leaves.
 struct RelayedBody {
     reader: Box<ResponseBodyReader>,
+    /// The destination's fields the client gets.
+    fields: RelayedFields,
     length: Option<u64>,
     /// For the error answer when the body fails before any byte reached the client.
     request_id: RequestId,
@@ -601,6 +594,10 @@ struct RelayedBody {
 impl StreamBody for RelayedBody {
     fn length(&self) -> Option<u64> {
         self.length
+    }
+
+    fn relayed_fields(&self) -> Option<&RelayedFields> {
+        Some(&self.fields)
     }
 
     fn read_into<'a>(
@@ -870,12 +867,13 @@ mod tests {
     use super::*;
 
     /// Relayed fields keep their order and drop hop-by-hop fields, those `Connection` names,
-    /// `Content-Length` and `Proxy-Authenticate`, for short heads (moved) and long ones
-    /// (cloned) alike.
+    /// `Content-Length` and `Proxy-Authenticate`, for ordinary heads (written from the head's
+    /// buffer) and heads past [`RelayedFields::MAX_FIELDS`] (copied out as slices) alike;
+    /// either way the written head carries them.
     #[test]
     fn relayed_fields_filter_in_order_for_short_and_long_heads() {
-        let head = |extra: usize| -> Vec<(Bytes, Bytes)> {
-            let mut f: Vec<(Bytes, Bytes)> = [
+        let head = |extra: usize| -> ResponseFields {
+            let mut f: Vec<(String, String)> = [
                 ("Server", "nginx"),
                 ("Connection", "keep-alive, X-Hop"),
                 ("Content-Length", "5"),
@@ -885,14 +883,16 @@ mod tests {
                 ("ETag", "\"a\""),
             ]
             .into_iter()
-            .map(|(n, v)| (Bytes::from(n), Bytes::from(v)))
+            .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect();
-            f.extend((0..extra).map(|i| (Bytes::from(format!("X-{i}")), Bytes::from("v"))));
-            f
+            f.extend((0..extra).map(|i| (format!("X-{i}"), "v".to_string())));
+            ResponseFields::copied(f)
         };
         for extra in [0, 57, 58, 100] {
-            let out = relayed_fields(head(extra));
-            let names: Vec<&[u8]> = out.iter().map(|(n, _)| n.as_bytes()).collect();
+            let mut out = Response::new(200);
+            let relayed = relay_fields(head(extra), &mut out);
+            out.body = ResponseBody::Stream(Box::new(crate::http::RelayingBody(relayed)));
+            let names: Vec<&[u8]> = out.fields().map(|(n, _)| n).collect();
             let mut want: Vec<Vec<u8>> = vec![b"Server".to_vec(), b"ETag".to_vec()];
             want.extend((0..extra).map(|i| format!("X-{i}").into_bytes()));
             assert_eq!(
@@ -900,7 +900,25 @@ mod tests {
                 want.iter().map(Vec::as_slice).collect::<Vec<_>>(),
                 "{extra}"
             );
-            assert_eq!(&out[1].1[..], b"\"a\"");
+            assert_eq!(out.header("etag"), Some(&b"\"a\""[..]));
+            assert_eq!(
+                out.headers.is_empty(),
+                extra + 7 <= RelayedFields::MAX_FIELDS
+            );
+            let mut written = Vec::new();
+            crate::http::encode_head(
+                &mut written,
+                &out,
+                false,
+                crate::http::ConnectionField::Omit,
+            )
+            .expect("encodes");
+            let text = String::from_utf8(written).expect("ASCII");
+            assert!(text.starts_with("HTTP/1.1 200 OK\r\nServer: nginx\r\nETag: \"a\"\r\n"));
+            assert!(
+                !text.contains("X-Hop") && !text.contains("Keep-Alive"),
+                "{text}"
+            );
         }
     }
 

@@ -1216,7 +1216,7 @@ impl BusCore {
         Ok(RemoteResponse {
             status: h.status,
             // Slices of the one buffer the head was decoded into.
-            headers: h.headers,
+            headers: crate::egress::ResponseFields::from_pairs(h.headers),
             body,
         })
     }
@@ -1475,7 +1475,7 @@ pub(crate) struct RemoteJob<'a> {
 /// A remote worker's whole response.
 pub(crate) struct RemoteResponse {
     pub(crate) status: u16,
-    pub(crate) headers: Vec<(Bytes, Bytes)>,
+    pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) body: Vec<u8>,
 }
 

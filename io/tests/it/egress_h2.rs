@@ -41,7 +41,7 @@ fn alpn_chooses_h2_and_concurrent_requests_share_one_connection() {
         assert!(first
             .headers
             .iter()
-            .all(|(n, _)| n.to_ascii_lowercase() == **n));
+            .all(|(n, _)| n.to_ascii_lowercase() == n));
         assert_eq!(egress.h2_connections(), 1);
         assert_eq!(egress.idle_connections(), 0);
 

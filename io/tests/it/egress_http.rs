@@ -126,7 +126,7 @@ fn response_headers_keep_order_duplicates_and_raw_values() {
             .await
             .expect("response");
         assert_eq!(resp.status, 201);
-        let names: Vec<&[u8]> = resp.headers.iter().map(|(n, _)| &n[..]).collect();
+        let names: Vec<&[u8]> = resp.headers.iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
             vec![
@@ -136,8 +136,11 @@ fn response_headers_keep_order_duplicates_and_raw_values() {
                 b"Content-Length"
             ]
         );
-        assert_eq!(resp.headers[1].1, b"\xe2\x82\xac tab\there".to_vec());
-        assert_eq!(resp.headers[2].1, b"b=2".to_vec());
+        assert_eq!(
+            resp.headers.get(1).map(|(_, v)| v),
+            Some(&b"\xe2\x82\xac tab\there"[..])
+        );
+        assert_eq!(resp.headers.get(2).map(|(_, v)| v), Some(&b"b=2"[..]));
         assert_eq!(resp.body, b"ok");
     });
 }

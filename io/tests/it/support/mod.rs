@@ -93,11 +93,8 @@ pub fn request(method: Method, url: &str) -> EgressRequest {
 }
 
 /// The value of a response header (first occurrence, case-insensitive name).
-pub fn header<'a>(headers: &'a [(bytes::Bytes, bytes::Bytes)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+pub fn header<'a>(headers: &'a sortie_io::egress::ResponseFields, name: &str) -> Option<&'a str> {
+    std::str::from_utf8(headers.value(name.as_bytes())?).ok()
 }
 
 /// The value of an error detail.

@@ -1,0 +1,263 @@
+//! The header fields of a destination's response, as received: names as spelled, raw values,
+//! order and duplicates kept.
+//!
+//! A head read over HTTP/1.1 keeps its fields as the head's buffer and where each name and
+//! value lies in it: reading them touches no reference count, where a pair of `Bytes` per
+//! field cost two atomic increments and two decrements per field of every response. Fields
+//! that arrive as separate pieces (HTTP/2, the worker bus) are copied into one buffer, or kept
+//! as the pairs of one buffer the bus decoded them into.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+/// Where one field's name and value lie in [`ResponseFields`]' buffer.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+#[derive(Clone, Debug)]
+enum Repr {
+    /// Fields that lie in one buffer.
+    Spans { buf: Bytes, spans: Vec<Span> },
+    /// Fields held as slices already (the bus's decoded heads).
+    Pairs(Vec<(Bytes, Bytes)>),
+}
+
+/// A response head's fields in order.
+#[derive(Clone, Debug)]
+pub struct ResponseFields(Repr);
+
+impl Default for ResponseFields {
+    fn default() -> Self {
+        ResponseFields(Repr::Pairs(Vec::new()))
+    }
+}
+
+impl ResponseFields {
+    /// Fields whose names and values lie in `buf` at the given ranges; `None` when a range is
+    /// not within `buf`.
+    pub fn in_buffer(
+        buf: Bytes,
+        ranges: impl ExactSizeIterator<Item = (Range<usize>, Range<usize>)>,
+    ) -> Option<ResponseFields> {
+        let mut spans = Vec::with_capacity(ranges.len());
+        for (name, value) in ranges {
+            let within = |r: &Range<usize>| -> Option<(u32, u32)> {
+                if r.start > r.end || r.end > buf.len() {
+                    return None;
+                }
+                Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))
+            };
+            spans.push(Span {
+                name: within(&name)?,
+                value: within(&value)?,
+            });
+        }
+        Some(ResponseFields(Repr::Spans { buf, spans }))
+    }
+
+    /// Fields copied into one buffer.
+    pub fn copied<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+        fields: impl IntoIterator<Item = (N, V)>,
+    ) -> ResponseFields {
+        let mut buf = Vec::new();
+        let mut spans = Vec::new();
+        for (name, value) in fields {
+            let (name, value) = (name.as_ref(), value.as_ref());
+            let mut push = |part: &[u8]| {
+                let start = buf.len();
+                buf.extend_from_slice(part);
+                // A head's fields are bounded far below 4 GiB; saturating keeps a pathological
+                // one from wrapping (its range then reads as empty).
+                let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                (at(start), at(buf.len()))
+            };
+            let name = push(name);
+            let value = push(value);
+            spans.push(Span { name, value });
+        }
+        ResponseFields(Repr::Spans {
+            buf: Bytes::from(buf),
+            spans,
+        })
+    }
+
+    /// Fields already held as slices.
+    pub fn from_pairs(pairs: Vec<(Bytes, Bytes)>) -> ResponseFields {
+        ResponseFields(Repr::Pairs(pairs))
+    }
+
+    /// How many fields there are.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Spans { spans, .. } => spans.len(),
+            Repr::Pairs(pairs) => pairs.len(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The fields in order, as (name, value).
+    pub fn iter(&self) -> Iter<'_> {
+        Iter(match &self.0 {
+            Repr::Spans { buf, spans } => IterRepr::Spans {
+                buf,
+                spans: spans.iter(),
+            },
+            Repr::Pairs(pairs) => IterRepr::Pairs(pairs.iter()),
+        })
+    }
+
+    /// The field at `index`.
+    pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
+        match &self.0 {
+            Repr::Spans { buf, spans } => spans.get(index).map(|s| s.read(buf)),
+            Repr::Pairs(pairs) => pairs.get(index).map(|(n, v)| (&n[..], &v[..])),
+        }
+    }
+
+    /// The value of the first field named `name`, ignoring ASCII case.
+    pub fn value(&self, name: &[u8]) -> Option<&[u8]> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// The field at `index` as slices sharing the buffer, for a caller that keeps them.
+    pub fn shared(&self, index: usize) -> Option<(Bytes, Bytes)> {
+        match &self.0 {
+            Repr::Spans { buf, spans } => {
+                let s = spans.get(index)?;
+                let part = |(start, end): (u32, u32)| buf.slice(start as usize..end as usize);
+                Some((part(s.name), part(s.value)))
+            }
+            Repr::Pairs(pairs) => pairs.get(index).cloned(),
+        }
+    }
+}
+
+impl Span {
+    /// The name and value in `buf`: ranges checked when the span was made, so the empty
+    /// fallback is never taken.
+    fn read(self, buf: &[u8]) -> (&[u8], &[u8]) {
+        let part = |(start, end): (u32, u32)| buf.get(start as usize..end as usize);
+        (
+            part(self.name).unwrap_or_default(),
+            part(self.value).unwrap_or_default(),
+        )
+    }
+}
+
+/// The iterator of [`ResponseFields::iter`].
+#[derive(Clone)]
+pub struct Iter<'a>(IterRepr<'a>);
+
+#[derive(Clone)]
+enum IterRepr<'a> {
+    Spans {
+        buf: &'a Bytes,
+        spans: std::slice::Iter<'a, Span>,
+    },
+    Pairs(std::slice::Iter<'a, (Bytes, Bytes)>),
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match &mut self.0 {
+            IterRepr::Spans { buf, spans } => spans.next().map(|s| s.read(buf)),
+            IterRepr::Pairs(pairs) => pairs.next().map(|(n, v)| (&n[..], &v[..])),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.0 {
+            IterRepr::Spans { spans, .. } => spans.size_hint(),
+            IterRepr::Pairs(pairs) => pairs.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
+
+impl<'a> IntoIterator for &'a ResponseFields {
+    type Item = (&'a [u8], &'a [u8]);
+    type IntoIter = Iter<'a>;
+
+    fn into_iter(self) -> Iter<'a> {
+        self.iter()
+    }
+}
+
+impl Eq for ResponseFields {}
+
+impl PartialEq for ResponseFields {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(f: &ResponseFields) -> Vec<(Vec<u8>, Vec<u8>)> {
+        f.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect()
+    }
+
+    /// The three ways to make fields read the same, in order, duplicates kept; lookups ignore
+    /// case and find the first; shared slices are the same bytes.
+    #[test]
+    fn every_form_reads_the_same() {
+        let want = vec![
+            (b"Server".to_vec(), b"x".to_vec()),
+            (b"Set-Cookie".to_vec(), b"a=1".to_vec()),
+            (b"set-cookie".to_vec(), b"".to_vec()),
+        ];
+        let head = Bytes::from_static(b"Server: x\r\nSet-Cookie: a=1\r\nset-cookie:\r\n");
+        let in_buffer = ResponseFields::in_buffer(
+            head,
+            [(0..6, 8..9), (11..21, 23..26), (28..38, 39..39)].into_iter(),
+        )
+        .expect("ranges within the buffer");
+        let copied = ResponseFields::copied(want.iter().map(|(n, v)| (n, v)));
+        let from_pairs = ResponseFields::from_pairs(
+            want.iter()
+                .map(|(n, v)| (Bytes::from(n.clone()), Bytes::from(v.clone())))
+                .collect(),
+        );
+        for f in [&in_buffer, &copied, &from_pairs] {
+            assert_eq!(pairs(f), want);
+            assert_eq!(f.len(), 3);
+            assert_eq!(f.iter().len(), 3);
+            assert_eq!(f.value(b"SET-COOKIE"), Some(&b"a=1"[..]));
+            assert_eq!(f.value(b"missing"), None);
+            let (n, v) = f.shared(1).expect("a second field");
+            assert_eq!((&n[..], &v[..]), (&b"Set-Cookie"[..], &b"a=1"[..]));
+            assert!(f.shared(3).is_none());
+            assert!(f.get(3).is_none());
+        }
+        assert_eq!(in_buffer, copied);
+        assert_eq!(copied, from_pairs);
+        assert!(ResponseFields::default().is_empty());
+    }
+
+    /// A range outside the buffer, or reversed, is refused rather than read as something else.
+    #[test]
+    fn ranges_outside_the_buffer_are_refused() {
+        let buf = Bytes::from_static(b"A: b");
+        assert!(ResponseFields::in_buffer(buf.clone(), [(0..1, 3..5)].into_iter()).is_none());
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = [(1..0, 3..4)];
+        assert!(ResponseFields::in_buffer(buf.clone(), reversed.into_iter()).is_none());
+        assert!(ResponseFields::in_buffer(buf, [(0..1, 3..4)].into_iter()).is_some());
+    }
+}
