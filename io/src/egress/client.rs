@@ -415,8 +415,6 @@ type FieldRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
 /// responses carry.
 const INLINE_FIELDS: usize = 32;
 
-/// `b[range]` as a shared slice, or `None` when the range is not within `b` (the codec's
-/// offsets always are; this keeps a mistake from becoming a panic).
 pub(crate) fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
     if error::is_tls_error(e) {
         error::tls_failure(e)

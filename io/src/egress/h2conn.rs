@@ -605,9 +605,12 @@ pub(crate) async fn response_head(
         });
     }
     let status = parts.status.as_u16();
+    // If several came, the last one counts.
     let declared = parts
         .headers
-        .get(http::header::CONTENT_LENGTH)
+        .get_all(http::header::CONTENT_LENGTH)
+        .iter()
+        .next_back()
         .and_then(|value| std::str::from_utf8(value.as_bytes()).ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     // Copied into one buffer: one allocation for the head, not two per field.
