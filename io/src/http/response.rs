@@ -13,10 +13,9 @@ use std::pin::Pin;
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
-
-use super::date;
 use sortie_core::proxy::connection_tokens_of;
 
+use super::date;
 use crate::egress::ResponseFields;
 
 /// A header field name: usually a `&'static str`, owned when built at run time, or a slice of
