@@ -10,6 +10,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
+use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 
 /// Where one field's name and value lie in [`ResponseFields`]' buffer.
 #[derive(Clone, Copy, Debug)]
@@ -129,6 +130,22 @@ impl ResponseFields {
             .map(|(_, v)| v)
     }
 
+    /// The names the `Connection` fields list ([`connection_tokens_of`]). Other fields are
+    /// passed over by the length of their name, without reading them: this runs for every
+    /// relayed head.
+    pub fn connection_tokens(&self) -> ConnectionTokens<'_> {
+        const NAME_LEN: u32 = b"connection".len() as u32;
+        match &self.0 {
+            Repr::Spans { buf, spans } => connection_tokens_of(
+                spans
+                    .iter()
+                    .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
+                    .map(|s| s.read(buf)),
+            ),
+            Repr::Pairs(pairs) => connection_tokens_of(pairs.iter().map(|(n, v)| (&n[..], &v[..]))),
+        }
+    }
+
     /// The field at `index` as slices sharing the buffer, for a caller that keeps them.
     pub fn shared(&self, index: usize) -> Option<(Bytes, Bytes)> {
         match &self.0 {
@@ -240,6 +257,7 @@ mod tests {
             assert_eq!(f.iter().len(), 3);
             assert_eq!(f.value(b"SET-COOKIE"), Some(&b"a=1"[..]));
             assert_eq!(f.value(b"missing"), None);
+            assert!(f.connection_tokens().is_empty());
             let (n, v) = f.shared(1).expect("a second field");
             assert_eq!((&n[..], &v[..]), (&b"Set-Cookie"[..], &b"a=1"[..]));
             assert!(f.shared(3).is_none());
@@ -248,6 +266,23 @@ mod tests {
         assert_eq!(in_buffer, copied);
         assert_eq!(copied, from_pairs);
         assert!(ResponseFields::default().is_empty());
+        let listing = [
+            ("X", "1"),
+            ("Connection", "a, b"),
+            ("connectionX", "c"),
+            ("CONNECTION", "d"),
+        ];
+        for f in [
+            ResponseFields::copied(listing),
+            ResponseFields::from_pairs(
+                listing
+                    .iter()
+                    .map(|(n, v)| (Bytes::from(*n), Bytes::from(*v)))
+                    .collect(),
+            ),
+        ] {
+            assert_eq!(*f.connection_tokens(), [&b"a"[..], b"b", b"d"]);
+        }
     }
 
     /// A range outside the buffer, or reversed, is refused rather than read as something else.

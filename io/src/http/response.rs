@@ -13,7 +13,6 @@ use std::pin::Pin;
 use bytes::Bytes;
 use monoio::net::TcpStream;
 use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
-use sortie_core::proxy::connection_tokens_of;
 
 use super::date;
 use crate::egress::ResponseFields;
@@ -237,7 +236,7 @@ impl RelayedFields {
         if fields.len() > Self::MAX_FIELDS {
             return Err(fields);
         }
-        let tokens = connection_tokens_of(fields.iter());
+        let tokens = fields.connection_tokens();
         let (mut keep, mut bytes, mut has_date) = (0u64, 0, false);
         for (i, (n, v)) in fields.iter().enumerate() {
             if relay(n, &tokens) {

@@ -11,7 +11,7 @@ use sortie_core::dispatch::{BodyState, Failure};
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
 use sortie_core::ids::RequestId;
-use sortie_core::proxy::{connection_tokens_of, is_hop_by_hop_response_field};
+use sortie_core::proxy::is_hop_by_hop_response_field;
 use sortie_core::receipt::ReceiptState;
 use sortie_core::request::{
     decode_request, RequestBody, ResponseBodyMode, ValidatedRequest, ValidationContext,
@@ -322,7 +322,7 @@ async fn handle_inner(
     let done = Instant::now();
     // The body in the envelope is already de-framed: the fields that describe the upstream
     // connection are left out.
-    let tokens = connection_tokens_of(resp.headers.iter());
+    let tokens = resp.headers.connection_tokens();
     // Sized once: collected through the filter, the list would grow as it fills.
     let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(resp.headers.len());
     headers.extend(

@@ -482,7 +482,7 @@ fn relay_fields(fields: ResponseFields, out: &mut Response) -> RelayedFields {
         Ok(relayed) => return relayed,
         Err(fields) => fields,
     };
-    let tokens = connection_tokens_of(fields.iter());
+    let tokens = fields.connection_tokens();
     out.headers = fields
         .iter()
         .enumerate()
