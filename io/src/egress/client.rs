@@ -17,7 +17,7 @@ use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 
 use super::connect::within;
 use super::error::{self, Expired, Stage};
-use super::fields::ResponseFields;
+use super::fields::{FieldSpans, ResponseFields};
 use super::stream::{Conn, READ_BUF_BYTES};
 use super::Timeouts;
 
@@ -344,37 +344,23 @@ pub(crate) async fn read_head(
                     }
                     // The fields stay in the head's buffer, read through their offsets: no
                     // allocation or reference count per field. The codec gives each field's
-                    // offsets in the buffer it parsed, which is `buf`.
-                    // Ordinary heads keep their offsets on the stack (nothing is awaited
-                    // while they live); a head with more fields spills them to the heap.
-                    let fields = head.headers();
-                    let span = |h: &sortie_core::h1::Header<'_>| -> FieldRanges {
-                        (h.name_range(), h.value_range())
+                    // offsets in the buffer it parsed, which is `buf`: checked against it
+                    // here, while the head borrows it.
+                    let ranges = head
+                        .headers()
+                        .iter()
+                        .map(|h| (h.name_range(), h.value_range()));
+                    let malformed = || {
+                        Failure::during_response(error::protocol_error(H1Error::InvalidHeaderValue))
                     };
-                    let mut inline: [FieldRanges; INLINE_FIELDS] =
-                        std::array::from_fn(|_| (0..0, 0..0));
-                    let spilled: Vec<FieldRanges>;
-                    let ranges: &[FieldRanges] = if fields.len() <= INLINE_FIELDS {
-                        for (slot, h) in inline.iter_mut().zip(fields) {
-                            *slot = span(h);
-                        }
-                        inline.get(..fields.len()).unwrap_or_default()
-                    } else {
-                        spilled = fields.iter().map(span).collect();
-                        &spilled
-                    };
+                    let spans = FieldSpans::within(buf.len(), ranges).ok_or_else(malformed)?;
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());
                     // The bytes past the head stay in the same buffer, handed on as a slice.
                     let frozen = Bytes::from(std::mem::take(buf));
                     let rest = frozen.slice(consumed..);
-                    let Some(headers) = ResponseFields::in_buffer(frozen, ranges.iter().cloned())
-                    else {
-                        return Err(Failure::during_response(error::protocol_error(
-                            H1Error::InvalidHeaderValue,
-                        )));
-                    };
+                    let headers = ResponseFields::in_buffer(frozen, spans).ok_or_else(malformed)?;
                     return Ok(Head {
                         status,
                         headers,
@@ -407,13 +393,6 @@ pub(crate) async fn read_head(
         }
     }
 }
-
-/// Where a response field's name and value are in the head's buffer.
-type FieldRanges = (std::ops::Range<usize>, std::ops::Range<usize>);
-
-/// Fields of a response head whose offsets [`read_head`] keeps on the stack: more than most
-/// responses carry.
-const INLINE_FIELDS: usize = 32;
 
 pub(crate) fn read_error(e: &std::io::Error, stage: Stage) -> ApiError {
     if error::is_tls_error(e) {

@@ -38,26 +38,13 @@ impl Default for ResponseFields {
 }
 
 impl ResponseFields {
-    /// Fields whose names and values lie in `buf` at the given ranges; `None` when a range is
-    /// not within `buf`.
-    pub fn in_buffer(
-        buf: Bytes,
-        ranges: impl ExactSizeIterator<Item = (Range<usize>, Range<usize>)>,
-    ) -> Option<ResponseFields> {
-        let mut spans = Vec::with_capacity(ranges.len());
-        for (name, value) in ranges {
-            let within = |r: &Range<usize>| -> Option<(u32, u32)> {
-                if r.start > r.end || r.end > buf.len() {
-                    return None;
-                }
-                Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))
-            };
-            spans.push(Span {
-                name: within(&name)?,
-                value: within(&value)?,
-            });
-        }
-        Some(ResponseFields(Repr::Spans { buf, spans }))
+    /// Fields whose names and values lie in `buf` at `spans`; `None` when `buf` is shorter than
+    /// the buffer the spans were checked against.
+    pub fn in_buffer(buf: Bytes, spans: FieldSpans) -> Option<ResponseFields> {
+        (spans.len <= buf.len()).then_some(ResponseFields(Repr::Spans {
+            buf,
+            spans: spans.spans,
+        }))
     }
 
     /// Fields copied into one buffer.
@@ -151,11 +138,47 @@ impl ResponseFields {
         match &self.0 {
             Repr::Spans { buf, spans } => {
                 let s = spans.get(index)?;
-                let part = |(start, end): (u32, u32)| buf.slice(start as usize..end as usize);
-                Some((part(s.name), part(s.value)))
+                // Checked first: `Bytes::slice` panics outside the buffer.
+                let part = |(start, end): (u32, u32)| {
+                    let range = start as usize..end as usize;
+                    buf.get(range.clone())?;
+                    Some(buf.slice(range))
+                };
+                Some((part(s.name)?, part(s.value)?))
             }
             Repr::Pairs(pairs) => pairs.get(index).cloned(),
         }
+    }
+}
+
+/// Where a head's fields lie in a buffer of a known length, checked: made while the parsed
+/// head still borrows its buffer, then given to [`ResponseFields::in_buffer`] with the buffer.
+pub struct FieldSpans {
+    spans: Vec<Span>,
+    /// The length of the buffer the ranges were checked against.
+    len: usize,
+}
+
+impl FieldSpans {
+    /// The ranges, each within `0..len`; `None` when one is not (or is reversed).
+    pub fn within(
+        len: usize,
+        ranges: impl ExactSizeIterator<Item = (Range<usize>, Range<usize>)>,
+    ) -> Option<FieldSpans> {
+        let within = |r: Range<usize>| -> Option<(u32, u32)> {
+            if r.start > r.end || r.end > len {
+                return None;
+            }
+            Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))
+        };
+        let mut spans = Vec::with_capacity(ranges.len());
+        for (name, value) in ranges {
+            spans.push(Span {
+                name: within(name)?,
+                value: within(value)?,
+            });
+        }
+        Some(FieldSpans { spans, len })
     }
 }
 
@@ -240,11 +263,9 @@ mod tests {
             (b"set-cookie".to_vec(), b"".to_vec()),
         ];
         let head = Bytes::from_static(b"Server: x\r\nSet-Cookie: a=1\r\nset-cookie:\r\n");
-        let in_buffer = ResponseFields::in_buffer(
-            head,
-            [(0..6, 8..9), (11..21, 23..26), (28..38, 39..39)].into_iter(),
-        )
-        .expect("ranges within the buffer");
+        let ranges = [(0..6, 8..9), (11..21, 23..26), (28..38, 39..39)];
+        let spans = FieldSpans::within(head.len(), ranges.into_iter()).expect("within the buffer");
+        let in_buffer = ResponseFields::in_buffer(head, spans).expect("the same buffer");
         let copied = ResponseFields::copied(want.iter().map(|(n, v)| (n, v)));
         let from_pairs = ResponseFields::from_pairs(
             want.iter()
@@ -289,10 +310,14 @@ mod tests {
     #[test]
     fn ranges_outside_the_buffer_are_refused() {
         let buf = Bytes::from_static(b"A: b");
-        assert!(ResponseFields::in_buffer(buf.clone(), [(0..1, 3..5)].into_iter()).is_none());
+        assert!(FieldSpans::within(buf.len(), [(0..1, 3..5)].into_iter()).is_none());
         #[allow(clippy::reversed_empty_ranges)]
         let reversed = [(1..0, 3..4)];
-        assert!(ResponseFields::in_buffer(buf.clone(), reversed.into_iter()).is_none());
-        assert!(ResponseFields::in_buffer(buf, [(0..1, 3..4)].into_iter()).is_some());
+        assert!(FieldSpans::within(buf.len(), reversed.into_iter()).is_none());
+        let spans = FieldSpans::within(buf.len(), [(0..1, 3..4)].into_iter()).expect("within");
+        // Spans checked against a longer buffer are not laid over a shorter one.
+        let longer = FieldSpans::within(8, [(0..1, 3..8)].into_iter()).expect("within 8");
+        assert!(ResponseFields::in_buffer(buf.clone(), longer).is_none());
+        assert!(ResponseFields::in_buffer(buf, spans).is_some());
     }
 }

@@ -69,7 +69,7 @@ use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
-pub use fields::ResponseFields;
+pub use fields::{FieldSpans, ResponseFields};
 pub use h2conn::{H2_CONNECTION_WINDOW, H2_MAX_HEADER_LIST_BYTES, H2_STREAM_WINDOW};
 pub use pool::{
     PoolLimits, POOL_IDLE_TIMEOUT, POOL_MAX_IDLE_PER_KEY, POOL_MAX_IDLE_TOTAL, POOL_PEEK_AFTER,
