@@ -3,10 +3,14 @@
 //! The first byte picks the request method the response answers; the rest is parsed as a
 //! response head, and an accepted head must not depend on the bytes after it. Every field's
 //! offsets (which the egress client slices its kept buffer by) must lie within the head and
-//! point at the field's own bytes.
+//! point at the field's own bytes. An HTTP/1.1 head's field lines, copied as they are into a
+//! written head (as the forward proxy relays them), must parse back as the same fields.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sortie_core::h1::{parse_response_head, HeadLimits, Parsed, ResponseFraming};
+use sortie_core::h1::{
+    parse_response_head, write_response_head_parts, HeadLimits, HeadPart, OutgoingBody, Parsed,
+    ResponseFraming, Version,
+};
 
 const METHODS: [&str; 4] = ["GET", "HEAD", "CONNECT", "POST"];
 
@@ -36,6 +40,30 @@ fuzz_target!(|data: &[u8]| {
     }
     if matches!(head.framing(), ResponseFraming::CloseDelimited | ResponseFraming::Tunnel) {
         assert!(!head.is_keep_alive());
+    }
+    if let (Some(first), Version::Http11) = (head.headers().iter().next(), head.version()) {
+        let lines = &raw[first.name_range().start..consumed_len - 2];
+        let mut out = Vec::new();
+        write_response_head_parts(
+            &mut out,
+            head.status(),
+            [HeadPart::ParsedLines(lines)],
+            OutgoingBody::None,
+        )
+        .expect("a parsed status is written");
+        match parse_response_head(&out, method, &limits) {
+            Ok(Parsed::Complete {
+                head: written,
+                consumed_len: n,
+            }) => {
+                assert_eq!(n, out.len());
+                assert_eq!(written.headers().len(), head.headers().len());
+                for (w, h) in written.headers().iter().zip(head.headers().iter()) {
+                    assert_eq!((w.name(), w.value()), (h.name(), h.value()));
+                }
+            }
+            other => panic!("relayed lines parsed as {other:?}"),
+        }
     }
     match parse_response_head(raw, method, &limits) {
         Ok(Parsed::Complete { head: again, consumed_len: n }) => {

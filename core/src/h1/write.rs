@@ -1,10 +1,12 @@
 //! Serialising request heads (upstream client), response heads (server) and chunked bodies,
 //! appending to a `Vec<u8>`.
 //!
-//! Every byte written is checked: a name must be a token and a value must hold no CR, LF or
+//! Every field written is checked: a name must be a token and a value must hold no CR, LF or
 //! other control byte, so nothing a caller passes through can split a head. Framing fields
 //! (Host, Content-Length, Transfer-Encoding) are written by the writer alone; copies in the
-//! caller's list are dropped so that framing cannot disagree with the body that follows.
+//! caller's list are dropped so that framing cannot disagree with the body that follows. The
+//! one exception is [`HeadPart::ParsedLines`]: field lines of a head this crate's parser
+//! accepted, which a relay copies as they arrived and whose caller answers for them.
 //!
 //! On the per-request path: appends only, no logging.
 
@@ -67,6 +69,19 @@ where
     finish_head(out, start, headers, body)
 }
 
+/// One piece of a response head's field section ([`write_response_head_parts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadPart<'a> {
+    /// A field, checked as it is written; a framing field is dropped.
+    Field(&'a [u8], &'a [u8]),
+    /// Whole field lines of a received head, copied as they are: each `field-name ":" OWS
+    /// field-value OWS CRLF` as this crate's parser accepted it (a token name, a value of
+    /// field-value bytes, no fold), none of them a framing field. They are not checked again:
+    /// the caller answers for where the lines start and end (a relay holds the offsets the
+    /// parser gave, checked against the received buffer).
+    ParsedLines(&'a [u8]),
+}
+
 /// Appends an HTTP/1.1 response head with the standard reason phrase of `status`.
 /// On error nothing is appended.
 pub fn write_response_head<I, N, V>(
@@ -97,6 +112,30 @@ where
     N: AsRef<[u8]>,
     V: AsRef<[u8]>,
 {
+    let start = start_response_head(out, status, reason)?;
+    finish_head(out, start, headers, body)
+}
+
+/// [`write_response_head`] of a field section given in parts ([`HeadPart`]), in order.
+pub fn write_response_head_parts<'a>(
+    out: &mut Vec<u8>,
+    status: u16,
+    parts: impl IntoIterator<Item = HeadPart<'a>>,
+    body: OutgoingBody,
+) -> Result<(), H1Error> {
+    let start = start_response_head(out, status, reason_phrase(status))?;
+    for part in parts {
+        match part {
+            HeadPart::Field(name, value) => push_field(out, start, name, value)?,
+            HeadPart::ParsedLines(lines) => out.extend_from_slice(lines),
+        }
+    }
+    end_head(out, body);
+    Ok(())
+}
+
+/// Appends the status line; returns where the head starts, for a later error to remove it.
+fn start_response_head(out: &mut Vec<u8>, status: u16, reason: &str) -> Result<usize, H1Error> {
     // RFC 9112 §4: `status-code = 3DIGIT`, `reason-phrase = 1*( HTAB / SP / VCHAR /
     // obs-text )`; RFC 9110 §15 limits codes to 100..599.
     if !(100..=599).contains(&status) {
@@ -114,7 +153,7 @@ where
     out.push(b' ');
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\r\n");
-    finish_head(out, start, headers, body)
+    Ok(start)
 }
 
 fn finish_head<I, N, V>(
@@ -129,26 +168,38 @@ where
     V: AsRef<[u8]>,
 {
     for (name, value) in headers {
-        let (name, value) = (name.as_ref(), value.as_ref());
-        let checked = if !is_token(name) {
-            Err(H1Error::InvalidHeaderName)
-        } else if !is_field_value(value) {
-            Err(H1Error::InvalidHeaderValue)
-        } else {
-            Ok(())
-        };
-        if let Err(e) = checked {
-            out.truncate(start);
-            return Err(e);
-        }
-        if is_writer_owned(name) {
-            continue;
-        }
+        push_field(out, start, name.as_ref(), value.as_ref())?;
+    }
+    end_head(out, body);
+    Ok(())
+}
+
+/// Appends one checked field (a framing field is dropped); on error the head from `start` is
+/// removed.
+#[inline]
+fn push_field(out: &mut Vec<u8>, start: usize, name: &[u8], value: &[u8]) -> Result<(), H1Error> {
+    let checked = if !is_token(name) {
+        Err(H1Error::InvalidHeaderName)
+    } else if !is_field_value(value) {
+        Err(H1Error::InvalidHeaderValue)
+    } else {
+        Ok(())
+    };
+    if let Err(e) = checked {
+        out.truncate(start);
+        return Err(e);
+    }
+    if !is_writer_owned(name) {
         out.extend_from_slice(name);
         out.extend_from_slice(b": ");
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     }
+    Ok(())
+}
+
+/// Appends the framing field and the empty line that end a head.
+fn end_head(out: &mut Vec<u8>, body: OutgoingBody) {
     match body {
         OutgoingBody::None => {}
         OutgoingBody::ContentLength(n) => {
@@ -159,13 +210,17 @@ where
         OutgoingBody::Chunked => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
     }
     out.extend_from_slice(b"\r\n");
-    Ok(())
 }
 
-fn is_writer_owned(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"host")
-        || name.eq_ignore_ascii_case(b"content-length")
-        || name.eq_ignore_ascii_case(b"transfer-encoding")
+/// Whether `name` is a framing field, which the writer alone writes (`Host`, `Content-Length`,
+/// `Transfer-Encoding`). By length first: this runs for every field written.
+pub fn is_writer_owned(name: &[u8]) -> bool {
+    match name.len() {
+        4 => name.eq_ignore_ascii_case(b"host"),
+        14 => name.eq_ignore_ascii_case(b"content-length"),
+        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
+        _ => false,
+    }
 }
 
 /// Appends one chunk: size line, data, CRLF. Empty data writes nothing, because a zero-size
@@ -541,5 +596,82 @@ mod tests {
         assert!(progress.is_done);
         assert_eq!(progress.consumed, out.len());
         assert_eq!(got, want);
+    }
+
+    /// Parts are written in order: fields checked (a framing field dropped), parsed lines as
+    /// they are; a bad field anywhere removes the whole head. The written head parses back
+    /// with the same fields.
+    #[test]
+    fn parts_write_fields_checked_and_parsed_lines_as_they_are() {
+        let mut out = b"x".to_vec();
+        write_response_head_parts(
+            &mut out,
+            200,
+            [
+                HeadPart::Field(b"A", b"1"),
+                HeadPart::ParsedLines(b"B:  2\r\nC:\r\n"),
+                HeadPart::Field(b"Content-Length", b"9"),
+                HeadPart::Field(b"D", b"4"),
+            ],
+            OutgoingBody::ContentLength(5),
+        )
+        .expect("valid");
+        let want = b"HTTP/1.1 200 OK\r\nA: 1\r\nB:  2\r\nC:\r\nD: 4\r\nContent-Length: 5\r\n\r\n";
+        assert_eq!(&out[1..], &want[..]);
+        let Ok(Parsed::Complete { head, .. }) =
+            parse_response_head(&out[1..], "GET", &HeadLimits::RESPONSE)
+        else {
+            panic!("parses back");
+        };
+        let fields: Vec<(&str, &[u8])> = head
+            .headers()
+            .iter()
+            .map(|h| (h.name(), h.value()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                ("A", &b"1"[..]),
+                ("B", b"2"),
+                ("C", b""),
+                ("D", b"4"),
+                ("Content-Length", b"5")
+            ]
+        );
+        for bad in [
+            HeadPart::Field(b"D", b"a\r\nb"),
+            HeadPart::Field(b"D:", b"a"),
+        ] {
+            let mut out = b"x".to_vec();
+            let r = write_response_head_parts(
+                &mut out,
+                200,
+                [HeadPart::ParsedLines(b"B: 2\r\n"), bad],
+                OutgoingBody::None,
+            );
+            assert!(r.is_err(), "{bad:?}");
+            assert_eq!(out, b"x");
+        }
+        let mut out = Vec::new();
+        let r = write_response_head_parts(&mut out, 99, [], OutgoingBody::None);
+        assert_eq!(r, Err(H1Error::InvalidStatus));
+        assert!(out.is_empty());
+    }
+
+    /// The framing fields are told by length first and then by name, in any case; nothing
+    /// else is one.
+    #[test]
+    fn writer_owned_fields_by_length_and_name() {
+        for name in ["Host", "content-length", "TRANSFER-ENCODING"] {
+            assert!(is_writer_owned(name.as_bytes()), "{name}");
+            let mut near = name.as_bytes().to_vec();
+            near[0] ^= 1;
+            assert!(!is_writer_owned(&near), "{near:?}");
+            assert!(!is_writer_owned(&name.as_bytes()[1..]));
+            assert!(!is_writer_owned(format!("{name}x").as_bytes()));
+        }
+        for len in 0..24 {
+            assert!(!is_writer_owned(&vec![b'a'; len]));
+        }
     }
 }

@@ -346,14 +346,11 @@ pub(crate) async fn read_head(
                     // allocation or reference count per field. The codec gives each field's
                     // offsets in the buffer it parsed, which is `buf`: checked against it
                     // here, while the head borrows it.
-                    let ranges = head
-                        .headers()
-                        .iter()
-                        .map(|h| (h.name_range(), h.value_range()));
                     let malformed = || {
                         Failure::during_response(error::protocol_error(H1Error::InvalidHeaderValue))
                     };
-                    let spans = FieldSpans::within(buf.len(), ranges).ok_or_else(malformed)?;
+                    let spans =
+                        FieldSpans::of_head(buf, &head, consumed_len).ok_or_else(malformed)?;
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());

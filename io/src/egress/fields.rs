@@ -6,10 +6,14 @@
 //! field cost two atomic increments and two decrements per field of every response. Fields
 //! that arrive as separate pieces (HTTP/2, the worker bus) are copied into one buffer, or kept
 //! as the pairs of one buffer the bus decoded them into.
+//!
+//! An HTTP/1.1 head's fields are also its field lines: where they were checked to lie as the
+//! parser accepted them, a relay copies a run of them in one piece ([`ResponseFields::lines`]).
 
 use std::ops::Range;
 
 use bytes::Bytes;
+use sortie_core::h1::ResponseHead;
 use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 
 /// Where one field's name and value lie in [`ResponseFields`]' buffer.
@@ -21,8 +25,13 @@ struct Span {
 
 #[derive(Clone, Debug)]
 enum Repr {
-    /// Fields that lie in one buffer.
-    Spans { buf: Bytes, spans: Vec<Span> },
+    /// Fields that lie in one buffer; with `lines_end`, they are the head's field lines, the
+    /// last ending there ([`FieldSpans::as_lines`]).
+    Spans {
+        buf: Bytes,
+        spans: Vec<Span>,
+        lines_end: Option<u32>,
+    },
     /// Fields held as slices already (the bus's decoded heads).
     Pairs(Vec<(Bytes, Bytes)>),
 }
@@ -44,6 +53,7 @@ impl ResponseFields {
         (spans.len <= buf.len()).then_some(ResponseFields(Repr::Spans {
             buf,
             spans: spans.spans,
+            lines_end: spans.lines_end,
         }))
     }
 
@@ -70,6 +80,7 @@ impl ResponseFields {
         ResponseFields(Repr::Spans {
             buf: Bytes::from(buf),
             spans,
+            lines_end: None,
         })
     }
 
@@ -94,7 +105,7 @@ impl ResponseFields {
     /// The fields in order, as (name, value).
     pub fn iter(&self) -> Iter<'_> {
         Iter(match &self.0 {
-            Repr::Spans { buf, spans } => IterRepr::Spans {
+            Repr::Spans { buf, spans, .. } => IterRepr::Spans {
                 buf,
                 spans: spans.iter(),
             },
@@ -105,9 +116,42 @@ impl ResponseFields {
     /// The field at `index`.
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
         match &self.0 {
-            Repr::Spans { buf, spans } => spans.get(index).map(|s| s.read(buf)),
+            Repr::Spans { buf, spans, .. } => spans.get(index).map(|s| s.read(buf)),
             Repr::Pairs(pairs) => pairs.get(index).map(|(n, v)| (&n[..], &v[..])),
         }
+    }
+
+    /// The field lines of fields `first..past`, as received (`name ":" OWS value OWS CRLF`
+    /// each), when these fields are a head's lines ([`FieldSpans::as_lines`]); `None`
+    /// otherwise, or for an empty or out-of-range run.
+    pub fn lines(&self, first: usize, past: usize) -> Option<&[u8]> {
+        let Repr::Spans {
+            buf,
+            spans,
+            lines_end: Some(end),
+        } = &self.0
+        else {
+            return None;
+        };
+        let start = spans.get(first)?.name.0;
+        let end = match spans.get(past) {
+            Some(next) => next.name.0,
+            None if past == spans.len() => *end,
+            None => return None,
+        };
+        buf.get(start as usize..end as usize)
+            .filter(|l| !l.is_empty())
+    }
+
+    /// Whether [`ResponseFields::lines`] answers.
+    pub fn has_lines(&self) -> bool {
+        matches!(
+            self.0,
+            Repr::Spans {
+                lines_end: Some(_),
+                ..
+            }
+        )
     }
 
     /// The value of the first field named `name`, ignoring ASCII case.
@@ -123,7 +167,7 @@ impl ResponseFields {
     pub fn connection_tokens(&self) -> ConnectionTokens<'_> {
         const NAME_LEN: u32 = b"connection".len() as u32;
         match &self.0 {
-            Repr::Spans { buf, spans } => connection_tokens_of(
+            Repr::Spans { buf, spans, .. } => connection_tokens_of(
                 spans
                     .iter()
                     .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
@@ -136,7 +180,7 @@ impl ResponseFields {
     /// The field at `index` as slices sharing the buffer, for a caller that keeps them.
     pub fn shared(&self, index: usize) -> Option<(Bytes, Bytes)> {
         match &self.0 {
-            Repr::Spans { buf, spans } => {
+            Repr::Spans { buf, spans, .. } => {
                 let s = spans.get(index)?;
                 // Checked first: `Bytes::slice` panics outside the buffer.
                 let part = |(start, end): (u32, u32)| {
@@ -157,6 +201,8 @@ pub struct FieldSpans {
     spans: Vec<Span>,
     /// The length of the buffer the ranges were checked against.
     len: usize,
+    /// Where the last field line ends, when the fields were checked to be the head's lines.
+    lines_end: Option<u32>,
 }
 
 impl FieldSpans {
@@ -178,8 +224,65 @@ impl FieldSpans {
                 value: within(value)?,
             });
         }
-        Some(FieldSpans { spans, len })
+        Some(FieldSpans {
+            spans,
+            len,
+            lines_end: None,
+        })
     }
+
+    /// The fields of `head`, parsed from `buf` (whose first `head_len` bytes it took), checked
+    /// against `buf` and marked as its lines where they are ([`FieldSpans::as_lines`]).
+    pub fn of_head(buf: &[u8], head: &ResponseHead<'_>, head_len: usize) -> Option<FieldSpans> {
+        let ranges = head
+            .headers()
+            .iter()
+            .map(|h| (h.name_range(), h.value_range()));
+        // The field lines end before the empty line (the head's last two bytes).
+        Some(FieldSpans::within(buf.len(), ranges)?.as_lines(buf, head_len.saturating_sub(2)))
+    }
+
+    /// Marks the fields as the field lines of the head in `buf` whose last line ends at `end`
+    /// (before the empty line), when each is laid out as the parser accepted it: the line
+    /// starts with the name, a colon follows it, only SP or HTAB stand between the colon and
+    /// the value and between the value and the CRLF that ends the line, and the next line
+    /// starts with the next field's name. Otherwise, or for a buffer other than the one the
+    /// ranges were checked against, the fields stay fields only.
+    pub fn as_lines(mut self, buf: &[u8], end: usize) -> FieldSpans {
+        if buf.len() == self.len && !self.spans.is_empty() && are_lines(buf, &self.spans, end) {
+            self.lines_end = u32::try_from(end).ok();
+        }
+        self
+    }
+}
+
+/// See [`FieldSpans::as_lines`].
+fn are_lines(buf: &[u8], spans: &[Span], end: usize) -> bool {
+    let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
+    // One line: the name, its colon and the OWS before the value (`": "` the common case), the
+    // value, OWS and the CRLF that ends the line at `line_end`.
+    let is_line = |s: &Span, line_end: usize| {
+        let (name_end, value_start, value_end) =
+            (s.name.1 as usize, s.value.0 as usize, s.value.1 as usize);
+        let is_gap = match buf.get(name_end..value_start) {
+            Some(b": " | b":") => true,
+            Some([b':', ows @ ..]) => ows.iter().all(is_ows),
+            _ => false,
+        };
+        let is_end = match buf.get(value_end..line_end) {
+            Some(b"\r\n") => true,
+            Some([ows @ .., b'\r', b'\n']) => ows.iter().all(is_ows),
+            _ => false,
+        };
+        s.name.0 < s.name.1 && is_gap && is_end
+    };
+    let Some(last) = spans.last() else {
+        return false;
+    };
+    spans.windows(2).all(|pair| match pair {
+        [s, next] => is_line(s, next.name.0 as usize),
+        _ => false,
+    }) && is_line(last, end)
 }
 
 impl Span {
@@ -245,6 +348,21 @@ impl PartialEq for ResponseFields {
     }
 }
 
+/// The fields of a head parsed as `client::read_head` parses a destination's, for tests.
+#[cfg(test)]
+pub(crate) fn parsed(head: &'static [u8]) -> ResponseFields {
+    use sortie_core::h1::{parse_response_head, HeadLimits, Parsed};
+    let Ok(Parsed::Complete {
+        head: h,
+        consumed_len,
+    }) = parse_response_head(head, "GET", &HeadLimits::RESPONSE)
+    else {
+        panic!("a complete head");
+    };
+    let spans = FieldSpans::of_head(head, &h, consumed_len).expect("within the buffer");
+    ResponseFields::in_buffer(Bytes::from_static(head), spans).expect("the same buffer")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +422,81 @@ mod tests {
         ] {
             assert_eq!(*f.connection_tokens(), [&b"a"[..], b"b", b"d"]);
         }
+    }
+
+    /// A parsed head's fields are its lines: a run of them reads as received, spacing kept, and
+    /// an empty or out-of-range run reads as none. Copied fields are no lines.
+    #[test]
+    fn a_parsed_heads_fields_are_its_lines() {
+        let f = parsed(b"HTTP/1.1 200 OK\r\nServer: x\r\nA:1\r\nB: \t2 \r\nC:\r\n\r\nbody");
+        assert!(f.has_lines());
+        assert_eq!(f.len(), 4);
+        assert_eq!(f.lines(0, 1), Some(&b"Server: x\r\n"[..]));
+        assert_eq!(f.lines(1, 3), Some(&b"A:1\r\nB: \t2 \r\n"[..]));
+        assert_eq!(f.lines(3, 4), Some(&b"C:\r\n"[..]));
+        assert_eq!(
+            f.lines(0, 4),
+            Some(&b"Server: x\r\nA:1\r\nB: \t2 \r\nC:\r\n"[..])
+        );
+        for (first, past) in [(2, 2), (3, 2), (4, 5), (0, 5), (9, 10)] {
+            assert_eq!(f.lines(first, past), None, "{first}..{past}");
+        }
+        assert_eq!(f.value(b"b"), Some(&b"2"[..]));
+        let copied = ResponseFields::copied(f.iter());
+        assert_eq!(copied, f);
+        assert!(!copied.has_lines());
+        assert_eq!(copied.lines(0, 1), None);
+        assert!(!ResponseFields::from_pairs(Vec::new()).has_lines());
+    }
+
+    /// Fields laid out otherwise than a head's lines are fields only: a line between two
+    /// fields, a line end that is not CRLF, a last line that does not end where said, a
+    /// different buffer.
+    #[test]
+    fn fields_off_the_line_layout_are_not_lines() {
+        let lines = |buf: &[u8], ranges: &[(Range<usize>, Range<usize>)], end: usize| {
+            FieldSpans::within(buf.len(), ranges.iter().cloned())
+                .expect("within")
+                .as_lines(buf, end)
+                .lines_end
+                .is_some()
+        };
+        let buf = b"A: 1\r\nX: y\r\nB: 2\r\n";
+        assert!(lines(
+            buf,
+            &[(0..1, 3..4), (6..7, 9..10), (12..13, 15..16)],
+            18
+        ));
+        // The middle line is not a field of the list.
+        assert!(!lines(buf, &[(0..1, 3..4), (12..13, 15..16)], 18));
+        // The last line said to end early, or late.
+        assert!(!lines(
+            buf,
+            &[(0..1, 3..4), (6..7, 9..10), (12..13, 15..16)],
+            17
+        ));
+        assert!(!lines(
+            buf,
+            &[(0..1, 3..4), (6..7, 9..10), (12..13, 15..16)],
+            19
+        ));
+        // A value that stops short of its line's end, a name not followed by a colon.
+        assert!(!lines(
+            buf,
+            &[(0..1, 3..3), (6..7, 9..10), (12..13, 15..16)],
+            18
+        ));
+        assert!(!lines(
+            buf,
+            &[(0..2, 3..4), (6..7, 9..10), (12..13, 15..16)],
+            18
+        ));
+        // A bare LF ends no line.
+        let bare = b"A: 1\nB: 2\r\n";
+        assert!(!lines(bare, &[(0..1, 3..4), (5..6, 8..9)], 11));
+        // Spans checked against another buffer's length.
+        let spans = FieldSpans::within(8, [(0..1, 3..4)].into_iter()).expect("within 8");
+        assert!(spans.as_lines(b"A: 1\r\n", 6).lines_end.is_none());
     }
 
     /// A range outside the buffer, or reversed, is refused rather than read as something else.

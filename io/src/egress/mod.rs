@@ -69,6 +69,8 @@ use sortie_core::request::{Header, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
 
 pub use client::{COALESCE_BODY_BYTES, MAX_INTERIM_RESPONSES};
+#[cfg(test)]
+pub(crate) use fields::parsed as parsed_fields;
 pub use fields::{FieldSpans, ResponseFields};
 pub use h2conn::{H2_CONNECTION_WINDOW, H2_MAX_HEADER_LIST_BYTES, H2_STREAM_WINDOW};
 pub use pool::{

@@ -12,7 +12,9 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::net::TcpStream;
-use sortie_core::h1::{write_response_head, H1Error, OutgoingBody};
+use sortie_core::h1::{
+    is_writer_owned, write_response_head_parts, H1Error, HeadPart, OutgoingBody,
+};
 
 use super::date;
 use crate::egress::ResponseFields;
@@ -207,8 +209,10 @@ pub struct Response {
 }
 
 /// Fields of a received head that a response relays: the head's fields and which of them go
-/// on, read from the head's buffer when written (no reference count or copy per field). The
-/// encoder checks them as it checks a handler's own.
+/// on, read from the head's buffer when written (no reference count or copy per field). Where
+/// the fields are an HTTP/1.1 head's lines, a run of relayed fields is written as its received
+/// lines in one copy (the parser checked them); otherwise the encoder checks each field as it
+/// checks a handler's own.
 #[derive(Debug, Default)]
 pub struct RelayedFields {
     fields: ResponseFields,
@@ -228,7 +232,8 @@ impl RelayedFields {
     /// The fields of `fields` that `relay` keeps, given each name and the names the head's
     /// `Connection` fields list (RFC 9110 §7.6.1: those are the sender's hop-by-hop fields);
     /// `fields` back when there are more than [`RelayedFields::MAX_FIELDS`]. One pass over
-    /// the fields besides the one that finds the `Connection` names.
+    /// the fields besides the one that finds the `Connection` names. The fields the server
+    /// writes itself (framing, `Connection`) are never relayed.
     pub fn select(
         fields: ResponseFields,
         mut relay: impl FnMut(&[u8], &[&[u8]]) -> bool,
@@ -239,7 +244,7 @@ impl RelayedFields {
         let tokens = fields.connection_tokens();
         let (mut keep, mut bytes, mut has_date) = (0u64, 0, false);
         for (i, (n, v)) in fields.iter().enumerate() {
-            if relay(n, &tokens) {
+            if relay(n, &tokens) && !is_server_written(n) {
                 keep |= 1 << i;
                 bytes += n.len() + v.len();
                 has_date |= n.len() == 4 && n.eq_ignore_ascii_case(b"date");
@@ -272,6 +277,28 @@ impl RelayedFields {
     /// Whether a relayed field is `Date`.
     pub fn has_date(&self) -> bool {
         self.has_date
+    }
+
+    /// The relayed fields as parts of a head, in order: each run of consecutive relayed fields
+    /// as its received lines where the fields are a head's lines, a field each otherwise.
+    pub(crate) fn parts(&self) -> impl Iterator<Item = HeadPart<'_>> {
+        let lines = self.fields.has_lines();
+        let mut keep = self.keep;
+        std::iter::from_fn(move || {
+            if keep == 0 {
+                return None;
+            }
+            let i = keep.trailing_zeros() as usize;
+            if lines {
+                let past = i + (keep >> i).trailing_ones() as usize;
+                if let Some(run) = self.fields.lines(i, past) {
+                    keep = u64::MAX.checked_shl(past as u32).map_or(0, |m| keep & m);
+                    return Some(HeadPart::ParsedLines(run));
+                }
+            }
+            keep &= keep - 1;
+            self.fields.get(i).map(|(n, v)| HeadPart::Field(n, v))
+        })
     }
 
     /// The relayed fields in order: only they are visited, by the set bits of the mask.
@@ -434,18 +461,24 @@ pub(crate) fn encode_head_for(
             .iter()
             .any(|(n, _)| n.eq_ignore_ascii_case("date"));
     let own_fields = resp
-        .fields()
-        .filter(|(n, _)| !n.eq_ignore_ascii_case(b"connection"));
-    let date_field = (!has_date).then_some((&b"Date"[..], &date[..]));
+        .headers
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case("connection"))
+        .map(|(n, v)| HeadPart::Field(n.as_bytes(), v));
+    let relayed = resp.relayed().into_iter().flat_map(RelayedFields::parts);
+    let date_field = (!has_date).then_some(HeadPart::Field(b"Date", &date[..]));
     let connection_field = match connection {
         ConnectionField::Omit => None,
-        ConnectionField::Close => Some((&b"Connection"[..], &b"close"[..])),
-        ConnectionField::KeepAlive => Some((&b"Connection"[..], &b"keep-alive"[..])),
+        ConnectionField::Close => Some(HeadPart::Field(b"Connection", b"close")),
+        ConnectionField::KeepAlive => Some(HeadPart::Field(b"Connection", b"keep-alive")),
     };
-    write_response_head(
+    write_response_head_parts(
         out,
         resp.status,
-        own_fields.chain(date_field).chain(connection_field),
+        own_fields
+            .chain(relayed)
+            .chain(date_field)
+            .chain(connection_field),
         framing,
     )?;
     let has_bytes = match &resp.body {
@@ -454,6 +487,11 @@ pub(crate) fn encode_head_for(
         body => !body.is_empty(),
     };
     Ok(!is_head_request && !has_no_content && has_bytes)
+}
+
+/// Whether the server writes the field `name` itself: framing and `Connection`.
+fn is_server_written(name: &[u8]) -> bool {
+    is_writer_owned(name) || (name.len() == 10 && name.eq_ignore_ascii_case(b"connection"))
 }
 
 /// An empty body that relays `fields`, for tests of relayed heads.
@@ -498,35 +536,78 @@ mod tests {
     }
 
     /// Relayed fields are written after the handler's own, only those selected, and a relayed
-    /// `Date` stands in for the server's; the counts size the buffer.
+    /// `Date` stands in for the server's; the counts size the buffer. A parsed head's relayed
+    /// fields are written as their received lines, in runs, and read the same; copied fields
+    /// are written one by one. The fields the server writes are never relayed.
     #[test]
     fn relayed_fields_are_written_from_the_received_head() {
-        let received =
+        let keep = |n: &[u8], _: &[&[u8]]| !n.eq_ignore_ascii_case(b"upgrade");
+        let copied =
             ResponseFields::copied([("date", "Tue, 1 Jan 2030"), ("X-A", "b"), ("Upgrade", "h2")]);
-        let relayed = RelayedFields::select(received, |n, _| !n.eq_ignore_ascii_case(b"upgrade"))
-            .expect("few fields");
-        assert_eq!(
-            (relayed.len(), relayed.bytes(), relayed.has_date()),
-            (2, 23, true)
+        let parsed = crate::egress::parsed_fields(
+            b"HTTP/1.1 200 OK\r\ndate: Tue, 1 Jan 2030\r\nX-A:  b \r\nUpgrade: h2\r\n\r\n",
         );
-        let mut resp = Response::new(200).with_header("x-own", "1");
-        resp.body = ResponseBody::Stream(Box::new(RelayingBody(relayed)));
-        assert_eq!(resp.header("X-a"), Some(&b"b"[..]));
-        let (text, _) = encode(&resp, false, ConnectionField::Omit);
-        assert_eq!(
-            text,
-            "HTTP/1.1 200 OK\r\nx-own: 1\r\ndate: Tue, 1 Jan 2030\r\nX-A: b\r\nContent-Length: 0\r\n\r\n"
-        );
+        for (received, relayed_text) in [
+            (copied, "date: Tue, 1 Jan 2030\r\nX-A: b\r\n"),
+            (parsed, "date: Tue, 1 Jan 2030\r\nX-A:  b \r\n"),
+        ] {
+            let relayed = RelayedFields::select(received, keep).expect("few fields");
+            assert_eq!(
+                (relayed.len(), relayed.bytes(), relayed.has_date()),
+                (2, 23, true)
+            );
+            let mut resp = Response::new(200).with_header("x-own", "1");
+            resp.body = ResponseBody::Stream(Box::new(RelayingBody(relayed)));
+            assert_eq!(resp.header("X-a"), Some(&b"b"[..]));
+            let (text, _) = encode(&resp, false, ConnectionField::Omit);
+            assert_eq!(
+                text,
+                format!("HTTP/1.1 200 OK\r\nx-own: 1\r\n{relayed_text}Content-Length: 0\r\n\r\n")
+            );
+        }
         let many = ResponseFields::copied((0..65).map(|i| (format!("X-{i}"), "v")));
         assert!(RelayedFields::select(many, |_, _| true).is_err());
-        // The names a `Connection` field lists reach the rule.
-        let listed = ResponseFields::copied([("Connection", "x-hop"), ("X-Hop", "1"), ("A", "b")]);
+        // The names a `Connection` field lists reach the rule; `Connection` itself and the
+        // framing fields are the server's, whatever the rule says.
+        let listed = ResponseFields::copied([
+            ("Connection", "x-hop"),
+            ("X-Hop", "1"),
+            ("A", "b"),
+            ("Content-Length", "1"),
+            ("Transfer-Encoding", "chunked"),
+            ("Host", "h"),
+        ]);
         let relayed = RelayedFields::select(listed, |n, tokens| {
             !tokens.iter().any(|t| t.eq_ignore_ascii_case(n))
         })
         .expect("few fields");
         let names: Vec<&[u8]> = relayed.iter().map(|(n, _)| n).collect();
-        assert_eq!(names, [&b"Connection"[..], b"A"]);
+        assert_eq!(names, [&b"A"[..]]);
+    }
+
+    /// A parsed head's relayed fields go out as one piece per run of consecutive relayed
+    /// fields; a head whose fields are not lines goes out field by field.
+    #[test]
+    fn relayed_lines_are_written_in_runs() {
+        let parsed = crate::egress::parsed_fields(
+            b"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nConnection: close\r\nC: 3\r\nUpgrade: x\r\nD: 4\r\nE: 5\r\n\r\n",
+        );
+        let relayed = RelayedFields::select(parsed, |n, _| !n.eq_ignore_ascii_case(b"upgrade"))
+            .expect("few fields");
+        let parts: Vec<HeadPart<'_>> = relayed.parts().collect();
+        assert_eq!(
+            parts,
+            [
+                HeadPart::ParsedLines(b"A: 1\r\nB: 2\r\n"),
+                HeadPart::ParsedLines(b"C: 3\r\n"),
+                HeadPart::ParsedLines(b"D: 4\r\nE: 5\r\n"),
+            ]
+        );
+        let copied = ResponseFields::copied(relayed.iter());
+        let relayed = RelayedFields::select(copied, |_, _| true).expect("few fields");
+        let parts: Vec<HeadPart<'_>> = relayed.parts().collect();
+        assert_eq!(parts.len(), 5);
+        assert_eq!(parts[4], HeadPart::Field(b"E", b"5"));
     }
 
     #[test]

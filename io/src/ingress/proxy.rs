@@ -872,7 +872,7 @@ mod tests {
     /// either way the written head carries them.
     #[test]
     fn relayed_fields_filter_in_order_for_short_and_long_heads() {
-        let head = |extra: usize| -> ResponseFields {
+        let head = |extra: usize| -> Vec<(String, String)> {
             let mut f: Vec<(String, String)> = [
                 ("Server", "nginx"),
                 ("Connection", "keep-alive, X-Hop"),
@@ -886,11 +886,22 @@ mod tests {
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect();
             f.extend((0..extra).map(|i| (format!("X-{i}"), "v".to_string())));
-            ResponseFields::copied(f)
+            f
         };
-        for extra in [0, 57, 58, 100] {
+        // The fields as a destination's HTTP/1.1 head gives them (its lines), and copied.
+        let parsed = |f: Vec<(String, String)>| {
+            let lines: String = f.iter().map(|(n, v)| format!("{n}: {v}\r\n")).collect();
+            let text = format!("HTTP/1.1 200 OK\r\n{lines}\r\n").into_bytes();
+            crate::egress::parsed_fields(Box::leak(text.into_boxed_slice()))
+        };
+        type Form<'a> = &'a dyn Fn(Vec<(String, String)>) -> ResponseFields;
+        let forms: [Form<'_>; 2] = [&parsed, &|f| ResponseFields::copied(f)];
+        for (extra, form) in [0, 57, 58, 90]
+            .into_iter()
+            .flat_map(|e| forms.iter().map(move |form| (e, form)))
+        {
             let mut out = Response::new(200);
-            let relayed = relay_fields(head(extra), &mut out);
+            let relayed = relay_fields(form(head(extra)), &mut out);
             out.body = ResponseBody::Stream(Box::new(crate::http::RelayingBody(relayed)));
             let names: Vec<&[u8]> = out.fields().map(|(n, _)| n).collect();
             let mut want: Vec<Vec<u8>> = vec![b"Server".to_vec(), b"ETag".to_vec()];
