@@ -60,7 +60,8 @@ alloc_probes() {
   # Set before the probes: one that fails to attach leaves none of the others behind.
   trap "cleanup; perf probe -d 'probe_sortie:*' >/dev/null 2>&1 || true" EXIT
   for f in mi_malloc mi_zalloc mi_realloc mi_malloc_aligned mi_zalloc_aligned mi_realloc_aligned; do
-    perf probe -x "$1" -a "$f" >/dev/null 2>&1 ||
+    # Named explicitly: perf would name the group after the binary's file name.
+    perf probe -x "$1" -a "probe_sortie:$f=$f" >/dev/null 2>&1 ||
       die "perf probe could not attach to $f in $1 (needs its symbols)"
     events="${events:+$events,}probe_sortie:$f"
   done

@@ -49,11 +49,19 @@ ALLOC_SITES=${ALLOC_SITES:-0}
 # A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
 # the gateway's own pinning (one CPU per core thread).
 GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
+# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed" (any of them): also measure the
+# io_uring lab relay (perf/uringlab) in those variants in the absolute rows, each on its own
+# port from URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring features the
+# gateway's runtime does not expose (multishot receive into provided buffers, registered files)
+# would save per request, beside the least any io_uring hop costs. See perf/README.md.
+URINGLAB=${URINGLAB:-}
+URINGLAB_PORT=${URINGLAB_PORT:-19135}
 
 RESULTS_FILE=""
 TUNNELBENCH=""
 LAST_LINE=""
 declare -A PID_OF=()
+declare -A PORT_OF=()
 # Rows "mode size label" -> list of result lines over rounds.
 declare -A RESULTS=()
 
@@ -232,6 +240,23 @@ TOML
   fi
 }
 
+# Builds perf/uringlab and starts one relay per variant in URINGLAB.
+start_uringlab() {
+  log "building perf/uringlab"
+  cargo build --release --quiet --manifest-path "$PERF_DIR/uringlab/Cargo.toml" ||
+    die "building perf/uringlab failed"
+  local relay="${CARGO_TARGET_DIR:-$PERF_DIR/uringlab/target}/release/sortie-uringlab"
+  local variant port=$URINGLAB_PORT
+  for variant in $URINGLAB; do
+    require_free_port "$port" URINGLAB_PORT
+    start_bg "uringlab-$variant" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" "$variant"
+    wait_port "$port" 10 "${PID_OF[uringlab-$variant]}" ||
+      { cat "$WORK_DIR/uringlab-$variant.log" >&2; die "uringlab $variant did not start"; }
+    PORT_OF[uringlab-$variant]=$port
+    port=$((port + 1))
+  done
+}
+
 # Runs one measurement: $1 mode, $2 size, $3 label. Appends its result line (with cpu_s) to
 # RESULTS["mode size label"].
 measure() {
@@ -244,6 +269,7 @@ measure() {
     nginx-hop) pid=${PID_OF[nginx-hop]} port=$NGINX_HOP_PORT ;;
     haproxy) pid=${PID_OF[haproxy]} port=$HAPROXY_PORT ;;
     sortie) pid=$GATEWAY_PID port=$PROXY_PORT ;;
+    uringlab-*) pid=${PID_OF[$label]} port=${PORT_OF[$label]} ;;
   esac
   local target="127.0.0.1:$UPSTREAM_PORT" auth=""
   [ "$label" != sortie ] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
@@ -291,7 +317,7 @@ measure() {
 # The labels measured in mode $1.
 labels_for() {
   case $1 in
-    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie" ;;
+    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie${URINGLAB:+ $(printf 'uringlab-%s ' $URINGLAB)}" ;;
     # The request API beside the best single hop (the target's own figure).
     api) echo "direct nginx-hop sortie" ;;
     # Reverse hops cannot open tunnels.
@@ -334,6 +360,7 @@ main() {
   bin=$(gateway_binary)
   start_peers
   start_sortie "$bin"
+  [ -z "$URINGLAB" ] || start_uringlab
   say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES${GATEWAY_AFFINITY:+ (affinity $GATEWAY_AFFINITY)}, wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
   local round mode size label
   for ((round = 1; round <= ROUNDS; round++)); do
@@ -346,22 +373,24 @@ main() {
     done
   done
   say ""
-  say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | proxy CPU in kernel | errors |"
-  say "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | proxy CPU in kernel | user + kernel µs per request | errors |"
+  say "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for mode in $MODES; do
     for size in $SIZES; do
       local direct_rps
       direct_rps=$(field rps "$(median_line "${RESULTS["$mode $size direct"]}")")
       for label in $(labels_for "$mode"); do
-        local line rps cpu per_cpu kernel ratio errs
+        local line rps cpu per_cpu kernel ratio errs per_request
         line=$(median_line "${RESULTS["$mode $size $label"]}")
         rps=$(field rps "$line")
         cpu=$(field cpu_s "$line")
         ratio=$(awk -v r="$rps" -v d="$direct_rps" 'BEGIN { printf "%.2f", (d > 0 ? r / d : 0) }')
         per_cpu=$(awk -v n="$(field requests "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f", n / c; else printf "-" }')
         kernel=$(awk -v k="$(field sys_s "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f%%", 100 * k / c; else printf "-" }')
+        per_request=$(awk -v n="$(field requests "$line")" -v c="$cpu" -v k="$(field sys_s "$line")" \
+          'BEGIN { if (c > 0 && n > 0) printf "%.1f + %.1f", 1e6 * (c - k) / n, 1e6 * k / n; else printf "-" }')
         errs=$(($(field read_errors "$line") + $(field non_2xx "$line") + $(field timeouts "$line")))
-        say "| $mode | $size | $label | $(printf '%.0f' "$rps") | $(us_to_ms "$(field p50_us "$line")") | $(us_to_ms "$(field p99_us "$line")") | $ratio | $per_cpu | $kernel | $errs |"
+        say "| $mode | $size | $label | $(printf '%.0f' "$rps") | $(us_to_ms "$(field p50_us "$line")") | $(us_to_ms "$(field p99_us "$line")") | $ratio | $per_cpu | $kernel | $per_request | $errs |"
       done
     done
   done

@@ -1,0 +1,605 @@
+//! The io_uring lab relay of perf/proxy.sh: the least a forward-proxy hop on io_uring does per
+//! request, to measure what ring features would save in kernel time before the gateway's runtime
+//! (monoio, which does not expose them) takes them.
+//!
+//! `sortie-uringlab LISTEN UPSTREAM VARIANT` accepts clients on `LISTEN`, opens one connection to
+//! `UPSTREAM` per client, and relays: a request head (no body) goes to the upstream as received,
+//! the response (head and `Content-Length` body) comes back as received, then the next request.
+//! It parses nothing else and checks nothing: a measuring instrument for loopback load, never a
+//! proxy to put in front of anything.
+//!
+//! Variants (what differs is only how bytes enter and which descriptors the ring names):
+//! - `oneshot`: one receive per read into the connection's buffer, as the gateway's runtime
+//!   does (the kernel arms a poll for a receive that finds no data, and disarms it after).
+//! - `multishot`: one multishot receive per socket for its life, into buffers of a provided-
+//!   buffer ring (copied out and handed back at once).
+//! - `oneshot-fixed`, `multishot-fixed`: the same through a registered file table (no file
+//!   reference taken and dropped per operation).
+//!
+//! One thread, on CPU `PIN_CPU` (default 0, where the gateway's first core runs), with the ring
+//! set up as the gateway sets its up (`COOP_TASKRUN`).
+
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// Bytes one receive may take (the gateway's read buffer is as large).
+const READ_BYTES: usize = 16 * 1024;
+/// Buffers in the provided-buffer ring (a power of two).
+const PROVIDED: u16 = 512;
+/// The provided-buffer ring's group id.
+const GROUP: u16 = 7;
+/// Connections the registered file table has room for (two slots each).
+const MAX_CONNS: usize = 8192;
+const RING_ENTRIES: u32 = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Accept = 1,
+    RecvClient,
+    SendUpstream,
+    RecvUpstream,
+    SendClient,
+}
+
+impl Op {
+    fn from_token(t: u64) -> Option<Op> {
+        Some(match t & 0xff {
+            1 => Op::Accept,
+            2 => Op::RecvClient,
+            3 => Op::SendUpstream,
+            4 => Op::RecvUpstream,
+            5 => Op::SendClient,
+            _ => return None,
+        })
+    }
+}
+
+fn token(conn: usize, op: Op) -> u64 {
+    ((conn as u64) << 8) | op as u64
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Waiting for a complete request head from the client.
+    Idle,
+    /// Sending the request head to the upstream.
+    Forwarding,
+    /// Relaying the response.
+    Responding,
+}
+
+struct Conn {
+    client: RawFd,
+    upstream: RawFd,
+    state: State,
+    /// Oneshot receives land here (one per side: both can be in flight).
+    rbuf_client: Box<[u8]>,
+    rbuf_upstream: Box<[u8]>,
+    recv_client_pending: bool,
+    recv_upstream_pending: bool,
+    /// Request bytes received and not yet forwarded.
+    req: Vec<u8>,
+    /// Response bytes received and not yet sent on.
+    resp: Vec<u8>,
+    /// Bytes being sent (kept until the send completes), and how many of them went already.
+    out_client: Vec<u8>,
+    out_client_at: usize,
+    out_upstream: Vec<u8>,
+    out_upstream_at: usize,
+    send_client_pending: bool,
+    /// The response's whole length once its head is read; its bytes received so far.
+    resp_total: Option<usize>,
+    resp_seen: usize,
+}
+
+/// The provided-buffer ring: entries the kernel takes buffers from, and the buffers.
+struct Provided {
+    ring: *mut types::BufRingEntry,
+    bufs: Vec<u8>,
+    tail: u16,
+}
+
+impl Provided {
+    fn new(uring: &IoUring) -> io::Result<Provided> {
+        let bytes = usize::from(PROVIDED) * std::mem::size_of::<types::BufRingEntry>();
+        // SAFETY: an anonymous private mapping; checked for failure below. The kernel wants the
+        // ring page-aligned, which mmap gives.
+        let ring = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ring == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut p = Provided {
+            ring: ring.cast(),
+            bufs: vec![0u8; usize::from(PROVIDED) * READ_BYTES],
+            tail: 0,
+        };
+        // SAFETY: the ring lives as long as the process (never unmapped), with `PROVIDED`
+        // entries.
+        unsafe {
+            uring
+                .submitter()
+                .register_buf_ring(ring as u64, PROVIDED, GROUP)?
+        };
+        for bid in 0..PROVIDED {
+            p.give_back(bid);
+        }
+        Ok(p)
+    }
+
+    /// Puts buffer `bid` back in the ring for the kernel to fill.
+    fn give_back(&mut self, bid: u16) {
+        let index = usize::from(self.tail & (PROVIDED - 1));
+        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * READ_BYTES as u64;
+        // SAFETY: `index` is within the ring's `PROVIDED` entries; the kernel reads an entry only
+        // once the tail published below covers it.
+        unsafe {
+            let entry = &mut *self.ring.add(index);
+            entry.set_addr(addr);
+            entry.set_len(READ_BYTES as u32);
+            entry.set_bid(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field of the ring's first entry, written with release ordering so the
+        // entry above is visible to the kernel before it.
+        unsafe {
+            let tail = types::BufRingEntry::tail(self.ring) as *const AtomicU16;
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+
+    fn bytes(&self, bid: u16, len: usize) -> &[u8] {
+        let start = usize::from(bid) * READ_BYTES;
+        &self.bufs[start..start + len.min(READ_BYTES)]
+    }
+}
+
+struct Relay {
+    multishot: bool,
+    fixed: bool,
+    upstream: String,
+    listener: RawFd,
+    conns: Vec<Option<Conn>>,
+    provided: Option<Provided>,
+    pending: Vec<squeue::Entry>,
+    /// Where a provided buffer's bytes are copied to.
+    scratch: Vec<u8>,
+}
+
+/// An operation on a socket, by descriptor or by registered slot.
+macro_rules! on_fd {
+    ($relay:expr, $fd:expr, $slot:expr, |$f:ident| $build:expr) => {
+        if $relay.fixed {
+            let $f = types::Fixed($slot);
+            $build
+        } else {
+            let $f = types::Fd($fd);
+            $build
+        }
+    };
+}
+
+impl Relay {
+    fn arm_accept(&mut self) {
+        let e = opcode::Accept::new(
+            types::Fd(self.listener),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+        .build()
+        .user_data(token(0, Op::Accept));
+        self.pending.push(e);
+    }
+
+    fn accept(&mut self, uring: &IoUring, fd: RawFd) -> io::Result<()> {
+        set_nodelay(fd);
+        let up = TcpStream::connect(&self.upstream)?;
+        up.set_nodelay(true)?;
+        let upstream = up.into_raw_fd();
+        let id = self.conns.len();
+        if id >= MAX_CONNS {
+            return Err(io::Error::other("too many connections"));
+        }
+        if self.fixed {
+            uring
+                .submitter()
+                .register_files_update(2 * id as u32, &[fd, upstream])?;
+        }
+        self.conns.push(Some(Conn {
+            client: fd,
+            upstream,
+            state: State::Idle,
+            rbuf_client: vec![0u8; READ_BYTES].into_boxed_slice(),
+            rbuf_upstream: vec![0u8; READ_BYTES].into_boxed_slice(),
+            recv_client_pending: false,
+            recv_upstream_pending: false,
+            req: Vec::with_capacity(READ_BYTES),
+            resp: Vec::with_capacity(READ_BYTES),
+            out_client: Vec::new(),
+            out_client_at: 0,
+            out_upstream: Vec::new(),
+            out_upstream_at: 0,
+            send_client_pending: false,
+            resp_total: None,
+            resp_seen: 0,
+        }));
+        if self.multishot {
+            self.arm_multishot(id, Op::RecvClient);
+            self.arm_multishot(id, Op::RecvUpstream);
+        }
+        self.try_start(id);
+        Ok(())
+    }
+
+    fn arm_multishot(&mut self, id: usize, op: Op) {
+        let Some(c) = self.conns[id].as_ref() else {
+            return;
+        };
+        let (fd, slot) = match op {
+            Op::RecvClient => (c.client, 2 * id as u32),
+            _ => (c.upstream, 2 * id as u32 + 1),
+        };
+        let e = on_fd!(self, fd, slot, |f| opcode::RecvMulti::new(f, GROUP).build());
+        self.pending.push(e.user_data(token(id, op)));
+    }
+
+    /// A oneshot receive into the connection's buffer for that side.
+    fn recv(&mut self, id: usize, op: Op) {
+        let Some(c) = self.conns[id].as_mut() else {
+            return;
+        };
+        let (fd, slot, buf) = match op {
+            Op::RecvClient => {
+                c.recv_client_pending = true;
+                (c.client, 2 * id as u32, c.rbuf_client.as_mut_ptr())
+            }
+            _ => {
+                c.recv_upstream_pending = true;
+                (c.upstream, 2 * id as u32 + 1, c.rbuf_upstream.as_mut_ptr())
+            }
+        };
+        let e = on_fd!(self, fd, slot, |f| opcode::Recv::new(
+            f,
+            buf,
+            READ_BYTES as u32
+        )
+        .build());
+        self.pending.push(e.user_data(token(id, op)));
+    }
+
+    fn send(&mut self, id: usize, op: Op) {
+        let Some(c) = self.conns[id].as_ref() else {
+            return;
+        };
+        let (fd, slot, data) = match op {
+            Op::SendClient => (c.client, 2 * id as u32, &c.out_client[c.out_client_at..]),
+            _ => (
+                c.upstream,
+                2 * id as u32 + 1,
+                &c.out_upstream[c.out_upstream_at..],
+            ),
+        };
+        let (ptr, len) = (data.as_ptr(), data.len() as u32);
+        let e = on_fd!(self, fd, slot, |f| opcode::Send::new(f, ptr, len).build());
+        self.pending.push(e.user_data(token(id, op)));
+    }
+
+    /// Forwards a complete request head if one is buffered; otherwise waits for more.
+    fn try_start(&mut self, id: usize) {
+        let multishot = self.multishot;
+        let Some(c) = self.conns[id].as_mut() else {
+            return;
+        };
+        if c.state != State::Idle {
+            return;
+        }
+        match find(&c.req, b"\r\n\r\n") {
+            Some(at) => {
+                let rest = c.req.split_off(at + 4);
+                c.out_upstream = std::mem::replace(&mut c.req, rest);
+                c.out_upstream_at = 0;
+                c.state = State::Forwarding;
+                c.resp_total = None;
+                c.resp_seen = 0;
+                self.send(id, Op::SendUpstream);
+            }
+            None if !multishot && !c.recv_client_pending => self.recv(id, Op::RecvClient),
+            None => {}
+        }
+    }
+
+    /// Sends on what arrived of the response, and asks for more while it is not complete.
+    fn pump(&mut self, id: usize) {
+        let multishot = self.multishot;
+        let Some(c) = self.conns[id].as_mut() else {
+            return;
+        };
+        if c.state != State::Responding {
+            return;
+        }
+        if c.resp_total.is_none() {
+            if let Some(at) = find(&c.resp, b"\r\n\r\n") {
+                c.resp_total = Some(at + 4 + content_length(&c.resp[..at]));
+            }
+        }
+        let Some(total) = c.resp_total else {
+            if !multishot && !c.recv_upstream_pending {
+                self.recv(id, Op::RecvUpstream);
+            }
+            return;
+        };
+        let mut send = false;
+        if !c.send_client_pending && !c.resp.is_empty() {
+            c.out_client.clear();
+            std::mem::swap(&mut c.out_client, &mut c.resp);
+            c.out_client_at = 0;
+            c.send_client_pending = true;
+            send = true;
+        }
+        let want_more = c.resp_seen < total && !c.recv_upstream_pending;
+        if send {
+            self.send(id, Op::SendClient);
+        }
+        if want_more && !multishot {
+            self.recv(id, Op::RecvUpstream);
+        }
+    }
+
+    fn on_data(&mut self, id: usize, op: Op, data: Option<&[u8]>) {
+        let Some(c) = self.conns[id].as_mut() else {
+            return;
+        };
+        match (op, data) {
+            (Op::RecvClient, Some(d)) => {
+                c.req.extend_from_slice(d);
+                self.try_start(id);
+            }
+            (Op::RecvUpstream, Some(d)) => {
+                c.resp.extend_from_slice(d);
+                c.resp_seen += d.len();
+                self.pump(id);
+            }
+            _ => {}
+        }
+    }
+
+    fn close(&mut self, id: usize) {
+        if let Some(c) = self.conns[id].take() {
+            // SAFETY: both descriptors are this connection's own, closed once.
+            unsafe {
+                libc::close(c.client);
+                libc::close(c.upstream);
+            }
+        }
+    }
+
+    fn complete(&mut self, uring: &IoUring, user_data: u64, res: i32, flags: u32) {
+        let Some(op) = Op::from_token(user_data) else {
+            return;
+        };
+        let id = (user_data >> 8) as usize;
+        if op == Op::Accept {
+            if res >= 0 {
+                if let Err(e) = self.accept(uring, res) {
+                    eprintln!("uringlab: accept: {e}");
+                    // SAFETY: the accepted descriptor, not handed to a connection.
+                    unsafe { libc::close(res) };
+                }
+            }
+            self.arm_accept();
+            return;
+        }
+        if self.conns.get(id).is_none_or(Option::is_none) {
+            if let Some(bid) = cqueue::buffer_select(flags) {
+                if let Some(p) = self.provided.as_mut() {
+                    p.give_back(bid);
+                }
+            }
+            return;
+        }
+        match op {
+            Op::RecvClient | Op::RecvUpstream if self.multishot => {
+                if res > 0 {
+                    let Some(bid) = cqueue::buffer_select(flags) else {
+                        return self.close(id);
+                    };
+                    // Copied out so the buffer goes back at once (the relay's own buffers then
+                    // hold it, as the gateway's would).
+                    let mut data = std::mem::take(&mut self.scratch);
+                    if let Some(p) = self.provided.as_mut() {
+                        data.extend_from_slice(p.bytes(bid, res as usize));
+                        p.give_back(bid);
+                    }
+                    self.on_data(id, op, Some(&data));
+                    data.clear();
+                    self.scratch = data;
+                    if !cqueue::more(flags) {
+                        self.arm_multishot(id, op);
+                    }
+                } else if res == -libc::ENOBUFS {
+                    self.arm_multishot(id, op);
+                } else {
+                    self.close(id);
+                }
+            }
+            Op::RecvClient | Op::RecvUpstream => {
+                let Some(c) = self.conns[id].as_mut() else {
+                    return;
+                };
+                if op == Op::RecvClient {
+                    c.recv_client_pending = false;
+                } else {
+                    c.recv_upstream_pending = false;
+                }
+                if res <= 0 {
+                    return self.close(id);
+                }
+                let n = res as usize;
+                if op == Op::RecvClient {
+                    c.req.extend_from_slice(&c.rbuf_client[..n]);
+                    self.try_start(id);
+                } else {
+                    c.resp.extend_from_slice(&c.rbuf_upstream[..n]);
+                    c.resp_seen += n;
+                    self.pump(id);
+                }
+            }
+            Op::SendUpstream | Op::SendClient => {
+                if res < 0 {
+                    return self.close(id);
+                }
+                let Some(c) = self.conns[id].as_mut() else {
+                    return;
+                };
+                if op == Op::SendUpstream {
+                    c.out_upstream_at += res as usize;
+                    if c.out_upstream_at < c.out_upstream.len() {
+                        return self.send(id, op);
+                    }
+                    c.state = State::Responding;
+                    self.pump(id);
+                } else {
+                    c.out_client_at += res as usize;
+                    if c.out_client_at < c.out_client.len() {
+                        return self.send(id, op);
+                    }
+                    c.send_client_pending = false;
+                    let done = c.resp_total.is_some_and(|t| c.resp_seen >= t) && c.resp.is_empty();
+                    if done {
+                        c.state = State::Idle;
+                        self.try_start(id);
+                    } else {
+                        self.pump(id);
+                    }
+                }
+            }
+            Op::Accept => {}
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The `Content-Length` of a response head (0 when absent or unreadable).
+fn content_length(head: &[u8]) -> usize {
+    head.split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let colon = line.iter().position(|&b| b == b':')?;
+            let (name, value) = line.split_at(colon);
+            name.eq_ignore_ascii_case(b"content-length").then(|| {
+                std::str::from_utf8(&value[1..])
+                    .ok()
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            })
+        })
+        .next()
+        .unwrap_or(0)
+}
+
+fn set_nodelay(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: a valid socket descriptor and an option value of the size given.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays within it for cpu < 1024.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn main() -> io::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, listen, upstream, variant] = args.as_slice() else {
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed");
+        std::process::exit(2);
+    };
+    let (multishot, fixed) = match variant.as_str() {
+        "oneshot" => (false, false),
+        "multishot" => (true, false),
+        "oneshot-fixed" => (false, true),
+        "multishot-fixed" => (true, true),
+        other => {
+            eprintln!("sortie-uringlab: unknown variant {other}");
+            std::process::exit(2);
+        }
+    };
+    let cpu = std::env::var("PIN_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pin(cpu);
+    let listener = TcpListener::bind(listen)?;
+    let mut uring: IoUring = IoUring::builder()
+        .setup_coop_taskrun()
+        .build(RING_ENTRIES)?;
+    if fixed {
+        uring
+            .submitter()
+            .register_files_sparse(2 * MAX_CONNS as u32)?;
+    }
+    let provided = if multishot {
+        Some(Provided::new(&uring)?)
+    } else {
+        None
+    };
+    let mut relay = Relay {
+        multishot,
+        fixed,
+        upstream: upstream.clone(),
+        listener: listener.as_raw_fd(),
+        conns: Vec::new(),
+        provided,
+        pending: Vec::new(),
+        scratch: Vec::with_capacity(READ_BYTES),
+    };
+    relay.arm_accept();
+    let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(RING_ENTRIES as usize);
+    loop {
+        {
+            let mut sq = uring.submission();
+            for e in relay.pending.drain(..) {
+                // SAFETY: every buffer an entry names lives in a connection (or the provided
+                // ring) until its completion is taken below; the queue has room for a round.
+                if unsafe { sq.push(&e) }.is_err() {
+                    return Err(io::Error::other("submission queue full"));
+                }
+            }
+        }
+        uring.submit_and_wait(1)?;
+        done.extend(
+            uring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        for (user_data, res, flags) in done.drain(..) {
+            relay.complete(&uring, user_data, res, flags);
+        }
+    }
+}
