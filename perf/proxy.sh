@@ -56,6 +56,9 @@ GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 # would save per request, beside the least any io_uring hop costs. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
+# LABELS="direct nginx-hop sortie ...": measure only these of each mode's rows (all when empty);
+# the sortie and nginx-hop (squid for tunnels) rows are needed for the ratio lines.
+LABELS=${LABELS:-}
 
 RESULTS_FILE=""
 TUNNELBENCH=""
@@ -314,8 +317,16 @@ measure() {
   log "$mode $size $label: $(field rps "$line") req/s, cpu ${cpu_s}s, errors $(field read_errors "$line")/$(field non_2xx "$line")"
 }
 
-# The labels measured in mode $1.
+# The labels measured in mode $1 (those in LABELS only, when it is set).
 labels_for() {
+  local label
+  for label in $(all_labels_for "$1"); do
+    [ -z "$LABELS" ] || [[ " $LABELS " == *" $label "* ]] || continue
+    printf '%s ' "$label"
+  done
+}
+
+all_labels_for() {
   case $1 in
     absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie${URINGLAB:+ $(printf 'uringlab-%s ' $URINGLAB)}" ;;
     # The request API beside the best single hop (the target's own figure).

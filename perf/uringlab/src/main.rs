@@ -4,7 +4,8 @@
 //!
 //! `sortie-uringlab LISTEN UPSTREAM VARIANT` accepts clients on `LISTEN`, opens one connection to
 //! `UPSTREAM` per client, and relays: a request head (no body) goes to the upstream as received,
-//! the response (head and `Content-Length` body) comes back as received, then the next request.
+//! the response (head and `Content-Length` body) comes back as received — in one send once
+//! complete, or a read's worth at a time when larger — then the next request.
 //! It parses nothing else and checks nothing: a measuring instrument for loopback load, never a
 //! proxy to put in front of anything.
 //!
@@ -17,7 +18,8 @@
 //!   reference taken and dropped per operation).
 //!
 //! One thread, on CPU `PIN_CPU` (default 0, where the gateway's first core runs), with the ring
-//! set up as the gateway sets its up (`COOP_TASKRUN`).
+//! set up as the gateway sets its up (`COOP_TASKRUN`); each receive takes up to `READ_BYTES`
+//! (default 64 KiB, the size of the gateway's upstream reads).
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -26,8 +28,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-/// Bytes one receive may take (the gateway's read buffer is as large).
-const READ_BYTES: usize = 16 * 1024;
+/// Bytes one receive may take by default: as many as the gateway's upstream reads take
+/// (`READ_BYTES` in the environment sets another size).
+const DEFAULT_READ_BYTES: usize = 64 * 1024;
 /// Buffers in the provided-buffer ring (a power of two).
 const PROVIDED: u16 = 512;
 /// The provided-buffer ring's group id.
@@ -101,10 +104,11 @@ struct Provided {
     ring: *mut types::BufRingEntry,
     bufs: Vec<u8>,
     tail: u16,
+    size: usize,
 }
 
 impl Provided {
-    fn new(uring: &IoUring) -> io::Result<Provided> {
+    fn new(uring: &IoUring, size: usize) -> io::Result<Provided> {
         let bytes = usize::from(PROVIDED) * std::mem::size_of::<types::BufRingEntry>();
         // SAFETY: an anonymous private mapping; checked for failure below. The kernel wants the
         // ring page-aligned, which mmap gives.
@@ -123,8 +127,9 @@ impl Provided {
         }
         let mut p = Provided {
             ring: ring.cast(),
-            bufs: vec![0u8; usize::from(PROVIDED) * READ_BYTES],
+            bufs: vec![0u8; usize::from(PROVIDED) * size],
             tail: 0,
+            size,
         };
         // SAFETY: the ring lives as long as the process (never unmapped), with `PROVIDED`
         // entries.
@@ -142,13 +147,13 @@ impl Provided {
     /// Puts buffer `bid` back in the ring for the kernel to fill.
     fn give_back(&mut self, bid: u16) {
         let index = usize::from(self.tail & (PROVIDED - 1));
-        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * READ_BYTES as u64;
+        let addr = self.bufs.as_ptr() as u64 + u64::from(bid) * self.size as u64;
         // SAFETY: `index` is within the ring's `PROVIDED` entries; the kernel reads an entry only
         // once the tail published below covers it.
         unsafe {
             let entry = &mut *self.ring.add(index);
             entry.set_addr(addr);
-            entry.set_len(READ_BYTES as u32);
+            entry.set_len(self.size as u32);
             entry.set_bid(bid);
         }
         self.tail = self.tail.wrapping_add(1);
@@ -161,12 +166,13 @@ impl Provided {
     }
 
     fn bytes(&self, bid: u16, len: usize) -> &[u8] {
-        let start = usize::from(bid) * READ_BYTES;
-        &self.bufs[start..start + len.min(READ_BYTES)]
+        let start = usize::from(bid) * self.size;
+        &self.bufs[start..start + len.min(self.size)]
     }
 }
 
 struct Relay {
+    read_bytes: usize,
     multishot: bool,
     fixed: bool,
     upstream: String,
@@ -221,12 +227,12 @@ impl Relay {
             client: fd,
             upstream,
             state: State::Idle,
-            rbuf_client: vec![0u8; READ_BYTES].into_boxed_slice(),
-            rbuf_upstream: vec![0u8; READ_BYTES].into_boxed_slice(),
+            rbuf_client: vec![0u8; self.read_bytes].into_boxed_slice(),
+            rbuf_upstream: vec![0u8; self.read_bytes].into_boxed_slice(),
             recv_client_pending: false,
             recv_upstream_pending: false,
-            req: Vec::with_capacity(READ_BYTES),
-            resp: Vec::with_capacity(READ_BYTES),
+            req: Vec::with_capacity(self.read_bytes),
+            resp: Vec::with_capacity(self.read_bytes),
             out_client: Vec::new(),
             out_client_at: 0,
             out_upstream: Vec::new(),
@@ -270,12 +276,8 @@ impl Relay {
                 (c.upstream, 2 * id as u32 + 1, c.rbuf_upstream.as_mut_ptr())
             }
         };
-        let e = on_fd!(self, fd, slot, |f| opcode::Recv::new(
-            f,
-            buf,
-            READ_BYTES as u32
-        )
-        .build());
+        let len = self.read_bytes as u32;
+        let e = on_fd!(self, fd, slot, |f| opcode::Recv::new(f, buf, len).build());
         self.pending.push(e.user_data(token(id, op)));
     }
 
@@ -322,7 +324,7 @@ impl Relay {
 
     /// Sends on what arrived of the response, and asks for more while it is not complete.
     fn pump(&mut self, id: usize) {
-        let multishot = self.multishot;
+        let (multishot, read_bytes) = (self.multishot, self.read_bytes);
         let Some(c) = self.conns[id].as_mut() else {
             return;
         };
@@ -340,8 +342,12 @@ impl Relay {
             }
             return;
         };
+        // Bytes go on once the response is complete or a read's worth is in hand: a small
+        // response leaves in one send (one segment), as the gateway sends head and body.
+        let complete = c.resp_seen >= total;
         let mut send = false;
-        if !c.send_client_pending && !c.resp.is_empty() {
+        if !c.send_client_pending && !c.resp.is_empty() && (complete || c.resp.len() >= read_bytes)
+        {
             c.out_client.clear();
             std::mem::swap(&mut c.out_client, &mut c.resp);
             c.out_client_at = 0;
@@ -564,12 +570,18 @@ fn main() -> io::Result<()> {
             .submitter()
             .register_files_sparse(2 * MAX_CONNS as u32)?;
     }
+    let read_bytes = std::env::var("READ_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| (1024..=1 << 20).contains(&n))
+        .unwrap_or(DEFAULT_READ_BYTES);
     let provided = if multishot {
-        Some(Provided::new(&uring)?)
+        Some(Provided::new(&uring, read_bytes)?)
     } else {
         None
     };
     let mut relay = Relay {
+        read_bytes,
         multishot,
         fixed,
         upstream: upstream.clone(),
@@ -577,7 +589,7 @@ fn main() -> io::Result<()> {
         conns: Vec::new(),
         provided,
         pending: Vec::new(),
-        scratch: Vec::with_capacity(READ_BYTES),
+        scratch: Vec::with_capacity(read_bytes),
     };
     relay.arm_accept();
     let mut done: Vec<(u64, i32, u32)> = Vec::with_capacity(RING_ENTRIES as usize);
