@@ -16,6 +16,9 @@
 //!   buffer ring (copied out and handed back at once).
 //! - `oneshot-fixed`, `multishot-fixed`: the same through a registered file table (no file
 //!   reference taken and dropped per operation).
+//! - `splice`: `oneshot`, except that the head is read 4 KiB at a time and the rest of a body of
+//!   16 KiB or more goes socket → pipe → socket with non-waiting `splice(2)` calls after an
+//!   io_uring poll says the socket is ready: the gateway's path for large plain bodies.
 //!
 //! One thread, on CPU `PIN_CPU` (default 0, where the gateway's first core runs), with the ring
 //! set up as the gateway sets its up (`COOP_TASKRUN`); each receive takes up to `READ_BYTES`
@@ -38,6 +41,11 @@ const GROUP: u16 = 7;
 /// Connections the registered file table has room for (two slots each).
 const MAX_CONNS: usize = 8192;
 const RING_ENTRIES: u32 = 4096;
+/// The `splice` variant: head reads, the least body worth splicing, and the pipe's size (the
+/// gateway's figures).
+const HEAD_READ_BYTES: usize = 4 * 1024;
+const SPLICE_MIN_BYTES: usize = 16 * 1024;
+const PIPE_BYTES: usize = 256 * 1024;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
@@ -46,6 +54,8 @@ enum Op {
     SendUpstream,
     RecvUpstream,
     SendClient,
+    PollUpstream,
+    PollClient,
 }
 
 impl Op {
@@ -56,6 +66,8 @@ impl Op {
             3 => Op::SendUpstream,
             4 => Op::RecvUpstream,
             5 => Op::SendClient,
+            6 => Op::PollUpstream,
+            7 => Op::PollClient,
             _ => return None,
         })
     }
@@ -97,6 +109,12 @@ struct Conn {
     /// The response's whole length once its head is read; its bytes received so far.
     resp_total: Option<usize>,
     resp_seen: usize,
+    /// The `splice` variant: the connection's pipe (read end, write end), whether the body is
+    /// being spliced, its bytes still in the upstream socket and those in the pipe.
+    pipe: Option<(RawFd, RawFd)>,
+    splicing: bool,
+    splice_left: usize,
+    pipe_held: usize,
 }
 
 /// The provided-buffer ring: entries the kernel takes buffers from, and the buffers.
@@ -174,6 +192,7 @@ impl Provided {
 struct Relay {
     read_bytes: usize,
     multishot: bool,
+    splice: bool,
     fixed: bool,
     upstream: String,
     listener: RawFd,
@@ -223,6 +242,13 @@ impl Relay {
                 .submitter()
                 .register_files_update(2 * id as u32, &[fd, upstream])?;
         }
+        let pipe = if self.splice {
+            set_nonblocking(fd)?;
+            set_nonblocking(upstream)?;
+            Some(new_pipe()?)
+        } else {
+            None
+        };
         self.conns.push(Some(Conn {
             client: fd,
             upstream,
@@ -240,6 +266,10 @@ impl Relay {
             send_client_pending: false,
             resp_total: None,
             resp_seen: 0,
+            pipe,
+            splicing: false,
+            splice_left: 0,
+            pipe_held: 0,
         }));
         if self.multishot {
             self.arm_multishot(id, Op::RecvClient);
@@ -276,7 +306,12 @@ impl Relay {
                 (c.upstream, 2 * id as u32 + 1, c.rbuf_upstream.as_mut_ptr())
             }
         };
-        let len = self.read_bytes as u32;
+        // The splice variant reads heads 4 KiB at a time, so most of a large body is still in the
+        // socket to be spliced (as the gateway's forward proxy does).
+        let len = match (self.splice, op) {
+            (true, Op::RecvUpstream) => HEAD_READ_BYTES as u32,
+            _ => self.read_bytes as u32,
+        };
         let e = on_fd!(self, fd, slot, |f| opcode::Recv::new(f, buf, len).build());
         self.pending.push(e.user_data(token(id, op)));
     }
@@ -324,7 +359,7 @@ impl Relay {
 
     /// Sends on what arrived of the response, and asks for more while it is not complete.
     fn pump(&mut self, id: usize) {
-        let (multishot, read_bytes) = (self.multishot, self.read_bytes);
+        let (multishot, read_bytes, splice) = (self.multishot, self.read_bytes, self.splice);
         let Some(c) = self.conns[id].as_mut() else {
             return;
         };
@@ -342,9 +377,14 @@ impl Relay {
             }
             return;
         };
+        if splice && !c.splicing && total.saturating_sub(c.resp_seen) >= SPLICE_MIN_BYTES {
+            // The head and what came with it go now; the rest is spliced once they went.
+            c.splicing = true;
+            c.splice_left = total - c.resp_seen;
+        }
         // Bytes go on once the response is complete or a read's worth is in hand: a small
         // response leaves in one send (one segment), as the gateway sends head and body.
-        let complete = c.resp_seen >= total;
+        let complete = c.resp_seen >= total || c.splicing;
         let mut send = false;
         if !c.send_client_pending && !c.resp.is_empty() && (complete || c.resp.len() >= read_bytes)
         {
@@ -354,7 +394,7 @@ impl Relay {
             c.send_client_pending = true;
             send = true;
         }
-        let want_more = c.resp_seen < total && !c.recv_upstream_pending;
+        let want_more = c.resp_seen < total && !c.recv_upstream_pending && !c.splicing;
         if send {
             self.send(id, Op::SendClient);
         }
@@ -383,10 +423,14 @@ impl Relay {
 
     fn close(&mut self, id: usize) {
         if let Some(c) = self.conns[id].take() {
-            // SAFETY: both descriptors are this connection's own, closed once.
+            // SAFETY: the descriptors are this connection's own, closed once.
             unsafe {
                 libc::close(c.client);
                 libc::close(c.upstream);
+                if let Some((r, w)) = c.pipe {
+                    libc::close(r);
+                    libc::close(w);
+                }
             }
         }
     }
@@ -482,6 +526,9 @@ impl Relay {
                         return self.send(id, op);
                     }
                     c.send_client_pending = false;
+                    if c.splicing {
+                        return self.splice_step(id);
+                    }
                     let done = c.resp_total.is_some_and(|t| c.resp_seen >= t) && c.resp.is_empty();
                     if done {
                         c.state = State::Idle;
@@ -491,9 +538,112 @@ impl Relay {
                     }
                 }
             }
+            Op::PollUpstream | Op::PollClient => {
+                if res < 0 {
+                    return self.close(id);
+                }
+                self.splice_step(id);
+            }
             Op::Accept => {}
         }
     }
+
+    /// Moves the rest of a body through the pipe until it is all out, or a socket is not ready
+    /// (then a poll for it is posted and this runs again when it says ready).
+    fn splice_step(&mut self, id: usize) {
+        loop {
+            let Some(c) = self.conns[id].as_mut() else {
+                return;
+            };
+            let Some((pipe_r, pipe_w)) = c.pipe else {
+                return self.close(id);
+            };
+            if c.pipe_held > 0 {
+                match splice(pipe_r, c.client, c.pipe_held) {
+                    Ok(n) => c.pipe_held -= n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return self.poll(id, Op::PollClient);
+                    }
+                    Err(_) => return self.close(id),
+                }
+            } else if c.splice_left > 0 {
+                match splice(c.upstream, pipe_w, c.splice_left.min(PIPE_BYTES)) {
+                    Ok(0) => return self.close(id),
+                    Ok(n) => {
+                        c.pipe_held += n;
+                        c.splice_left -= n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        return self.poll(id, Op::PollUpstream);
+                    }
+                    Err(_) => return self.close(id),
+                }
+            } else {
+                c.splicing = false;
+                c.resp_seen = c.resp_total.unwrap_or(c.resp_seen);
+                c.state = State::Idle;
+                return self.try_start(id);
+            }
+        }
+    }
+
+    fn poll(&mut self, id: usize, op: Op) {
+        let Some(c) = self.conns[id].as_ref() else {
+            return;
+        };
+        let (fd, slot, events) = match op {
+            Op::PollClient => (c.client, 2 * id as u32, libc::POLLOUT),
+            _ => (c.upstream, 2 * id as u32 + 1, libc::POLLIN),
+        };
+        let e = on_fd!(self, fd, slot, |f| opcode::PollAdd::new(f, events as u32)
+            .build());
+        self.pending.push(e.user_data(token(id, op)));
+    }
+}
+
+/// `splice(2)` of up to `len` bytes, never waiting (both ends are non-blocking).
+fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
+    // SAFETY: two open descriptors of this relay, one of them a pipe; no user memory involved.
+    let n = unsafe {
+        libc::splice(
+            from,
+            std::ptr::null_mut(),
+            to,
+            std::ptr::null_mut(),
+            len,
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on an open descriptor of this relay.
+    let r = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A non-blocking pipe of `PIPE_BYTES`: (read end, write end).
+fn new_pipe() -> io::Result<(RawFd, RawFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl on the pipe just made; a refused size leaves the default.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int) };
+    Ok((fds[0], fds[1]))
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -543,14 +693,15 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice");
         std::process::exit(2);
     };
-    let (multishot, fixed) = match variant.as_str() {
-        "oneshot" => (false, false),
-        "multishot" => (true, false),
-        "oneshot-fixed" => (false, true),
-        "multishot-fixed" => (true, true),
+    let (multishot, fixed, splice) = match variant.as_str() {
+        "oneshot" => (false, false, false),
+        "multishot" => (true, false, false),
+        "oneshot-fixed" => (false, true, false),
+        "multishot-fixed" => (true, true, false),
+        "splice" => (false, false, true),
         other => {
             eprintln!("sortie-uringlab: unknown variant {other}");
             std::process::exit(2);
@@ -583,6 +734,7 @@ fn main() -> io::Result<()> {
     let mut relay = Relay {
         read_bytes,
         multishot,
+        splice,
         fixed,
         upstream: upstream.clone(),
         listener: listener.as_raw_fd(),
