@@ -8,7 +8,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use sortie_core::h1::{
-    parse_response_head, write_response_head_parts, HeadLimits, HeadPart, OutgoingBody, Parsed,
+    parse_response_head, write_response_head, HeadLimits, HeadPart, OutgoingBody, Parsed,
     ResponseFraming, Version,
 };
 
@@ -44,7 +44,7 @@ fuzz_target!(|data: &[u8]| {
     if let (Some(first), Version::Http11) = (head.headers().iter().next(), head.version()) {
         let lines = &raw[first.name_range().start..consumed_len - 2];
         let mut out = Vec::new();
-        write_response_head_parts(
+        write_response_head(
             &mut out,
             head.status(),
             [HeadPart::ParsedLines(lines)],

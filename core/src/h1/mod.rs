@@ -40,8 +40,8 @@ pub use request::{parse_request_head, BodyFraming, RequestHead, TargetForm};
 pub use response::{parse_response_head, ResponseFraming, ResponseHead};
 pub use write::{
     is_writer_owned, reason_phrase, write_chunk, write_chunk_header, write_last_chunk,
-    write_request_head, write_response_head, write_response_head_parts,
-    write_response_head_with_reason, HeadPart, OutgoingBody, CHUNK_DATA_END, LAST_CHUNK,
+    write_request_head, write_response_head, write_response_head_with_reason, HeadPart,
+    OutgoingBody, CHUNK_DATA_END, LAST_CHUNK,
 };
 
 #[cfg(test)]

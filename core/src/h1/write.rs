@@ -69,7 +69,7 @@ where
     finish_head(out, start, headers, body)
 }
 
-/// One piece of a response head's field section ([`write_response_head_parts`]).
+/// One piece of a response head's field section ([`write_response_head`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeadPart<'a> {
     /// A field, checked as it is written; a framing field is dropped.
@@ -82,48 +82,27 @@ pub enum HeadPart<'a> {
     ParsedLines(&'a [u8]),
 }
 
-/// Appends an HTTP/1.1 response head with the standard reason phrase of `status`.
-/// On error nothing is appended.
-pub fn write_response_head<I, N, V>(
-    out: &mut Vec<u8>,
-    status: u16,
-    headers: I,
-    body: OutgoingBody,
-) -> Result<(), H1Error>
-where
-    I: IntoIterator<Item = (N, V)>,
-    N: AsRef<[u8]>,
-    V: AsRef<[u8]>,
-{
-    write_response_head_with_reason(out, status, reason_phrase(status), headers, body)
-}
-
-/// Appends an HTTP/1.1 response head with a chosen reason phrase (for example `Connection
-/// Established` for CONNECT). On error nothing is appended.
-pub fn write_response_head_with_reason<I, N, V>(
-    out: &mut Vec<u8>,
-    status: u16,
-    reason: &str,
-    headers: I,
-    body: OutgoingBody,
-) -> Result<(), H1Error>
-where
-    I: IntoIterator<Item = (N, V)>,
-    N: AsRef<[u8]>,
-    V: AsRef<[u8]>,
-{
-    let start = start_response_head(out, status, reason)?;
-    finish_head(out, start, headers, body)
-}
-
-/// [`write_response_head`] of a field section given in parts ([`HeadPart`]), in order.
-pub fn write_response_head_parts<'a>(
+/// Appends an HTTP/1.1 response head with the standard reason phrase of `status` and the field
+/// section given in parts ([`HeadPart`]), in order. On error nothing is appended.
+pub fn write_response_head<'a>(
     out: &mut Vec<u8>,
     status: u16,
     parts: impl IntoIterator<Item = HeadPart<'a>>,
     body: OutgoingBody,
 ) -> Result<(), H1Error> {
-    let start = start_response_head(out, status, reason_phrase(status))?;
+    write_response_head_with_reason(out, status, reason_phrase(status), parts, body)
+}
+
+/// [`write_response_head`] with a chosen reason phrase (for example `Connection Established`
+/// for CONNECT). On error nothing is appended.
+pub fn write_response_head_with_reason<'a>(
+    out: &mut Vec<u8>,
+    status: u16,
+    reason: &str,
+    parts: impl IntoIterator<Item = HeadPart<'a>>,
+    body: OutgoingBody,
+) -> Result<(), H1Error> {
+    let start = start_response_head(out, status, reason)?;
     for part in parts {
         match part {
             HeadPart::Field(name, value) => push_field(out, start, name, value)?,
@@ -335,6 +314,7 @@ mod tests {
     };
 
     const NO_HEADERS: [(&str, &str); 0] = [];
+    const NO_PARTS: [HeadPart<'static>; 0] = [];
 
     #[test]
     fn request_head_round_trips() {
@@ -467,7 +447,7 @@ mod tests {
         write_response_head(
             &mut out,
             200,
-            [("Content-Type", "application/json")],
+            [HeadPart::Field(b"Content-Type", b"application/json")],
             OutgoingBody::ContentLength(2),
         )
         .unwrap();
@@ -477,14 +457,14 @@ mod tests {
         );
 
         out.clear();
-        write_response_head(&mut out, 204, NO_HEADERS, OutgoingBody::None).unwrap();
+        write_response_head(&mut out, 204, NO_PARTS, OutgoingBody::None).unwrap();
         assert_eq!(out, b"HTTP/1.1 204 No Content\r\n\r\n");
 
         out.clear();
         write_response_head(
             &mut out,
             599,
-            [("Connection", "close")],
+            [HeadPart::Field(b"Connection", b"close")],
             OutgoingBody::Chunked,
         )
         .unwrap();
@@ -505,7 +485,7 @@ mod tests {
             &mut out,
             200,
             "Connection Established",
-            NO_HEADERS,
+            NO_PARTS,
             OutgoingBody::None,
         )
         .unwrap();
@@ -513,23 +493,22 @@ mod tests {
 
         for status in [0, 99, 600, 1000] {
             assert_eq!(
-                write_response_head(&mut out, status, NO_HEADERS, OutgoingBody::None),
+                write_response_head(&mut out, status, NO_PARTS, OutgoingBody::None),
                 Err(H1Error::InvalidStatus)
             );
         }
         let mut out = Vec::new();
         assert_eq!(
-            write_response_head_with_reason(
-                &mut out,
-                200,
-                "O\r\nK",
-                NO_HEADERS,
-                OutgoingBody::None
-            ),
+            write_response_head_with_reason(&mut out, 200, "O\r\nK", NO_PARTS, OutgoingBody::None),
             Err(H1Error::InvalidStatus)
         );
         assert_eq!(
-            write_response_head(&mut out, 200, [("X", "a\rb")], OutgoingBody::None),
+            write_response_head(
+                &mut out,
+                200,
+                [HeadPart::Field(b"X", b"a\rb")],
+                OutgoingBody::None
+            ),
             Err(H1Error::InvalidHeaderValue)
         );
         assert!(out.is_empty());
@@ -604,7 +583,7 @@ mod tests {
     #[test]
     fn parts_write_fields_checked_and_parsed_lines_as_they_are() {
         let mut out = b"x".to_vec();
-        write_response_head_parts(
+        write_response_head(
             &mut out,
             200,
             [
@@ -643,7 +622,7 @@ mod tests {
             HeadPart::Field(b"D:", b"a"),
         ] {
             let mut out = b"x".to_vec();
-            let r = write_response_head_parts(
+            let r = write_response_head(
                 &mut out,
                 200,
                 [HeadPart::ParsedLines(b"B: 2\r\n"), bad],
@@ -653,7 +632,7 @@ mod tests {
             assert_eq!(out, b"x");
         }
         let mut out = Vec::new();
-        let r = write_response_head_parts(&mut out, 99, [], OutgoingBody::None);
+        let r = write_response_head(&mut out, 99, NO_PARTS, OutgoingBody::None);
         assert_eq!(r, Err(H1Error::InvalidStatus));
         assert!(out.is_empty());
     }

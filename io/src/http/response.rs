@@ -12,9 +12,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::net::TcpStream;
-use sortie_core::h1::{
-    is_writer_owned, write_response_head_parts, H1Error, HeadPart, OutgoingBody,
-};
+use sortie_core::h1::{is_writer_owned, write_response_head, H1Error, HeadPart, OutgoingBody};
 
 use super::date;
 use crate::egress::ResponseFields;
@@ -472,7 +470,7 @@ pub(crate) fn encode_head_for(
         ConnectionField::Close => Some(HeadPart::Field(b"Connection", b"close")),
         ConnectionField::KeepAlive => Some(HeadPart::Field(b"Connection", b"keep-alive")),
     };
-    write_response_head_parts(
+    write_response_head(
         out,
         resp.status,
         own_fields
