@@ -43,6 +43,16 @@ PROFILE_CALL_GRAPH=${PROFILE_CALL_GRAPH:-fp}
 # size with uprobes on the allocator, and the allocator calls per request it made. The probes
 # slow every allocation; that run's req/s and CPU are not comparable, its count is.
 COUNT_ALLOCS=${COUNT_ALLOCS:-0}
+# CALLGRIND=1: after the measured rounds (ROUNDS=0 runs none), Sortie and the nginx hop each run
+# once more under valgrind's callgrind for the request modes (absolute, api) and sizes, and the
+# instructions each executed per request are printed with Sortie's ratio to the hop's: a count
+# that does not move with the machine's load, for comparing builds where CPU time is too noisy
+# (see perf/README.md). Sortie runs on the epoll driver there (valgrind cannot run io_uring), the
+# hop as one process (`master_process off`); both under wrk -c$CALLGRIND_CONNECTIONS for
+# CALLGRIND_SECONDS after a warm-up, with the counters zeroed in between.
+CALLGRIND=${CALLGRIND:-0}
+CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
+CALLGRIND_CONNECTIONS=${CALLGRIND_CONNECTIONS:-64}
 # ALLOC_SITES=1 (with COUNT_ALLOCS=1): also record the allocations' call stacks and print the
 # sites in Sortie's code that allocate, per request.
 ALLOC_SITES=${ALLOC_SITES:-0}
@@ -363,6 +373,7 @@ round_ratios() {
 main() {
   init_run
   apt_install nginx wrk squid tinyproxy haproxy
+  [ "$CALLGRIND" != 1 ] || apt_install valgrind
   RESULTS_FILE="$RESULTS_DIR/proxy-$(date -u +%Y%m%dT%H%M%SZ).txt"
   log "building perf/tunnelbench"
   cargo build --release --quiet --manifest-path "$PERF_DIR/tunnelbench/Cargo.toml" ||
@@ -384,6 +395,17 @@ main() {
       done
     done
   done
+  [ "$ROUNDS" -eq 0 ] || print_tables
+  say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ "$COUNT_ALLOCS" != 1 ] || count_allocs_all "$bin"
+  [ "$PROFILE" != 1 ] || profile_all
+  [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
+  say ""
+  say "results: $RESULTS_FILE"
+}
+
+# The table of the measured rounds' medians and Sortie's ratio to its peer per mode and size.
+print_tables() {
   say ""
   say "| mode | size | proxy | req/s | p50 ms | p99 ms | ratio to direct | req per proxy CPU-s | proxy CPU in kernel | user + kernel µs per request | errors |"
   say "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -424,11 +446,6 @@ main() {
         "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $peer"]}"))"
     done
   done
-  say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-  [ "$COUNT_ALLOCS" != 1 ] || count_allocs_all "$bin"
-  [ "$PROFILE" != 1 ] || profile_all
-  say ""
-  say "results: $RESULTS_FILE"
 }
 
 # One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
@@ -484,6 +501,102 @@ count_allocs_all() {
       fi
     done
   done
+}
+
+# Instructions per request of the process $1 (pid, running under callgrind) over one wrk run of
+# $2 (mode) and $3 (size) against label $4, the counters zeroed after a warm-up; sets CG_PER_REQUEST
+# and CG_REQUESTS.
+callgrind_count() {
+  local pid=$1 mode=$2 size=$3 label=$4 saved=$DURATION
+  local saved_c=$CONNECTIONS total requests
+  CONNECTIONS=$CALLGRIND_CONNECTIONS
+  DURATION=3s
+  measure "$mode" "$size" "$label"
+  callgrind_control -z "$pid" >/dev/null || die "callgrind_control could not reach pid $pid"
+  DURATION=${CALLGRIND_SECONDS}s
+  measure "$mode" "$size" "$label"
+  DURATION=$saved
+  CONNECTIONS=$saved_c
+  requests=$(field requests "$LAST_LINE")
+  rm -f "$CG_OUT".*
+  callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
+  # The dump is written by the process itself, a moment after the request for it.
+  local deadline=$((SECONDS + 30)) file=""
+  while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
+    sleep 0.5
+    file=$(find "$WORK_DIR" -maxdepth 1 -name "$(basename "$CG_OUT").*" -size +0 | head -n 1)
+  done
+  [ -n "$file" ] || die "callgrind wrote no dump for $label"
+  sleep 1
+  total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+  [ -n "$total" ] && [ "$requests" -gt 0 ] || die "no instruction total for $label"
+  CG_REQUESTS=$requests
+  CG_PER_REQUEST=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.0f", t / n }')
+}
+
+# Starts `$@` under callgrind, its dumps named after $1 (a label) in the run directory, and
+# waits for port $2; sets CG_PID and CG_OUT (the dumps' path, less the sequence number).
+start_callgrind() {
+  local label=$1 port=$2
+  shift 2
+  start_bg "callgrind-$label" valgrind --tool=callgrind \
+    --callgrind-out-file="$WORK_DIR/callgrind-$label-%p" "$@"
+  CG_PID=${PID_OF[callgrind-$label]}
+  CG_OUT="$WORK_DIR/callgrind-$label-$CG_PID"
+  # Valgrind translates the program first: tens of seconds for the gateway.
+  wait_port "$port" 180 "$CG_PID" || { cat "$WORK_DIR/callgrind-$label.log" >&2; die "$label did not start under callgrind"; }
+}
+
+# Sortie and the nginx hop under callgrind, one after the other, for each request mode and size:
+# instructions per request and their ratio. The gateway is restarted as it was afterwards.
+callgrind_all() {
+  local bin=$1 mode size hop_dir cfg="$WORK_DIR/gateway/sortie.toml" hop_port=$((NGINX_HOP_PORT + 10))
+  command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
+    die "valgrind is missing: apt-get install valgrind"
+  # The hop's config as one process on its own port and directory.
+  hop_dir="$WORK_DIR/nginx-hop-callgrind"
+  mkdir -p "$hop_dir/logs" "$hop_dir/tmp"
+  sed -e "s#$WORK_DIR/nginx-hop#$hop_dir#g" -e "s#127.0.0.1:$NGINX_HOP_PORT#127.0.0.1:$hop_port#" \
+    "$WORK_DIR/nginx-hop/nginx.conf" >"$hop_dir/nginx.conf"
+  require_free_port "$hop_port" "NGINX_HOP_PORT (+10)"
+  kill "$GATEWAY_PID" 2>/dev/null || true
+  wait_gone "$GATEWAY_PID" 30 || die "sortie did not stop"
+  say ""
+  say "--- instructions per request under callgrind (wrk -c$CALLGRIND_CONNECTIONS, ${CALLGRIND_SECONDS}s after a 3 s warm-up; Sortie on the epoll driver)"
+  declare -A hop_ir=()
+  start_callgrind hop "$hop_port" nginx -e "$hop_dir/logs/error.log" -p "$hop_dir" -c "$hop_dir/nginx.conf" \
+    -g 'daemon off; master_process off;'
+  local saved_pid=${PID_OF[nginx-hop]} saved_hop_port=$NGINX_HOP_PORT
+  PID_OF[nginx-hop]=$CG_PID
+  NGINX_HOP_PORT=$hop_port
+  for size in $SIZES; do
+    callgrind_count "$CG_PID" absolute "$size" nginx-hop
+    hop_ir[$size]=$CG_PER_REQUEST
+    say "nginx hop $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
+  done
+  NGINX_HOP_PORT=$saved_hop_port
+  PID_OF[nginx-hop]=$saved_pid
+  kill "$CG_PID" 2>/dev/null || true
+  wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
+  # Valgrind runs the gateway itself (it does not follow an exec): the variable goes in its
+  # environment.
+  export MONOIO_FORCE_LEGACY_DRIVER=1
+  start_callgrind sortie "$PROXY_PORT" "$bin" serve --config "$cfg"
+  unset MONOIO_FORCE_LEGACY_DRIVER
+  local saved_gw=$GATEWAY_PID
+  GATEWAY_PID=$CG_PID
+  for mode in $MODES; do
+    case $mode in absolute | api) ;; *) continue ;; esac
+    for size in $SIZES; do
+      callgrind_count "$CG_PID" "$mode" "$size" sortie
+      say "sortie $mode $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)," \
+        "$(awk -v a="$CG_PER_REQUEST" -v b="${hop_ir[$size]}" 'BEGIN { printf "%.2f", a / b }')x the nginx hop's"
+    done
+  done
+  kill "$CG_PID" 2>/dev/null || true
+  wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
+  GATEWAY_PID=$saved_gw
+  start_sortie "$bin"
 }
 
 # Samples in the perf data file $1 (0 when unreadable).
