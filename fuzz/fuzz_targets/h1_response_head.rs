@@ -3,12 +3,14 @@
 //! The first byte picks the request method the response answers; the rest is parsed as a
 //! response head, and an accepted head must not depend on the bytes after it. Every field's
 //! offsets (which the egress client slices its kept buffer by) must lie within the head and
-//! point at the field's own bytes. An HTTP/1.1 head's field lines, copied as they are into a
+//! point at the field's own bytes, and the entry point that gives only those offsets must agree
+//! with the one that collects the fields, error for error. An HTTP/1.1 head's field lines, copied as they are into a
 //! written head (as the forward proxy relays them), must parse back as the same fields.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use sortie_core::h1::{
-    parse_response_head, write_response_head, HeadLimits, HeadPart, OutgoingBody, Parsed,
+    parse_response_head, parse_response_head_offsets, write_response_head, HeadLimits, HeadPart,
+    OutgoingBody, Parsed,
     ResponseFraming, Version,
 };
 
@@ -20,8 +22,27 @@ fuzz_target!(|data: &[u8]| {
     };
     let method = METHODS[usize::from(selector) % METHODS.len()];
     let limits = HeadLimits::RESPONSE;
-    let Ok(Parsed::Complete { head, consumed_len }) = parse_response_head(input, method, &limits)
-    else {
+    let collected = parse_response_head(input, method, &limits);
+    // The egress client's entry point, which gives the fields' offsets instead of collecting
+    // them, applies the same rules: the same result or error, the same ranges.
+    let mut offsets = Vec::new();
+    match (&collected, parse_response_head_offsets(input, method, &limits, &mut offsets)) {
+        (
+            Ok(Parsed::Complete { head, consumed_len: a }),
+            Ok(Parsed::Complete { head: start, consumed_len: b }),
+        ) => {
+            assert_eq!((head.start(), *a), (start, b));
+            assert_eq!(head.headers().len(), offsets.len());
+            let range = |(s, e): (u32, u32)| s as usize..e as usize;
+            for (h, f) in head.headers().iter().zip(&offsets) {
+                assert_eq!((h.name_range(), h.value_range()), (range(f.name), range(f.value)));
+            }
+        }
+        (Ok(Parsed::Partial), Ok(Parsed::Partial)) => {}
+        (Err(a), Err(b)) => assert_eq!(*a, b),
+        (a, b) => panic!("the entry points disagree: {a:?} against {b:?}"),
+    }
+    let Ok(Parsed::Complete { head, consumed_len }) = collected else {
         return;
     };
     assert!(consumed_len <= input.len());

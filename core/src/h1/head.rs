@@ -180,7 +180,7 @@ impl<'a> Headers<'a> {
 
     /// Whether a field named `name` is present.
     pub fn contains(&self, name: &str) -> bool {
-        self.fields.iter().any(|h| h.is_named(name))
+        contains_field(&self.fields, name)
     }
 
     /// The members of the comma-separated lists in every field named `name`, trimmed, with
@@ -193,8 +193,7 @@ impl<'a> Headers<'a> {
     /// Whether any list member of the fields named `name` equals `token`, ignoring ASCII case
     /// (for example `Connection: close`).
     pub fn has_token(&self, name: &str, token: &str) -> bool {
-        self.list_members(name)
-            .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
+        lists_token(&self.fields, name, token)
     }
 }
 
@@ -234,6 +233,84 @@ pub(super) fn collect_headers<'a>(
         });
     }
     Ok(Headers { fields })
+}
+
+/// Where one header field lies in the buffer its head was parsed from: the byte ranges of its
+/// name and its value, each as `(start, end)`. What [`super::parse_response_head_offsets`]
+/// gives instead of borrowed [`Header`]s, for a caller that keeps the buffer and reads the
+/// fields from it later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldOffsets {
+    pub name: (u32, u32),
+    pub value: (u32, u32),
+}
+
+impl FieldOffsets {
+    /// The offsets of `h` in `base`, the buffer httparse parsed it from; `None` when it does
+    /// not lie there or `base` is not addressable in 32 bits.
+    pub(super) fn of(base: &[u8], h: &httparse::Header<'_>) -> Option<FieldOffsets> {
+        let range = |part: &[u8]| -> Option<(u32, u32)> {
+            let start = offset_in(base, part)?;
+            Some((
+                u32::try_from(start).ok()?,
+                u32::try_from(start + part.len()).ok()?,
+            ))
+        };
+        Some(FieldOffsets {
+            name: range(h.name.as_bytes())?,
+            value: range(h.value)?,
+        })
+    }
+}
+
+/// A header field as the framing rules read it, by its name's and value's bytes: the parser's
+/// own fields before they are collected, and collected [`Header`]s, go through the same rules.
+pub(super) trait FieldView {
+    fn name_bytes(&self) -> &[u8];
+    fn value_bytes(&self) -> &[u8];
+}
+
+impl FieldView for Header<'_> {
+    fn name_bytes(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+
+    fn value_bytes(&self) -> &[u8] {
+        self.value
+    }
+}
+
+impl FieldView for httparse::Header<'_> {
+    fn name_bytes(&self) -> &[u8] {
+        self.name.as_bytes()
+    }
+
+    fn value_bytes(&self) -> &[u8] {
+        self.value
+    }
+}
+
+/// The values of the fields named `name` (ASCII case ignored), in order.
+pub(super) fn values_of<'s, F: FieldView>(
+    fields: &'s [F],
+    name: &'s str,
+) -> impl Iterator<Item = &'s [u8]> + 's {
+    fields
+        .iter()
+        .filter(move |f| f.name_bytes().eq_ignore_ascii_case(name.as_bytes()))
+        .map(FieldView::value_bytes)
+}
+
+/// Whether a field is named `name`.
+pub(super) fn contains_field<F: FieldView>(fields: &[F], name: &str) -> bool {
+    values_of(fields, name).next().is_some()
+}
+
+/// Whether the fields named `name` list `token` (ASCII case ignored).
+pub(super) fn lists_token<F: FieldView>(fields: &[F], name: &str, token: &str) -> bool {
+    values_of(fields, name)
+        .flat_map(list_members)
+        .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
 }
 
 /// Where `part` starts inside `base`, if it lies wholly within it.

@@ -32,12 +32,14 @@ pub use chunked::{
 };
 pub use error::H1Error;
 pub use head::{
-    HeadLimits, Header, Headers, Parsed, Version, DEFAULT_MAX_HEADERS,
+    FieldOffsets, HeadLimits, Header, Headers, Parsed, Version, DEFAULT_MAX_HEADERS,
     DEFAULT_MAX_REQUEST_HEAD_BYTES, DEFAULT_MAX_RESPONSE_HEAD_BYTES, DEFAULT_MAX_TARGET_BYTES,
     MAX_HEADERS_CEILING,
 };
 pub use request::{parse_request_head, BodyFraming, RequestHead, TargetForm};
-pub use response::{parse_response_head, ResponseFraming, ResponseHead};
+pub use response::{
+    parse_response_head, parse_response_head_offsets, ResponseFraming, ResponseHead, ResponseStart,
+};
 pub use write::{
     is_writer_owned, reason_phrase, write_chunk, write_chunk_header, write_last_chunk,
     write_request_head, write_response_head, write_response_head_with_reason, HeadPart,

@@ -1,13 +1,15 @@
 //! Upstream client side: parsing a response head and deciding how its body is delimited and
 //! whether the connection may be reused.
 //!
-//! On the per-request path of the egress executor: no allocation beyond the header vector, no
-//! logging.
+//! On the per-request path of the egress executor: no allocation beyond the vector of fields
+//! (collected [`Header`](super::Header)s, or their offsets for a caller that keeps the buffer),
+//! no logging.
 
 use super::error::H1Error;
 use super::head::{
-    check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, list_members,
-    parse_content_length, HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
+    check_transfer_encoding, collect_headers, contains_field, diagnose, has_bare_lf, header_slots,
+    list_members, lists_token, parse_content_length, values_of, FieldOffsets, FieldView,
+    HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
 };
 
 /// How the body of a response is delimited (RFC 9112 §6.3).
@@ -25,19 +27,17 @@ pub enum ResponseFraming {
     Tunnel,
 }
 
-/// A response head that passed every framing and syntax rule, borrowing from the buffer it was
-/// parsed from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResponseHead<'a> {
+/// What a response head's start line and fields decide, without the fields themselves: what
+/// [`parse_response_head_offsets`] returns, and the start of every [`ResponseHead`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseStart {
     version: Version,
     status: u16,
-    reason: &'a str,
-    headers: Headers<'a>,
     framing: ResponseFraming,
     is_keep_alive: bool,
 }
 
-impl<'a> ResponseHead<'a> {
+impl ResponseStart {
     /// The protocol version.
     pub fn version(&self) -> Version {
         self.version
@@ -46,17 +46,6 @@ impl<'a> ResponseHead<'a> {
     /// The status code, within 100..=599.
     pub fn status(&self) -> u16 {
         self.status
-    }
-
-    /// The reason phrase; empty when absent or when it held non-ASCII bytes (it carries no
-    /// meaning, RFC 9112 §4: "A client SHOULD ignore the reason-phrase content").
-    pub fn reason(&self) -> &'a str {
-        self.reason
-    }
-
-    /// Every header field line in received order, duplicates kept.
-    pub fn headers(&self) -> &Headers<'a> {
-        &self.headers
     }
 
     /// How the body is delimited.
@@ -82,6 +71,63 @@ impl<'a> ResponseHead<'a> {
     }
 }
 
+/// A response head that passed every framing and syntax rule, borrowing from the buffer it was
+/// parsed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead<'a> {
+    start: ResponseStart,
+    reason: &'a str,
+    headers: Headers<'a>,
+}
+
+impl<'a> ResponseHead<'a> {
+    /// The start line and what the fields decide.
+    pub fn start(&self) -> ResponseStart {
+        self.start
+    }
+
+    /// The protocol version.
+    pub fn version(&self) -> Version {
+        self.start.version
+    }
+
+    /// The status code, within 100..=599.
+    pub fn status(&self) -> u16 {
+        self.start.status
+    }
+
+    /// The reason phrase; empty when absent or when it held non-ASCII bytes (it carries no
+    /// meaning, RFC 9112 §4: "A client SHOULD ignore the reason-phrase content").
+    pub fn reason(&self) -> &'a str {
+        self.reason
+    }
+
+    /// Every header field line in received order, duplicates kept.
+    pub fn headers(&self) -> &Headers<'a> {
+        &self.headers
+    }
+
+    /// How the body is delimited.
+    pub fn framing(&self) -> ResponseFraming {
+        self.start.framing
+    }
+
+    /// Whether the connection may carry another request after this response's body.
+    pub fn is_keep_alive(&self) -> bool {
+        self.start.is_keep_alive
+    }
+
+    /// See [`ResponseStart::is_informational`].
+    pub fn is_informational(&self) -> bool {
+        self.start.is_informational()
+    }
+
+    /// See [`ResponseStart::is_switching_protocols`].
+    pub fn is_switching_protocols(&self) -> bool {
+        self.start.is_switching_protocols()
+    }
+}
+
 /// Parses a response head from the start of `buf`, given the method of the request it answers
 /// (the framing of a response depends on it, RFC 9112 §6.3).
 ///
@@ -93,6 +139,63 @@ pub fn parse_response_head<'a>(
     request_method: &str,
     limits: &HeadLimits,
 ) -> Result<Parsed<ResponseHead<'a>>, H1Error> {
+    Ok(
+        match parse_with(buf, request_method, limits, collect_headers)? {
+            Parsed::Complete {
+                head: (start, reason, headers),
+                consumed_len,
+            } => Parsed::Complete {
+                head: ResponseHead {
+                    start,
+                    reason,
+                    headers,
+                },
+                consumed_len,
+            },
+            Parsed::Partial => Parsed::Partial,
+        },
+    )
+}
+
+/// [`parse_response_head`] for a caller that keeps `buf` and reads the fields from it later:
+/// the same rules and errors, the fields written to `fields` (cleared first) as where each
+/// lies in `buf` instead of collected as borrowed [`Header`](super::Header)s. One vector of
+/// fields per head instead of two.
+pub fn parse_response_head_offsets(
+    buf: &[u8],
+    request_method: &str,
+    limits: &HeadLimits,
+    fields: &mut Vec<FieldOffsets>,
+) -> Result<Parsed<ResponseStart>, H1Error> {
+    let parsed = parse_with(buf, request_method, limits, |view, parsed| {
+        fields.clear();
+        fields.reserve(parsed.len());
+        for h in parsed {
+            // httparse's fields lie in the buffer it parsed: never taken.
+            fields.push(FieldOffsets::of(view, h).ok_or(H1Error::InvalidHeaderValue)?);
+        }
+        Ok(())
+    })?;
+    Ok(match parsed {
+        Parsed::Complete {
+            head: (start, _, ()),
+            consumed_len,
+        } => Parsed::Complete {
+            head: start,
+            consumed_len,
+        },
+        Parsed::Partial => Parsed::Partial,
+    })
+}
+
+/// The parse both entry points share: the start line and framing are decided on the parser's
+/// own fields, which `collect` turns into what the caller keeps.
+fn parse_with<'a, T>(
+    buf: &'a [u8],
+    request_method: &str,
+    limits: &HeadLimits,
+    collect: impl FnOnce(&'a [u8], &[httparse::Header<'a>]) -> Result<T, H1Error>,
+) -> Result<Parsed<(ResponseStart, &'a str, T)>, H1Error> {
     let view = buf.get(..limits.max_head_bytes).unwrap_or(buf);
     let mut slots = header_slots();
     let slots = slots
@@ -123,10 +226,11 @@ pub fn parse_response_head<'a>(
         return Err(H1Error::InvalidStatus);
     }
     let reason = res.reason.unwrap_or_default();
-    let headers = collect_headers(view, res.headers)?;
-    let (framing, overrides_length) = response_framing(&headers, version, status, request_method)?;
+    let parsed: &[httparse::Header<'a>] = res.headers;
+    let collected = collect(view, parsed)?;
+    let (framing, overrides_length) = response_framing(parsed, version, status, request_method)?;
 
-    let is_close = headers.has_token("connection", "close");
+    let is_close = lists_token(parsed, "connection", "close");
     let is_keep_alive = match framing {
         // A close-delimited body ends only with the connection; a tunnel is not HTTP any more.
         ResponseFraming::CloseDelimited | ResponseFraming::Tunnel => false,
@@ -135,26 +239,25 @@ pub fn parse_response_head<'a>(
         _ if overrides_length => false,
         _ => match version {
             Version::Http11 => !is_close,
-            Version::Http10 => !is_close && headers.has_token("connection", "keep-alive"),
+            Version::Http10 => !is_close && lists_token(parsed, "connection", "keep-alive"),
         },
     };
 
+    let start = ResponseStart {
+        version,
+        status,
+        framing,
+        is_keep_alive,
+    };
     Ok(Parsed::Complete {
-        head: ResponseHead {
-            version,
-            status,
-            reason,
-            headers,
-            framing,
-            is_keep_alive,
-        },
+        head: (start, reason, collected),
         consumed_len: head_len,
     })
 }
 
 /// Decides the framing and whether Transfer-Encoding overrode a Content-Length.
-fn response_framing(
-    headers: &Headers<'_>,
+fn response_framing<F: FieldView>(
+    headers: &[F],
     version: Version,
     status: u16,
     request_method: &str,
@@ -174,8 +277,8 @@ fn response_framing(
     if request_method == "CONNECT" && (200..300).contains(&status) {
         return Ok((ResponseFraming::Tunnel, false));
     }
-    let has_content_length = headers.contains("content-length");
-    if headers.contains("transfer-encoding") {
+    let has_content_length = contains_field(headers, "content-length");
+    if contains_field(headers, "transfer-encoding") {
         // RFC 9112 §6.1: "A server or client that receives an HTTP/1.0 message containing a
         // Transfer-Encoding header field MUST treat the message as if the framing is faulty".
         if version == Version::Http10 {
@@ -184,7 +287,7 @@ fn response_framing(
         // Rule 4 would read a response whose final coding is not chunked until close, but the
         // body would still carry a transfer coding we cannot remove before relaying it; we
         // accept `chunked` alone and reject the rest.
-        check_transfer_encoding(headers.values("transfer-encoding"))?;
+        check_transfer_encoding(values_of(headers, "transfer-encoding"))?;
         // Rule 3: "If a message is received with both a Transfer-Encoding and a Content-Length
         // header field, the Transfer-Encoding overrides the Content-Length."
         return Ok((ResponseFraming::Chunked, has_content_length));
@@ -203,9 +306,9 @@ fn response_framing(
 /// duplicated field values with a single valid Content-Length field containing that decimal
 /// value". Upstreams in the wild repeat identical values, so for responses we accept repeats
 /// (lines or list members) that agree and reject any that differ or do not parse.
-fn response_content_length(headers: &Headers<'_>) -> Result<u64, H1Error> {
+fn response_content_length<F: FieldView>(headers: &[F]) -> Result<u64, H1Error> {
     let mut length = None;
-    for value in headers.values("content-length") {
+    for value in values_of(headers, "content-length") {
         let mut any = false;
         for member in list_members(value) {
             any = true;
@@ -659,5 +762,95 @@ mod tests {
         }
         let first = head.headers().iter().next().unwrap();
         assert_eq!((first.name_range(), first.value_range()), (17..18, 20..21));
+    }
+
+    /// The offsets entry point applies the same rules as the collecting one: the same result
+    /// or error for every head, and each field's offsets are the collected field's ranges.
+    #[test]
+    fn offsets_agree_with_collected_fields() {
+        let heads: &[(&[u8], &str)] = &[
+            (
+                b"HTTP/1.1 200 OK\r\nA: 1\r\nContent-Length: 3\r\n\r\nabc",
+                "GET",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "GET",
+            ),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "GET"),
+            (
+                b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+                "GET",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+                "GET",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "GET",
+            ),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n", "GET"),
+            (
+                b"HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n",
+                "GET",
+            ),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", "HEAD"),
+            (b"HTTP/1.1 200 Connection established\r\n\r\n", "CONNECT"),
+            (
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+                "GET",
+            ),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+                "GET",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nX-Obs: \xe9\r\nContent-Length: 0\r\n\r\n",
+                "GET",
+            ),
+            (b"HTTP/1.1 200 OK\r\nA: 1\r\n", "GET"),
+            (b"HTTP/1.1 200 OK\nA: 1\r\n\r\n", "GET"),
+            (b"HTTP/1.1 999 Nope\r\n\r\n", "GET"),
+            (b"HTTP/1.1 200 OK\r\nBad Name: 1\r\n\r\n", "GET"),
+        ];
+        let mut fields = vec![FieldOffsets {
+            name: (9, 9),
+            value: (9, 9),
+        }];
+        for &(buf, method) in heads {
+            let collected = parse_response_head(buf, method, &LIMITS);
+            let offsets = parse_response_head_offsets(buf, method, &LIMITS, &mut fields);
+            match (collected, offsets) {
+                (
+                    Ok(Parsed::Complete {
+                        head,
+                        consumed_len: a,
+                    }),
+                    Ok(Parsed::Complete {
+                        head: start,
+                        consumed_len: b,
+                    }),
+                ) => {
+                    assert_eq!((head.start(), a), (start, b), "{}", show(buf));
+                    let ranges: Vec<_> = head
+                        .headers()
+                        .iter()
+                        .map(|h| (h.name_range(), h.value_range()))
+                        .collect();
+                    let given: Vec<_> = fields
+                        .iter()
+                        .map(|f| {
+                            let r = |(s, e): (u32, u32)| s as usize..e as usize;
+                            (r(f.name), r(f.value))
+                        })
+                        .collect();
+                    assert_eq!(ranges, given, "{}", show(buf));
+                }
+                (Ok(Parsed::Partial), Ok(Parsed::Partial)) => {}
+                (Err(a), Err(b)) => assert_eq!(a, b, "{}", show(buf)),
+                (a, b) => panic!("{}: {a:?} against {b:?}", show(buf)),
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use sortie_core::h1::{
-    parse_response_head, write_request_head, BodyDecoder, BodyLimits, H1Error, HeadLimits,
+    parse_response_head_offsets, write_request_head, BodyDecoder, BodyLimits, H1Error, HeadLimits,
     OutgoingBody, Parsed, ResponseFraming,
 };
 use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
@@ -316,11 +316,18 @@ pub(crate) async fn read_head(
 ) -> Result<Head, Failure> {
     let mut interim = 0usize;
     let mut received_any = false;
+    // Where the final head's fields lie in `buf`: kept with the buffer, read from it later.
+    let mut fields = Vec::new();
     loop {
         // Parse what is buffered before reading more: interim heads and the final head may
         // arrive in one read.
         if !buf.is_empty() {
-            match parse_response_head(buf, method.as_str(), &HeadLimits::RESPONSE) {
+            match parse_response_head_offsets(
+                buf,
+                method.as_str(),
+                &HeadLimits::RESPONSE,
+                &mut fields,
+            ) {
                 Ok(Parsed::Partial) => {}
                 Ok(Parsed::Complete { head, consumed_len }) => {
                     if head.is_switching_protocols() {
@@ -344,13 +351,12 @@ pub(crate) async fn read_head(
                     }
                     // The fields stay in the head's buffer, read through their offsets: no
                     // allocation or reference count per field. The codec gives each field's
-                    // offsets in the buffer it parsed, which is `buf`: checked against it
-                    // here, while the head borrows it.
+                    // offsets in the buffer it parsed, which is `buf`: checked against it here.
                     let malformed = || {
                         Failure::during_response(error::protocol_error(H1Error::InvalidHeaderValue))
                     };
-                    let spans =
-                        FieldSpans::of_head(buf, &head, consumed_len).ok_or_else(malformed)?;
+                    let spans = FieldSpans::parsed(buf, std::mem::take(&mut fields), consumed_len)
+                        .ok_or_else(malformed)?;
                     let (status, framing) = (head.status(), head.framing());
                     let is_keep_alive = head.is_keep_alive();
                     let consumed = consumed_len.min(buf.len());

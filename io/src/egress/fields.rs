@@ -13,15 +13,12 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use sortie_core::h1::ResponseHead;
+use sortie_core::h1::FieldOffsets;
 use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 
-/// Where one field's name and value lie in [`ResponseFields`]' buffer.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    name: (u32, u32),
-    value: (u32, u32),
-}
+/// Where one field's name and value lie in [`ResponseFields`]' buffer: the parser's own record
+/// of an HTTP/1.1 head's fields, kept as it gave them.
+type Span = FieldOffsets;
 
 #[derive(Clone, Debug)]
 enum Repr {
@@ -116,7 +113,7 @@ impl ResponseFields {
     /// The field at `index`.
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
         match &self.0 {
-            Repr::Spans { buf, spans, .. } => spans.get(index).map(|s| s.read(buf)),
+            Repr::Spans { buf, spans, .. } => spans.get(index).map(|s| read(s, buf)),
             Repr::Pairs(pairs) => pairs.get(index).map(|(n, v)| (&n[..], &v[..])),
         }
     }
@@ -171,7 +168,7 @@ impl ResponseFields {
                 spans
                     .iter()
                     .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
-                    .map(|s| s.read(buf)),
+                    .map(|s| read(s, buf)),
             ),
             Repr::Pairs(pairs) => connection_tokens_of(pairs.iter().map(|(n, v)| (&n[..], &v[..]))),
         }
@@ -231,15 +228,26 @@ impl FieldSpans {
         })
     }
 
-    /// The fields of `head`, parsed from `buf` (whose first `head_len` bytes it took), checked
-    /// against `buf` and marked as its lines where they are ([`FieldSpans::as_lines`]).
-    pub fn of_head(buf: &[u8], head: &ResponseHead<'_>, head_len: usize) -> Option<FieldSpans> {
-        let ranges = head
-            .headers()
+    /// The fields the parser found in the head at the start of `buf` (`head_len` bytes long,
+    /// [`sortie_core::h1::parse_response_head_offsets`]), checked against `buf` and marked as
+    /// its lines where they are ([`FieldSpans::as_lines`]); `None` when one lies outside `buf`
+    /// or is reversed.
+    pub fn parsed(buf: &[u8], fields: Vec<FieldOffsets>, head_len: usize) -> Option<FieldSpans> {
+        let len = buf.len();
+        let is_within = |(start, end): (u32, u32)| start <= end && end as usize <= len;
+        if !fields
             .iter()
-            .map(|h| (h.name_range(), h.value_range()));
+            .all(|f| is_within(f.name) && is_within(f.value))
+        {
+            return None;
+        }
+        let spans = FieldSpans {
+            spans: fields,
+            len,
+            lines_end: None,
+        };
         // The field lines end before the empty line (the head's last two bytes).
-        Some(FieldSpans::within(buf.len(), ranges)?.as_lines(buf, head_len.saturating_sub(2)))
+        Some(spans.as_lines(buf, head_len.saturating_sub(2)))
     }
 
     /// Marks the fields as the field lines of the head in `buf` whose last line ends at `end`
@@ -285,16 +293,14 @@ fn are_lines(buf: &[u8], spans: &[Span], end: usize) -> bool {
     }) && is_line(last, end)
 }
 
-impl Span {
-    /// The name and value in `buf`: ranges checked when the span was made, so the empty
-    /// fallback is never taken.
-    fn read(self, buf: &[u8]) -> (&[u8], &[u8]) {
-        let part = |(start, end): (u32, u32)| buf.get(start as usize..end as usize);
-        (
-            part(self.name).unwrap_or_default(),
-            part(self.value).unwrap_or_default(),
-        )
-    }
+/// The name and value of `span` in `buf`: ranges checked when the span was made, so the empty
+/// fallback is never taken.
+fn read<'b>(span: &Span, buf: &'b [u8]) -> (&'b [u8], &'b [u8]) {
+    let part = |(start, end): (u32, u32)| buf.get(start as usize..end as usize);
+    (
+        part(span.name).unwrap_or_default(),
+        part(span.value).unwrap_or_default(),
+    )
 }
 
 /// The iterator of [`ResponseFields::iter`].
@@ -316,7 +322,7 @@ impl<'a> Iterator for Iter<'a> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         match &mut self.0 {
-            IterRepr::Spans { buf, spans } => spans.next().map(|s| s.read(buf)),
+            IterRepr::Spans { buf, spans } => spans.next().map(|s| read(s, buf)),
             IterRepr::Pairs(pairs) => pairs.next().map(|(n, v)| (&n[..], &v[..])),
         }
     }
@@ -351,15 +357,14 @@ impl PartialEq for ResponseFields {
 /// The fields of a head parsed as `client::read_head` parses a destination's, for tests.
 #[cfg(test)]
 pub(crate) fn parsed(head: &'static [u8]) -> ResponseFields {
-    use sortie_core::h1::{parse_response_head, HeadLimits, Parsed};
-    let Ok(Parsed::Complete {
-        head: h,
-        consumed_len,
-    }) = parse_response_head(head, "GET", &HeadLimits::RESPONSE)
+    use sortie_core::h1::{parse_response_head_offsets, HeadLimits, Parsed};
+    let mut fields = Vec::new();
+    let Ok(Parsed::Complete { consumed_len, .. }) =
+        parse_response_head_offsets(head, "GET", &HeadLimits::RESPONSE, &mut fields)
     else {
         panic!("a complete head");
     };
-    let spans = FieldSpans::of_head(head, &h, consumed_len).expect("within the buffer");
+    let spans = FieldSpans::parsed(head, fields, consumed_len).expect("within the buffer");
     ResponseFields::in_buffer(Bytes::from_static(head), spans).expect("the same buffer")
 }
 
@@ -512,5 +517,11 @@ mod tests {
         let longer = FieldSpans::within(8, [(0..1, 3..8)].into_iter()).expect("within 8");
         assert!(ResponseFields::in_buffer(buf.clone(), longer).is_none());
         assert!(ResponseFields::in_buffer(buf, spans).is_some());
+        // The parser's offsets go through the same check.
+        let at = |name: (u32, u32), value: (u32, u32)| vec![FieldOffsets { name, value }];
+        let head = b"A: b\r\n\r\n";
+        assert!(FieldSpans::parsed(head, at((0, 1), (3, 4)), 8).is_some());
+        assert!(FieldSpans::parsed(head, at((0, 1), (3, 9)), 8).is_none());
+        assert!(FieldSpans::parsed(head, at((1, 0), (3, 4)), 8).is_none());
     }
 }
