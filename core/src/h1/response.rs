@@ -158,25 +158,29 @@ pub fn parse_response_head<'a>(
 }
 
 /// [`parse_response_head`] for a caller that keeps `buf` and reads the fields from it later:
-/// the same rules and errors, the fields written to `fields` (cleared first) as where each
-/// lies in `buf` instead of collected as borrowed [`Header`](super::Header)s. One vector of
-/// fields per head instead of two.
+/// the same rules and errors, the fields written to `fields` (cleared first; left empty unless
+/// the head is complete) as where each lies in `buf` instead of collected as borrowed
+/// [`Header`](super::Header)s. One vector of fields per head instead of two.
 pub fn parse_response_head_offsets(
     buf: &[u8],
     request_method: &str,
     limits: &HeadLimits,
     fields: &mut Vec<FieldOffsets>,
 ) -> Result<Parsed<ResponseStart>, H1Error> {
+    fields.clear();
     let parsed = parse_with(buf, request_method, limits, |view, parsed| {
-        fields.clear();
         fields.reserve(parsed.len());
         for h in parsed {
             // httparse's fields lie in the buffer it parsed: never taken.
             fields.push(FieldOffsets::of(view, h).ok_or(H1Error::InvalidHeaderValue)?);
         }
         Ok(())
-    })?;
-    Ok(match parsed {
+    });
+    if !matches!(parsed, Ok(Parsed::Complete { .. })) {
+        // A head refused after its fields were taken (its framing) leaves none behind.
+        fields.clear();
+    }
+    Ok(match parsed? {
         Parsed::Complete {
             head: (start, _, ()),
             consumed_len,
@@ -821,6 +825,10 @@ mod tests {
         for &(buf, method) in heads {
             let collected = parse_response_head(buf, method, &LIMITS);
             let offsets = parse_response_head_offsets(buf, method, &LIMITS, &mut fields);
+            // Cleared first: nothing of the head before stays behind a partial or failed one.
+            if !matches!(offsets, Ok(Parsed::Complete { .. })) {
+                assert!(fields.is_empty(), "{}", show(buf));
+            }
             match (collected, offsets) {
                 (
                     Ok(Parsed::Complete {

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use sortie_core::h1::FieldOffsets;
 use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 
-/// Where one field's name and value lie in [`ResponseFields`]' buffer: the parser's own record
-/// of an HTTP/1.1 head's fields, kept as it gave them.
+/// Where one field's name and value lie in [`ResponseFields`]' buffer: for an HTTP/1.1 head,
+/// the offsets its parser gave, kept as they are.
 type Span = FieldOffsets;
 
 #[derive(Clone, Debug)]
