@@ -548,7 +548,7 @@ start_callgrind() {
 }
 
 # Sortie and the nginx hop under callgrind, one after the other, for each request mode and size:
-# instructions per request and their ratio. The gateway is restarted as it was afterwards.
+# instructions per request and their ratio. The last step of a run: the gateway stays stopped.
 callgrind_all() {
   local bin=$1 mode size hop_dir cfg="$WORK_DIR/gateway/sortie.toml" hop_port=$((NGINX_HOP_PORT + 10))
   command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
@@ -583,7 +583,6 @@ callgrind_all() {
   export MONOIO_FORCE_LEGACY_DRIVER=1
   start_callgrind sortie "$PROXY_PORT" "$bin" serve --config "$cfg"
   unset MONOIO_FORCE_LEGACY_DRIVER
-  local saved_gw=$GATEWAY_PID
   GATEWAY_PID=$CG_PID
   for mode in $MODES; do
     case $mode in absolute | api) ;; *) continue ;; esac
@@ -595,8 +594,7 @@ callgrind_all() {
   done
   kill "$CG_PID" 2>/dev/null || true
   wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
-  GATEWAY_PID=$saved_gw
-  start_sortie "$bin"
+  GATEWAY_PID=""
 }
 
 # Samples in the perf data file $1 (0 when unreadable).
