@@ -10,6 +10,7 @@
 //! An HTTP/1.1 head's fields are also its field lines: where they were checked to lie as the
 //! parser accepted them, a relay copies a run of them in one piece ([`ResponseFields::lines`]).
 
+#[cfg(test)]
 use std::ops::Range;
 
 use bytes::Bytes;
@@ -203,25 +204,26 @@ pub struct FieldSpans {
 }
 
 impl FieldSpans {
-    /// The ranges, each within `0..len`; `None` when one is not (or is reversed).
+    /// The ranges, each within `0..len`; `None` when one is not (or is reversed). For tests,
+    /// which lay spans over buffers of their choosing; the request path takes the parser's
+    /// offsets ([`FieldSpans::parsed`]), checked the same way.
+    #[cfg(test)]
     pub fn within(
         len: usize,
         ranges: impl ExactSizeIterator<Item = (Range<usize>, Range<usize>)>,
     ) -> Option<FieldSpans> {
-        let within = |r: Range<usize>| -> Option<(u32, u32)> {
-            if r.start > r.end || r.end > len {
-                return None;
-            }
+        let at = |r: Range<usize>| -> Option<(u32, u32)> {
             Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?))
         };
-        let mut spans = Vec::with_capacity(ranges.len());
-        for (name, value) in ranges {
-            spans.push(Span {
-                name: within(name)?,
-                value: within(value)?,
-            });
-        }
-        Some(FieldSpans {
+        let spans = ranges
+            .map(|(name, value)| {
+                Some(Span {
+                    name: at(name)?,
+                    value: at(value)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        are_within(&spans, len).then_some(FieldSpans {
             spans,
             len,
             lines_end: None,
@@ -233,17 +235,12 @@ impl FieldSpans {
     /// its lines where they are ([`FieldSpans::as_lines`]); `None` when one lies outside `buf`
     /// or is reversed.
     pub fn parsed(buf: &[u8], fields: Vec<FieldOffsets>, head_len: usize) -> Option<FieldSpans> {
-        let len = buf.len();
-        let is_within = |(start, end): (u32, u32)| start <= end && end as usize <= len;
-        if !fields
-            .iter()
-            .all(|f| is_within(f.name) && is_within(f.value))
-        {
+        if !are_within(&fields, buf.len()) {
             return None;
         }
         let spans = FieldSpans {
             spans: fields,
-            len,
+            len: buf.len(),
             lines_end: None,
         };
         // The field lines end before the empty line (the head's last two bytes).
@@ -262,6 +259,14 @@ impl FieldSpans {
         }
         self
     }
+}
+
+/// Whether every name and value of `spans` lies within `0..len`, none reversed.
+fn are_within(spans: &[Span], len: usize) -> bool {
+    let is_within = |(start, end): (u32, u32)| start <= end && end as usize <= len;
+    spans
+        .iter()
+        .all(|s| is_within(s.name) && is_within(s.value))
 }
 
 /// See [`FieldSpans::as_lines`].
