@@ -7,9 +7,9 @@
 
 use super::error::H1Error;
 use super::head::{
-    check_transfer_encoding, collect_headers, contains_field, diagnose, has_bare_lf, header_slots,
-    list_members, lists_token, parse_content_length, values_of, FieldOffsets, FieldView,
-    HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
+    check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, list_members,
+    parse_content_length, values_of, FieldOffsets, FieldView, HeadLimits, Headers, Parsed,
+    StartLine, Version, MAX_HEADERS_CEILING,
 };
 
 /// How the body of a response is delimited (RFC 9112 §6.3).
@@ -232,9 +232,11 @@ fn parse_with<'a, T>(
     let reason = res.reason.unwrap_or_default();
     let parsed: &[httparse::Header<'a>] = res.headers;
     let collected = collect(view, parsed)?;
-    let (framing, overrides_length) = response_framing(parsed, version, status, request_method)?;
+    let scan = FramingFields::scan(parsed);
+    let (framing, overrides_length) =
+        response_framing(parsed, &scan, version, status, request_method)?;
 
-    let is_close = lists_token(parsed, "connection", "close");
+    let is_close = scan.lists_close;
     let is_keep_alive = match framing {
         // A close-delimited body ends only with the connection; a tunnel is not HTTP any more.
         ResponseFraming::CloseDelimited | ResponseFraming::Tunnel => false,
@@ -243,7 +245,7 @@ fn parse_with<'a, T>(
         _ if overrides_length => false,
         _ => match version {
             Version::Http11 => !is_close,
-            Version::Http10 => !is_close && lists_token(parsed, "connection", "keep-alive"),
+            Version::Http10 => !is_close && scan.lists_keep_alive,
         },
     };
 
@@ -259,9 +261,55 @@ fn parse_with<'a, T>(
     })
 }
 
+/// What one pass over a response's fields learns about its framing and its connection, so
+/// that the rules below need not look for each field again.
+struct FramingFields<'a> {
+    /// How many `Content-Length` lines, and the first one's value.
+    content_length_count: usize,
+    content_length: Option<&'a [u8]>,
+    has_transfer_encoding: bool,
+    /// Whether the `Connection` fields list `close`, and `keep-alive`.
+    lists_close: bool,
+    lists_keep_alive: bool,
+}
+
+impl<'a> FramingFields<'a> {
+    fn scan<F: FieldView>(headers: &'a [F]) -> FramingFields<'a> {
+        let mut f = FramingFields {
+            content_length_count: 0,
+            content_length: None,
+            has_transfer_encoding: false,
+            lists_close: false,
+            lists_keep_alive: false,
+        };
+        for h in headers {
+            // Comparing lengths first keeps the common case to one integer compare per field.
+            let name = h.name_bytes();
+            match name.len() {
+                10 if name.eq_ignore_ascii_case(b"connection") => {
+                    for token in list_members(h.value_bytes()) {
+                        f.lists_close |= token.eq_ignore_ascii_case(b"close");
+                        f.lists_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                    }
+                }
+                14 if name.eq_ignore_ascii_case(b"content-length") => {
+                    f.content_length_count += 1;
+                    f.content_length.get_or_insert(h.value_bytes());
+                }
+                17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                    f.has_transfer_encoding = true;
+                }
+                _ => {}
+            }
+        }
+        f
+    }
+}
+
 /// Decides the framing and whether Transfer-Encoding overrode a Content-Length.
 fn response_framing<F: FieldView>(
     headers: &[F],
+    fields: &FramingFields<'_>,
     version: Version,
     status: u16,
     request_method: &str,
@@ -281,8 +329,8 @@ fn response_framing<F: FieldView>(
     if request_method == "CONNECT" && (200..300).contains(&status) {
         return Ok((ResponseFraming::Tunnel, false));
     }
-    let has_content_length = contains_field(headers, "content-length");
-    if contains_field(headers, "transfer-encoding") {
+    let has_content_length = fields.content_length_count > 0;
+    if fields.has_transfer_encoding {
         // RFC 9112 §6.1: "A server or client that receives an HTTP/1.0 message containing a
         // Transfer-Encoding header field MUST treat the message as if the framing is faulty".
         if version == Version::Http10 {
@@ -296,23 +344,27 @@ fn response_framing<F: FieldView>(
         // header field, the Transfer-Encoding overrides the Content-Length."
         return Ok((ResponseFraming::Chunked, has_content_length));
     }
-    if has_content_length {
-        return response_content_length(headers)
-            .map(|n| (ResponseFraming::ContentLength(n), false));
+    match (fields.content_length_count, fields.content_length) {
+        // The common case, one line: its value, read without looking for the field again.
+        (1, Some(value)) => content_length_of(std::iter::once(value)),
+        (0, _) => {
+            // Rule 8: "Otherwise, this is a response message without a declared message body
+            // length, so the message body length is determined by the number of octets
+            // received prior to the server closing the connection."
+            return Ok((ResponseFraming::CloseDelimited, false));
+        }
+        _ => content_length_of(values_of(headers, "content-length")),
     }
-    // Rule 8: "Otherwise, this is a response message without a declared message body length, so
-    // the message body length is determined by the number of octets received prior to the
-    // server closing the connection."
-    Ok((ResponseFraming::CloseDelimited, false))
+    .map(|n| (ResponseFraming::ContentLength(n), false))
 }
 
 /// RFC 9110 §8.6: "a recipient MAY either reject the message as invalid or replace the
 /// duplicated field values with a single valid Content-Length field containing that decimal
 /// value". Upstreams in the wild repeat identical values, so for responses we accept repeats
 /// (lines or list members) that agree and reject any that differ or do not parse.
-fn response_content_length<F: FieldView>(headers: &[F]) -> Result<u64, H1Error> {
+fn content_length_of<'a>(values: impl Iterator<Item = &'a [u8]>) -> Result<u64, H1Error> {
     let mut length = None;
-    for value in values_of(headers, "content-length") {
+    for value in values {
         let mut any = false;
         for member in list_members(value) {
             any = true;
