@@ -16,6 +16,7 @@
     )
 )]
 
+pub mod ascii;
 pub mod bus;
 pub mod config;
 pub mod config_id;

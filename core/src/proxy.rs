@@ -6,6 +6,7 @@
 
 use base64::Engine as _;
 
+use crate::ascii::eq_lower;
 use crate::error::{ApiError, ErrorCode, TimeoutType};
 use crate::request::{parse_host, rejection_reason, validate_routing_fields, Host, RoutingFields};
 use crate::routing::RouteHints;
@@ -180,7 +181,7 @@ pub fn connection_tokens_of<'a>(
     };
     fields
         .into_iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .filter(|(n, _)| eq_lower(n, b"connection"))
         .flat_map(|(_, v)| v.split(|&b| b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
@@ -237,7 +238,7 @@ pub fn is_hop_by_hop_response_field(name: &[u8], connection_tokens: &[&[u8]]) ->
 /// every field of every relayed response, and an ordinary field's length matches none of
 /// them, or one or two.
 fn is_fixed_connection_field(name: &[u8]) -> bool {
-    let is = |known: &[u8]| name.eq_ignore_ascii_case(known);
+    let is = |known: &[u8]| eq_lower(name, known);
     match name.len() {
         2 => is(b"te"),
         7 => is(b"trailer") || is(b"upgrade"),
@@ -260,8 +261,8 @@ fn is_listed(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
 /// 021). The same rule for a local and a remote worker's response.
 pub fn is_relayed_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
     let is_dropped = match name.len() {
-        14 => name.eq_ignore_ascii_case(b"content-length"),
-        18 => name.eq_ignore_ascii_case(b"proxy-authenticate"),
+        14 => eq_lower(name, b"content-length"),
+        18 => eq_lower(name, b"proxy-authenticate"),
         _ => is_fixed_connection_field(name),
     };
     !is_dropped && !is_listed(name, connection_tokens)

@@ -8,6 +8,7 @@ use super::head::{
     check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, is_target_byte,
     parse_content_length, HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
 };
+use crate::ascii::eq_lower;
 
 /// How the body of a request is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,17 +235,17 @@ impl<'a> FramingFields<'a> {
             // Comparing lengths first keeps the common case to one integer compare per field.
             let name = h.name();
             match name.len() {
-                4 if name.eq_ignore_ascii_case("host") => {
+                4 if eq_lower(name.as_bytes(), b"host") => {
                     f.host_count += 1;
                     f.host.get_or_insert(h.value());
                 }
-                6 if name.eq_ignore_ascii_case("expect") => f.has_expect = true,
-                10 if name.eq_ignore_ascii_case("connection") => f.has_connection = true,
-                14 if name.eq_ignore_ascii_case("content-length") => {
+                6 if eq_lower(name.as_bytes(), b"expect") => f.has_expect = true,
+                10 if eq_lower(name.as_bytes(), b"connection") => f.has_connection = true,
+                14 if eq_lower(name.as_bytes(), b"content-length") => {
                     f.content_length_count += 1;
                     f.content_length.get_or_insert(h.value());
                 }
-                17 if name.eq_ignore_ascii_case("transfer-encoding") => {
+                17 if eq_lower(name.as_bytes(), b"transfer-encoding") => {
                     f.has_transfer_encoding = true;
                 }
                 _ => {}

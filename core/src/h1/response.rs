@@ -11,6 +11,7 @@ use super::head::{
     parse_content_length, values_of, FieldOffsets, FieldView, HeadLimits, Headers, Parsed,
     StartLine, Version, MAX_HEADERS_CEILING,
 };
+use crate::ascii::eq_lower;
 
 /// How the body of a response is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,17 +287,17 @@ impl<'a> FramingFields<'a> {
             // Comparing lengths first keeps the common case to one integer compare per field.
             let name = h.name_bytes();
             match name.len() {
-                10 if name.eq_ignore_ascii_case(b"connection") => {
+                10 if eq_lower(name, b"connection") => {
                     for token in list_members(h.value_bytes()) {
-                        f.lists_close |= token.eq_ignore_ascii_case(b"close");
-                        f.lists_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                        f.lists_close |= eq_lower(token, b"close");
+                        f.lists_keep_alive |= eq_lower(token, b"keep-alive");
                     }
                 }
-                14 if name.eq_ignore_ascii_case(b"content-length") => {
+                14 if eq_lower(name, b"content-length") => {
                     f.content_length_count += 1;
                     f.content_length.get_or_insert(h.value_bytes());
                 }
-                17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                17 if eq_lower(name, b"transfer-encoding") => {
                     f.has_transfer_encoding = true;
                 }
                 _ => {}

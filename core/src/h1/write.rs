@@ -13,6 +13,7 @@
 use super::error::H1Error;
 use super::head::{is_field_value, is_target_byte, is_token};
 use super::request::is_valid_host;
+use crate::ascii::eq_lower;
 
 /// How the body following a written head is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,9 +196,9 @@ fn end_head(out: &mut Vec<u8>, body: OutgoingBody) {
 /// `Transfer-Encoding`). By length first: this runs for every field written.
 pub fn is_writer_owned(name: &[u8]) -> bool {
     match name.len() {
-        4 => name.eq_ignore_ascii_case(b"host"),
-        14 => name.eq_ignore_ascii_case(b"content-length"),
-        17 => name.eq_ignore_ascii_case(b"transfer-encoding"),
+        4 => eq_lower(name, b"host"),
+        14 => eq_lower(name, b"content-length"),
+        17 => eq_lower(name, b"transfer-encoding"),
         _ => false,
     }
 }

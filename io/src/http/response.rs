@@ -12,6 +12,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::net::TcpStream;
+use sortie_core::ascii::eq_lower;
 use sortie_core::h1::{is_writer_owned, write_response_head, H1Error, HeadPart, OutgoingBody};
 
 use super::date;
@@ -245,7 +246,7 @@ impl RelayedFields {
             if relay(n, &tokens) && !is_server_written(n) {
                 keep |= 1 << i;
                 bytes += n.len() + v.len();
-                has_date |= n.len() == 4 && n.eq_ignore_ascii_case(b"date");
+                has_date |= eq_lower(n, b"date");
             }
         }
         drop(tokens);
@@ -489,7 +490,7 @@ pub(crate) fn encode_head_for(
 
 /// Whether the server writes the field `name` itself: framing and `Connection`.
 fn is_server_written(name: &[u8]) -> bool {
-    is_writer_owned(name) || (name.len() == 10 && name.eq_ignore_ascii_case(b"connection"))
+    is_writer_owned(name) || eq_lower(name, b"connection")
 }
 
 /// An empty body that relays `fields`, for tests of relayed heads.

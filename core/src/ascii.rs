@@ -1,0 +1,146 @@
+//! Comparing a received name with a known lowercase one, ignoring ASCII case.
+//!
+//! Field names, `Connection` tokens and codings are matched against constants on every
+//! request and response, several times each. [`eq_lower`] folds only the received side (the
+//! known side is lowercase already) and does it eight bytes at a time, where
+//! `<[u8]>::eq_ignore_ascii_case` folds both sides byte by byte.
+
+/// Each byte's lowest bit.
+const LSB: u64 = 0x0101_0101_0101_0101;
+/// Each byte's highest bit.
+const MSB: u64 = 0x8080_8080_8080_8080;
+
+/// `w` with its bytes `A`..=`Z` made lowercase and every other byte unchanged.
+#[inline]
+fn fold(w: u64) -> u64 {
+    let low7 = w & !MSB;
+    // High bit set where a byte (less its own high bit) is at least `A`, resp. above `Z`:
+    // adding to seven-bit bytes never carries into the next byte.
+    let at_least_a = low7 + LSB * u64::from(0x80 - b'A');
+    let above_z = low7 + LSB * u64::from(0x80 - b'Z' - 1);
+    // Upper-case letters: ASCII (high bit clear), at least `A`, not above `Z`.
+    let upper = !w & at_least_a & !above_z & MSB;
+    // 0x80 >> 2 is 0x20, the case bit.
+    w | (upper >> 2)
+}
+
+/// Eight bytes of `b` from `at` as a word (`b` holds them: the callers check lengths).
+#[inline]
+fn word(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    if let Some(src) = b.get(at..at + 8) {
+        w.copy_from_slice(src);
+    }
+    u64::from_le_bytes(w)
+}
+
+/// Whether `name` equals `lower` with ASCII letters in any case. `lower` must be lowercase
+/// (a constant such as `b"content-length"`): the same answer as
+/// `name.eq_ignore_ascii_case(lower)` for any `name`.
+#[inline]
+pub fn eq_lower(name: &[u8], lower: &[u8]) -> bool {
+    debug_assert!(!lower.iter().any(u8::is_ascii_uppercase), "{lower:?}");
+    let len = name.len();
+    if len != lower.len() {
+        return false;
+    }
+    if len < 8 {
+        // Padded to a word: the zero padding is equal on both sides and folds to itself.
+        let mut a = [0u8; 8];
+        let mut b = [0u8; 8];
+        if let (Some(a), Some(b)) = (a.get_mut(..len), b.get_mut(..len)) {
+            a.copy_from_slice(name);
+            b.copy_from_slice(lower);
+        }
+        return fold(u64::from_le_bytes(a)) == u64::from_le_bytes(b);
+    }
+    // Whole words, the last one overlapping the one before when the length is not a multiple
+    // of eight.
+    let mut at = 0;
+    while at + 8 < len {
+        if fold(word(name, at)) != word(lower, at) {
+            return false;
+        }
+        at += 8;
+    }
+    fold(word(name, len - 8)) == word(lower, len - 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold_lowercases_letters_only() {
+        for b in 0..=255u8 {
+            let w = u64::from_le_bytes([b, 0, b'Z', b'@', b'[', 0x80 | b'A', b, 0xff]);
+            let want = u64::from_le_bytes([
+                b.to_ascii_lowercase(),
+                0,
+                b'z',
+                b'@',
+                b'[',
+                0x80 | b'A',
+                b.to_ascii_lowercase(),
+                0xff,
+            ]);
+            assert_eq!(fold(w), want, "{b:#x}");
+        }
+    }
+
+    /// The same answer as the standard comparison: every byte against every lowercase byte at
+    /// each position of short and long names, and generated names of every length up to 40.
+    #[test]
+    fn agrees_with_eq_ignore_ascii_case() {
+        let names: [&[u8]; 6] = [
+            b"",
+            b"te",
+            b"date",
+            b"connection",
+            b"content-length",
+            b"proxy-authorization_x-1~",
+        ];
+        for lower in names {
+            for at in 0..lower.len() {
+                for b in 0..=255u8 {
+                    let mut name = lower.to_vec();
+                    name[at] = b;
+                    assert_eq!(
+                        eq_lower(&name, lower),
+                        name.eq_ignore_ascii_case(lower),
+                        "{name:?} {lower:?}"
+                    );
+                }
+            }
+            assert!(eq_lower(&lower.to_ascii_uppercase(), lower));
+            assert!(!eq_lower(lower, b"x"));
+        }
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let alphabet = b"aAzZ@[`{-_09\r\x7f\xc1\xe1";
+        for _ in 0..200_000 {
+            let len = (next() % 41) as usize;
+            let lower: Vec<u8> = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize].to_ascii_lowercase())
+                .collect();
+            let name: Vec<u8> = lower
+                .iter()
+                .map(|&c| match next() % 4 {
+                    0 => c.to_ascii_uppercase(),
+                    1 if next() % 8 == 0 => alphabet[(next() % alphabet.len() as u64) as usize],
+                    _ => c,
+                })
+                .collect();
+            assert_eq!(
+                eq_lower(&name, &lower),
+                name.eq_ignore_ascii_case(&lower),
+                "{name:?} {lower:?}"
+            );
+        }
+    }
+}
