@@ -133,7 +133,9 @@ impl Pool {
         let before = list.len();
         let mut found = None;
         while let Some(entry) = list.pop_back() {
-            if is_expired(&self.limits, &entry, now) {
+            // One clock difference per entry, for both questions asked of it.
+            let idle_for = now.saturating_duration_since(entry.since);
+            if idle_for >= self.limits.idle_timeout {
                 // Everything older is expired too: the list is ordered oldest first.
                 list.clear();
                 break;
@@ -143,7 +145,6 @@ impl Pool {
             if entry.conn.policy_ip().is_some_and(|ip| !policy.allows(ip)) {
                 continue;
             }
-            let idle_for = now.saturating_duration_since(entry.since);
             if idle_for < self.limits.peek_after || entry.conn.idle_state() == PeerState::Quiet {
                 found = Some(entry.conn);
                 break;
