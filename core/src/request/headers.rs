@@ -5,6 +5,7 @@
 
 use base64::Engine as _;
 
+use crate::ascii::eq_lower;
 use crate::error::{ApiError, ErrorCode};
 use crate::limits::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_TOTAL_BYTES};
 
@@ -78,13 +79,13 @@ pub fn rejection_reason(name: &str) -> Option<&'static str> {
         && name
             .as_bytes()
             .get(..SERVICE_PREFIX.len())
-            .is_some_and(|p| p.eq_ignore_ascii_case(SERVICE_PREFIX.as_bytes()))
+            .is_some_and(|p| eq_lower(p, SERVICE_PREFIX.as_bytes()))
     {
         return Some("X-Service-* headers are the gateway's own");
     }
     REJECTED
         .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .find(|(n, _)| eq_lower(name.as_bytes(), n.as_bytes()))
         .map(|(_, why)| *why)
 }
 
