@@ -260,7 +260,8 @@ impl ConnIo {
 
 /// What reading the next head produced.
 enum Next {
-    Request(RequestParts),
+    /// A head was read into the busy period's parts.
+    Request,
     /// Close silently: the client left, idled out, or shutdown caught the connection idle.
     Close,
     /// Answer this error and close.
@@ -427,9 +428,12 @@ impl<H: Handler> Connection<H> {
     async fn busy(&mut self) -> Busy {
         // One per busy period: it lets the wait for the next request give its buffer back.
         let mut canceller = Canceller::new();
+        // One per busy period too: each request's head is copied into the same parts, so that
+        // only the first allocates; they go with the busy period, not with an idle connection.
+        let mut parts = RequestParts::empty(self.peer);
         loop {
-            let parts = match self.read_head(&mut canceller).await {
-                Next::Request(parts) => parts,
+            match self.read_head(&mut canceller, &mut parts).await {
+                Next::Request => {}
                 Next::Close => return Busy::Close,
                 Next::Idle(deadline) => return Busy::Idle(deadline),
                 Next::Reject(status, reason) => {
@@ -442,7 +446,7 @@ impl<H: Handler> Connection<H> {
             // Boxed once per request, so that the state of a request in progress (the
             // handler's future, the body, the response) is held only while it runs, not
             // through the quiet time before the connection goes idle.
-            match crate::runtime::boxed_in_place(|| self.exchange(parts)).await {
+            match crate::runtime::boxed_in_place(|| self.exchange(&parts)).await {
                 Flow::KeepAlive => self.io.recycle(),
                 Flow::Close => return Busy::Close,
                 Flow::Tunnel(tunnel) => return Busy::Tunnel(tunnel),
@@ -450,8 +454,8 @@ impl<H: Handler> Connection<H> {
         }
     }
 
-    /// Reads until a complete head is buffered.
-    async fn read_head(&mut self, canceller: &mut Canceller) -> Next {
+    /// Reads until a complete head is buffered, and copies it into `parts`.
+    async fn read_head(&mut self, canceller: &mut Canceller, parts: &mut RequestParts) -> Next {
         let cfg = Rc::clone(&self.io.cfg);
         let limits = &cfg.head_limits;
         let mut head_deadline: Option<Instant> = None;
@@ -465,9 +469,9 @@ impl<H: Handler> Connection<H> {
                 if fresh.contains(&b'\n') || input.len() >= limits.max_head_bytes {
                     match parse_request_head(input, limits) {
                         Ok(Parsed::Complete { head, consumed_len }) => {
-                            let parts = RequestParts::from_head(&head, self.peer);
+                            parts.fill(&head, self.peer);
                             self.io.consume(consumed_len);
-                            return Next::Request(parts);
+                            return Next::Request;
                         }
                         Ok(Parsed::Partial) => {}
                         Err(e) => return Next::Reject(e.status(), e.as_str()),
@@ -538,7 +542,7 @@ impl<H: Handler> Connection<H> {
     }
 
     /// Runs one request through the handler and writes its response.
-    async fn exchange(&mut self, parts: RequestParts) -> Flow {
+    async fn exchange(&mut self, parts: &RequestParts) -> Flow {
         let handler = Rc::clone(&self.handler);
         let handler = &*handler;
         let is_head = parts.is_head();
@@ -549,7 +553,7 @@ impl<H: Handler> Connection<H> {
         let is_http10_keep_alive = version == Version::Http10 && parts.is_keep_alive();
         let max_drain = self.io.cfg.max_drain_bytes;
 
-        let (mut response, settled) = match handler.admit(&parts) {
+        let (mut response, settled) = match handler.admit(parts) {
             Ok(admitted) => {
                 let limits = BodyLimits::with_max_body(admitted.body_limit);
                 let decoder = match BodyDecoder::for_request(framing, limits) {

@@ -51,7 +51,7 @@ pub trait Handler: 'static {
     /// `100 Continue` a client may be waiting for.
     async fn handle(
         &self,
-        req: RequestParts,
+        req: &RequestParts,
         admission: Self::Admission,
         body: &mut Body<'_>,
     ) -> Response;
@@ -77,7 +77,7 @@ impl Handler for Minimal {
         Ok(Admitted::with_default_limit())
     }
 
-    async fn handle(&self, _req: RequestParts, _: (), _body: &mut Body<'_>) -> Response {
+    async fn handle(&self, _req: &RequestParts, _: (), _body: &mut Body<'_>) -> Response {
         Response::new(204)
     }
 }

@@ -37,42 +37,63 @@ pub struct RequestParts {
 impl RequestParts {
     /// Copies a parsed head.
     pub fn from_head(head: &RequestHead<'_>, peer: SocketAddr) -> RequestParts {
+        let mut parts = RequestParts::empty(peer);
+        parts.fill(head, peer);
+        parts
+    }
+
+    /// Parts holding no request yet: allocate nothing until [`RequestParts::fill`]ed.
+    pub fn empty(peer: SocketAddr) -> RequestParts {
+        RequestParts {
+            text: String::new(),
+            values: Vec::new(),
+            method_end: 0,
+            fields: Vec::new(),
+            target_form: TargetForm::Origin,
+            version: Version::Http11,
+            framing: BodyFraming::None,
+            is_keep_alive: true,
+            expects_continue: false,
+            peer,
+        }
+    }
+
+    /// Replaces these parts with a copy of `head`, reusing their buffers: a connection copies
+    /// each of its requests into the same parts, so that only its first request allocates.
+    pub fn fill(&mut self, head: &RequestHead<'_>, peer: SocketAddr) {
         let headers = head.headers();
         let names_len: usize = headers.iter().map(|h| h.name().len()).sum();
         let values_len: usize = headers.iter().map(|h| h.value().len()).sum();
-        let mut text = String::with_capacity(
+        self.text.clear();
+        self.values.clear();
+        self.fields.clear();
+        self.text.reserve(
             head.method()
                 .len()
                 .saturating_add(head.target().len())
                 .saturating_add(names_len),
         );
-        text.push_str(head.method());
-        let method_end = text.len();
-        text.push_str(head.target());
-        let mut values = Vec::with_capacity(values_len);
-        let mut fields = Vec::with_capacity(headers.len());
+        self.values.reserve(values_len);
+        self.fields.reserve(headers.len());
+        self.text.push_str(head.method());
+        self.method_end = self.text.len();
+        self.text.push_str(head.target());
         for h in headers {
-            let name_start = text.len();
-            text.push_str(h.name());
-            let value_start = values.len();
-            values.extend_from_slice(h.value());
-            fields.push(FieldSpan {
-                name: name_start..text.len(),
-                value: value_start..values.len(),
+            let name_start = self.text.len();
+            self.text.push_str(h.name());
+            let value_start = self.values.len();
+            self.values.extend_from_slice(h.value());
+            self.fields.push(FieldSpan {
+                name: name_start..self.text.len(),
+                value: value_start..self.values.len(),
             });
         }
-        RequestParts {
-            text,
-            values,
-            method_end,
-            fields,
-            target_form: head.target_form(),
-            version: head.version(),
-            framing: head.framing(),
-            is_keep_alive: head.is_keep_alive(),
-            expects_continue: head.expects_continue(),
-            peer,
-        }
+        self.target_form = head.target_form();
+        self.version = head.version();
+        self.framing = head.framing();
+        self.is_keep_alive = head.is_keep_alive();
+        self.expects_continue = head.expects_continue();
+        self.peer = peer;
     }
 
     /// The method token, case preserved.

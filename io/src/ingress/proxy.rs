@@ -207,7 +207,7 @@ impl Handler for ProxyHandler {
         })
     }
 
-    async fn handle(&self, req: RequestParts, a: ProxyAdmission, body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: &RequestParts, a: ProxyAdmission, body: &mut Body<'_>) -> Response {
         let request_id = new_request_id();
         let deployment = self.ctx.state.auth.id(a.deployment);
         let started = Instant::now();
@@ -221,10 +221,10 @@ impl Handler for ProxyHandler {
             // Boxed (once per tunnel), so that an absolute-form request's future does not
             // carry the tunnel's state.
             Ingress::Connect => {
-                Box::pin(self.connect(&req, a.deployment, deployment, &request_id, started)).await
+                Box::pin(self.connect(req, a.deployment, deployment, &request_id, started)).await
             }
             _ => {
-                self.relay(&req, a.deployment, deployment, &request_id, body, started)
+                self.relay(req, a.deployment, deployment, &request_id, body, started)
                     .await
             }
         };
@@ -250,7 +250,7 @@ impl Handler for ProxyHandler {
             a.ingress,
             &request_id,
             deployment,
-            &req,
+            req,
             response.status,
             code,
             started,

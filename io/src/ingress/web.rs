@@ -125,7 +125,7 @@ impl Handler for ApiHandler {
 
     async fn handle(
         &self,
-        req: RequestParts,
+        req: &RequestParts,
         deployment: Self::Admission,
         body: &mut Body<'_>,
     ) -> Response {
@@ -328,7 +328,7 @@ impl Handler for AdminHandler {
         })
     }
 
-    async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: &RequestParts, _: (), body: &mut Body<'_>) -> Response {
         if req.path() == openapi::OPENAPI_PATH {
             return openapi_document(req.method(), openapi::ADMIN_DOCUMENT);
         }

@@ -47,7 +47,7 @@ impl Handler for WaitingHandler {
         Ok(Admitted::with_default_limit())
     }
 
-    async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: &RequestParts, _: (), body: &mut Body<'_>) -> Response {
         let data = match body.read_to_end(1 << 20).await {
             Ok(data) => data,
             Err(e) => return Response::text(299, e.to_string()),

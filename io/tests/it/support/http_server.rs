@@ -163,7 +163,7 @@ impl Handler for TestHandler {
         })
     }
 
-    async fn handle(&self, req: RequestParts, _: (), body: &mut Body<'_>) -> Response {
+    async fn handle(&self, req: &RequestParts, _: (), body: &mut Body<'_>) -> Response {
         self.served.set(self.served.get() + 1);
         let served = self.served.get().to_string();
         let response = match req.path() {
