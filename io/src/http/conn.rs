@@ -45,6 +45,9 @@ pub const BODY_READ_BUFFER_BYTES: usize = 16 * 1024;
 /// Bodies up to this size are copied behind the head and sent in one write; larger ones are
 /// written separately to avoid the copy.
 const COALESCE_BODY_BYTES: usize = 16 * 1024;
+/// Most bytes a busy connection keeps in its request parts between requests; the parts of a
+/// larger head are freed after its request. Ordinary heads need a few hundred.
+const MAX_KEPT_PARTS_BYTES: usize = INITIAL_READ_BUFFER_BYTES;
 /// Room reserved for a response head.
 const HEAD_CAPACITY: usize = 256;
 /// Most bytes discarded while lingering after a closing response.
@@ -447,7 +450,13 @@ impl<H: Handler> Connection<H> {
             // handler's future, the body, the response) is held only while it runs, not
             // through the quiet time before the connection goes idle.
             match crate::runtime::boxed_in_place(|| self.exchange(&parts)).await {
-                Flow::KeepAlive => self.io.recycle(),
+                Flow::KeepAlive => {
+                    self.io.recycle();
+                    // An unusually large head's buffers are not kept for the next request.
+                    if parts.capacity_bytes() > MAX_KEPT_PARTS_BYTES {
+                        parts = RequestParts::empty(self.peer);
+                    }
+                }
                 Flow::Close => return Busy::Close,
                 Flow::Tunnel(tunnel) => return Busy::Tunnel(tunnel),
             }

@@ -198,6 +198,18 @@ impl RequestParts {
                 .is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))
     }
 
+    /// Bytes the parts' buffers hold, used or not.
+    pub fn capacity_bytes(&self) -> usize {
+        self.text
+            .capacity()
+            .saturating_add(self.values.capacity())
+            .saturating_add(
+                self.fields
+                    .capacity()
+                    .saturating_mul(std::mem::size_of::<FieldSpan>()),
+            )
+    }
+
     /// The Host field value, if any.
     pub fn host(&self) -> Option<&[u8]> {
         self.header("host")
@@ -229,6 +241,42 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Parts refilled by a shorter head hold that head alone, in the buffers of the first.
+    #[test]
+    fn fill_replaces_the_previous_request() {
+        let peer = "127.0.0.1:9".parse().unwrap();
+        let long = b"POST /long/target?q=1 HTTP/1.1\r\nHost: a.example\r\nX-1: one\r\n\
+                     X-2: two\r\nContent-Length: 2\r\nConnection: close\r\n\r\n";
+        let short = b"GET /s HTTP/1.0\r\nHost: b\r\n\r\n";
+        let mut p = RequestParts::empty(peer);
+        assert_eq!(p.capacity_bytes(), 0);
+        for raw in [&long[..], &short[..]] {
+            let Ok(Parsed::Complete { head, .. }) = parse_request_head(raw, &HeadLimits::REQUEST)
+            else {
+                panic!("{raw:?}")
+            };
+            p.fill(&head, peer);
+        }
+        let kept = p.capacity_bytes();
+        assert!(kept > 0);
+        assert_eq!(p.method(), "GET");
+        assert_eq!(p.target(), "/s");
+        assert_eq!(p.version(), Version::Http10);
+        assert_eq!(p.framing(), BodyFraming::None);
+        assert!(!p.is_keep_alive());
+        assert_eq!(p.header_count(), 1);
+        assert_eq!(p.headers().collect::<Vec<_>>(), [("Host", &b"b"[..])]);
+        assert_eq!(p.header("x-1"), None);
+        // The same head again fits in what the parts hold.
+        let Ok(Parsed::Complete { head, .. }) = parse_request_head(long, &HeadLimits::REQUEST)
+        else {
+            panic!()
+        };
+        p.fill(&head, peer);
+        assert_eq!(p.capacity_bytes(), kept);
+        assert_eq!(p.header("x-2"), Some(&b"two"[..]));
     }
 
     #[test]
