@@ -322,8 +322,8 @@ pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
         return Err(UrlError::TooLong);
     }
     // Only visible ASCII: a space or control byte could split the request line upstream, and
-    // non-ASCII hosts must be sent as A-labels (decision 001). A branchless fold, so that the
-    // compiler can vectorise it; the fragment's `#` is found in the same pass.
+    // non-ASCII hosts must be sent as A-labels (decision 001). One branchless fold finds the
+    // fragment's `#` in the same pass.
     let (invisible, hash) = b.iter().fold((false, false), |(bad, hash), &c| {
         (bad | !(0x21..=0x7e).contains(&c), hash | (c == b'#'))
     });
