@@ -180,7 +180,7 @@ impl<'a> Headers<'a> {
 
     /// Whether a field named `name` is present.
     pub fn contains(&self, name: &str) -> bool {
-        contains_field(&self.fields, name)
+        self.fields.iter().any(|h| h.is_named(name))
     }
 
     /// The members of the comma-separated lists in every field named `name`, trimmed, with
@@ -193,7 +193,8 @@ impl<'a> Headers<'a> {
     /// Whether any list member of the fields named `name` equals `token`, ignoring ASCII case
     /// (for example `Connection: close`).
     pub fn has_token(&self, name: &str, token: &str) -> bool {
-        lists_token(&self.fields, name, token)
+        self.list_members(name)
+            .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
     }
 }
 
@@ -263,54 +264,15 @@ impl FieldOffsets {
     }
 }
 
-/// A header field as the framing rules read it, by its name's and value's bytes: the parser's
-/// own fields before they are collected, and collected [`Header`]s, go through the same rules.
-pub(super) trait FieldView {
-    fn name_bytes(&self) -> &[u8];
-    fn value_bytes(&self) -> &[u8];
-}
-
-impl FieldView for Header<'_> {
-    fn name_bytes(&self) -> &[u8] {
-        self.name.as_bytes()
-    }
-
-    fn value_bytes(&self) -> &[u8] {
-        self.value
-    }
-}
-
-impl FieldView for httparse::Header<'_> {
-    fn name_bytes(&self) -> &[u8] {
-        self.name.as_bytes()
-    }
-
-    fn value_bytes(&self) -> &[u8] {
-        self.value
-    }
-}
-
-/// The values of the fields named `name` (ASCII case ignored), in order.
-pub(super) fn values_of<'s, F: FieldView>(
-    fields: &'s [F],
+/// The values of the parser's fields named `name` (ASCII case ignored), in order.
+pub(super) fn values_of<'a, 's>(
+    fields: &'s [httparse::Header<'a>],
     name: &'s str,
-) -> impl Iterator<Item = &'s [u8]> + 's {
+) -> impl Iterator<Item = &'a [u8]> + 's {
     fields
         .iter()
-        .filter(move |f| f.name_bytes().eq_ignore_ascii_case(name.as_bytes()))
-        .map(FieldView::value_bytes)
-}
-
-/// Whether a field is named `name`.
-pub(super) fn contains_field<F: FieldView>(fields: &[F], name: &str) -> bool {
-    values_of(fields, name).next().is_some()
-}
-
-/// Whether the fields named `name` list `token` (ASCII case ignored).
-pub(super) fn lists_token<F: FieldView>(fields: &[F], name: &str, token: &str) -> bool {
-    values_of(fields, name)
-        .flat_map(list_members)
-        .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
+        .filter(move |f| f.name.eq_ignore_ascii_case(name))
+        .map(|f| f.value)
 }
 
 /// Where `part` starts inside `base`, if it lies wholly within it.

@@ -8,8 +8,8 @@
 use super::error::H1Error;
 use super::head::{
     check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, list_members,
-    parse_content_length, values_of, FieldOffsets, FieldView, HeadLimits, Headers, Parsed,
-    StartLine, Version, MAX_HEADERS_CEILING,
+    parse_content_length, values_of, FieldOffsets, HeadLimits, Headers, Parsed, StartLine, Version,
+    MAX_HEADERS_CEILING,
 };
 use crate::ascii::eq_lower;
 
@@ -275,7 +275,7 @@ struct FramingFields<'a> {
 }
 
 impl<'a> FramingFields<'a> {
-    fn scan<F: FieldView>(headers: &'a [F]) -> FramingFields<'a> {
+    fn scan(headers: &[httparse::Header<'a>]) -> FramingFields<'a> {
         let mut f = FramingFields {
             content_length_count: 0,
             content_length: None,
@@ -285,17 +285,17 @@ impl<'a> FramingFields<'a> {
         };
         for h in headers {
             // Comparing lengths first keeps the common case to one integer compare per field.
-            let name = h.name_bytes();
+            let name = h.name.as_bytes();
             match name.len() {
                 10 if eq_lower(name, b"connection") => {
-                    for token in list_members(h.value_bytes()) {
+                    for token in list_members(h.value) {
                         f.lists_close |= eq_lower(token, b"close");
                         f.lists_keep_alive |= eq_lower(token, b"keep-alive");
                     }
                 }
                 14 if eq_lower(name, b"content-length") => {
                     f.content_length_count += 1;
-                    f.content_length.get_or_insert(h.value_bytes());
+                    f.content_length.get_or_insert(h.value);
                 }
                 17 if eq_lower(name, b"transfer-encoding") => {
                     f.has_transfer_encoding = true;
@@ -308,8 +308,8 @@ impl<'a> FramingFields<'a> {
 }
 
 /// Decides the framing and whether Transfer-Encoding overrode a Content-Length.
-fn response_framing<F: FieldView>(
-    headers: &[F],
+fn response_framing(
+    headers: &[httparse::Header<'_>],
     fields: &FramingFields<'_>,
     version: Version,
     status: u16,
