@@ -35,7 +35,9 @@ pub struct RequestParts {
 }
 
 impl RequestParts {
-    /// Copies a parsed head.
+    /// Copies a parsed head into new parts. For tests: a connection refills the parts of its
+    /// busy period instead ([`RequestParts::fill`]).
+    #[cfg(test)]
     pub fn from_head(head: &RequestHead<'_>, peer: SocketAddr) -> RequestParts {
         let mut parts = RequestParts::empty(peer);
         parts.fill(head, peer);
