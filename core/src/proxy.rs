@@ -8,7 +8,9 @@ use base64::Engine as _;
 
 use crate::ascii::eq_lower;
 use crate::error::{ApiError, ErrorCode, TimeoutType};
-use crate::request::{parse_host, rejection_reason, validate_routing_fields, Host, RoutingFields};
+use crate::request::{
+    parse_host, port_number, rejection_reason, validate_routing_fields, Host, RoutingFields,
+};
 use crate::routing::RouteHints;
 
 /// The `Proxy-Authenticate` value of a 407 answer (decision 020).
@@ -274,14 +276,7 @@ pub fn parse_connect_target(target: &str) -> Result<(Host, u16), ApiError> {
     let bad = |why: &str| invalid(format!("CONNECT target {why}"));
     let colon = target.rfind(':').ok_or_else(|| bad("has no port"))?;
     let (host, port) = (&target[..colon], &target[colon + 1..]);
-    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad("has an invalid port"));
-    }
-    let port: u16 = port
-        .parse()
-        .ok()
-        .filter(|&p| p != 0)
-        .ok_or_else(|| bad("has an invalid port"))?;
+    let port = port_number(port).ok_or_else(|| bad("has an invalid port"))?;
     if host.contains('@') {
         return Err(bad("must not carry user info"));
     }

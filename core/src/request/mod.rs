@@ -11,7 +11,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Deserializer};
 
 pub use self::headers::{check_header_totals, is_tchar, rejection_reason, validate_header, Header};
-pub use self::url::{parse_host, parse_target_url, Host, Scheme, TargetUrl, UrlError};
+pub use self::url::{parse_host, parse_target_url, port_number, Host, Scheme, TargetUrl, UrlError};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::hints::{CountryCode, RouteHints};

@@ -446,22 +446,24 @@ fn split_host_port(
     }
 }
 
-/// One to five digits, 1..=65535.
 fn parse_port(p: &str) -> Result<u16, UrlError> {
+    port_number(p).ok_or(UrlError::BadPort)
+}
+
+/// A port as written in an authority: one to five ASCII digits, 1..=65535 (leading zeros
+/// allowed). The one rule for destination URLs, CONNECT targets and upstream proxy addresses.
+pub fn port_number(p: &str) -> Option<u16> {
     if p.is_empty() || p.len() > 5 {
-        return Err(UrlError::BadPort);
+        return None;
     }
     let mut value = 0u32;
     for &c in p.as_bytes() {
         if !c.is_ascii_digit() {
-            return Err(UrlError::BadPort);
+            return None;
         }
         value = value * 10 + u32::from(c - b'0');
     }
-    match u16::try_from(value) {
-        Ok(0) | Err(_) => Err(UrlError::BadPort),
-        Ok(n) => Ok(n),
-    }
+    u16::try_from(value).ok().filter(|&n| n != 0)
 }
 
 /// Parses the host part of an authority (brackets included for IPv6).
@@ -704,6 +706,29 @@ mod tests {
             let u = parse_target_url(&format!("http://{addr}/")).unwrap();
             assert_eq!(&*u.authority(), addr.to_string());
             assert_eq!(u.authority().as_bytes(), addr.to_string().as_bytes());
+        }
+    }
+
+    /// The port rule that destination URLs, CONNECT targets and upstream proxy addresses share.
+    #[test]
+    fn port_numbers() {
+        for (text, want) in [
+            ("1", Some(1)),
+            ("080", Some(80)),
+            ("00443", Some(443)),
+            ("65535", Some(65535)),
+            ("", None),
+            ("0", None),
+            ("00000", None),
+            ("65536", None),
+            ("99999", None),
+            ("000080", None),
+            ("8a", None),
+            ("+80", None),
+            (" 80", None),
+            ("８0", None),
+        ] {
+            assert_eq!(port_number(text), want, "{text:?}");
         }
     }
 

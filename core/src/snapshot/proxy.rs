@@ -172,13 +172,7 @@ impl ProxyAddr {
 }
 
 fn parse_port(s: &str) -> Result<u16, ProxyUrlError> {
-    if s.is_empty() || s.len() > 5 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ProxyUrlError::BadPort);
-    }
-    match s.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(p),
-        _ => Err(ProxyUrlError::BadPort),
-    }
+    crate::request::port_number(s).ok_or(ProxyUrlError::BadPort)
 }
 
 impl fmt::Display for ProxyAddr {
