@@ -184,9 +184,7 @@ pub fn connection_tokens_of<'a>(
     fields
         .into_iter()
         .filter(|(n, _)| eq_lower(n, b"connection"))
-        .flat_map(|(_, v)| v.split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
+        .flat_map(|(_, v)| list_tokens(v))
         .for_each(|t| tokens.push(t));
     tokens
 }
@@ -268,6 +266,64 @@ pub fn is_relayed_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bo
         _ => is_fixed_connection_field(name),
     };
     !is_dropped && !is_listed(name, connection_tokens)
+}
+
+/// What a response field's name alone says of where the field goes: the forward proxy's
+/// relayed head and the request API's envelope decide every ordinary head with it, one match
+/// by length per field, and look at the `Connection` names only when a `Connection` field
+/// lists one that could matter ([`lists_field_names`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseFieldName {
+    /// Any other field: relayed and carried in the envelope, unless a `Connection` field
+    /// names it.
+    Ordinary,
+    /// `Date`: ordinary, and the relay's stand-in for the server's own.
+    Date,
+    /// `Content-Length`, `Proxy-Authenticate` and `Host`: carried in the envelope, never
+    /// relayed (the proxy frames the body and writes the framing fields itself; a challenge
+    /// for the destination's proxy is not the gateway's, decision 021).
+    NotRelayed,
+    /// `Connection`: hop-by-hop, and its value names more hop-by-hop fields.
+    Connection,
+    /// The other fixed connection fields: `Keep-Alive`, `Proxy-Connection`,
+    /// `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`.
+    HopByHop,
+}
+
+/// [`ResponseFieldName`] of `name`, in any case. The same answers as
+/// [`is_relayed_response_field`] and [`is_hop_by_hop_response_field`] with no `Connection`
+/// names, and [`crate::h1::is_writer_owned`] (a test holds them together).
+pub fn response_field_name(name: &[u8]) -> ResponseFieldName {
+    use ResponseFieldName::{Connection, Date, HopByHop, NotRelayed, Ordinary};
+    let is = |known: &[u8]| eq_lower(name, known);
+    match name.len() {
+        2 if is(b"te") => HopByHop,
+        4 if is(b"date") => Date,
+        4 if is(b"host") => NotRelayed,
+        7 if is(b"trailer") || is(b"upgrade") => HopByHop,
+        10 if is(b"connection") => Connection,
+        10 if is(b"keep-alive") => HopByHop,
+        14 if is(b"content-length") => NotRelayed,
+        16 if is(b"proxy-connection") => HopByHop,
+        17 if is(b"transfer-encoding") => HopByHop,
+        18 if is(b"proxy-authenticate") => NotRelayed,
+        _ => Ordinary,
+    }
+}
+
+/// Whether a `Connection` field's value lists a name that can change what is relayed: any
+/// but `keep-alive`, whose field is hop-by-hop anyway. An ordinary response lists
+/// `keep-alive` or nothing, so its fields are decided by their names alone.
+pub fn lists_field_names(connection_value: &[u8]) -> bool {
+    list_tokens(connection_value).any(|t| !eq_lower(t, b"keep-alive"))
+}
+
+/// The non-empty, trimmed members of a comma-separated field value.
+fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
 }
 
 /// Parses the authority-form target of `CONNECT` (RFC 9110 §9.3.6: `uri-host ":" port`, the
@@ -615,6 +671,92 @@ mod tests {
                 let ty = proxy_error_type(*code, t);
                 assert!(RFC9209.contains(&ty), "{code}: {ty}");
             }
+        }
+    }
+
+    /// The one-match classifier gives the answers of the rules it stands for, for every known
+    /// name in several spellings, names one letter or one byte off, and other names.
+    #[test]
+    fn response_field_names_agree_with_the_rules() {
+        use ResponseFieldName::{Connection, Date, HopByHop};
+        let known: &[&[u8]] = &[
+            b"te",
+            b"date",
+            b"host",
+            b"trailer",
+            b"upgrade",
+            b"connection",
+            b"keep-alive",
+            b"content-length",
+            b"proxy-connection",
+            b"transfer-encoding",
+            b"proxy-authenticate",
+        ];
+        let mut names: Vec<Vec<u8>> = vec![b"".to_vec(), b"x".to_vec(), b"server".to_vec()];
+        for k in known {
+            names.push(k.to_vec());
+            names.push(k.to_ascii_uppercase());
+            let mut title = k.to_vec();
+            title[0] = title[0].to_ascii_uppercase();
+            names.push(title);
+            for i in 0..k.len() {
+                let mut off = k.to_vec();
+                off[i] ^= 0x01;
+                names.push(off);
+            }
+            let mut longer = k.to_vec();
+            longer.push(b's');
+            names.push(longer);
+            names.push(k[1..].to_vec());
+        }
+        for name in &names {
+            let class = response_field_name(name);
+            let is_relayed = is_relayed_response_field(name, &[])
+                && !crate::h1::is_writer_owned(name)
+                && !name.eq_ignore_ascii_case(b"connection");
+            assert_eq!(
+                matches!(class, ResponseFieldName::Ordinary | Date),
+                is_relayed,
+                "{name:?}"
+            );
+            assert_eq!(
+                !matches!(class, Connection | HopByHop),
+                !is_hop_by_hop_response_field(name, &[]),
+                "{name:?}"
+            );
+            assert_eq!(
+                class == Date,
+                name.eq_ignore_ascii_case(b"date"),
+                "{name:?}"
+            );
+            assert_eq!(
+                class == Connection,
+                name.eq_ignore_ascii_case(b"connection"),
+                "{name:?}"
+            );
+        }
+    }
+
+    /// A `Connection` value lists a name that matters exactly when its tokens hold one other
+    /// than `keep-alive`, in any case.
+    #[test]
+    fn connection_values_that_list_field_names() {
+        for (value, lists) in [
+            (&b""[..], false),
+            (b" , ,", false),
+            (b"keep-alive", false),
+            (b"Keep-Alive, KEEP-ALIVE", false),
+            (b"close", true),
+            (b"keep-alive, x-private", true),
+            (b"keep-alives", true),
+            (b" ,upgrade", true),
+        ] {
+            assert_eq!(lists_field_names(value), lists, "{value:?}");
+            let fields: Vec<(&[u8], &[u8])> = vec![(b"Connection", value)];
+            let other = connection_tokens(&fields)
+                .iter()
+                .any(|t| !t.eq_ignore_ascii_case(b"keep-alive"));
+            assert_eq!(other, lists, "{value:?}");
         }
     }
 

@@ -12,8 +12,10 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::net::TcpStream;
-use sortie_core::ascii::eq_lower;
-use sortie_core::h1::{is_writer_owned, write_response_head, H1Error, HeadPart, OutgoingBody};
+use sortie_core::h1::{write_response_head, H1Error, HeadPart, OutgoingBody};
+use sortie_core::proxy::{
+    is_hop_by_hop_response_field, lists_field_names, response_field_name, ResponseFieldName,
+};
 
 use super::date;
 use crate::egress::ResponseFields;
@@ -228,28 +230,46 @@ impl RelayedFields {
     /// go into [`Response::headers`].
     pub const MAX_FIELDS: usize = 64;
 
-    /// The fields of `fields` that `relay` keeps, given each name and the names the head's
-    /// `Connection` fields list (RFC 9110 §7.6.1: those are the sender's hop-by-hop fields);
-    /// `fields` back when there are more than [`RelayedFields::MAX_FIELDS`]. One pass over
-    /// the fields besides the one that finds the `Connection` names. The fields the server
-    /// writes itself (framing, `Connection`) are never relayed.
-    pub fn select(
-        fields: ResponseFields,
-        mut relay: impl FnMut(&[u8], &[&[u8]]) -> bool,
-    ) -> Result<RelayedFields, ResponseFields> {
+    /// The fields of `fields` that go back to a forward proxy's client
+    /// ([`sortie_core::proxy::is_relayed_response_field`]: not hop-by-hop, not the framing
+    /// fields and `Host`, which the server writes itself, not `Proxy-Authenticate`); `fields`
+    /// back when there are more than [`RelayedFields::MAX_FIELDS`]. One pass deciding each
+    /// field by its name ([`response_field_name`]); a second, with the names the head's
+    /// `Connection` fields list (RFC 9110 §7.6.1: the sender's hop-by-hop fields), only when
+    /// they list one besides `keep-alive` ([`lists_field_names`]).
+    pub fn select(fields: ResponseFields) -> Result<RelayedFields, ResponseFields> {
         if fields.len() > Self::MAX_FIELDS {
             return Err(fields);
         }
-        let tokens = fields.connection_tokens();
-        let (mut keep, mut bytes, mut has_date) = (0u64, 0, false);
+        let (mut keep, mut bytes, mut has_date, mut lists) = (0u64, 0, false, false);
         for (i, (n, v)) in fields.iter().enumerate() {
-            if relay(n, &tokens) && !is_server_written(n) {
-                keep |= 1 << i;
-                bytes += n.len() + v.len();
-                has_date |= eq_lower(n, b"date");
+            match response_field_name(n) {
+                ResponseFieldName::Ordinary => {}
+                ResponseFieldName::Date => has_date = true,
+                ResponseFieldName::Connection => {
+                    lists |= lists_field_names(v);
+                    continue;
+                }
+                ResponseFieldName::NotRelayed | ResponseFieldName::HopByHop => continue,
+            }
+            keep |= 1 << i;
+            bytes += n.len() + v.len();
+        }
+        if lists {
+            let tokens = fields.connection_tokens();
+            has_date = false;
+            for (i, (n, v)) in fields.iter().enumerate() {
+                if keep & (1 << i) == 0 {
+                    continue;
+                }
+                if is_hop_by_hop_response_field(n, &tokens) {
+                    keep &= !(1 << i);
+                    bytes -= n.len() + v.len();
+                } else {
+                    has_date |= response_field_name(n) == ResponseFieldName::Date;
+                }
             }
         }
-        drop(tokens);
         Ok(RelayedFields {
             fields,
             keep,
@@ -488,11 +508,6 @@ pub(crate) fn encode_head_for(
     Ok(!is_head_request && !has_no_content && has_bytes)
 }
 
-/// Whether the server writes the field `name` itself: framing and `Connection`.
-fn is_server_written(name: &[u8]) -> bool {
-    is_writer_owned(name) || eq_lower(name, b"connection")
-}
-
 /// An empty body that relays `fields`, for tests of relayed heads.
 #[cfg(test)]
 pub(crate) struct RelayingBody(pub(crate) RelayedFields);
@@ -540,7 +555,6 @@ mod tests {
     /// are written one by one. The fields the server writes are never relayed.
     #[test]
     fn relayed_fields_are_written_from_the_received_head() {
-        let keep = |n: &[u8], _: &[&[u8]]| !n.eq_ignore_ascii_case(b"upgrade");
         let copied =
             ResponseFields::copied([("date", "Tue, 1 Jan 2030"), ("X-A", "b"), ("Upgrade", "h2")]);
         let parsed = crate::egress::parsed_fields(
@@ -550,7 +564,7 @@ mod tests {
             (copied, "date: Tue, 1 Jan 2030\r\nX-A: b\r\n"),
             (parsed, "date: Tue, 1 Jan 2030\r\nX-A:  b \r\n"),
         ] {
-            let relayed = RelayedFields::select(received, keep).expect("few fields");
+            let relayed = RelayedFields::select(received).expect("few fields");
             assert_eq!(
                 (relayed.len(), relayed.bytes(), relayed.has_date()),
                 (2, 23, true)
@@ -565,9 +579,9 @@ mod tests {
             );
         }
         let many = ResponseFields::copied((0..65).map(|i| (format!("X-{i}"), "v")));
-        assert!(RelayedFields::select(many, |_, _| true).is_err());
-        // The names a `Connection` field lists reach the rule; `Connection` itself and the
-        // framing fields are the server's, whatever the rule says.
+        assert!(RelayedFields::select(many).is_err());
+        // The names a `Connection` field lists are dropped; `Connection` itself, the framing
+        // fields and `Host` are the server's.
         let listed = ResponseFields::copied([
             ("Connection", "x-hop"),
             ("X-Hop", "1"),
@@ -576,12 +590,20 @@ mod tests {
             ("Transfer-Encoding", "chunked"),
             ("Host", "h"),
         ]);
-        let relayed = RelayedFields::select(listed, |n, tokens| {
-            !tokens.iter().any(|t| t.eq_ignore_ascii_case(n))
-        })
-        .expect("few fields");
+        let relayed = RelayedFields::select(listed).expect("few fields");
         let names: Vec<&[u8]> = relayed.iter().map(|(n, _)| n).collect();
         assert_eq!(names, [&b"A"[..]]);
+        // A listed `Date` is hop-by-hop too: the server's own stands in.
+        let listed_date = ResponseFields::copied([
+            ("Date", "Tue, 1 Jan 2030"),
+            ("X-A", "b"),
+            ("Connection", "date"),
+        ]);
+        let relayed = RelayedFields::select(listed_date).expect("few fields");
+        assert_eq!(
+            (relayed.len(), relayed.bytes(), relayed.has_date()),
+            (1, 4, false)
+        );
     }
 
     /// A parsed head's relayed fields go out as one piece per run of consecutive relayed
@@ -591,8 +613,7 @@ mod tests {
         let parsed = crate::egress::parsed_fields(
             b"HTTP/1.1 200 OK\r\nA: 1\r\nB: 2\r\nConnection: close\r\nC: 3\r\nUpgrade: x\r\nD: 4\r\nE: 5\r\n\r\n",
         );
-        let relayed = RelayedFields::select(parsed, |n, _| !n.eq_ignore_ascii_case(b"upgrade"))
-            .expect("few fields");
+        let relayed = RelayedFields::select(parsed).expect("few fields");
         let parts: Vec<HeadPart<'_>> = relayed.parts().collect();
         assert_eq!(
             parts,
@@ -603,7 +624,7 @@ mod tests {
             ]
         );
         let copied = ResponseFields::copied(relayed.iter());
-        let relayed = RelayedFields::select(copied, |_, _| true).expect("few fields");
+        let relayed = RelayedFields::select(copied).expect("few fields");
         let parts: Vec<HeadPart<'_>> = relayed.parts().collect();
         assert_eq!(parts.len(), 5);
         assert_eq!(parts[4], HeadPart::Field(b"E", b"5"));

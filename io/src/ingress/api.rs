@@ -11,7 +11,9 @@ use sortie_core::dispatch::{BodyState, Failure};
 use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
 use sortie_core::ids::RequestId;
-use sortie_core::proxy::is_hop_by_hop_response_field;
+use sortie_core::proxy::{
+    is_hop_by_hop_response_field, lists_field_names, response_field_name, ResponseFieldName,
+};
 use sortie_core::receipt::ReceiptState;
 use sortie_core::request::{
     decode_request, RequestBody, ResponseBodyMode, ValidatedRequest, ValidationContext,
@@ -34,6 +36,29 @@ pub struct ApiAnswer {
     outcome: &'static str,
     /// Stage timings of a transported request, for metrics.
     stages: Option<[u64; 4]>,
+}
+
+/// The destination's fields the envelope carries, in order: the body in the envelope is
+/// already de-framed, so the fields that describe the upstream connection are left out
+/// (hop-by-hop, and the names its `Connection` fields list). Each field is decided by its name
+/// ([`response_field_name`]); the listed names are looked at only when a `Connection` field
+/// lists one besides `keep-alive` ([`lists_field_names`]).
+fn envelope_fields(fields: &crate::egress::ResponseFields) -> Vec<(&[u8], &[u8])> {
+    // Sized once: collected through the filter, the list would grow as it fills.
+    let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(fields.len());
+    let mut lists = false;
+    for (n, v) in fields.iter() {
+        match response_field_name(n) {
+            ResponseFieldName::Connection => lists |= lists_field_names(v),
+            ResponseFieldName::HopByHop => {}
+            _ => headers.push((n, v)),
+        }
+    }
+    if lists {
+        let tokens = fields.connection_tokens();
+        headers.retain(|(n, _)| !is_hop_by_hop_response_field(n, &tokens));
+    }
+    headers
 }
 
 fn millis(d: Duration) -> u64 {
@@ -320,16 +345,7 @@ async fn handle_inner(
         }
     };
     let done = Instant::now();
-    // The body in the envelope is already de-framed: the fields that describe the upstream
-    // connection are left out.
-    let tokens = resp.headers.connection_tokens();
-    // Sized once: collected through the filter, the list would grow as it fills.
-    let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(resp.headers.len());
-    headers.extend(
-        resp.headers
-            .iter()
-            .filter(|(n, _)| !is_hop_by_hop_response_field(n, &tokens)),
-    );
+    let headers = envelope_fields(&resp.headers);
     let timing = Timing {
         routing_ms: millis(assigned.routed - started),
         assignment_ms: millis(assigned_at.saturating_duration_since(assigned.routed)),
@@ -606,4 +622,36 @@ fn log_failure(
         total_ms = millis(started.elapsed()),
         "request failed"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::envelope_fields;
+    use crate::egress::ResponseFields;
+
+    /// The envelope leaves out the hop-by-hop fields and, when a `Connection` field lists
+    /// them, the names it lists; it keeps the framing fields and `Host` (the body it carries
+    /// is de-framed, but they still say what the destination sent).
+    #[test]
+    fn envelope_fields_leave_out_the_connection_fields() {
+        let fields = ResponseFields::copied([
+            ("Date", "d"),
+            ("Connection", "keep-alive"),
+            ("Keep-Alive", "timeout=5"),
+            ("Content-Length", "3"),
+            ("X-A", "1"),
+            ("Transfer-Encoding", "chunked"),
+        ]);
+        let names: Vec<&[u8]> = envelope_fields(&fields).iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, [&b"Date"[..], b"Content-Length", b"X-A"]);
+        let listed = ResponseFields::copied([
+            ("X-Private", "p"),
+            ("connection", "close, X-PRIVATE"),
+            ("Host", "h"),
+            ("Upgrade", "x"),
+            ("X-B", "2"),
+        ]);
+        let names: Vec<&[u8]> = envelope_fields(&listed).iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, [&b"Host"[..], b"X-B"]);
+    }
 }

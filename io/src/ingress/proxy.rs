@@ -478,7 +478,7 @@ impl ProxyHandler {
 /// [`RelayedFields::MAX_FIELDS`] (every ordinary head) they stay in the head's buffer and are
 /// written from it; a longer head's go into `out.headers` as shared slices instead.
 fn relay_fields(fields: ResponseFields, out: &mut Response) -> RelayedFields {
-    let fields = match RelayedFields::select(fields, is_relayed_response_field) {
+    let fields = match RelayedFields::select(fields) {
         Ok(relayed) => return relayed,
         Err(fields) => fields,
     };
