@@ -283,36 +283,54 @@ impl Conn {
 
     /// Writes all of `data`.
     pub(crate) async fn write_all(&mut self, data: Bytes) -> io::Result<()> {
+        self.write_all_from(data).await.0
+    }
+
+    /// [`Conn::write_all`] that gives the buffer back, written or not, for a caller that may
+    /// send it again (a request head retried on another connection). A dropped write loses it.
+    pub(crate) async fn write_all_from<T>(&mut self, data: T) -> (io::Result<()>, T)
+    where
+        T: monoio::buf::IoBuf + AsRef<[u8]> + 'static,
+    {
         if let Transport::Plain(s) = &mut self.transport {
-            return s.write_all(data).await.0.map(drop);
+            let (res, data) = s.write_all(data).await;
+            return (res.map(drop), data);
         }
         // Boxed for the reason `read_append` gives.
         Box::pin(self.write_all_secured(data)).await
     }
 
-    /// [`Conn::write_all`] on a TLS transport, flushed.
-    async fn write_all_secured(&mut self, data: Bytes) -> io::Result<()> {
-        let (res, _) = match &mut self.transport {
+    /// [`Conn::write_all_from`] on a TLS transport, flushed.
+    async fn write_all_secured<T>(&mut self, data: T) -> (io::Result<()>, T)
+    where
+        T: monoio::buf::IoBuf + AsRef<[u8]> + 'static,
+    {
+        let (res, data) = match &mut self.transport {
             Transport::Tls(s) => s.write_all(data).await,
             Transport::TlsInTls(s) => s.write_all(data).await,
             #[cfg(feature = "fingerprints")]
-            Transport::Boring(s) => (poll_write_all(s, &data).await.map(|()| data.len()), data),
+            Transport::Boring(s) => {
+                let res = poll_write_all(s, data.as_ref()).await;
+                (res.map(|()| data.as_ref().len()), data)
+            }
             // Written by the caller.
             Transport::Plain(_) => (Err(io::ErrorKind::Unsupported.into()), data),
         };
-        res?;
-        match &mut self.transport {
-            Transport::Plain(_) => {}
-            Transport::Tls(s) => s.flush().await?,
-            Transport::TlsInTls(s) => s.flush().await?,
+        if let Err(e) = res {
+            return (Err(e), data);
+        }
+        let flushed = match &mut self.transport {
+            Transport::Plain(_) => Ok(()),
+            Transport::Tls(s) => s.flush().await,
+            Transport::TlsInTls(s) => s.flush().await,
             #[cfg(feature = "fingerprints")]
             Transport::Boring(s) => {
                 let s = &mut **s;
                 std::future::poll_fn(|cx| tokio::io::AsyncWrite::poll_flush(Pin::new(&mut *s), cx))
-                    .await?
+                    .await
             }
-        }
-        Ok(())
+        };
+        (flushed, data)
     }
 
     /// Frees the read buffer of a connection going idle: a pooled connection then costs its

@@ -543,7 +543,7 @@ impl Egress {
         body: &mut B,
     ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
-        let head = Bytes::from(stream_head(req, length)?);
+        let head = stream_head(req, length)?;
         let started = Instant::now();
         let via = req.via.map(|r| (r, r.choose(started)));
         let key = PoolKey {
@@ -570,7 +570,7 @@ impl Egress {
         let mut attempt = Streamed {
             egress: self,
             req,
-            head: &head,
+            head,
             length,
             body,
             key: &key,
@@ -692,11 +692,12 @@ fn stream_head(req: &StreamRequest<'_>, length: BodyLength) -> Result<Vec<u8>, A
 }
 
 /// Sends the head and the body, then reads the final response head. Returns the head and the
-/// body bytes that came with it.
+/// body bytes that came with it. `head` comes back after its write for the next attempt; a write
+/// cut short by a timeout loses it, and the next attempt writes it again.
 async fn exchange_head<B: BodySource>(
     conn: &mut Conn,
     req: &StreamRequest<'_>,
-    head: &Bytes,
+    head: &mut Vec<u8>,
     length: BodyLength,
     body: &mut B,
 ) -> Result<(client::Head, Bytes), Failure> {
@@ -708,7 +709,12 @@ async fn exchange_head<B: BodySource>(
         error,
         is_before_response: false,
     };
-    write(conn, req, head.clone()).await.map_err(before)?;
+    if head.is_empty() {
+        *head = stream_head(req, length).map_err(before)?;
+    }
+    let (written, data) = write_from(conn, req, std::mem::take(head)).await;
+    *head = data;
+    written.map_err(before)?;
     let mut sent = 0u64;
     // Once body bytes are out, a failure is no longer a harmless stale-connection race.
     while let Some(piece) = body.next_chunk().await.map_err(during)? {
@@ -767,17 +773,39 @@ async fn exchange_head<B: BodySource>(
 
 /// Writes `data` within the idle limit and the deadline.
 async fn write(conn: &mut Conn, req: &StreamRequest<'_>, data: Bytes) -> Result<(), ApiError> {
+    write_from(conn, req, data).await.0
+}
+
+/// [`write`] that gives `data` back, written or not; an empty buffer when the write timed out
+/// (the cancelled write took it).
+async fn write_from<T>(
+    conn: &mut Conn,
+    req: &StreamRequest<'_>,
+    data: T,
+) -> (Result<(), ApiError>, T)
+where
+    T: monoio::buf::IoBuf + AsRef<[u8]> + Default + 'static,
+{
     let idle_end = crate::timer::now().checked_add(req.timeouts.idle);
     let (at, expired) = limit(idle_end, TimeoutType::Idle, req.deadline);
-    match within(at, conn.write_all(data)).await {
-        Some(Ok(())) => Ok(()),
-        Some(Err(e)) if error::is_tls_error(&e) => Err(error::tls_failure(&e)),
-        Some(Err(_)) => Err(error::reset(
+    let (res, data) = match within(at, conn.write_all_from(data)).await {
+        Some(done) => done,
+        None => {
+            return (
+                Err(error::timeout(expired, Stage::RequestWrite)),
+                T::default(),
+            )
+        }
+    };
+    let res = match res {
+        Ok(()) => Ok(()),
+        Err(e) if error::is_tls_error(&e) => Err(error::tls_failure(&e)),
+        Err(_) => Err(error::reset(
             Stage::RequestWrite,
             "the connection broke while the request was sent",
         )),
-        None => Err(error::timeout(expired, Stage::RequestWrite)),
-    }
+    };
+    (res, data)
 }
 
 fn upload_mismatch() -> ApiError {
@@ -792,8 +820,9 @@ fn upload_mismatch() -> ApiError {
 struct Streamed<'a, 'r, B> {
     egress: &'a Egress,
     req: &'a StreamRequest<'r>,
-    /// The HTTP/1.1 request head.
-    head: &'a Bytes,
+    /// The HTTP/1.1 request head, written by each attempt and given back by its write; empty
+    /// after a write that timed out, and then made again.
+    head: Vec<u8>,
     length: BodyLength,
     body: &'a mut B,
     key: &'a PoolKey,
@@ -848,7 +877,7 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
         got: Obtained,
     ) -> Result<StreamedResponse, Failure> {
         let (head, early) =
-            exchange_head(&mut conn, self.req, self.head, self.length, self.body).await?;
+            exchange_head(&mut conn, self.req, &mut self.head, self.length, self.body).await?;
         let decoder = BodyDecoder::for_response(head.framing, BodyLimits::with_max_body(u64::MAX))
             .map_err(|e| Failure {
                 error: error::protocol_error(e),

@@ -275,6 +275,38 @@ fn bodies_that_fill_the_read_exactly_keep_the_connection() {
     }
 }
 
+/// A replayable request whose pooled connection turns out dead is sent again, whole, on a
+/// fresh one: the head the first write gave back is the one the second attempt writes.
+#[test]
+fn a_request_on_a_dead_pooled_connection_is_sent_again_whole() {
+    let up = Upstream::start(upstream::drop_later_requests());
+    run(async {
+        let egress = egress(None);
+        let url = parse_target_url(&up.url("/again?q=1")).unwrap();
+        let fields: &[(&str, &[u8])] = &[("X-Trace", b"abc")];
+        let mut first = open(&egress, Method::Get, &url, fields, &mut Bytes::new())
+            .await
+            .expect("first response");
+        let (first_echo, _) = read_all(&mut first).await;
+        drop(first);
+        // The pooled connection looks healthy, but the upstream drops the next request on it.
+        let mut again = open(&egress, Method::Get, &url, fields, &mut Bytes::new())
+            .await
+            .expect("retried response");
+        assert!(!again.is_connection_reused);
+        let (echo, _) = read_all(&mut again).await;
+        assert_eq!(echo, first_echo);
+        let echo = String::from_utf8(echo).unwrap();
+        assert!(echo.starts_with("GET /again?q=1 HTTP/1.1\r\n"), "{echo:?}");
+        assert!(
+            echo.ends_with("X-Trace: abc\r\nConnection: keep-alive\r\n\r\n"),
+            "{echo:?}"
+        );
+        assert_eq!(up.connections(), 2);
+        assert_eq!(up.requests(), 3);
+    });
+}
+
 #[test]
 fn open_at_connects_to_the_given_address_and_keeps_the_name_for_host() {
     let up = Upstream::start(upstream::echo());
