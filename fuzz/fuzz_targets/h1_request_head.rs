@@ -1,16 +1,35 @@
 //! Fuzz target: h1_request_head (seeded from fuzz/corpus/h1_request_head).
 //!
 //! Parses arbitrary bytes as a request head under the default limits and under tight ones,
-//! and checks that an accepted head is strict and does not depend on the bytes after it.
+//! and checks that an accepted head is strict and does not depend on the bytes after it, and
+//! that the entry point lending the parser's fields decides the same as the collecting one.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sortie_core::h1::{parse_request_head, HeadLimits, Parsed};
+use sortie_core::h1::{parse_request_head, parse_request_head_with, HeadLimits, Parsed};
 
 const TIGHT: HeadLimits = HeadLimits { max_head_bytes: 256, max_headers: 4, max_target_bytes: 32 };
 
 fuzz_target!(|data: &[u8]| {
     for limits in [HeadLimits::REQUEST, TIGHT] {
-        let Ok(Parsed::Complete { head, consumed_len }) = parse_request_head(data, &limits) else {
+        let parsed = parse_request_head(data, &limits);
+        let lent = parse_request_head_with(data, &limits, |start, fields| {
+            (*start, fields.iter().collect::<Vec<_>>())
+        });
+        match (&parsed, &lent) {
+            (
+                Ok(Parsed::Complete { head, consumed_len: a }),
+                Ok(Parsed::Complete { head: (start, fields), consumed_len: b }),
+            ) => {
+                assert_eq!((a, head.start()), (b, start));
+                let collected: Vec<_> =
+                    head.headers().iter().map(|h| (h.name(), h.value())).collect();
+                assert_eq!(&collected, fields);
+            }
+            (Ok(Parsed::Partial), Ok(Parsed::Partial)) => {}
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            other => panic!("the two entry points disagree: {other:?}"),
+        }
+        let Ok(Parsed::Complete { head, consumed_len }) = parsed else {
             continue;
         };
         assert!(consumed_len <= data.len() && consumed_len <= limits.max_head_bytes);

@@ -36,7 +36,10 @@ pub use head::{
     DEFAULT_MAX_REQUEST_HEAD_BYTES, DEFAULT_MAX_RESPONSE_HEAD_BYTES, DEFAULT_MAX_TARGET_BYTES,
     MAX_HEADERS_CEILING,
 };
-pub use request::{parse_request_head, BodyFraming, RequestHead, TargetForm};
+pub use request::{
+    parse_request_head, parse_request_head_with, BodyFraming, ParsedFields, RequestHead,
+    RequestStart, TargetForm,
+};
 pub use response::{
     parse_response_head, parse_response_head_offsets, ResponseFraming, ResponseHead, ResponseStart,
 };
@@ -113,6 +116,29 @@ mod tests {
     /// Checks what the request parser accepts; whether it accepted a complete head.
     fn check_request(buf: &[u8]) -> bool {
         let parsed = parse_request_head(buf, &HeadLimits::REQUEST);
+        // The entry point that lends the parser's fields decides the same, field for field.
+        let lent = parse_request_head_with(buf, &HeadLimits::REQUEST, |start, fields| {
+            (*start, fields.iter().collect::<Vec<_>>())
+        });
+        let collected = parsed.as_ref().map(|p| match p {
+            Parsed::Complete { head, consumed_len } => Parsed::Complete {
+                head: (
+                    *head.start(),
+                    head.headers()
+                        .iter()
+                        .map(|h| (h.name(), h.value()))
+                        .collect::<Vec<_>>(),
+                ),
+                consumed_len: *consumed_len,
+            },
+            Parsed::Partial => Parsed::Partial,
+        });
+        assert_eq!(
+            lent,
+            collected.map_err(|e| *e),
+            "{:?}",
+            String::from_utf8_lossy(buf)
+        );
         let is_complete = matches!(parsed, Ok(Parsed::Complete { .. }));
         if let Ok(Parsed::Complete { head, consumed_len }) = parsed {
             assert!(consumed_len <= buf.len());

@@ -6,7 +6,8 @@
 use super::error::H1Error;
 use super::head::{
     check_transfer_encoding, collect_headers, diagnose, has_bare_lf, header_slots, is_target_byte,
-    parse_content_length, HeadLimits, Headers, Parsed, StartLine, Version, MAX_HEADERS_CEILING,
+    list_members, parse_content_length, values_of, HeadLimits, Headers, Parsed, StartLine, Version,
+    MAX_HEADERS_CEILING,
 };
 use crate::ascii::eq_lower;
 
@@ -41,22 +42,22 @@ pub enum TargetForm {
     Asterisk,
 }
 
-/// A request head that passed every framing and syntax rule, borrowing from the buffer it was
-/// parsed from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestHead<'a> {
+/// What a request head's start line and fields decide, borrowing from the buffer it was parsed
+/// from, without the fields themselves: the start of every [`RequestHead`], and what
+/// [`parse_request_head_with`] hands its caller beside the parser's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestStart<'a> {
     method: &'a str,
     target: &'a str,
     target_form: TargetForm,
     version: Version,
-    headers: Headers<'a>,
     host: Option<&'a [u8]>,
     framing: BodyFraming,
     is_keep_alive: bool,
     expects_continue: bool,
 }
 
-impl<'a> RequestHead<'a> {
+impl<'a> RequestStart<'a> {
     /// The method token, case preserved (methods are case-sensitive).
     pub fn method(&self) -> &'a str {
         self.method
@@ -75,11 +76,6 @@ impl<'a> RequestHead<'a> {
     /// The protocol version.
     pub fn version(&self) -> Version {
         self.version
-    }
-
-    /// Every header field line in received order.
-    pub fn headers(&self) -> &Headers<'a> {
-        &self.headers
     }
 
     /// The value of the single Host field, if any (absent only in HTTP/1.0).
@@ -103,6 +99,88 @@ impl<'a> RequestHead<'a> {
     }
 }
 
+/// A request head that passed every framing and syntax rule, borrowing from the buffer it was
+/// parsed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead<'a> {
+    start: RequestStart<'a>,
+    headers: Headers<'a>,
+}
+
+impl<'a> RequestHead<'a> {
+    /// What the start line and fields decide.
+    pub fn start(&self) -> &RequestStart<'a> {
+        &self.start
+    }
+
+    /// The method token, case preserved (methods are case-sensitive).
+    pub fn method(&self) -> &'a str {
+        self.start.method
+    }
+
+    /// The request-target as sent: visible ASCII only.
+    pub fn target(&self) -> &'a str {
+        self.start.target
+    }
+
+    /// Which form the request-target has; CONNECT always has [`TargetForm::Authority`].
+    pub fn target_form(&self) -> TargetForm {
+        self.start.target_form
+    }
+
+    /// The protocol version.
+    pub fn version(&self) -> Version {
+        self.start.version
+    }
+
+    /// Every header field line in received order.
+    pub fn headers(&self) -> &Headers<'a> {
+        &self.headers
+    }
+
+    /// The value of the single Host field, if any (absent only in HTTP/1.0).
+    pub fn host(&self) -> Option<&'a [u8]> {
+        self.start.host
+    }
+
+    /// How the body is delimited.
+    pub fn framing(&self) -> BodyFraming {
+        self.start.framing
+    }
+
+    /// Whether the connection may carry another request after this one's response.
+    pub fn is_keep_alive(&self) -> bool {
+        self.start.is_keep_alive
+    }
+
+    /// Whether the client waits for `100 Continue` before sending the body.
+    pub fn expects_continue(&self) -> bool {
+        self.start.expects_continue
+    }
+}
+
+/// The fields of a parsed request head as the parser left them, lent to the caller of
+/// [`parse_request_head_with`] for the length of its callback: (name, value) in received order.
+#[derive(Clone, Copy)]
+pub struct ParsedFields<'p, 'a>(&'p [httparse::Header<'a>]);
+
+impl<'p, 'a> ParsedFields<'p, 'a> {
+    /// Number of field lines.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no field lines.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The fields in received order, as (name, value).
+    pub fn iter(&self) -> impl Iterator<Item = (&'a str, &'a [u8])> + Clone + 'p {
+        self.0.iter().map(|h| (h.name, h.value))
+    }
+}
+
 /// Parses a request head from the start of `buf`.
 ///
 /// Returns [`Parsed::Partial`] while the head may still become valid with more bytes; the
@@ -113,6 +191,35 @@ pub fn parse_request_head<'a>(
     buf: &'a [u8],
     limits: &HeadLimits,
 ) -> Result<Parsed<RequestHead<'a>>, H1Error> {
+    let view = buf.get(..limits.max_head_bytes).unwrap_or(buf);
+    parse_with(buf, limits, |start, parsed| {
+        Ok(RequestHead {
+            start,
+            headers: collect_headers(view, parsed)?,
+        })
+    })
+}
+
+/// [`parse_request_head`] for a caller that copies the head at once: the same rules, errors and
+/// `consumed_len`, with the head handed to `take` as its [`RequestStart`] and the parser's own
+/// fields instead of collected into a [`RequestHead`] (one vector fewer per head).
+pub fn parse_request_head_with<'a, T>(
+    buf: &'a [u8],
+    limits: &HeadLimits,
+    take: impl FnOnce(&RequestStart<'a>, ParsedFields<'_, 'a>) -> T,
+) -> Result<Parsed<T>, H1Error> {
+    parse_with(buf, limits, |start, parsed| {
+        Ok(take(&start, ParsedFields(parsed)))
+    })
+}
+
+/// The parse both entry points share: every rule is decided on httparse's own fields, which
+/// `finish` turns into what the caller keeps once the head passed them all.
+fn parse_with<'a, T>(
+    buf: &'a [u8],
+    limits: &HeadLimits,
+    finish: impl FnOnce(RequestStart<'a>, &[httparse::Header<'a>]) -> Result<T, H1Error>,
+) -> Result<Parsed<T>, H1Error> {
     // Parsing never looks past the head limit, which also bounds the work per call.
     let view = buf.get(..limits.max_head_bytes).unwrap_or(buf);
     let mut slots = header_slots();
@@ -142,8 +249,8 @@ pub fn parse_request_head<'a>(
     }
     let target_form = classify_target(method, target.as_bytes())?;
 
-    let headers = collect_headers(view, req.headers)?;
-    let fields = FramingFields::scan(&headers);
+    let parsed: &[httparse::Header<'a>] = req.headers;
+    let fields = FramingFields::scan(parsed);
 
     // RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any
     // HTTP/1.1 request message that lacks a Host header field and to any request message that
@@ -161,23 +268,26 @@ pub fn parse_request_head<'a>(
         }
     }
 
-    let framing = request_framing(&headers, &fields, version)?;
+    let framing = request_framing(parsed, &fields, version)?;
 
     // RFC 9112 §9.3: "If the received protocol is HTTP/1.1 (or later) ... the connection will
     // persist after the current response" unless "close" is among the connection options; "If
     // the received protocol is HTTP/1.0, the "keep-alive" connection option is present ... the
     // connection will persist".
-    let is_close = fields.has_connection && headers.has_token("connection", "close");
+    let has_token = |token: &str| {
+        values_of(parsed, "connection")
+            .flat_map(list_members)
+            .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
+    };
+    let is_close = fields.has_connection && has_token("close");
     let is_keep_alive = match version {
         Version::Http11 => !is_close,
-        Version::Http10 => {
-            !is_close && fields.has_connection && headers.has_token("connection", "keep-alive")
-        }
+        Version::Http10 => !is_close && fields.has_connection && has_token("keep-alive"),
     };
 
     let mut expects_continue = false;
     if fields.has_expect {
-        for member in headers.list_members("expect") {
+        for member in values_of(parsed, "expect").flat_map(list_members) {
             // RFC 9110 §10.1.1: "A server that receives an Expect field value containing a
             // member other than 100-continue MAY respond with a 417 (Expectation Failed)
             // status code to indicate that the unexpected expectation cannot be met."
@@ -193,18 +303,18 @@ pub fn parse_request_head<'a>(
         }
     }
 
+    let start = RequestStart {
+        method,
+        target,
+        target_form,
+        version,
+        host: fields.host,
+        framing,
+        is_keep_alive,
+        expects_continue,
+    };
     Ok(Parsed::Complete {
-        head: RequestHead {
-            method,
-            target,
-            target_form,
-            version,
-            host: fields.host,
-            headers,
-            framing,
-            is_keep_alive,
-            expects_continue,
-        },
+        head: finish(start, parsed)?,
         consumed_len: head_len,
     })
 }
@@ -221,7 +331,7 @@ struct FramingFields<'a> {
 }
 
 impl<'a> FramingFields<'a> {
-    fn scan(headers: &Headers<'a>) -> FramingFields<'a> {
+    fn scan(headers: &[httparse::Header<'a>]) -> FramingFields<'a> {
         let mut f = FramingFields {
             host_count: 0,
             host: None,
@@ -233,17 +343,17 @@ impl<'a> FramingFields<'a> {
         };
         for h in headers {
             // Comparing lengths first keeps the common case to one integer compare per field.
-            let name = h.name();
+            let name = h.name;
             match name.len() {
                 4 if eq_lower(name.as_bytes(), b"host") => {
                     f.host_count += 1;
-                    f.host.get_or_insert(h.value());
+                    f.host.get_or_insert(h.value);
                 }
                 6 if eq_lower(name.as_bytes(), b"expect") => f.has_expect = true,
                 10 if eq_lower(name.as_bytes(), b"connection") => f.has_connection = true,
                 14 if eq_lower(name.as_bytes(), b"content-length") => {
                     f.content_length_count += 1;
-                    f.content_length.get_or_insert(h.value());
+                    f.content_length.get_or_insert(h.value);
                 }
                 17 if eq_lower(name.as_bytes(), b"transfer-encoding") => {
                     f.has_transfer_encoding = true;
@@ -256,7 +366,7 @@ impl<'a> FramingFields<'a> {
 }
 
 fn request_framing(
-    headers: &Headers<'_>,
+    headers: &[httparse::Header<'_>],
     fields: &FramingFields<'_>,
     version: Version,
 ) -> Result<BodyFraming, H1Error> {
@@ -273,7 +383,7 @@ fn request_framing(
         if version == Version::Http10 {
             return Err(H1Error::TransferEncodingInHttp10);
         }
-        check_transfer_encoding(headers.values("transfer-encoding"))?;
+        check_transfer_encoding(values_of(headers, "transfer-encoding"))?;
         return Ok(BodyFraming::Chunked);
     }
     if let Some(value) = fields.content_length {
@@ -293,11 +403,7 @@ fn request_framing(
     Ok(BodyFraming::None)
 }
 
-fn partial<'a>(
-    view: &[u8],
-    buf_len: usize,
-    limits: &HeadLimits,
-) -> Result<Parsed<RequestHead<'a>>, H1Error> {
+fn partial<T>(view: &[u8], buf_len: usize, limits: &HeadLimits) -> Result<Parsed<T>, H1Error> {
     // Rejecting a bare LF early spares reading the rest of a head we will refuse anyway.
     if has_bare_lf(view) {
         return Err(H1Error::BareLf);

@@ -15,7 +15,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, CancelHandle, CancelableAsyncRea
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use sortie_core::h1::{
-    parse_request_head, write_chunk_header, BodyDecoder, BodyLimits, Parsed, Version,
+    parse_request_head_with, write_chunk_header, BodyDecoder, BodyLimits, Parsed, Version,
     CHUNK_DATA_END, LAST_CHUNK,
 };
 
@@ -476,9 +476,12 @@ impl<H: Handler> Connection<H> {
             if !input.is_empty() {
                 let fresh = input.get(scanned..).unwrap_or_default();
                 if fresh.contains(&b'\n') || input.len() >= limits.max_head_bytes {
-                    match parse_request_head(input, limits) {
-                        Ok(Parsed::Complete { head, consumed_len }) => {
-                            parts.fill(&head, self.peer);
+                    let peer = self.peer;
+                    let parsed = parse_request_head_with(input, limits, |start, fields| {
+                        parts.fill(start, fields.iter(), peer)
+                    });
+                    match parsed {
+                        Ok(Parsed::Complete { consumed_len, .. }) => {
                             self.io.consume(consumed_len);
                             return Next::Request;
                         }

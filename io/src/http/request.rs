@@ -6,7 +6,9 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 
-use sortie_core::h1::{BodyFraming, RequestHead, TargetForm, Version};
+#[cfg(test)]
+use sortie_core::h1::RequestHead;
+use sortie_core::h1::{BodyFraming, RequestStart, TargetForm, Version};
 
 /// Where one header field's name and value live in a [`RequestParts`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +42,8 @@ impl RequestParts {
     #[cfg(test)]
     pub fn from_head(head: &RequestHead<'_>, peer: SocketAddr) -> RequestParts {
         let mut parts = RequestParts::empty(peer);
-        parts.fill(head, peer);
+        let fields = head.headers().iter().map(|h| (h.name(), h.value()));
+        parts.fill(head.start(), fields, peer);
         parts
     }
 
@@ -60,41 +63,52 @@ impl RequestParts {
         }
     }
 
-    /// Replaces these parts with a copy of `head`, reusing their buffers: a connection copies
-    /// each of its requests into the same parts, so that only its first request allocates.
-    pub fn fill(&mut self, head: &RequestHead<'_>, peer: SocketAddr) {
-        let headers = head.headers();
-        let names_len: usize = headers.iter().map(|h| h.name().len()).sum();
-        let values_len: usize = headers.iter().map(|h| h.value().len()).sum();
+    /// Replaces these parts with a copy of a parsed head (`start` and its `fields` in order,
+    /// as [`sortie_core::h1::parse_request_head_with`] lends them), reusing their buffers: a
+    /// connection copies each of its requests into the same parts, so that only its first
+    /// request allocates.
+    pub fn fill<'f>(
+        &mut self,
+        start: &RequestStart<'_>,
+        fields: impl Iterator<Item = (&'f str, &'f [u8])> + Clone,
+        peer: SocketAddr,
+    ) {
+        let (mut names_len, mut values_len, mut count) = (0usize, 0usize, 0usize);
+        for (n, v) in fields.clone() {
+            names_len = names_len.saturating_add(n.len());
+            values_len = values_len.saturating_add(v.len());
+            count += 1;
+        }
         self.text.clear();
         self.values.clear();
         self.fields.clear();
         self.text.reserve(
-            head.method()
+            start
+                .method()
                 .len()
-                .saturating_add(head.target().len())
+                .saturating_add(start.target().len())
                 .saturating_add(names_len),
         );
         self.values.reserve(values_len);
-        self.fields.reserve(headers.len());
-        self.text.push_str(head.method());
+        self.fields.reserve(count);
+        self.text.push_str(start.method());
         self.method_end = self.text.len();
-        self.text.push_str(head.target());
-        for h in headers {
+        self.text.push_str(start.target());
+        for (name, value) in fields {
             let name_start = self.text.len();
-            self.text.push_str(h.name());
+            self.text.push_str(name);
             let value_start = self.values.len();
-            self.values.extend_from_slice(h.value());
+            self.values.extend_from_slice(value);
             self.fields.push(FieldSpan {
                 name: name_start..self.text.len(),
                 value: value_start..self.values.len(),
             });
         }
-        self.target_form = head.target_form();
-        self.version = head.version();
-        self.framing = head.framing();
-        self.is_keep_alive = head.is_keep_alive();
-        self.expects_continue = head.expects_continue();
+        self.target_form = start.target_form();
+        self.version = start.version();
+        self.framing = start.framing();
+        self.is_keep_alive = start.is_keep_alive();
+        self.expects_continue = start.expects_continue();
         self.peer = peer;
     }
 
@@ -234,7 +248,7 @@ fn query_mark(target: &str) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sortie_core::h1::{parse_request_head, HeadLimits, Parsed};
+    use sortie_core::h1::{parse_request_head, parse_request_head_with, HeadLimits, Parsed};
 
     fn parts(raw: &[u8]) -> RequestParts {
         match parse_request_head(raw, &HeadLimits::REQUEST) {
@@ -254,12 +268,15 @@ mod tests {
         let short = b"GET /s HTTP/1.0\r\nHost: b\r\n\r\n";
         let mut p = RequestParts::empty(peer);
         assert_eq!(p.capacity_bytes(), 0);
+        // Filled as the connection fills them, from the parser's own fields.
+        let refill = |p: &mut RequestParts, raw: &[u8]| {
+            let parsed = parse_request_head_with(raw, &HeadLimits::REQUEST, |start, fields| {
+                p.fill(start, fields.iter(), peer)
+            });
+            assert!(matches!(parsed, Ok(Parsed::Complete { .. })), "{raw:?}");
+        };
         for raw in [&long[..], &short[..]] {
-            let Ok(Parsed::Complete { head, .. }) = parse_request_head(raw, &HeadLimits::REQUEST)
-            else {
-                panic!("{raw:?}")
-            };
-            p.fill(&head, peer);
+            refill(&mut p, raw);
         }
         let kept = p.capacity_bytes();
         assert!(kept > 0);
@@ -272,11 +289,7 @@ mod tests {
         assert_eq!(p.headers().collect::<Vec<_>>(), [("Host", &b"b"[..])]);
         assert_eq!(p.header("x-1"), None);
         // The same head again fits in what the parts hold.
-        let Ok(Parsed::Complete { head, .. }) = parse_request_head(long, &HeadLimits::REQUEST)
-        else {
-            panic!()
-        };
-        p.fill(&head, peer);
+        refill(&mut p, long);
         assert_eq!(p.capacity_bytes(), kept);
         assert_eq!(p.header("x-2"), Some(&b"two"[..]));
     }
