@@ -412,13 +412,14 @@ print_tables() {
   for mode in $MODES; do
     for size in $SIZES; do
       local direct_rps
-      direct_rps=$(field rps "$(median_line "${RESULTS["$mode $size direct"]}")")
+      # LABELS may leave the direct row out: the ratios to it are then "-".
+      direct_rps=$(field rps "$(median_line "${RESULTS["$mode $size direct"]:-}")")
       for label in $(labels_for "$mode"); do
         local line rps cpu per_cpu kernel ratio errs per_request
         line=$(median_line "${RESULTS["$mode $size $label"]}")
         rps=$(field rps "$line")
         cpu=$(field cpu_s "$line")
-        ratio=$(awk -v r="$rps" -v d="$direct_rps" 'BEGIN { printf "%.2f", (d > 0 ? r / d : 0) }')
+        ratio=$(awk -v r="$rps" -v d="$direct_rps" 'BEGIN { if (d > 0) printf "%.2f", r / d; else printf "-" }')
         per_cpu=$(awk -v n="$(field requests "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f", n / c; else printf "-" }')
         kernel=$(awk -v k="$(field sys_s "$line")" -v c="$cpu" 'BEGIN { if (c > 0) printf "%.0f%%", 100 * k / c; else printf "-" }')
         per_request=$(awk -v n="$(field requests "$line")" -v c="$cpu" -v k="$(field sys_s "$line")" \
