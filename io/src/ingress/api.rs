@@ -44,7 +44,7 @@ pub struct ApiAnswer {
 /// ([`response_field_name`]); the listed names are looked at only when a `Connection` field
 /// lists one besides `keep-alive` ([`lists_field_names`]).
 fn envelope_fields(fields: &crate::egress::ResponseFields) -> Vec<(&[u8], &[u8])> {
-    // Sized once: collected through the filter, the list would grow as it fills.
+    // Sized once for every field: pushed one by one, the list would grow as it fills.
     let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(fields.len());
     let mut lists = false;
     for (n, v) in fields.iter() {
