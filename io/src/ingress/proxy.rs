@@ -137,12 +137,13 @@ impl ProxyHandler {
         response
     }
 
-    /// The access line of one request (decision 113), when `log.access` asks for it.
+    /// The access line of one request (decision 113), when `log.access` asks for it. The id's
+    /// text is read only for a line that is written.
     #[allow(clippy::too_many_arguments)]
     fn access(
         &self,
         ingress: Ingress,
-        request_id: &str,
+        request_id: &RequestId,
         deployment: &str,
         req: &RequestParts,
         status: u16,
@@ -152,7 +153,7 @@ impl ProxyHandler {
         if self.ctx.state.access_log() {
             super::access::Access {
                 ingress,
-                request_id,
+                request_id: request_id.as_str(),
                 deployment,
                 method: req.method(),
                 destination: &super::access::destination_of(req.target()),
