@@ -1104,12 +1104,30 @@ fn request_bodies_in_flight_share_a_byte_budget() {
         .control("[control.request]\nmax_in_flight_body_bytes = 4194305\n")
         .start();
     let mut slow = TcpStream::connect(gw.api).expect("connect");
+    // The slow client asks for `100 Continue`: the gateway sends it once the request is admitted
+    // and its body is being read, so the budget is known to be taken before anything else is
+    // sent (without it, a request below could be admitted first and the slow one refused).
     let head = format!(
         "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
-         Content-Type: application/json\r\nContent-Length: 4000000\r\n\r\n{{",
+         Content-Type: application/json\r\nContent-Length: 4000000\r\n\
+         Expect: 100-continue\r\n\r\n",
         auth()
     );
     slow.write_all(head.as_bytes()).expect("head");
+    slow.set_read_timeout(Some(SETTLE)).expect("read timeout");
+    let mut interim = Vec::new();
+    let mut byte = [0u8; 1];
+    while !interim.ends_with(b"\r\n\r\n") {
+        let n = slow.read(&mut byte).expect("the interim response");
+        assert_eq!(n, 1, "closed after {:?}", String::from_utf8_lossy(&interim));
+        interim.push(byte[0]);
+    }
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100 "),
+        "{:?}",
+        String::from_utf8_lossy(&interim)
+    );
+    slow.write_all(b"{").expect("the first body byte");
     let envelope = json!({
         "method": "POST",
         "url": up.url("/fits-not"),
