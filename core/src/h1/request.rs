@@ -191,8 +191,7 @@ pub fn parse_request_head<'a>(
     buf: &'a [u8],
     limits: &HeadLimits,
 ) -> Result<Parsed<RequestHead<'a>>, H1Error> {
-    let view = buf.get(..limits.max_head_bytes).unwrap_or(buf);
-    parse_with(buf, limits, |start, parsed| {
+    parse_with(buf, limits, |view, start, parsed| {
         Ok(RequestHead {
             start,
             headers: collect_headers(view, parsed)?,
@@ -208,7 +207,7 @@ pub fn parse_request_head_with<'a, T>(
     limits: &HeadLimits,
     take: impl FnOnce(&RequestStart<'a>, ParsedFields<'_, 'a>) -> T,
 ) -> Result<Parsed<T>, H1Error> {
-    parse_with(buf, limits, |start, parsed| {
+    parse_with(buf, limits, |_, start, parsed| {
         Ok(take(&start, ParsedFields(parsed)))
     })
 }
@@ -218,7 +217,7 @@ pub fn parse_request_head_with<'a, T>(
 fn parse_with<'a, T>(
     buf: &'a [u8],
     limits: &HeadLimits,
-    finish: impl FnOnce(RequestStart<'a>, &[httparse::Header<'a>]) -> Result<T, H1Error>,
+    finish: impl FnOnce(&'a [u8], RequestStart<'a>, &[httparse::Header<'a>]) -> Result<T, H1Error>,
 ) -> Result<Parsed<T>, H1Error> {
     // Parsing never looks past the head limit, which also bounds the work per call.
     let view = buf.get(..limits.max_head_bytes).unwrap_or(buf);
@@ -274,15 +273,10 @@ fn parse_with<'a, T>(
     // persist after the current response" unless "close" is among the connection options; "If
     // the received protocol is HTTP/1.0, the "keep-alive" connection option is present ... the
     // connection will persist".
-    let has_token = |token: &str| {
-        values_of(parsed, "connection")
-            .flat_map(list_members)
-            .any(|m| m.eq_ignore_ascii_case(token.as_bytes()))
-    };
-    let is_close = fields.has_connection && has_token("close");
+    let is_close = fields.lists_close;
     let is_keep_alive = match version {
         Version::Http11 => !is_close,
-        Version::Http10 => !is_close && fields.has_connection && has_token("keep-alive"),
+        Version::Http10 => !is_close && fields.lists_keep_alive,
     };
 
     let mut expects_continue = false;
@@ -314,7 +308,7 @@ fn parse_with<'a, T>(
         expects_continue,
     };
     Ok(Parsed::Complete {
-        head: finish(start, parsed)?,
+        head: finish(view, start, parsed)?,
         consumed_len: head_len,
     })
 }
@@ -326,7 +320,9 @@ struct FramingFields<'a> {
     content_length_count: usize,
     content_length: Option<&'a [u8]>,
     has_transfer_encoding: bool,
-    has_connection: bool,
+    /// Whether the `Connection` fields list `close`, and `keep-alive`.
+    lists_close: bool,
+    lists_keep_alive: bool,
     has_expect: bool,
 }
 
@@ -338,7 +334,8 @@ impl<'a> FramingFields<'a> {
             content_length_count: 0,
             content_length: None,
             has_transfer_encoding: false,
-            has_connection: false,
+            lists_close: false,
+            lists_keep_alive: false,
             has_expect: false,
         };
         for h in headers {
@@ -350,7 +347,12 @@ impl<'a> FramingFields<'a> {
                     f.host.get_or_insert(h.value);
                 }
                 6 if eq_lower(name.as_bytes(), b"expect") => f.has_expect = true,
-                10 if eq_lower(name.as_bytes(), b"connection") => f.has_connection = true,
+                10 if eq_lower(name.as_bytes(), b"connection") => {
+                    for token in list_members(h.value) {
+                        f.lists_close |= eq_lower(token, b"close");
+                        f.lists_keep_alive |= eq_lower(token, b"keep-alive");
+                    }
+                }
                 14 if eq_lower(name.as_bytes(), b"content-length") => {
                     f.content_length_count += 1;
                     f.content_length.get_or_insert(h.value);
