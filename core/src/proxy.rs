@@ -234,19 +234,13 @@ pub fn is_hop_by_hop_response_field(name: &[u8], connection_tokens: &[&[u8]]) ->
 }
 
 /// Whether `name` is a fixed connection field: `Connection`, `Keep-Alive`,
-/// `Proxy-Connection`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`. By length first: this runs for
-/// every field of every relayed response, and an ordinary field's length matches none of
-/// them, or one or two.
+/// `Proxy-Connection`, `Transfer-Encoding`, `TE`, `Trailer`, `Upgrade`
+/// ([`response_field_name`]'s table).
 fn is_fixed_connection_field(name: &[u8]) -> bool {
-    let is = |known: &[u8]| eq_lower(name, known);
-    match name.len() {
-        2 => is(b"te"),
-        7 => is(b"trailer") || is(b"upgrade"),
-        10 => is(b"connection") || is(b"keep-alive"),
-        16 => is(b"proxy-connection"),
-        17 => is(b"transfer-encoding"),
-        _ => false,
-    }
+    matches!(
+        response_field_name(name),
+        ResponseFieldName::Connection | ResponseFieldName::HopByHop
+    )
 }
 
 fn is_listed(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
@@ -260,12 +254,11 @@ fn is_listed(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
 /// `Proxy-Authenticate` (a challenge for the destination's proxy is not the gateway's; decision
 /// 021). The same rule for a local and a remote worker's response.
 pub fn is_relayed_response_field(name: &[u8], connection_tokens: &[&[u8]]) -> bool {
-    let is_dropped = match name.len() {
-        14 => eq_lower(name, b"content-length"),
-        18 => eq_lower(name, b"proxy-authenticate"),
-        _ => is_fixed_connection_field(name),
-    };
-    !is_dropped && !is_listed(name, connection_tokens)
+    use ResponseFieldName::{Connection, HopByHop, NotRelayed};
+    !matches!(
+        response_field_name(name),
+        NotRelayed | Connection | HopByHop
+    ) && !is_listed(name, connection_tokens)
 }
 
 /// What a response field's name alone says of where the field goes: the forward proxy's
@@ -279,9 +272,12 @@ pub enum ResponseFieldName {
     Ordinary,
     /// `Date`: ordinary, and the relay's stand-in for the server's own.
     Date,
-    /// `Content-Length`, `Proxy-Authenticate` and `Host`: carried in the envelope, never
-    /// relayed (the proxy frames the body and writes the framing fields itself; a challenge
-    /// for the destination's proxy is not the gateway's, decision 021).
+    /// `Host`: carried in the envelope; the server writes its own framing fields, and a
+    /// relayed head never carries the destination's.
+    Host,
+    /// `Content-Length` and `Proxy-Authenticate`: carried in the envelope, never relayed (the
+    /// proxy frames the body itself; a challenge for the destination's proxy is not the
+    /// gateway's, decision 021).
     NotRelayed,
     /// `Connection`: hop-by-hop, and its value names more hop-by-hop fields.
     Connection,
@@ -290,16 +286,18 @@ pub enum ResponseFieldName {
     HopByHop,
 }
 
-/// [`ResponseFieldName`] of `name`, in any case. The same answers as
-/// [`is_relayed_response_field`] and [`is_hop_by_hop_response_field`] with no `Connection`
-/// names, and [`crate::h1::is_writer_owned`] (a test holds them together).
+/// [`ResponseFieldName`] of `name`, in any case: the one table of known response fields, by
+/// length first (this runs for every field of every relayed response, and an ordinary field's
+/// length matches none of them, or one or two). [`is_relayed_response_field`] and
+/// [`is_hop_by_hop_response_field`] read it; a test holds it to
+/// [`crate::h1::is_writer_owned`].
 pub fn response_field_name(name: &[u8]) -> ResponseFieldName {
-    use ResponseFieldName::{Connection, Date, HopByHop, NotRelayed, Ordinary};
+    use ResponseFieldName::{Connection, Date, HopByHop, Host, NotRelayed, Ordinary};
     let is = |known: &[u8]| eq_lower(name, known);
     match name.len() {
         2 if is(b"te") => HopByHop,
         4 if is(b"date") => Date,
-        4 if is(b"host") => NotRelayed,
+        4 if is(b"host") => Host,
         7 if is(b"trailer") || is(b"upgrade") => HopByHop,
         10 if is(b"connection") => Connection,
         10 if is(b"keep-alive") => HopByHop,
@@ -674,11 +672,12 @@ mod tests {
         }
     }
 
-    /// The one-match classifier gives the answers of the rules it stands for, for every known
-    /// name in several spellings, names one letter or one byte off, and other names.
+    /// The one table of response field names agrees with the rules read from it and with the
+    /// head writer's own list (`is_writer_owned`), for every known name in several spellings,
+    /// names one letter or one byte off, and other names.
     #[test]
     fn response_field_names_agree_with_the_rules() {
-        use ResponseFieldName::{Connection, Date, HopByHop};
+        use ResponseFieldName::{Connection, Date, HopByHop, Host};
         let known: &[&[u8]] = &[
             b"te",
             b"date",
@@ -727,6 +726,11 @@ mod tests {
             assert_eq!(
                 class == Date,
                 name.eq_ignore_ascii_case(b"date"),
+                "{name:?}"
+            );
+            assert_eq!(
+                class == Host,
+                name.eq_ignore_ascii_case(b"host"),
                 "{name:?}"
             );
             assert_eq!(

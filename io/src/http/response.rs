@@ -250,7 +250,9 @@ impl RelayedFields {
                     lists |= lists_field_names(v);
                     continue;
                 }
-                ResponseFieldName::NotRelayed | ResponseFieldName::HopByHop => continue,
+                ResponseFieldName::Host
+                | ResponseFieldName::NotRelayed
+                | ResponseFieldName::HopByHop => continue,
             }
             keep |= 1 << i;
             bytes += n.len() + v.len();
