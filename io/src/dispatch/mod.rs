@@ -208,8 +208,9 @@ pub(crate) struct Assigned {
     pub(crate) decision: sortie_core::routing::RouteDecision,
     /// The chosen worker's executor slot.
     pub(crate) slot: Arc<WorkerSlot>,
-    /// When routing finished.
-    pub(crate) routed: Instant,
+    /// When routing finished: read for the request API, whose answer reports it, and for no
+    /// other ingress (a precise clock read per request).
+    pub(crate) routed: Option<Instant>,
     /// The pool's upstream proxy, when it does not egress directly.
     pub(crate) via: Option<crate::egress::ProxyRoute>,
     /// The worker attaches over the bus (`sortie worker`).
@@ -253,7 +254,7 @@ pub(crate) fn assign(
             .route(&route_req, &mut ctx.no_pins.borrow_mut(), now_ms, &capacity),
     };
     let decision = decision.map_err(|e| e.to_api_error())?;
-    let routed = Instant::now();
+    let routed = (route.ingress == Ingress::Api).then(Instant::now);
 
     if let Some(profile) = route.fingerprint {
         let advertises = active

@@ -544,7 +544,8 @@ impl Egress {
     ) -> Result<StreamedResponse, ApiError> {
         let length = body.length();
         let head = stream_head(req, length)?;
-        let started = Instant::now();
+        // For the pool's idle ages and the proxy endpoints' health: the coarse clock serves.
+        let started = crate::timer::now();
         let via = req.via.map(|r| (r, r.choose(started)));
         let key = PoolKey {
             worker_id: req.worker_id.clone(),

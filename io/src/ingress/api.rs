@@ -346,9 +346,10 @@ async fn handle_inner(
     };
     let done = Instant::now();
     let headers = envelope_fields(&resp.headers);
+    let routed = assigned.routed.unwrap_or(assigned_at);
     let timing = Timing {
-        routing_ms: millis(assigned.routed - started),
-        assignment_ms: millis(assigned_at.saturating_duration_since(assigned.routed)),
+        routing_ms: millis(routed.saturating_duration_since(started)),
+        assignment_ms: millis(assigned_at.saturating_duration_since(routed)),
         egress_ms: millis(done - assigned_at),
         total_ms: millis(done - started),
     };
