@@ -18,35 +18,53 @@ pub struct Header {
     pub value: Vec<u8>,
 }
 
-/// Headers the gateway sets itself or never forwards, with the reason given to the caller.
-/// Matching is case-insensitive. Everything else is forwarded in order, duplicates preserved.
-const REJECTED: &[(&str, &str)] = &[
-    ("host", "Host is derived from url"),
-    ("content-length", "Content-Length is derived from the body"),
-    // RFC 9110 §7.6.1: hop-by-hop fields apply to one connection and are never forwarded.
-    (
-        "transfer-encoding",
-        "Transfer-Encoding is managed by the gateway",
-    ),
-    ("connection", "Connection is a hop-by-hop header"),
-    ("keep-alive", "Keep-Alive is a hop-by-hop header"),
-    (
-        "proxy-connection",
-        "Proxy-Connection is a hop-by-hop header",
-    ),
-    ("te", "TE is a hop-by-hop header"),
-    ("trailer", "Trailer is a hop-by-hop header"),
-    ("upgrade", "Upgrade is a hop-by-hop header"),
-    ("expect", "Expect is managed by the gateway"),
-    // Callers cannot send proxy credentials (spec, Routing rule 7).
-    (
-        "proxy-authorization",
-        "proxy credentials are managed by the gateway",
-    ),
-    (
-        "proxy-authenticate",
-        "proxy credentials are managed by the gateway",
-    ),
+/// A header the gateway sets itself or never forwards: its lowercase name and the reason given
+/// to the caller.
+type Rejected = (&'static str, &'static str);
+
+const HOST: Rejected = ("host", "Host is derived from url");
+const CONTENT_LENGTH: Rejected = ("content-length", "Content-Length is derived from the body");
+// RFC 9110 §7.6.1: hop-by-hop fields apply to one connection and are never forwarded.
+const TRANSFER_ENCODING: Rejected = (
+    "transfer-encoding",
+    "Transfer-Encoding is managed by the gateway",
+);
+const CONNECTION: Rejected = ("connection", "Connection is a hop-by-hop header");
+const KEEP_ALIVE: Rejected = ("keep-alive", "Keep-Alive is a hop-by-hop header");
+const PROXY_CONNECTION: Rejected = (
+    "proxy-connection",
+    "Proxy-Connection is a hop-by-hop header",
+);
+const TE: Rejected = ("te", "TE is a hop-by-hop header");
+const TRAILER: Rejected = ("trailer", "Trailer is a hop-by-hop header");
+const UPGRADE: Rejected = ("upgrade", "Upgrade is a hop-by-hop header");
+const EXPECT: Rejected = ("expect", "Expect is managed by the gateway");
+// Callers cannot send proxy credentials (spec, Routing rule 7).
+const PROXY_AUTHORIZATION: Rejected = (
+    "proxy-authorization",
+    "proxy credentials are managed by the gateway",
+);
+const PROXY_AUTHENTICATE: Rejected = (
+    "proxy-authenticate",
+    "proxy credentials are managed by the gateway",
+);
+
+/// Every header the gateway sets itself or never forwards. Matching is case-insensitive.
+/// Everything else is forwarded in order, duplicates preserved.
+#[cfg(test)]
+const REJECTED: &[Rejected] = &[
+    HOST,
+    CONTENT_LENGTH,
+    TRANSFER_ENCODING,
+    CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    TE,
+    TRAILER,
+    UPGRADE,
+    EXPECT,
+    PROXY_AUTHORIZATION,
+    PROXY_AUTHENTICATE,
 ];
 
 /// The prefix of the gateway's own headers; they never reach a destination (decision 017).
@@ -83,26 +101,21 @@ pub fn rejection_reason(name: &str) -> Option<&'static str> {
     {
         return Some("X-Service-* headers are the gateway's own");
     }
-    // By length first: a name is compared with one or two entries of the table, not all of
-    // them (every field of every proxied request asks). A test holds the lengths to the table.
+    // By length first: a name is compared with the one or two entries of its length, not all
+    // of them (every field of every proxied request asks). A test holds this to `REJECTED`.
     let n = name.as_bytes();
-    let entry = |i: usize| {
-        REJECTED
-            .get(i)
-            .filter(|(known, _)| eq_lower(n, known.as_bytes()))
-            .map(|(_, why)| *why)
-    };
+    let is = |(known, why): Rejected| eq_lower(n, known.as_bytes()).then_some(why);
     match n.len() {
-        2 => entry(6),
-        4 => entry(0),
-        6 => entry(9),
-        7 => entry(7).or_else(|| entry(8)),
-        10 => entry(3).or_else(|| entry(4)),
-        14 => entry(1),
-        16 => entry(5),
-        17 => entry(2),
-        18 => entry(11),
-        19 => entry(10),
+        2 => is(TE),
+        4 => is(HOST),
+        6 => is(EXPECT),
+        7 => is(TRAILER).or_else(|| is(UPGRADE)),
+        10 => is(CONNECTION).or_else(|| is(KEEP_ALIVE)),
+        14 => is(CONTENT_LENGTH),
+        16 => is(PROXY_CONNECTION),
+        17 => is(TRANSFER_ENCODING),
+        18 => is(PROXY_AUTHENTICATE),
+        19 => is(PROXY_AUTHORIZATION),
         _ => None,
     }
 }
