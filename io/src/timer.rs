@@ -198,6 +198,12 @@ struct Wheel {
     ticker: Ticker,
     /// Wakers to wake once the wheel is no longer borrowed, kept for its allocation.
     due: Vec<Waker>,
+    /// The waker of the timer cancelled last, kept for the next registration: a task that
+    /// finishes an operation and starts the next under a new limit (the usual sequence of a
+    /// request) registers with the waker it gave back, without a clone and a drop (two atomic
+    /// reference-count changes each). At most one per core, so it holds at most one task's
+    /// memory beyond its end.
+    spare: Option<Waker>,
 }
 
 #[derive(Default)]
@@ -227,6 +233,7 @@ impl Wheel {
             epoch: 0,
             ticker: Ticker::default(),
             due: Vec::new(),
+            spare: None,
         }
     }
 
@@ -278,7 +285,13 @@ impl Wheel {
         e.state = EntryState::Waiting;
         e.tick = tick;
         e.at = at;
-        e.waker = Some(waker.clone());
+        e.waker = Some(match self.spare.take() {
+            Some(spare) if spare.will_wake(waker) => spare,
+            other => {
+                self.spare = other;
+                waker.clone()
+            }
+        });
         let handle = Handle {
             index,
             generation: e.generation,
@@ -315,8 +328,8 @@ impl Wheel {
         }
     }
 
-    /// Frees the timer behind `h`; gives back its waker, to be dropped once the wheel is no
-    /// longer borrowed.
+    /// Frees the timer behind `h`, keeping its waker as the spare; gives back the spare it
+    /// replaces, to be dropped once the wheel is no longer borrowed.
     fn cancel(&mut self, h: Handle) -> Option<Waker> {
         let (state, tick, at, waker) = {
             let e = self.entry(h)?;
@@ -329,7 +342,10 @@ impl Wheel {
             self.waiting = self.waiting.saturating_sub(1);
         }
         self.free.push(h.index);
-        waker
+        match waker {
+            Some(w) => self.spare.replace(w),
+            None => None,
+        }
     }
 
     /// Fires every timer whose tick is at or before `now` into `self.due`.
@@ -757,6 +773,52 @@ mod tests {
                 assert!(w.buckets.iter().all(Vec::is_empty));
                 assert!(w.occupied.iter().all(|&x| x == 0));
             });
+        });
+    }
+
+    #[test]
+    fn a_cancelled_timers_waker_serves_the_same_task_only() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        run_on(Driver::detect(), async {
+            let a = Arc::new(Count(AtomicUsize::new(0)));
+            let b = Arc::new(Count(AtomicUsize::new(0)));
+            let wa = Waker::from(Arc::clone(&a));
+            let wb = Waker::from(Arc::clone(&b));
+            // Registered: the wheel holds a clone of A's waker.
+            let mut s1 = Box::pin(sleep(Duration::from_secs(30)));
+            assert!(s1.as_mut().poll(&mut Context::from_waker(&wa)).is_pending());
+            assert_eq!(Arc::strong_count(&a), 3);
+            // Cancelled: the clone stays as the spare, and the next timer of A takes it.
+            drop(s1);
+            assert_eq!(Arc::strong_count(&a), 3);
+            let mut s2 = Box::pin(sleep(Duration::from_secs(30)));
+            assert!(s2.as_mut().poll(&mut Context::from_waker(&wa)).is_pending());
+            assert_eq!(Arc::strong_count(&a), 3);
+            drop(s2);
+            // Another task's timer never takes A's waker: it gets its own, and only it is woken.
+            let mut s3 = Box::pin(sleep(Duration::from_millis(20)));
+            assert!(s3.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
+            assert_eq!(Arc::strong_count(&b), 3);
+            crate::timer::sleep(Duration::from_millis(60)).await;
+            assert_eq!(b.0.load(Ordering::SeqCst), 1);
+            assert_eq!(a.0.load(Ordering::SeqCst), 0);
+            assert!(s3.as_mut().poll(&mut Context::from_waker(&wb)).is_ready());
+            // A fired timer gave its waker to the wake: the spare is still A's.
+            drop(s3);
+            assert_eq!(Arc::strong_count(&a), 3);
+            // A cancelled timer of B's takes the spare's place; A's is dropped.
+            let mut s4 = Box::pin(sleep(Duration::from_secs(30)));
+            assert!(s4.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
+            drop(s4);
+            assert_eq!(Arc::strong_count(&a), 2);
+            assert_eq!(Arc::strong_count(&b), 3);
         });
     }
 }
