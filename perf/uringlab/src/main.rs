@@ -194,6 +194,7 @@ struct Relay {
     multishot: bool,
     splice: bool,
     fixed: bool,
+    http: bool,
     upstream: String,
     listener: RawFd,
     conns: Vec<Option<Conn>>,
@@ -342,6 +343,22 @@ impl Relay {
         if c.state != State::Idle {
             return;
         }
+        if self.http {
+            c.out_upstream.clear();
+            match rewrite_request(&c.req, &mut c.out_upstream) {
+                Some(len) => {
+                    c.req.drain(..len);
+                    c.out_upstream_at = 0;
+                    c.state = State::Forwarding;
+                    c.resp_total = None;
+                    c.resp_seen = 0;
+                    self.send(id, Op::SendUpstream);
+                }
+                None if !c.recv_client_pending => self.recv(id, Op::RecvClient),
+                None => {}
+            }
+            return;
+        }
         match find(&c.req, b"\r\n\r\n") {
             Some(at) => {
                 let rest = c.req.split_off(at + 4);
@@ -367,7 +384,9 @@ impl Relay {
             return;
         }
         if c.resp_total.is_none() {
-            if let Some(at) = find(&c.resp, b"\r\n\r\n") {
+            if self.http {
+                c.resp_total = parsed_response_length(&c.resp);
+            } else if let Some(at) = find(&c.resp, b"\r\n\r\n") {
                 c.resp_total = Some(at + 4 + content_length(&c.resp[..at]));
             }
         }
@@ -650,6 +669,67 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// Parses a complete request head at the start of `req` and writes the head to send upstream
+/// into `out`: the origin-form request line, `Host` from the absolute-form target, the other
+/// fields but `Host` and the proxy's own. Returns the received head's length; `None` while it is
+/// incomplete or when it is not an absolute-form `http://` request (the lab does not answer it).
+fn rewrite_request(req: &[u8], out: &mut Vec<u8>) -> Option<usize> {
+    let mut fields = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Request::new(&mut fields);
+    let len = match parsed.parse(req) {
+        Ok(httparse::Status::Complete(len)) => len,
+        _ => return None,
+    };
+    let method = parsed.method?;
+    let target = parsed.path?;
+    let rest = target.strip_prefix("http://")?;
+    let slash = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(slash);
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(if path.is_empty() {
+        b"/"
+    } else {
+        path.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    out.extend_from_slice(authority.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for f in parsed.headers.iter() {
+        let name = f.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"host")
+            || name.eq_ignore_ascii_case(b"proxy-connection")
+            || name.eq_ignore_ascii_case(b"proxy-authorization")
+        {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(f.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Some(len)
+}
+
+/// A response's whole length (head and `Content-Length` body) once its head is complete, from
+/// httparse's fields.
+fn parsed_response_length(resp: &[u8]) -> Option<usize> {
+    let mut fields = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let len = match parsed.parse(resp) {
+        Ok(httparse::Status::Complete(len)) => len,
+        _ => return None,
+    };
+    let body = parsed
+        .headers
+        .iter()
+        .find(|f| f.name.eq_ignore_ascii_case("content-length"))
+        .and_then(|f| std::str::from_utf8(f.value).ok()?.trim().parse().ok())
+        .unwrap_or(0);
+    Some(len + body)
+}
+
 /// The `Content-Length` of a response head (0 when absent or unreadable).
 fn content_length(head: &[u8]) -> usize {
     head.split(|&b| b == b'\n')
@@ -693,11 +773,12 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http");
         std::process::exit(2);
     };
+    let http = variant == "http";
     let (multishot, fixed, splice) = match variant.as_str() {
-        "oneshot" => (false, false, false),
+        "oneshot" | "http" => (false, false, false),
         "multishot" => (true, false, false),
         "oneshot-fixed" => (false, true, false),
         "multishot-fixed" => (true, true, false),
@@ -736,6 +817,7 @@ fn main() -> io::Result<()> {
         multishot,
         splice,
         fixed,
+        http,
         upstream: upstream.clone(),
         listener: listener.as_raw_fd(),
         conns: Vec::new(),
