@@ -59,12 +59,12 @@ ALLOC_SITES=${ALLOC_SITES:-0}
 # A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
 # the gateway's own pinning (one CPU per core thread).
 GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
-# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice http" (any of them): also
+# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice zc http" (any of them): also
 # measure the io_uring lab relay (perf/uringlab) in those variants in the absolute rows, each on
 # its own port from URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring features the
-# gateway's runtime does not expose (multishot receive into provided buffers, registered files)
-# would save per request, and what splicing large bodies does, beside the least any io_uring
-# hop costs and (http) the least an HTTP-parsing hop costs. See perf/README.md.
+# gateway's runtime does not expose (multishot receive into provided buffers, registered files,
+# zero-copy sends) would save per request, and what splicing large bodies does, beside the least
+# any io_uring hop costs and (http) the least an HTTP-parsing hop costs. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # LABELS="direct nginx-hop sortie ...": measure only these of each mode's rows (all when empty);

@@ -19,6 +19,16 @@
 //! - `splice`: `oneshot`, except that the head is read 4 KiB at a time and the rest of a body of
 //!   16 KiB or more goes socket → pipe → socket with non-waiting `splice(2)` calls after an
 //!   io_uring poll says the socket is ready: the gateway's path for large plain bodies.
+//! - `zc`: `oneshot`, except that sends to the client of 16 KiB or more are zero-copy
+//!   (`IORING_OP_SEND_ZC`): the kernel sends from the relay's buffer instead of copying it, and
+//!   posts a second completion once it no longer needs the buffer; the relay counts the send as
+//!   done only then.
+//! - `http`: `oneshot`, plus the least HTTP a forward proxy does: the request head is parsed
+//!   with httparse (the gateway's parser), its absolute-form target split into authority and
+//!   path, and a new head written for the upstream (origin-form request line, `Host`, the other
+//!   fields but the proxy's own); the response head is parsed with httparse too and its
+//!   `Content-Length` read from the parsed fields. No routing, limits, timers or runtime: the
+//!   floor of an HTTP-aware hop, beside the byte relay's.
 //!
 //! One thread, on CPU `PIN_CPU` (default 0, where the gateway's first core runs), with the ring
 //! set up as the gateway sets its up (`COOP_TASKRUN`); each receive takes up to `READ_BYTES`
@@ -46,6 +56,11 @@ const RING_ENTRIES: u32 = 4096;
 const HEAD_READ_BYTES: usize = 4 * 1024;
 const SPLICE_MIN_BYTES: usize = 16 * 1024;
 const PIPE_BYTES: usize = 256 * 1024;
+/// The `zc` variant: the least send to the client made zero-copy.
+const ZC_MIN_BYTES: usize = 16 * 1024;
+/// A zero-copy send's second completion: the kernel is done with the buffer (Linux's
+/// `IORING_CQE_F_NOTIF`).
+const CQE_F_NOTIF: u32 = 1 << 3;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Op {
@@ -115,6 +130,10 @@ struct Conn {
     splicing: bool,
     splice_left: usize,
     pipe_held: usize,
+    /// The `zc` variant: the client send in flight is zero-copy; its result, kept until the
+    /// kernel says it is done with the buffer.
+    zc_send: bool,
+    zc_result: Option<i32>,
 }
 
 /// The provided-buffer ring: entries the kernel takes buffers from, and the buffers.
@@ -195,6 +214,7 @@ struct Relay {
     splice: bool,
     fixed: bool,
     http: bool,
+    zc: bool,
     upstream: String,
     listener: RawFd,
     conns: Vec<Option<Conn>>,
@@ -271,6 +291,8 @@ impl Relay {
             splicing: false,
             splice_left: 0,
             pipe_held: 0,
+            zc_send: false,
+            zc_result: None,
         }));
         if self.multishot {
             self.arm_multishot(id, Op::RecvClient);
@@ -318,9 +340,15 @@ impl Relay {
     }
 
     fn send(&mut self, id: usize, op: Op) {
-        let Some(c) = self.conns[id].as_ref() else {
+        let zc = self.zc;
+        let Some(c) = self.conns[id].as_mut() else {
             return;
         };
+        if op == Op::SendClient {
+            c.zc_send = zc && c.out_client.len() - c.out_client_at >= ZC_MIN_BYTES;
+            c.zc_result = None;
+        }
+        let c = &*c;
         let (fd, slot, data) = match op {
             Op::SendClient => (c.client, 2 * id as u32, &c.out_client[c.out_client_at..]),
             _ => (
@@ -330,6 +358,11 @@ impl Relay {
             ),
         };
         let (ptr, len) = (data.as_ptr(), data.len() as u32);
+        if op == Op::SendClient && c.zc_send {
+            let e = on_fd!(self, fd, slot, |f| opcode::SendZc::new(f, ptr, len).build());
+            self.pending.push(e.user_data(token(id, op)));
+            return;
+        }
         let e = on_fd!(self, fd, slot, |f| opcode::Send::new(f, ptr, len).build());
         self.pending.push(e.user_data(token(id, op)));
     }
@@ -525,38 +558,25 @@ impl Relay {
                     self.pump(id);
                 }
             }
-            Op::SendUpstream | Op::SendClient => {
-                if res < 0 {
-                    return self.close(id);
-                }
+            Op::SendClient if self.conns[id].as_ref().is_some_and(|c| c.zc_send) => {
                 let Some(c) = self.conns[id].as_mut() else {
                     return;
                 };
-                if op == Op::SendUpstream {
-                    c.out_upstream_at += res as usize;
-                    if c.out_upstream_at < c.out_upstream.len() {
-                        return self.send(id, op);
-                    }
-                    c.state = State::Responding;
-                    self.pump(id);
-                } else {
-                    c.out_client_at += res as usize;
-                    if c.out_client_at < c.out_client.len() {
-                        return self.send(id, op);
-                    }
-                    c.send_client_pending = false;
-                    if c.splicing {
-                        return self.splice_step(id);
-                    }
-                    let done = c.resp_total.is_some_and(|t| c.resp_seen >= t) && c.resp.is_empty();
-                    if done {
-                        c.state = State::Idle;
-                        self.try_start(id);
-                    } else {
-                        self.pump(id);
-                    }
+                // The send's own completion, with a notification to follow: wait for it,
+                // since the buffer is the kernel's until then.
+                if flags & CQE_F_NOTIF == 0 && cqueue::more(flags) {
+                    c.zc_result = Some(res);
+                    return;
                 }
+                let res = if flags & CQE_F_NOTIF != 0 {
+                    c.zc_result.take().unwrap_or(-libc::EIO)
+                } else {
+                    res
+                };
+                c.zc_send = false;
+                self.sent(id, op, res);
             }
+            Op::SendUpstream | Op::SendClient => self.sent(id, op, res),
             Op::PollUpstream | Op::PollClient => {
                 if res < 0 {
                     return self.close(id);
@@ -564,6 +584,41 @@ impl Relay {
                 self.splice_step(id);
             }
             Op::Accept => {}
+        }
+    }
+
+    /// A send's completion (a zero-copy one once its buffer is free): the rest of the data, or
+    /// the next step of the exchange.
+    fn sent(&mut self, id: usize, op: Op, res: i32) {
+        if res < 0 {
+            return self.close(id);
+        }
+        let Some(c) = self.conns[id].as_mut() else {
+            return;
+        };
+        if op == Op::SendUpstream {
+            c.out_upstream_at += res as usize;
+            if c.out_upstream_at < c.out_upstream.len() {
+                return self.send(id, op);
+            }
+            c.state = State::Responding;
+            self.pump(id);
+        } else {
+            c.out_client_at += res as usize;
+            if c.out_client_at < c.out_client.len() {
+                return self.send(id, op);
+            }
+            c.send_client_pending = false;
+            if c.splicing {
+                return self.splice_step(id);
+            }
+            let done = c.resp_total.is_some_and(|t| c.resp_seen >= t) && c.resp.is_empty();
+            if done {
+                c.state = State::Idle;
+                self.try_start(id);
+            } else {
+                self.pump(id);
+            }
         }
     }
 
@@ -773,12 +828,13 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc");
         std::process::exit(2);
     };
     let http = variant == "http";
+    let zc = variant == "zc";
     let (multishot, fixed, splice) = match variant.as_str() {
-        "oneshot" | "http" => (false, false, false),
+        "oneshot" | "http" | "zc" => (false, false, false),
         "multishot" => (true, false, false),
         "oneshot-fixed" => (false, true, false),
         "multishot-fixed" => (true, true, false),
@@ -818,6 +874,7 @@ fn main() -> io::Result<()> {
         splice,
         fixed,
         http,
+        zc,
         upstream: upstream.clone(),
         listener: listener.as_raw_fd(),
         conns: Vec::new(),
