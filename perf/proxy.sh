@@ -37,7 +37,8 @@ MODES=${MODES:-"absolute connect-new in-tunnel api"}
 PROFILE=${PROFILE:-0}
 # How the profile walks stacks: fp (frame pointers: cheap, but the release build omits them, so
 # callers are mostly lost) or dwarf (full callers, for `perf report -g caller` on the data kept
-# with KEEP_WORK_DIR=1; larger files and more overhead).
+# with KEEP_WORK_DIR=1; larger files and more overhead). With dwarf, the run also prints where
+# the user time goes by component and by stage of a request (perf/user_profile.py).
 PROFILE_CALL_GRAPH=${PROFILE_CALL_GRAPH:-fp}
 # COUNT_ALLOCS=1: after the measured rounds, one more (unrecorded) run of Sortie per mode and
 # size with uprobes on the allocator, and the allocator calls per request it made. The probes
@@ -466,6 +467,11 @@ profile_all() {
       perf report -i "$data" --stdio --no-children --sort sym -g none >"$WORK_DIR/perf-report.txt" 2>&1 || true
       { grep -E '^ +[0-9]' "$WORK_DIR/perf-report.txt" || echo "(no samples)"; } |
         awk 'NR <= 12' | tee -a "$RESULTS_FILE"
+      if [ "$PROFILE_CALL_GRAPH" = dwarf ]; then
+        say "--- user time: $mode $size (perf/user_profile.py)"
+        perf script -i "$data" -F ip,sym 2>/dev/null | python3 "$PERF_DIR/user_profile.py" |
+          tee -a "$RESULTS_FILE" || true
+      fi
     done
   done
 }
