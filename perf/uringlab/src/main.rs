@@ -376,26 +376,21 @@ impl Relay {
         if c.state != State::Idle {
             return;
         }
-        if self.http {
+        // A complete head at the front of `req` becomes `out_upstream`: rewritten (http), or
+        // as received.
+        let ready = if self.http {
             c.out_upstream.clear();
-            match rewrite_request(&c.req, &mut c.out_upstream) {
-                Some(len) => {
-                    c.req.drain(..len);
-                    c.out_upstream_at = 0;
-                    c.state = State::Forwarding;
-                    c.resp_total = None;
-                    c.resp_seen = 0;
-                    self.send(id, Op::SendUpstream);
-                }
-                None if !c.recv_client_pending => self.recv(id, Op::RecvClient),
-                None => {}
-            }
-            return;
-        }
-        match find(&c.req, b"\r\n\r\n") {
-            Some(at) => {
+            rewrite_request(&c.req, &mut c.out_upstream).map(|len| {
+                c.req.drain(..len);
+            })
+        } else {
+            find(&c.req, b"\r\n\r\n").map(|at| {
                 let rest = c.req.split_off(at + 4);
                 c.out_upstream = std::mem::replace(&mut c.req, rest);
+            })
+        };
+        match ready {
+            Some(()) => {
                 c.out_upstream_at = 0;
                 c.state = State::Forwarding;
                 c.resp_total = None;
