@@ -8,7 +8,8 @@ its callers) and prints, over the samples whose leaf is in user space:
   the gateway's own code, the rest);
 - the inclusive share of each stage of a proxied request (a sample counts for a stage when
   any frame of its stack is in it);
-- the first caller in the gateway's code of the copy routines and of the allocator.
+- the first caller of the copy routines and of the allocator outside the standard library
+  and the allocator itself (the gateway's code, or a crate's it calls).
 
 Used by `proxy.sh PROFILE=1 PROFILE_CALL_GRAPH=dwarf`; see perf/README.md. The shares are of
 user samples only: kernel time is in the profile's own table.
@@ -18,12 +19,15 @@ import collections
 import re
 import sys
 
+ALLOCATOR = r"\bmi_|_mi_|mimalloc|__rust_alloc|__rust_dealloc|__rust_realloc|sortie_io::alloc|\bmalloc|\bfree\b"
+COPIES = r"memmove|memcpy|memset"
+
 # Self time: the first group whose pattern the leaf's symbol matches.
 GROUPS = [
     ("runtime (monoio tasks, wakers, driver)", r"monoio|flume|RawWaker|[Ww]aker"),
     ("httparse", r"httparse"),
-    ("allocator", r"\bmi_|_mi_|mimalloc|__rust_alloc|__rust_dealloc|__rust_realloc|sortie_io::alloc|\bmalloc|\bfree\b"),
-    ("copies (memmove, memcpy, memset)", r"memmove|memcpy|memset"),
+    ("allocator", ALLOCATOR),
+    ("copies (memmove, memcpy, memset)", COPIES),
     ("clock reads", r"clock_gettime|vdso"),
     ("bytes, Rc, Arc", r"^bytes::|<bytes::|alloc::rc::|alloc::sync::"),
     ("the gateway's own code", r"sortie"),
@@ -55,10 +59,10 @@ STAGES = [
     ("runtime park (completions, timers)", r"TimeDriver.*park|inner_park"),
 ]
 
-# Frames skipped when looking for the gateway's caller of a copy or an allocation: the
-# standard library's and the allocator's own.
+# Frames skipped when looking for the caller of a copy or an allocation: the standard
+# library's and the allocator's own.
 SKIP = re.compile(
-    r"^core::|^alloc::|<alloc::|__rustc::|_mi_|^mi_|mimalloc|<core::|<T as alloc|"
+    r"^core::|^alloc::|<alloc::|__rustc::|_mi_|^mi_|mimalloc|<core::|<(T|str) as alloc|"
     r"<F as core::future|copy_from_slice|extend_from|memmove|memcpy|memset|GlobalAlloc"
 )
 
@@ -90,8 +94,8 @@ def main():
     stages = collections.Counter()
     copy_callers = collections.Counter()
     alloc_callers = collections.Counter()
-    copy_re = re.compile(GROUPS[3][1])
-    alloc_re = re.compile(GROUPS[2][1])
+    copy_re = re.compile(COPIES)
+    alloc_re = re.compile(ALLOCATOR)
     for frames in samples(text):
         leaf_ip = frames[0][0]
         if leaf_ip.startswith("ffffffff"):
