@@ -68,6 +68,15 @@ GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 # any io_uring hop costs and (http) the least an HTTP-parsing hop costs. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
+# BASE_BIN=path: also measure a second gateway from that binary (the row `sortie-base`, on its own
+# ports, same configuration) in every mode, interleaved with the others, and print Sortie's
+# requests per CPU-second over its: a change against the build before it in the same run.
+BASE_BIN=${BASE_BIN:-}
+BASE_PROXY_PORT=${BASE_PROXY_PORT:-19228}
+BASE_API_PORT=${BASE_API_PORT:-19280}
+BASE_ADMIN_PORT=${BASE_ADMIN_PORT:-19281}
+BASE_PID=""
+
 # LABELS="direct nginx-hop sortie ...": measure only these of each mode's rows (all when empty);
 # the sortie and nginx-hop (squid for tunnels) rows are needed for the ratio lines.
 LABELS=${LABELS:-}
@@ -215,17 +224,20 @@ CONF
   wait_port "$HAPROXY_PORT" 10 "${PID_OF[haproxy]}" || { cat "$WORK_DIR/haproxy.log" >&2; die "haproxy did not start"; }
 }
 
-start_sortie() {
-  local bin=$1 dir="$WORK_DIR/gateway"
+# Starts a gateway from binary $1 as process label $2 (sortie or sortie-base) on its proxy, API and
+# admin ports $3 $4 $5; sets START_PID.
+start_gateway() {
+  local bin=$1 name=$2 proxy_port=$3 api_port=$4 admin_port=$5 dir="$WORK_DIR/gateway" vars=""
+  [ "$name" = sortie ] || { dir="$WORK_DIR/$name" vars=BASE_; }
   mkdir -p "$dir/data"
   cat >"$dir/snapshot.json" <<'JSON'
 {"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}
 JSON
   cat >"$dir/sortie.toml" <<TOML
 [control]
-api_listen = "127.0.0.1:$API_PORT"
-admin_listen = "127.0.0.1:$ADMIN_PORT"
-proxy_listen = "127.0.0.1:$PROXY_PORT"
+api_listen = "127.0.0.1:$api_port"
+admin_listen = "127.0.0.1:$admin_port"
+proxy_listen = "127.0.0.1:$proxy_port"
 data_dir = "$dir/data"
 cores = $GATEWAY_CORES
 bootstrap_snapshot = "$dir/snapshot.json"
@@ -241,17 +253,27 @@ token = "$ADMIN_TOKEN"
 id = "local"
 capacity = 100000
 TOML
-  require_free_port "$PROXY_PORT" PROXY_PORT
-  require_free_port "$API_PORT" API_PORT
-  require_free_port "$ADMIN_PORT" ADMIN_PORT
-  start_bg sortie "$bin" serve --config "$dir/sortie.toml"
-  GATEWAY_PID=${PID_OF[sortie]}
-  wait_port "$PROXY_PORT" 30 "$GATEWAY_PID" || { cat "$WORK_DIR/sortie.log" >&2; die "sortie did not start"; }
+  require_free_port "$proxy_port" "${vars}PROXY_PORT"
+  require_free_port "$api_port" "${vars}API_PORT"
+  require_free_port "$admin_port" "${vars}ADMIN_PORT"
+  start_bg "$name" "$bin" serve --config "$dir/sortie.toml"
+  START_PID=${PID_OF[$name]}
+  wait_port "$proxy_port" 30 "$START_PID" || { cat "$WORK_DIR/$name.log" >&2; die "$name did not start"; }
   if [ -n "$GATEWAY_AFFINITY" ]; then
     # The core threads pin themselves to one CPU each; on a machine shared with other work a
     # pinned thread waits for its CPU while the other is idle, where the peers (unpinned)
     # move. GATEWAY_AFFINITY (a CPU list, e.g. 0-1) widens every thread of the gateway.
-    taskset -a -p -c "$GATEWAY_AFFINITY" "$GATEWAY_PID" >/dev/null || die "taskset failed"
+    taskset -a -p -c "$GATEWAY_AFFINITY" "$START_PID" >/dev/null || die "taskset failed"
+  fi
+}
+
+start_sortie() {
+  start_gateway "$1" sortie "$PROXY_PORT" "$API_PORT" "$ADMIN_PORT"
+  GATEWAY_PID=$START_PID
+  if [ -n "$BASE_BIN" ]; then
+    [ -x "$BASE_BIN" ] || die "BASE_BIN=$BASE_BIN is not an executable"
+    start_gateway "$BASE_BIN" sortie-base "$BASE_PROXY_PORT" "$BASE_API_PORT" "$BASE_ADMIN_PORT"
+    BASE_PID=$START_PID
   fi
 }
 
@@ -284,10 +306,11 @@ measure() {
     nginx-hop) pid=${PID_OF[nginx-hop]} port=$NGINX_HOP_PORT ;;
     haproxy) pid=${PID_OF[haproxy]} port=$HAPROXY_PORT ;;
     sortie) pid=$GATEWAY_PID port=$PROXY_PORT ;;
+    sortie-base) pid=$BASE_PID port=$BASE_PROXY_PORT ;;
     uringlab-*) pid=${PID_OF[$label]} port=${PORT_OF[$label]} ;;
   esac
   local target="127.0.0.1:$UPSTREAM_PORT" auth=""
-  [ "$label" != sortie ] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
+  [[ "$label" != sortie* ]] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
   before=$( [ -z "$pid" ] || cpu_ticks "$pid")
   case $mode in
     absolute | api)
@@ -297,6 +320,7 @@ measure() {
         */nginx-hop | */haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
         # The request API: every request POSTs the envelope naming the target.
         api/sortie) url="http://127.0.0.1:$API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
+        api/sortie-base) url="http://127.0.0.1:$BASE_API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
         *) url="http://127.0.0.1:$port" script="$PERF_DIR/proxy.lua" ;;
       esac
       SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
@@ -339,12 +363,13 @@ labels_for() {
 }
 
 all_labels_for() {
+  local base=${BASE_BIN:+ sortie-base}
   case $1 in
-    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie${URINGLAB:+ $(printf 'uringlab-%s ' $URINGLAB)}" ;;
+    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie$base${URINGLAB:+ $(printf 'uringlab-%s ' $URINGLAB)}" ;;
     # The request API beside the best single hop (the target's own figure).
-    api) echo "direct nginx-hop sortie" ;;
+    api) echo "direct nginx-hop sortie$base" ;;
     # Reverse hops cannot open tunnels.
-    *) echo "direct squid tinyproxy sortie" ;;
+    *) echo "direct squid tinyproxy sortie$base" ;;
   esac
 }
 
@@ -446,6 +471,14 @@ print_tables() {
         -v nn="$(field requests "$n_line")" -v nc="$(field cpu_s "$n_line")" \
         'BEGIN { if (sc > 0 && nc > 0 && nn > 0) printf "%.2f", (sn / sc) / (nn / nc); else printf "-" }')" \
         "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $peer"]}"))"
+      [ -n "$BASE_BIN" ] && [ -n "${RESULTS["$mode $size sortie-base"]:-}" ] || continue
+      local b_line
+      b_line=$(median_line "${RESULTS["$mode $size sortie-base"]}")
+      say "$mode $size: sortie / sortie-base requests per CPU-second = $(awk \
+        -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
+        -v bn="$(field requests "$b_line")" -v bc="$(field cpu_s "$b_line")" \
+        'BEGIN { if (sc > 0 && bc > 0 && bn > 0) printf "%.2f", (sn / sc) / (bn / bc); else printf "-" }')" \
+        "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size sortie-base"]}"))"
     done
   done
 }
