@@ -147,7 +147,8 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
         [Some(Bytes::copy_from_slice(x.head)), Some(x.body.clone())]
     };
     for data in writes.iter_mut().filter_map(Option::take) {
-        let idle_end = Instant::now().checked_add(x.timeouts.idle);
+        // A deadline, not a duration: the coarse clock (never earlier than the true time).
+        let idle_end = crate::timer::now().checked_add(x.timeouts.idle);
         let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
         match within(at, conn.write_all(data)).await {
             Some(Ok(())) => {}
@@ -180,7 +181,8 @@ pub(crate) struct Head {
 }
 
 async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
-    let sent_at = Instant::now();
+    // The start of a deadline, not of a duration: the coarse clock.
+    let sent_at = crate::timer::now();
     let header_end = match x.timeouts.response_header {
         Some(t) => sent_at.checked_add(t),
         None => None,
@@ -235,7 +237,8 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     };
     let mut is_eof = false;
     while !decoder.is_done() {
-        let idle_end = Instant::now().checked_add(x.timeouts.idle);
+        // A deadline, not a duration: the coarse clock (never earlier than the true time).
+        let idle_end = crate::timer::now().checked_add(x.timeouts.idle);
         let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
         let broken =
             |e: std::io::Error| Failure::during_response(read_error(&e, Stage::ResponseBody));

@@ -156,6 +156,7 @@ pub async fn handle(
         content_type,
         body,
         &mut target,
+        started,
     )
     .await;
     pending.is_answered = true;
@@ -212,6 +213,7 @@ impl Drop for Unanswered<'_> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn handle_inner(
     ctx: &Dispatcher,
     request_id: &RequestId,
@@ -220,8 +222,9 @@ async fn handle_inner(
     content_type: Option<&[u8]>,
     mut body: Vec<u8>,
     target: &mut Option<(&'static str, String)>,
+    // When the request was admitted: the start of its timings, its deadline and its log line.
+    started: Instant,
 ) -> ApiAnswer {
-    let started = Instant::now();
     let tenant = Some(d.index());
     if !is_json_content_type(content_type) {
         let e = ApiError::new(
