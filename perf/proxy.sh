@@ -68,6 +68,13 @@ GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 # any io_uring hop costs and (http) the least an HTTP-parsing hop costs. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
+# SYSCALLS=1: after the measured rounds, one more (unrecorded) run of every measured process
+# per request mode and size (Sortie, the nginx hop, haproxy, the lab relays) counting, with the
+# kernel's tracepoints, its system calls and its io_uring submissions and completions per
+# request: how often each hop enters the kernel and how many ring operations (each one a wake
+# of the task waiting on it, in the gateway) a request costs.
+SYSCALLS=${SYSCALLS:-0}
+
 # BASE_BIN=path: also measure a second gateway from that binary (the row `sortie-base`, on its own
 # ports, same configuration) in every mode, interleaved with the others, and print Sortie's
 # requests per CPU-second over its: a change against the build before it in the same run.
@@ -424,6 +431,7 @@ main() {
   [ "$ROUNDS" -eq 0 ] || print_tables
   say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
   [ "$COUNT_ALLOCS" != 1 ] || count_allocs_all "$bin"
+  [ "$SYSCALLS" != 1 ] || syscalls_all
   [ "$PROFILE" != 1 ] || profile_all
   [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
   say ""
@@ -539,6 +547,44 @@ count_allocs_all() {
         perf script -i "$sites" -F ip,sym,srcline 2>/dev/null |
           python3 "$PERF_DIR/alloc_sites.py" --requests "$requests" --calls "$calls" | tee -a "$RESULTS_FILE"
       fi
+    done
+  done
+}
+
+# One unrecorded run per request mode, size and measured process (not direct) counting system
+# calls and io_uring operations per request with tracepoints (needs no hardware counters).
+syscalls_all() {
+  local mode size label pid counts requests events
+  events="raw_syscalls:sys_enter,syscalls:sys_enter_io_uring_enter,io_uring:io_uring_submit_req,io_uring:io_uring_complete"
+  say "--- system calls and io_uring operations per request (tracepoints; one unrecorded run each)"
+  say "| mode | size | process | system calls | of which io_uring_enter | ring submissions | ring completions |"
+  say "|---|---|---|---:|---:|---:|---:|"
+  for mode in $MODES; do
+    case $mode in absolute | api) ;; *) continue ;; esac
+    for size in $SIZES; do
+      for label in $(labels_for "$mode"); do
+        case $label in
+          direct) continue ;;
+          sortie) pid=$GATEWAY_PID ;;
+          sortie-base) pid=$BASE_PID ;;
+          nginx-hop | haproxy | squid | tinyproxy | uringlab-*) pid=${PID_OF[$label]} ;;
+          *) continue ;;
+        esac
+        counts="$WORK_DIR/syscalls-$mode-$size-$label.csv"
+        # Every thread of the process (`-p` follows them all), the resolver and cold threads too.
+        perf stat -x, -e "$events" -p "$pid" -o "$counts" 2>/dev/null &
+        local counter=$!
+        measure "$mode" "$size" "$label"
+        kill -INT "$counter" 2>/dev/null || true
+        wait "$counter" 2>/dev/null || true
+        requests=$(field requests "$LAST_LINE")
+        say "| $mode | $size | $label | $(awk -F, -v r="$requests" '
+          $3 == "raw_syscalls:sys_enter" { s = $1 }
+          $3 == "syscalls:sys_enter_io_uring_enter" { e = $1 }
+          $3 == "io_uring:io_uring_submit_req" { q = $1 }
+          $3 == "io_uring:io_uring_complete" { c = $1 }
+          END { if (r > 0) printf "%.2f | %.2f | %.2f | %.2f", s / r, e / r, q / r, c / r; else printf "- | - | - | -" }' "$counts") |"
+      done
     done
   done
 }
