@@ -224,6 +224,10 @@ fn proxy_health() -> &'static HealthRegistry {
 /// The shared control state.
 pub struct ControlState {
     active: ArcSwap<Active>,
+    /// How many times `active` was replaced; raised (release) after each store, so a core that
+    /// reads the same count (acquire) as when it last loaded `active` may keep what it loaded
+    /// ([`crate::dispatch::Dispatcher::active_snapshot`]).
+    published: AtomicU64,
     writer: Mutex<Writer>,
     /// `Writer::generation`, readable without the lock: the routing table is stale while the
     /// active one was built from an older generation.
@@ -297,6 +301,7 @@ impl ControlState {
         let active = Self::build(&writer, revision, snapshot);
         ControlState {
             active: ArcSwap::from_pointee(active),
+            published: AtomicU64::new(0),
             writer: Mutex::new(writer),
             routing_generation: AtomicU64::new(0),
             publish_scheduled: AtomicBool::new(false),
@@ -379,6 +384,12 @@ impl ControlState {
         self.active.load_full()
     }
 
+    /// How many times the active snapshot and table were replaced: when a core reads the same
+    /// count as before its last [`ControlState::active`], what that returned is still current.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Acquire)
+    }
+
     fn writer(&self) -> MutexGuard<'_, Writer> {
         // A panic while holding the lock leaves plain data behind; keep serving.
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
@@ -396,6 +407,7 @@ impl ControlState {
         }
         self.active
             .store(Arc::new(Self::build(&w, revision, snapshot)));
+        self.published.fetch_add(1, Ordering::Release);
         true
     }
 
@@ -498,6 +510,7 @@ impl ControlState {
         let cur = self.active.load_full();
         self.active
             .store(Arc::new(Self::build(w, cur.revision, cur.snapshot.clone())));
+        self.published.fetch_add(1, Ordering::Release);
         drop(cur);
         let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
         self.last_build_us.store(took, Ordering::Relaxed);

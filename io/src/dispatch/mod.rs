@@ -59,6 +59,11 @@ pub struct Dispatcher {
     pub receipts: Option<Arc<crate::control::receipts::Receipts>>,
     /// This core's bus lanes, when remote workers may attach.
     pub bus: Option<Rc<crate::remote::BusCore>>,
+    /// The active snapshot as this core last loaded it, with the publication count it was
+    /// current at ([`Dispatcher::active_snapshot`]). The `Rc` around the shared `Arc` is the
+    /// point: one allocation per publication buys a reference count only this core changes.
+    #[allow(clippy::redundant_allocation)]
+    active_seen: std::cell::RefCell<Option<(u64, Rc<Arc<Active>>)>>,
 }
 
 impl Dispatcher {
@@ -80,7 +85,30 @@ impl Dispatcher {
             last_token: std::cell::RefCell::new(None),
             receipts: None,
             bus: None,
+            active_seen: std::cell::RefCell::new(None),
         }
+    }
+
+    /// The active snapshot and table, as [`ControlState::active`] returns them. A core keeps
+    /// the one it loaded last and loads again only once another has been published: a request
+    /// reads one shared counter instead of taking a reference on the shared snapshot (a count
+    /// every core's requests would otherwise change, on one cache line). Until its next
+    /// request after a publication, a core holds the snapshot before it alive.
+    ///
+    /// [`ControlState::active`]: crate::control::state::ControlState::active
+    #[allow(clippy::redundant_allocation)]
+    pub fn active_snapshot(&self) -> Rc<Arc<Active>> {
+        let published = self.state.published();
+        let mut seen = self.active_seen.borrow_mut();
+        if let Some((at, active)) = seen.as_ref() {
+            if *at == published {
+                return Rc::clone(active);
+            }
+        }
+        // Loaded after the count was read: at least as new as the publication it counts.
+        let active = Rc::new(self.state.active());
+        *seen = Some((published, Rc::clone(&active)));
+        active
     }
 }
 
@@ -125,7 +153,8 @@ pub(crate) async fn run<T>(
     let mut failed: Vec<WorkerIndex> = Vec::new();
     // A table newer than the request's, when registrations were waiting for their batched
     // republication and routing found no eligible worker (decision 116).
-    let mut fresh: Option<Arc<crate::control::state::Active>> = None;
+    #[allow(clippy::redundant_allocation)]
+    let mut fresh: Option<Rc<Arc<Active>>> = None;
     loop {
         let current = match &fresh {
             Some(a) => Route {
@@ -142,7 +171,7 @@ pub(crate) async fn run<T>(
                     && ctx.state.is_newer_than(route.active) =>
             {
                 ctx.state.publish_if_stale();
-                fresh = Some(ctx.state.active());
+                fresh = Some(ctx.active_snapshot());
                 continue;
             }
             other => other?,
@@ -331,5 +360,63 @@ struct CapacityGuard(Arc<WorkerSlot>);
 impl Drop for CapacityGuard {
     fn drop(&mut self) {
         self.0.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{run_on, Driver};
+
+    /// A core loads the shared snapshot once and keeps it; each publication, of a new revision
+    /// or of a rebuilt table, makes its next request load the new one.
+    #[test]
+    fn a_core_keeps_its_snapshot_until_another_is_published() {
+        let mut json = sortie_core::snapshot::DEFAULT_SNAPSHOT_JSON
+            .as_bytes()
+            .to_vec();
+        let snapshot = Arc::new(sortie_core::snapshot::decode_snapshot(&mut json).unwrap());
+        let state = Arc::new(ControlState::new(
+            &sortie_core::config::Config::default(),
+            crate::tokens::Authenticator::new(&[]),
+            "admin-token-for-tests".into(),
+            sortie_core::worker::WorkerRegistry::new(),
+            1,
+            Arc::clone(&snapshot),
+        ));
+        let resolver = crate::dns::ResolverPool::start().unwrap();
+        run_on(Driver::detect(), async move {
+            let tls = crate::egress::client_config(None).unwrap();
+            let egress = Rc::new(Egress::new(crate::dns::Resolver::new(resolver), &tls));
+            let ctx = Dispatcher::new(
+                Arc::clone(&state),
+                Rc::new(ActiveRequests::default()),
+                egress,
+                Arc::new(crate::metrics::Metrics::new(1)),
+                0,
+            );
+            let first = ctx.active_snapshot();
+            assert!(
+                Rc::ptr_eq(&first, &ctx.active_snapshot()),
+                "kept while nothing changed"
+            );
+            assert!(Arc::ptr_eq(&first, &state.active()));
+
+            assert!(state.activate(2, Arc::clone(&snapshot)));
+            let second = ctx.active_snapshot();
+            assert_eq!(second.revision, 2);
+            assert!(Arc::ptr_eq(&second, &state.active()));
+            assert!(Rc::ptr_eq(&second, &ctx.active_snapshot()));
+
+            // A registry change republishes the table under the same revision.
+            state.update_registry(|_| ());
+            let third = ctx.active_snapshot();
+            assert_eq!(third.revision, 2);
+            assert!(
+                !Arc::ptr_eq(&second, &third),
+                "the rebuilt table, not the one before"
+            );
+            assert!(Arc::ptr_eq(&third, &state.active()));
+        });
     }
 }

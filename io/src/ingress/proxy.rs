@@ -325,7 +325,7 @@ impl ProxyHandler {
     /// The total deadline of a proxied request's head: the snapshot's default timeout under
     /// the configured cap (decision 021).
     fn deadline(&self, started: Instant) -> Instant {
-        let active = self.ctx.state.active();
+        let active = self.ctx.active_snapshot();
         let ms = active
             .snapshot
             .default_timeout_ms()
@@ -356,7 +356,7 @@ impl ProxyHandler {
         })?;
         ctx.state.limits.denied_ports.check(url.port)?;
         let hints = route_hints(req.headers())?;
-        let active = ctx.state.active();
+        let active = ctx.active_snapshot();
         let tokens = connection_tokens_of(req.headers().map(|(n, v)| (n.as_bytes(), v)));
         // Sized once: collected through the filter, the list would grow as it fills.
         let mut forwarded: Vec<(&str, &[u8])> = Vec::with_capacity(req.header_count());
@@ -687,7 +687,7 @@ impl ProxyHandler {
         let (host, port) = parse_connect_target(req.target())?;
         ctx.state.limits.denied_ports.check(port)?;
         let hints = route_hints(req.headers())?;
-        let active = ctx.state.active();
+        let active = ctx.active_snapshot();
         let host_text = match &host {
             sortie_core::request::Host::Domain(name) => name.to_string(),
             other => other.to_string().trim_matches(['[', ']']).to_string(),
