@@ -254,8 +254,6 @@ pub struct ControlState {
     access_log: AtomicBool,
     /// The cores' mailboxes, set once the cores are running.
     pub mailboxes: OnceLock<Vec<CoreMailbox>>,
-    /// Counts requests routed, to rotate ties among equally free workers.
-    pub route_counter: AtomicU64,
 }
 
 fn policy_of(s: &ValidatedSnapshot) -> DestinationPolicy {
@@ -343,7 +341,6 @@ impl ControlState {
             admin_token: ArcSwap::from_pointee(admin_token),
             access_log: AtomicBool::new(config.log.access),
             mailboxes: OnceLock::new(),
-            route_counter: AtomicU64::new(0),
         }
     }
 

@@ -20,7 +20,6 @@ pub(crate) mod streamed;
 
 use std::ops::AsyncFnMut;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -62,6 +61,10 @@ pub struct Dispatcher {
     /// The active snapshot as this core last loaded it, with the publication count it was
     /// current at ([`Dispatcher::active_snapshot`]). The `Rc` around the shared `Arc` is the
     /// point: one allocation per publication buys a reference count only this core changes.
+    /// Counts the requests this core routed, to rotate ties among equally free workers: a
+    /// count of its own, not one every core's requests change. Starts at the core's index, so
+    /// that cores do not begin their rotations at the same worker.
+    route_counter: std::cell::Cell<u64>,
     #[allow(clippy::redundant_allocation)]
     active_seen: std::cell::RefCell<Option<(u64, Rc<Arc<Active>>)>>,
 }
@@ -85,6 +88,7 @@ impl Dispatcher {
             last_token: std::cell::RefCell::new(None),
             receipts: None,
             bus: None,
+            route_counter: std::cell::Cell::new(core as u64),
             active_seen: std::cell::RefCell::new(None),
         }
     }
@@ -258,7 +262,8 @@ pub(crate) fn assign(
 ) -> Result<Assigned, ApiError> {
     let (state, active) = (&ctx.state, route.active);
     let (deployment, hints, started) = (route.deployment, route.hints, route.started);
-    let tie_break = state.route_counter.fetch_add(1, Ordering::Relaxed);
+    let tie_break = ctx.route_counter.get();
+    ctx.route_counter.set(tie_break.wrapping_add(1));
     let route_req = RouteRequest {
         deployment_id: deployment,
         hints,
