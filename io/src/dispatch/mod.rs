@@ -58,13 +58,13 @@ pub struct Dispatcher {
     pub receipts: Option<Arc<crate::control::receipts::Receipts>>,
     /// This core's bus lanes, when remote workers may attach.
     pub bus: Option<Rc<crate::remote::BusCore>>,
-    /// The active snapshot as this core last loaded it, with the publication count it was
-    /// current at ([`Dispatcher::active_snapshot`]). The `Rc` around the shared `Arc` is the
-    /// point: one allocation per publication buys a reference count only this core changes.
     /// Counts the requests this core routed, to rotate ties among equally free workers: a
     /// count of its own, not one every core's requests change. Starts at the core's index, so
     /// that cores do not begin their rotations at the same worker.
     route_counter: std::cell::Cell<u64>,
+    /// The active snapshot as this core last loaded it, with the publication count it was
+    /// current at ([`Dispatcher::active_snapshot`]). The `Rc` around the shared `Arc` is the
+    /// point: one allocation per publication buys a reference count only this core changes.
     #[allow(clippy::redundant_allocation)]
     active_seen: std::cell::RefCell<Option<(u64, Rc<Arc<Active>>)>>,
 }
