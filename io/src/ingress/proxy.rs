@@ -34,6 +34,7 @@ use sortie_core::routing::Ingress;
 use super::tunnel::{relay, Early};
 use crate::control::admission::TunnelCounts;
 use crate::control::core::Cancelled;
+use crate::control::state::Active;
 use crate::dispatch::{self, Assigned, Dispatcher, Holding, Resend, Route};
 use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, ResponseFields, StreamRequest, Timeouts,
@@ -322,10 +323,9 @@ impl BodySource for ClientBody<'_, '_> {
 }
 
 impl ProxyHandler {
-    /// The total deadline of a proxied request's head: the snapshot's default timeout under
-    /// the configured cap (decision 021).
-    fn deadline(&self, started: Instant) -> Instant {
-        let active = self.ctx.active_snapshot();
+    /// The total deadline of a proxied request's head: the default timeout of the snapshot it
+    /// is routed under (`active`), under the configured cap (decision 021).
+    fn deadline(&self, active: &Active, started: Instant) -> Instant {
         let ms = active
             .snapshot
             .default_timeout_ms()
@@ -385,7 +385,7 @@ impl ProxyHandler {
             is_replayable: false,
             body: BodyState::Streamed,
         };
-        let deadline = self.deadline(started);
+        let deadline = self.deadline(&active, started);
         let (tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
         let mut source = ClientBody { body, length };
         let job = ProxyJob {
@@ -705,7 +705,7 @@ impl ProxyHandler {
             is_replayable: false,
             body: BodyState::Streamed,
         };
-        let deadline = self.deadline(started);
+        let deadline = self.deadline(&active, started);
         let (tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
         let job = ProxyJob {
             request_id,
