@@ -303,19 +303,27 @@ start_uringlab() {
 
 # Runs one measurement: $1 mode, $2 size, $3 label. Appends its result line (with cpu_s) to
 # RESULTS["mode size label"].
-measure() {
-  local mode=$1 size=$2 label=$3 pid="" port="" line before after tick
-  tick=$(getconf CLK_TCK)
-  case $label in
+# The process behind row label $1: sets LABEL_PID (empty for direct), LABEL_PORT (its proxy or
+# hop port) and LABEL_API_PORT (a gateway's request API port, else empty).
+label_process() {
+  LABEL_PID="" LABEL_PORT="" LABEL_API_PORT=""
+  case $1 in
     direct) ;;
-    squid) pid=${PID_OF[squid]} port=$SQUID_PORT ;;
-    tinyproxy) pid=${PID_OF[tinyproxy]} port=$TINYPROXY_PORT ;;
-    nginx-hop) pid=${PID_OF[nginx-hop]} port=$NGINX_HOP_PORT ;;
-    haproxy) pid=${PID_OF[haproxy]} port=$HAPROXY_PORT ;;
-    sortie) pid=$GATEWAY_PID port=$PROXY_PORT ;;
-    sortie-base) pid=$BASE_PID port=$BASE_PROXY_PORT ;;
-    uringlab-*) pid=${PID_OF[$label]} port=${PORT_OF[$label]} ;;
+    squid) LABEL_PID=${PID_OF[squid]} LABEL_PORT=$SQUID_PORT ;;
+    tinyproxy) LABEL_PID=${PID_OF[tinyproxy]} LABEL_PORT=$TINYPROXY_PORT ;;
+    nginx-hop) LABEL_PID=${PID_OF[nginx-hop]} LABEL_PORT=$NGINX_HOP_PORT ;;
+    haproxy) LABEL_PID=${PID_OF[haproxy]} LABEL_PORT=$HAPROXY_PORT ;;
+    sortie) LABEL_PID=$GATEWAY_PID LABEL_PORT=$PROXY_PORT LABEL_API_PORT=$API_PORT ;;
+    sortie-base) LABEL_PID=$BASE_PID LABEL_PORT=$BASE_PROXY_PORT LABEL_API_PORT=$BASE_API_PORT ;;
+    uringlab-*) LABEL_PID=${PID_OF[$1]} LABEL_PORT=${PORT_OF[$1]} ;;
   esac
+}
+
+measure() {
+  local mode=$1 size=$2 label=$3 pid port line before after tick
+  tick=$(getconf CLK_TCK)
+  label_process "$label"
+  pid=$LABEL_PID port=$LABEL_PORT
   local target="127.0.0.1:$UPSTREAM_PORT" auth=""
   [[ "$label" != sortie* ]] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
   before=$( [ -z "$pid" ] || cpu_ticks "$pid")
@@ -326,8 +334,7 @@ measure() {
         */direct) url="http://$target/$size" script="$PERF_DIR/report.lua" ;;
         */nginx-hop | */haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
         # The request API: every request POSTs the envelope naming the target.
-        api/sortie) url="http://127.0.0.1:$API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
-        api/sortie-base) url="http://127.0.0.1:$BASE_API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
+        api/sortie | api/sortie-base) url="http://127.0.0.1:$LABEL_API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
         *) url="http://127.0.0.1:$port" script="$PERF_DIR/proxy.lua" ;;
       esac
       SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
@@ -471,24 +478,24 @@ print_tables() {
       *) peer=squid peer_name=squid ;;
     esac
     for size in $SIZES; do
-      local s_line n_line
-      s_line=$(median_line "${RESULTS["$mode $size sortie"]}")
-      n_line=$(median_line "${RESULTS["$mode $size $peer"]}")
-      say "$mode $size: sortie / $peer_name requests per CPU-second = $(awk \
-        -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
-        -v nn="$(field requests "$n_line")" -v nc="$(field cpu_s "$n_line")" \
-        'BEGIN { if (sc > 0 && nc > 0 && nn > 0) printf "%.2f", (sn / sc) / (nn / nc); else printf "-" }')" \
-        "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $peer"]}"))"
-      [ -n "$BASE_BIN" ] && [ -n "${RESULTS["$mode $size sortie-base"]:-}" ] || continue
-      local b_line
-      b_line=$(median_line "${RESULTS["$mode $size sortie-base"]}")
-      say "$mode $size: sortie / sortie-base requests per CPU-second = $(awk \
-        -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
-        -v bn="$(field requests "$b_line")" -v bc="$(field cpu_s "$b_line")" \
-        'BEGIN { if (sc > 0 && bc > 0 && bn > 0) printf "%.2f", (sn / sc) / (bn / bc); else printf "-" }')" \
-        "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size sortie-base"]}"))"
+      ratio_line "$mode" "$size" "$peer" "$peer_name"
+      [ -z "$BASE_BIN" ] || [ -z "${RESULTS["$mode $size sortie-base"]:-}" ] ||
+        ratio_line "$mode" "$size" sortie-base sortie-base
     done
   done
+}
+
+# Prints Sortie's requests per CPU-second over those of row $3 (named $4) in mode $1, size $2:
+# of the median rounds, and round by round.
+ratio_line() {
+  local mode=$1 size=$2 other=$3 name=$4 s_line o_line
+  s_line=$(median_line "${RESULTS["$mode $size sortie"]}")
+  o_line=$(median_line "${RESULTS["$mode $size $other"]}")
+  say "$mode $size: sortie / $name requests per CPU-second = $(awk \
+    -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
+    -v on="$(field requests "$o_line")" -v oc="$(field cpu_s "$o_line")" \
+    'BEGIN { if (sc > 0 && oc > 0 && on > 0) printf "%.2f", (sn / sc) / (on / oc); else printf "-" }')" \
+    "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $other"]}"))"
 }
 
 # One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
@@ -563,13 +570,9 @@ syscalls_all() {
     case $mode in absolute | api) ;; *) continue ;; esac
     for size in $SIZES; do
       for label in $(labels_for "$mode"); do
-        case $label in
-          direct) continue ;;
-          sortie) pid=$GATEWAY_PID ;;
-          sortie-base) pid=$BASE_PID ;;
-          nginx-hop | haproxy | squid | tinyproxy | uringlab-*) pid=${PID_OF[$label]} ;;
-          *) continue ;;
-        esac
+        label_process "$label"
+        pid=$LABEL_PID
+        [ -n "$pid" ] || continue
         counts="$WORK_DIR/syscalls-$mode-$size-$label.csv"
         # Every thread of the process (`-p` follows them all), the resolver and cold threads too.
         perf stat -x, -e "$events" -p "$pid" -o "$counts" 2>/dev/null &
