@@ -32,20 +32,33 @@ fn require(program: &str, package: &str) -> PathBuf {
     panic!("{program} is missing: install the Debian package {package} (scripts/ci-deps.sh does)");
 }
 
-fn wait_listening(addr: SocketAddr, child: &mut Child, log: &Path) {
+/// The text of every log in `logs` that exists, each under its file name.
+fn read_logs(logs: &[&Path]) -> String {
+    logs.iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(p).ok()?;
+            Some(format!("--- {}\n{text}", p.display()))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until the proxy listens on `addr`; `Err` with its logs when it exited first. Fails
+/// the test when it neither listens nor exits within [`START_LIMIT`].
+fn wait_listening(addr: SocketAddr, child: &mut Child, logs: &[&Path]) -> Result<(), String> {
     super::wait::poll(START_LIMIT, || {
         if TcpStream::connect(addr).is_ok() {
-            return Ok(());
+            return Ok(Ok(()));
         }
         if let Ok(Some(status)) = child.try_wait() {
-            panic!(
+            return Ok(Err(format!(
                 "the proxy exited with {status} before listening on {addr}:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
+                read_logs(logs)
+            )));
         }
         Err(format!(
             "the proxy did not listen on {addr}:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
+            read_logs(logs)
         ))
     })
 }
@@ -90,21 +103,41 @@ pub struct Squid {
 impl Squid {
     /// Starts squid on a free port, accepting each `(user, password)`.
     pub fn start(users: &[(&str, &str)]) -> Squid {
-        Squid::start_on(free_port(), users)
+        Squid::start_on_a_free_port(users, None)
     }
 
     /// Starts squid on `port`.
     pub fn start_on(port: u16, users: &[(&str, &str)]) -> Squid {
-        Squid::start_with(port, users, None)
+        Squid::start_with(port, users, None).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Starts squid speaking TLS to its clients (`https_port`) with the given PEM certificate
     /// chain and key.
     pub fn start_tls(users: &[(&str, &str)], cert_pem: &str, key_pem: &str) -> Squid {
-        Squid::start_with(free_port(), users, Some((cert_pem, key_pem)))
+        Squid::start_on_a_free_port(users, Some((cert_pem, key_pem)))
     }
 
-    fn start_with(port: u16, users: &[(&str, &str)], tls: Option<(&str, &str)>) -> Squid {
+    /// [`free_port`] only finds a port that was free a moment ago: another test's socket can
+    /// take it before squid binds it, and squid then exits with "Address already in use" in
+    /// its cache log. Only that failure is tried again, on another port.
+    fn start_on_a_free_port(users: &[(&str, &str)], tls: Option<(&str, &str)>) -> Squid {
+        const ATTEMPTS: usize = 5;
+        let mut last = String::new();
+        for _ in 0..ATTEMPTS {
+            match Squid::start_with(free_port(), users, tls) {
+                Ok(squid) => return squid,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("squid lost its port to another socket {ATTEMPTS} times; the last:\n{last}")
+    }
+
+    fn start_with(
+        port: u16,
+        users: &[(&str, &str)],
+        tls: Option<(&str, &str)>,
+    ) -> Result<Squid, String> {
         let squid = require("squid", "squid");
         let helper = require("basic_ncsa_auth", "squid");
         let dir = tempfile::tempdir().expect("temp dir");
@@ -178,9 +211,9 @@ impl Squid {
         wait_listening(
             SocketAddr::from(([127, 0, 0, 1], port)),
             &mut child,
-            &d.join("err.txt"),
-        );
-        Squid { child, port, dir }
+            &[&d.join("err.txt"), &logs.join("cache.log")],
+        )?;
+        Ok(Squid { child, port, dir })
     }
 
     /// The port.
@@ -265,7 +298,12 @@ impl Dante {
             .stderr(std::fs::File::create(d.join("err.txt")).expect("err file"))
             .spawn()
             .expect("danted starts");
-        wait_listening(SocketAddr::from(([127, 0, 0, 1], port)), &mut child, &log);
+        wait_listening(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &mut child,
+            &[&log],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         Dante { child, port, dir }
     }
 
@@ -335,4 +373,18 @@ fn ensure_system_user(user: &str, password: &str) {
 fn set_mode(p: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The failure [`Squid::start_on_a_free_port`] tries again is the one squid reports when its
+/// port is taken: an exit before listening, with "Address already in use" in its cache log.
+/// Taken here as the race takes it, by the local end of another connection.
+#[test]
+fn squid_on_a_taken_port_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let client = TcpStream::connect(listener.local_addr().expect("its address")).expect("connects");
+    let port = client.local_addr().expect("the client's address").port();
+    match Squid::start_with(port, &[("user", "password")], None) {
+        Ok(_) => panic!("squid listened on a port another socket holds"),
+        Err(e) => assert!(e.contains("Address already in use"), "{e}"),
+    }
 }
