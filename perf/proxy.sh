@@ -60,12 +60,14 @@ ALLOC_SITES=${ALLOC_SITES:-0}
 # A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
 # the gateway's own pinning (one CPU per core thread).
 GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
-# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice zc http" (any of them): also
-# measure the io_uring lab relay (perf/uringlab) in those variants in the absolute rows, each on
-# its own port from URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring features the
-# gateway's runtime does not expose (multishot receive into provided buffers, registered files,
-# zero-copy sends) would save per request, and what splicing large bodies does, beside the least
-# any io_uring hop costs and (http) the least an HTTP-parsing hop costs. See perf/README.md.
+# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice zc http monoio-http" (any of
+# them): also measure the io_uring lab relay (perf/uringlab) in those variants in the absolute
+# rows, each on its own port from URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring
+# features the gateway's runtime does not expose (multishot receive into provided buffers,
+# registered files, zero-copy sends) would save per request, and what splicing large bodies
+# does, beside the least any io_uring hop costs, (http) the least an HTTP-parsing hop costs and
+# (monoio-http) the same work on the gateway's runtime; with CALLGRIND=1, monoio-http's
+# instructions per request too. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # SYSCALLS=1: after the measured rounds, one more (unrecorded) run of every measured process
@@ -684,6 +686,30 @@ callgrind_all() {
   kill "$CG_PID" 2>/dev/null || true
   wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
   GATEWAY_PID=""
+  # The lab relay on the gateway's runtime, when measured: the instructions of the runtime and
+  # the least HTTP work, beside the gateway's.
+  case " $URINGLAB " in *" monoio-http "*) callgrind_monoio_relay ;; esac
+}
+
+# The `monoio-http` lab relay under callgrind (epoll driver) in absolute mode, each size.
+callgrind_monoio_relay() {
+  local size label=uringlab-monoio-http port=$((URINGLAB_PORT + 20))
+  local relay="${CARGO_TARGET_DIR:-$PERF_DIR/uringlab/target}/release/sortie-uringlab"
+  local saved_pid=${PID_OF[$label]} saved_port=${PORT_OF[$label]}
+  require_free_port "$port" "URINGLAB_PORT (+20)"
+  export MONOIO_FORCE_LEGACY_DRIVER=1
+  start_callgrind relay "$port" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" monoio-http
+  unset MONOIO_FORCE_LEGACY_DRIVER
+  PID_OF[$label]=$CG_PID
+  PORT_OF[$label]=$port
+  for size in $SIZES; do
+    callgrind_count "$CG_PID" absolute "$size" "$label"
+    say "relay on monoio (http) $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
+  done
+  kill "$CG_PID" 2>/dev/null || true
+  wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
+  PID_OF[$label]=$saved_pid
+  PORT_OF[$label]=$saved_port
 }
 
 # Samples in the perf data file $1 (0 when unreadable).

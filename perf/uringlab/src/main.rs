@@ -23,6 +23,10 @@
 //!   (`IORING_OP_SEND_ZC`): the kernel sends from the relay's buffer instead of copying it, and
 //!   posts a second completion once it no longer needs the buffer; the relay counts the send as
 //!   done only then.
+//! - `monoio-http`: the `http` variant's work on the gateway's runtime (`on_monoio.rs`): one
+//!   monoio task per client connection awaiting owned-buffer reads and writes, the ring set up
+//!   as the gateway's. Between this row and `http` is the runtime's cost; between this row and
+//!   the gateway, the gateway's own.
 //! - `http`: `oneshot`, plus the least HTTP a forward proxy does: the request head is parsed
 //!   with httparse (the gateway's parser), its absolute-form target split into authority and
 //!   path, and a new head written for the upstream (origin-form request line, `Host`, the other
@@ -40,6 +44,8 @@ use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+mod on_monoio;
 
 /// Bytes one receive may take by default: as many as the gateway's upstream reads take
 /// (`READ_BYTES` in the environment sets another size).
@@ -823,9 +829,22 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc|monoio-http");
         std::process::exit(2);
     };
+    let read_bytes = std::env::var("READ_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| (1024..=1 << 20).contains(&n))
+        .unwrap_or(DEFAULT_READ_BYTES);
+    let cpu = std::env::var("PIN_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if variant == "monoio-http" {
+        pin(cpu);
+        return on_monoio::run(listen, upstream, read_bytes);
+    }
     let http = variant == "http";
     let zc = variant == "zc";
     let (multishot, fixed, splice) = match variant.as_str() {
@@ -839,10 +858,6 @@ fn main() -> io::Result<()> {
             std::process::exit(2);
         }
     };
-    let cpu = std::env::var("PIN_CPU")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
     pin(cpu);
     let listener = TcpListener::bind(listen)?;
     let mut uring: IoUring = IoUring::builder()
@@ -853,11 +868,6 @@ fn main() -> io::Result<()> {
             .submitter()
             .register_files_sparse(2 * MAX_CONNS as u32)?;
     }
-    let read_bytes = std::env::var("READ_BYTES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| (1024..=1 << 20).contains(&n))
-        .unwrap_or(DEFAULT_READ_BYTES);
     let provided = if multishot {
         Some(Provided::new(&uring, read_bytes)?)
     } else {
