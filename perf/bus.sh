@@ -22,6 +22,13 @@ COUNT_OPS=${COUNT_OPS:-0}
 # uprobes on mimalloc's entry points in the binary. The probes slow every allocation down, so
 # the run's req/s and CPU figures are not comparable with a run without them; the counts are.
 COUNT_ALLOCS=${COUNT_ALLOCS:-0}
+# CALLGRIND=1: after the rounds (ROUNDS=0 runs none), the in-process gateway and then the control
+# and the worker run under valgrind's callgrind (on the epoll driver: valgrind cannot run
+# io_uring) for one wrk run of CALLGRIND_SECONDS after a 3 s warm-up, the counters zeroed in
+# between; prints the instructions each process executed per request. They move by under 0.5%
+# between runs of one build, where CPU time moves by ±10%.
+CALLGRIND=${CALLGRIND:-0}
+CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
 OPS_EVENTS=io_uring:io_uring_submit_req,context-switches
 TARGET_RATIO=0.70
 WORKER_PID=""
@@ -37,7 +44,10 @@ stop_pid() {
 }
 
 start_control() {
-  local bin=$1 dir="$WORK_DIR/gateway" config
+  local bin=$1 dir="$WORK_DIR/gateway" config worker_launch=()
+  # Under CALLGRIND=1, each process of the pair under callgrind, its dumps named after it.
+  [ "$CALLGRIND" != 1 ] || [ "${#LAUNCH[@]}" = 0 ] ||
+    worker_launch=(valgrind --tool=callgrind --callgrind-out-file="$WORK_DIR/callgrind-worker-%p")
   config=$(write_gateway_config "$CORES")
   # The control keeps its config but drops the local worker and opens the bus.
   sed -i '/^\[\[workers\]\]/,$d' "$config"
@@ -45,9 +55,9 @@ start_control() {
   printf '\n[control.bus]\ntoken = "%s"\nplaintext = true\n' "$WORKER_TOKEN" >>"$config"
   require_free_port "$API_PORT" API_PORT
   require_free_port "$BUS_PORT" BUS_PORT
-  "$bin" control --config "$config" >"$WORK_DIR/control.log" 2>&1 &
+  "${LAUNCH[@]}" "$bin" control --config "$config" >"$WORK_DIR/control.log" 2>&1 &
   GATEWAY_PID=$!
-  wait_port "$API_PORT" 30 "$GATEWAY_PID" || { tail "$WORK_DIR/control.log" >&2; die "control did not start"; }
+  wait_port "$API_PORT" "${START_WAIT:-30}" "$GATEWAY_PID" || { tail "$WORK_DIR/control.log" >&2; die "control did not start"; }
   cat >"$dir/worker.toml" <<TOML
 [worker]
 id = "perf-worker"
@@ -57,10 +67,10 @@ plaintext = true
 cores = $WORKER_CORES
 capacity = 100000
 TOML
-  "$bin" worker --config "$dir/worker.toml" >"$WORK_DIR/worker.log" 2>&1 &
+  "${worker_launch[@]}" "$bin" worker --config "$dir/worker.toml" >"$WORK_DIR/worker.log" 2>&1 &
   WORKER_PID=$!
   EXTRA_PIDS+=("$WORKER_PID")
-  local deadline=$((SECONDS + 30))
+  local deadline=$((SECONDS + ${START_WAIT:-30}))
   until curl -s -H "Authorization: Bearer $ADMIN_TOKEN" "http://127.0.0.1:$ADMIN_PORT/api/v1/admin/workers" |
     grep -q '"state":"connected"'; do
     [ "$SECONDS" -lt "$deadline" ] || { tail "$WORK_DIR/worker.log" >&2; die "worker did not register"; }
@@ -123,10 +133,78 @@ measure() {
     "$(field p99_us "$line")" "$errors" "$ops"
 }
 
+# Instructions per request of the processes given (each running under callgrind, dumping to
+# $WORK_DIR/callgrind-<label>-<pid>): a warm-up, the counters zeroed, one wrk run of
+# CALLGRIND_SECONDS, a dump of each. Prints "label=instructions ..." and the sum.
+callgrind_measure() {
+  local url="http://127.0.0.1:$API_PORT/api/v1/requests" out="$WORK_DIR/wrk-callgrind.txt"
+  local pid label file total requests line sum=0 report=""
+  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
+    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d3s \
+    -s "$PERF_DIR/envelope.lua" "$url" >/dev/null 2>&1 || die "wrk warmup failed"
+  for pid in "$@"; do
+    callgrind_control -z "${pid#*=}" >/dev/null || die "callgrind_control could not reach pid ${pid#*=}"
+  done
+  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
+    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"${CALLGRIND_SECONDS}s" \
+    -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
+  line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
+  requests=$(field requests "$line")
+  [ "${requests:-0}" -gt 0 ] || die "no request answered under callgrind"
+  for pid in "$@"; do
+    label=${pid%%=*} pid=${pid#*=}
+    rm -f "$WORK_DIR/callgrind-$label-$pid".*
+    callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
+    # The dump is written by the process itself, a moment after the request for it.
+    local deadline=$((SECONDS + 30))
+    file=""
+    while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
+      sleep 0.5
+      file=$(find "$WORK_DIR" -maxdepth 1 -name "callgrind-$label-$pid.*" -size +0 | head -n 1)
+    done
+    [ -n "$file" ] || die "callgrind wrote no dump for $label"
+    sleep 1
+    total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+    [ -n "$total" ] || die "no instruction total for $label"
+    sum=$((sum + total))
+    report="$report $label=$((total / requests))"
+  done
+  printf 'requests=%s%s total=%s\n' "$requests" "$report" "$((sum / requests))"
+}
+
+# The in-process gateway, then the control and its worker, under callgrind.
+callgrind_all() {
+  local bin=$1 line
+  command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
+    die "valgrind is missing: apt-get install valgrind"
+  say "--- instructions per request under callgrind (wrk -c$CONNECTIONS, ${CALLGRIND_SECONDS}s after a 3 s warm-up; epoll driver)"
+  # Valgrind runs the binary itself (it does not follow an exec): the variable goes in its
+  # environment. It translates the program first: tens of seconds before the ports open.
+  export MONOIO_FORCE_LEGACY_DRIVER=1
+  START_WAIT=240
+  LAUNCH=(valgrind --tool=callgrind --callgrind-out-file="$WORK_DIR/callgrind-gateway-%p")
+  start_gateway "$bin" "$CORES"
+  probe
+  line=$(callgrind_measure "gateway=$GATEWAY_PID")
+  say "in-process: $line"
+  stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+  LAUNCH=(valgrind --tool=callgrind --callgrind-out-file="$WORK_DIR/callgrind-control-%p")
+  start_control "$bin"
+  probe
+  line=$(callgrind_measure "control=$GATEWAY_PID" "worker=$WORKER_PID")
+  say "bus:        $line"
+  stop_pid "$WORKER_PID"; WORKER_PID=""
+  stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+  LAUNCH=()
+  START_WAIT=30
+  unset MONOIO_FORCE_LEGACY_DRIVER
+}
+
 main() {
   init_run
   RESULTS_FILE="$RESULTS_DIR/$(date +%F)-bus.txt"
   apt_install nginx wrk curl
+  [ "$CALLGRIND" != 1 ] || apt_install valgrind
   local bin
   bin=$(gateway_binary)
   if [ "$COUNT_ALLOCS" = 1 ]; then
@@ -163,7 +241,9 @@ main() {
   local best cpu_best
   best=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   cpu_best=$(printf '%s\n' "${cpu_ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-  say "median ratio req/s: $best (target >= $TARGET_RATIO); median ratio requests per CPU-second: $cpu_best"
+  [ "$ROUNDS" = 0 ] ||
+    say "median ratio req/s: $best (target >= $TARGET_RATIO); median ratio requests per CPU-second: $cpu_best"
+  [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
 }
 
 main "$@"

@@ -27,6 +27,8 @@ NGINX_PID=""
 GATEWAY_PID=""
 # Other background processes of this run (load generators) to stop on exit.
 EXTRA_PIDS=()
+# A command start_gateway runs the gateway under (empty: none).
+LAUNCH=()
 APT_UPDATED=0
 
 log() { printf '[perf] %s\n' "$*" >&2; }
@@ -361,13 +363,15 @@ start_gateway() {
   config=$(write_gateway_config "$cores")
   [ -z "${3:-}" ] || printf '\n%s\n' "$3" >>"$config"
   "$bin" check-config "$config" >&2 || die "the gateway rejected the perf config"
-  "$bin" serve --config "$config" >"$WORK_DIR/gateway.log" 2>&1 &
+  # LAUNCH: a command the gateway runs under (perf/bus.sh puts valgrind there), START_WAIT the
+  # seconds it may take to accept connections.
+  "${LAUNCH[@]}" "$bin" serve --config "$config" >"$WORK_DIR/gateway.log" 2>&1 &
   GATEWAY_PID=$!
-  if ! wait_port "$API_PORT" 30 "$GATEWAY_PID"; then
+  if ! wait_port "$API_PORT" "${START_WAIT:-30}" "$GATEWAY_PID"; then
     tail -n 30 "$WORK_DIR/gateway.log" >&2 || true
     is_alive "$GATEWAY_PID" ||
       die "the gateway exited before accepting connections (its output is above)"
-    die "the gateway did not accept connections on 127.0.0.1:$API_PORT within 30 s"
+    die "the gateway did not accept connections on 127.0.0.1:$API_PORT within ${START_WAIT:-30} s"
   fi
   log "gateway (pid $GATEWAY_PID, cores = $cores) on 127.0.0.1:$API_PORT"
 }

@@ -150,13 +150,12 @@ pub(crate) async fn pump(
             let ready = from.readable(false);
             match read_until() {
                 None => ready.await.map_err(MoveError::Source)?,
-                Some(at) => {
-                    let at = monoio::time::Instant::from_std(at);
-                    match monoio::time::timeout_at(at, ready).await {
-                        Ok(r) => r.map_err(MoveError::Source)?,
-                        Err(_) => return Err(MoveError::SourceTimeout),
-                    }
-                }
+                // The coarse per-core timers (decision 121): a runtime timer would make every
+                // future that holds a splice 128-byte aligned, and so its box or task.
+                Some(at) => match crate::timer::within(at, ready).await {
+                    Some(r) => r.map_err(MoveError::Source)?,
+                    None => return Err(MoveError::SourceTimeout),
+                },
             }
         }
         let want = left.map_or(PIPE_BYTES, |l| {
@@ -196,9 +195,9 @@ pub(crate) async fn pump(
                     let room = to.writable(false);
                     let waited = match write_timeout {
                         None => room.await,
-                        Some(t) => monoio::time::timeout(t, room)
+                        Some(t) => crate::timer::within_for(t, room)
                             .await
-                            .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+                            .unwrap_or_else(|| Err(io::ErrorKind::TimedOut.into())),
                     };
                     waited.map_err(MoveError::Sink)?;
                 }

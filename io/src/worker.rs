@@ -1023,7 +1023,20 @@ async fn serve_stream(
     wl.post(&Frame::Accept { stream });
     let work = async {
         match a.ingress {
-            2 => tunnel(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
+            // Boxed (once per tunnel): inline, the tunnel's state would be part of every
+            // exchange's task, and of what each spawn copies into it.
+            2 => {
+                Box::pin(tunnel(
+                    &shared,
+                    &egress,
+                    &wl,
+                    &s,
+                    &a,
+                    &config.policy,
+                    via.as_ref(),
+                ))
+                .await
+            }
             _ => exchange(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
         }
     };

@@ -831,7 +831,8 @@ impl BusCore {
             };
             match next {
                 Ok(Some(frame)) => {
-                    lane.last_rx.set(Instant::now());
+                    // The coarse clock: once per frame, against heartbeat silences of seconds.
+                    lane.last_rx.set(crate::timer::now());
                     if let Err(reason) = self.dispatch(&lane, frame) {
                         tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus protocol error; closing the lane");
                         self.close(&lane, Loss::Protocol);
@@ -1147,18 +1148,20 @@ impl BusCore {
         deadline: Instant,
     ) -> Result<(), RemoteFailure> {
         let accept_by = (Instant::now() + self.shared.settings.assignment_timeout).min(deadline);
-        match monoio::time::timeout_at(accept_by.into(), slot.events.next()).await {
-            Err(_) => Err(RemoteFailure::Error(ApiError::timeout(
+        // The coarse per-core timers (decision 121): a runtime timer would make every
+        // request future that holds this wait 128-byte aligned, and so its box.
+        match crate::timer::within(accept_by, slot.events.next()).await {
+            None => Err(RemoteFailure::Error(ApiError::timeout(
                 ErrorCode::AssignmentTimeout,
                 TimeoutType::Assignment,
                 format!("worker {worker_id} did not accept the assignment in time"),
             ))),
-            Ok(Event::Accepted) => Ok(()),
-            Ok(Event::Refused(reason)) => {
+            Some(Event::Accepted) => Ok(()),
+            Some(Event::Refused(reason)) => {
                 guard.is_done = true;
                 Err(RemoteFailure::Refused(reason))
             }
-            Ok(other) => {
+            Some(other) => {
                 guard.is_done = true;
                 Err(fail(other, worker_id, false))
             }
@@ -1274,10 +1277,10 @@ impl BusCore {
         self.accepted(worker_id, &mut guard, &q, job.deadline)
             .await?;
         let until = job.deadline + DEADLINE_GRACE;
-        let h = match monoio::time::timeout_at(until.into(), q.events.next()).await {
-            Err(_) => return Err(deadline_expired()),
-            Ok(Event::Head(h)) => h,
-            Ok(other) => {
+        let h = match crate::timer::within(until, q.events.next()).await {
+            None => return Err(deadline_expired()),
+            Some(Event::Head(h)) => h,
+            Some(other) => {
                 guard.is_done = true;
                 return Err(fail(other, worker_id, false));
             }
@@ -1319,9 +1322,9 @@ impl RemoteReader {
         if self.is_ended {
             return Ok(false);
         }
-        let ev = monoio::time::timeout_at(self.until.into(), self.slot.events.next())
+        let ev = crate::timer::within(self.until, self.slot.events.next())
             .await
-            .map_err(|_| deadline_expired())?;
+            .ok_or_else(deadline_expired)?;
         match ev {
             Event::Data(bytes, end) => {
                 let n = bytes.len();
