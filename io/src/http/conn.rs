@@ -50,6 +50,11 @@ const COALESCE_BODY_BYTES: usize = 16 * 1024;
 const MAX_KEPT_PARTS_BYTES: usize = INITIAL_READ_BUFFER_BYTES;
 /// Room reserved for a response head.
 const HEAD_CAPACITY: usize = 256;
+/// Most bytes of write buffer a busy connection keeps between responses: each response is
+/// encoded into the buffer the one before it was written from (memory the core touched a
+/// moment ago, and no allocation); a larger one is freed after its response. Freed with the
+/// read buffer when the connection goes idle.
+const MAX_KEPT_WRITE_BUFFER_BYTES: usize = COALESCE_BODY_BYTES + INITIAL_READ_BUFFER_BYTES;
 /// Most bytes discarded while lingering after a closing response.
 pub const MAX_LINGER_BYTES: usize = 64 * 1024;
 /// Sent when neither the handler's response nor its 500 can be encoded.
@@ -62,6 +67,9 @@ pub(crate) struct ConnIo {
     /// Bytes read and not yet handed out live in `buf[pos..]`.
     buf: Vec<u8>,
     pos: usize,
+    /// The buffer the last response was written from, kept for the next one while the
+    /// connection is busy ([`MAX_KEPT_WRITE_BUFFER_BYTES`]).
+    wbuf: Vec<u8>,
     pub(crate) cfg: Rc<ServerConfig>,
     /// Whether the socket was switched to non-blocking mode for `splice`.
     is_nonblocking: bool,
@@ -144,10 +152,35 @@ impl ConnIo {
     /// Frees the read buffer of a connection that holds no unconsumed bytes: an idle
     /// connection keeps none ([`IDLE_RELEASE`]); the next head read allocates it again.
     fn release_buffer(&mut self) {
+        self.wbuf = Vec::new();
         if self.pos >= self.buf.len() {
             self.buf = Vec::new();
             self.pos = 0;
         }
+    }
+
+    /// An empty buffer of at least `capacity` to encode a response into: the one kept from
+    /// the response before, when there is one.
+    fn take_write_buffer(&mut self, capacity: usize) -> Vec<u8> {
+        let mut out = std::mem::take(&mut self.wbuf);
+        out.clear();
+        out.reserve(capacity);
+        out
+    }
+
+    /// Keeps `buf` for the next response, unless it grew past [`MAX_KEPT_WRITE_BUFFER_BYTES`].
+    fn keep_write_buffer(&mut self, buf: Vec<u8>) {
+        if buf.capacity() <= MAX_KEPT_WRITE_BUFFER_BYTES {
+            self.wbuf = buf;
+        }
+    }
+
+    /// [`ConnIo::write_all_timed`] of a response's buffer, kept for the next response once
+    /// written.
+    async fn write_all_keeping(&mut self, buf: Vec<u8>) -> io::Result<()> {
+        let buf = self.write_all_timed_from(buf, 0).await?;
+        self.keep_write_buffer(buf);
+        Ok(())
     }
 
     /// [`ConnIo::read_more`] that `c` can cancel without losing anything: the buffer comes back
@@ -370,6 +403,7 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
             stream,
             buf: Vec::new(),
             pos: 0,
+            wbuf: Vec::new(),
             cfg,
             is_nonblocking,
         },
@@ -412,7 +446,7 @@ impl<H: Handler> Connection<H> {
         loop {
             // Boxed, once per busy period (for a connection under load, once), so that the
             // state of reading heads is held only while requests come.
-            match Box::pin(self.busy()).await {
+            match crate::runtime::boxed_in_place(|| self.busy()).await {
                 Busy::Idle(deadline) => {
                     self.io.release_buffer();
                     // Bytes that came with the cancellation are served at once.
@@ -446,10 +480,11 @@ impl<H: Handler> Connection<H> {
                 }
             };
             self.requests = self.requests.saturating_add(1);
-            // Boxed once per request, so that the state of a request in progress (the
-            // handler's future, the body, the response) is held only while it runs, not
-            // through the quiet time before the connection goes idle.
-            match crate::runtime::boxed_in_place(|| self.exchange(&parts)).await {
+            // Inline, in the busy period's box: a request's state (the handler's future, the
+            // body, the response) is built where the previous request's was, with no
+            // allocation of its own; the quiet time it is held through is at most
+            // IDLE_RELEASE, after which the connection parks and the box goes.
+            match self.exchange(&parts).await {
                 Flow::KeepAlive => {
                     self.io.recycle();
                     // An unusually large head's buffers are not kept for the next request.
@@ -693,7 +728,9 @@ impl<H: Handler> Connection<H> {
         connection: ConnectionField,
         is_http10: bool,
     ) -> io::Result<()> {
-        let mut out = Vec::with_capacity(response_capacity(response, is_head));
+        let mut out = self
+            .io
+            .take_write_buffer(response_capacity(response, is_head));
         let mut fallback;
         let (response, has_body) =
             match encode_head_for(&mut out, response, is_head, connection, is_http10) {
@@ -709,23 +746,25 @@ impl<H: Handler> Connection<H> {
                 }
             };
         if !has_body {
-            return self.io.write_all_timed(out).await;
+            return self.io.write_all_keeping(out).await;
         }
         match &mut response.body {
             ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => {
                 out.extend_from_slice(b);
-                self.io.write_all_timed(out).await
+                self.io.write_all_keeping(out).await
             }
-            ResponseBody::Full(b) => self
-                .io
-                .write_head_and_body_timed(out, b.clone())
-                .await
-                .map(drop),
+            ResponseBody::Full(b) => {
+                let out = self.io.write_head_and_body_timed(out, b.clone()).await?;
+                self.io.keep_write_buffer(out);
+                Ok(())
+            }
             ResponseBody::Stream(stream) => {
                 let is_chunked = stream.length().is_none() && !is_http10;
-                write_stream(&mut self.io, stream.as_mut(), is_chunked, out).await
+                let out = write_stream(&mut self.io, stream.as_mut(), is_chunked, out).await?;
+                self.io.keep_write_buffer(out);
+                Ok(())
             }
-            _ => self.io.write_all_timed(out).await,
+            _ => self.io.write_all_keeping(out).await,
         }
     }
 
@@ -767,13 +806,13 @@ const STREAM_BUFFER_BYTES: usize = 64 * 1024;
 /// Writes the head `head` of a streamed response and its body: each piece as it comes,
 /// chunk-framed when `is_chunked`. The head goes out with the first piece, one write instead of
 /// two. An error of the stream or of the client fails the write; the caller then closes the
-/// connection.
+/// connection. Gives the buffer back.
 async fn write_stream(
     io: &mut ConnIo,
     stream: &mut dyn StreamBody,
     is_chunked: bool,
     head: Vec<u8>,
-) -> io::Result<()> {
+) -> io::Result<Vec<u8>> {
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
     let mut head_len = head.len();
     let mut buf = head;
@@ -830,7 +869,7 @@ async fn write_stream(
             Ok(more) => more,
             // The head is still unsent (it goes out with the first piece): nothing reached
             // the client yet.
-            Err(e) if head_len > 0 => return write_failure(io, stream, e).await,
+            Err(e) if head_len > 0 => return write_failure(io, stream, e).await.map(|()| buf),
             Err(e) => return Err(e),
         };
         if !more {
@@ -876,9 +915,9 @@ async fn write_stream(
         buf.extend_from_slice(LAST_CHUNK);
     }
     if !buf.is_empty() {
-        io.write_all_timed(buf).await?;
+        buf = io.write_all_timed_from(buf, 0).await?;
     }
-    Ok(())
+    Ok(buf)
 }
 
 /// Room for a streamed body's pieces: a known small body gets a small buffer.

@@ -305,14 +305,10 @@ async fn handle_inner(
             let Some(r) = req.as_ref() else {
                 return Err(internal("the request ran locally already").into());
             };
-            // Each branch in a box of its own size, built in place: the attempt future stays
-            // small (it lives in the connection's task), and a request's branch state is
-            // written straight into the heap, not the larger of the two.
+            // Both branches inline: the request's future is built in the connection's busy
+            // period box, where the request before it ran, with no allocation of its own.
             if assigned.is_remote {
-                crate::runtime::boxed_in_place(|| {
-                    remote_attempt(ctx, &job, r, &route, assigned, &mut remote_hold)
-                })
-                .await
+                remote_attempt(ctx, &job, r, &route, assigned, &mut remote_hold).await
             } else {
                 // Refused by remote workers, routed to a local one: the receipt goes back to
                 // `verified` before the local attempt takes it.
@@ -322,7 +318,7 @@ async fn handle_inner(
                 let Some(r) = req.take() else {
                     return Err(internal("the request ran locally already").into());
                 };
-                crate::runtime::boxed_in_place(|| local_attempt(ctx, &job, r, &route, assigned))
+                local_attempt(ctx, &job, r, &route, assigned)
                     .await
                     .map_err(Failure::Error)
             }

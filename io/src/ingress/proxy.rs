@@ -424,7 +424,7 @@ impl ProxyHandler {
                 may_splice: true,
             };
             monoio::select! {
-                r = crate::runtime::boxed_in_place(|| ctx.egress.open(&stream_req, &mut source)) => {
+                r = ctx.egress.open(&stream_req, &mut source) => {
                     r.map(Upstream::Local).map_err(Failure::Error)
                 }
                 _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
