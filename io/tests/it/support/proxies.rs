@@ -265,12 +265,28 @@ pub struct Dante {
 
 impl Dante {
     /// Starts danted on a free port, with each `(user, password)` as a system user.
+    ///
+    /// [`free_port`] only finds a port that was free a moment ago: another test's socket can
+    /// take it before danted binds it, and danted then exits saying the address is in use.
+    /// Only that failure is tried again, on another port.
     pub fn start(users: &[(&str, &str)]) -> Dante {
-        let danted = require("danted", "dante-server");
+        const ATTEMPTS: usize = 5;
         for (user, password) in users {
             ensure_system_user(user, password);
         }
-        let port = free_port();
+        let mut last = String::new();
+        for _ in 0..ATTEMPTS {
+            match Dante::start_on(free_port()) {
+                Ok(dante) => return dante,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("danted lost its port to another socket {ATTEMPTS} times; the last:\n{last}")
+    }
+
+    fn start_on(port: u16) -> Result<Dante, String> {
+        let danted = require("danted", "dante-server");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         set_mode(d, 0o755);
@@ -298,13 +314,18 @@ impl Dante {
             .stderr(std::fs::File::create(d.join("err.txt")).expect("err file"))
             .spawn()
             .expect("danted starts");
-        wait_listening(
+        if let Err(e) = wait_listening(
             SocketAddr::from(([127, 0, 0, 1], port)),
             &mut child,
-            &[&log],
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        Dante { child, port, dir }
+            &[&log, &d.join("err.txt")],
+        ) {
+            // Still running only when it neither listened nor exited in time.
+            if matches!(child.try_wait(), Ok(None)) {
+                stop(&mut child);
+            }
+            return Err(e);
+        }
+        Ok(Dante { child, port, dir })
     }
 
     /// The port.
@@ -373,6 +394,19 @@ fn ensure_system_user(user: &str, password: &str) {
 fn set_mode(p: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// The failure [`Dante::start`] tries again is the one danted reports when its port is taken,
+/// taken here as the race takes it, by the local end of another connection.
+#[test]
+fn dante_on_a_taken_port_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let client = TcpStream::connect(listener.local_addr().expect("its address")).expect("connects");
+    let port = client.local_addr().expect("the client's address").port();
+    match Dante::start_on(port) {
+        Ok(_) => panic!("danted listened on a port another socket holds"),
+        Err(e) => assert!(e.contains("Address already in use"), "{e}"),
+    }
 }
 
 /// The failure [`Squid::start_on_a_free_port`] tries again is the one squid reports when its
