@@ -445,7 +445,7 @@ impl<H: Handler> Connection<H> {
     async fn run(&mut self) -> End {
         loop {
             // Boxed, once per busy period (for a connection under load, once), so that the
-            // state of reading heads is held only while requests come.
+            // state of reading heads and of each request is held only while requests come.
             match crate::runtime::boxed_in_place(|| self.busy()).await {
                 Busy::Idle(deadline) => {
                     self.io.release_buffer();

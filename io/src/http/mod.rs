@@ -75,10 +75,11 @@
 //!   one write with the head.
 //! - **Memory.** The read buffer starts at [`INITIAL_READ_BUFFER_BYTES`], doubles up to the head
 //!   limit for a large head, grows to [`BODY_READ_BUFFER_BYTES`] while a body is read, and is
-//!   replaced by a fresh initial-size buffer after any request that grew it. The state of a
-//!   request in progress (handler future, body, response) is boxed once per request, and the
-//!   state of reading heads once per busy period. A connection quiet for 100 ms gives its
-//!   buffer and that box back, its task ends, and it is parked (`park.rs`): a slot with its
+//!   replaced by a fresh initial-size buffer after any request that grew it. The state of
+//!   reading heads and of the request in progress (handler future, body, response) is one box
+//!   per busy period, each request's built where the one before ran, and a busy connection
+//!   keeps the write buffer of its last response for the next. A connection quiet for 100 ms
+//!   gives its buffers and that box back, its task ends, and it is parked (`park.rs`): a slot with its
 //!   socket and limits, the socket in one epoll set per listener and core, the deadline in an
 //!   ordered set. A client that sends again gets a new task. Measured with
 //!   `perf/idle_rss.sh`, an idle keep-alive connection costs 0.5–1 KiB of RSS (8 KiB before
