@@ -180,6 +180,10 @@ pub(crate) struct Head {
     pub(crate) rest: Bytes,
 }
 
+/// Bytes the first read of a response head asks for on a plain connection: a head and a body
+/// of up to about 16 KiB in one read; the rest of a larger body is read after it.
+const PLAIN_HEAD_READ_BYTES: usize = 16 * 1024;
+
 async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
     // The start of a deadline, not of a duration: the coarse clock.
     let sent_at = crate::timer::now();
@@ -189,7 +193,14 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     };
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
     let mut buf = Vec::new();
-    let mut head = match within(at, read_head(conn, x.method, &mut buf, READ_BUF_BYTES)).await {
+    // A plain connection's head read asks for less than a TLS one's (which drains records):
+    // the buffer is allocated per response, and a small answer's fits a small one.
+    let read_bytes = if conn.is_plain() {
+        PLAIN_HEAD_READ_BYTES
+    } else {
+        READ_BUF_BYTES
+    };
+    let mut head = match within(at, read_head(conn, x.method, &mut buf, read_bytes)).await {
         Some(head) => head?,
         None => {
             return Err(Failure::during_response(error::timeout(
