@@ -89,16 +89,24 @@ probe() {
     die "probe failed (HTTP $code): $(cat "$WORK_DIR/probe.json")"
 }
 
+# wrk posting the request envelope for nginx's 1 KiB body to the API port for $1 (a duration),
+# its output in $2 (/dev/null for a warm-up); more wrk flags after them.
+api_wrk() {
+  local duration=$1 out=$2
+  shift 2
+  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
+    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$duration" "$@" \
+    -s "$PERF_DIR/envelope.lua" "http://127.0.0.1:$API_PORT/api/v1/requests" >"$out" 2>&1
+}
+
 # Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… p99_us=… errors=…", CPU being
 # the sum over the pids given.
 measure() {
   local label=$1; shift
-  local url="http://127.0.0.1:$API_PORT/api/v1/requests" out="$WORK_DIR/wrk-$label.txt"
+  local out="$WORK_DIR/wrk-$label.txt"
   local before=0 after=0 pid tck
   tck=$(getconf CLK_TCK)
-  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
-    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" \
-    -s "$PERF_DIR/envelope.lua" "$url" >/dev/null 2>&1 || die "wrk warmup failed"
+  api_wrk "$WARMUP" /dev/null || die "wrk warmup failed"
   local counter="" counts="$WORK_DIR/ops-$label.csv"
   if [ "$COUNT_OPS" = 1 ]; then
     # io_uring operations submitted and context switches of the measured processes: counts per
@@ -107,9 +115,7 @@ measure() {
     counter=$!
   fi
   for pid in "$@"; do before=$((before + $(cpu_ticks "$pid"))); done
-  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
-    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" \
-    --latency -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
+  api_wrk "$DURATION" "$out" --latency || { cat "$out" >&2; die "wrk failed"; }
   for pid in "$@"; do after=$((after + $(cpu_ticks "$pid"))); done
   local line requests rps cpu errors ops=""
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
@@ -137,35 +143,19 @@ measure() {
 # $WORK_DIR/callgrind-<label>-<pid>): a warm-up, the counters zeroed, one wrk run of
 # CALLGRIND_SECONDS, a dump of each. Prints "label=instructions ..." and the sum.
 callgrind_measure() {
-  local url="http://127.0.0.1:$API_PORT/api/v1/requests" out="$WORK_DIR/wrk-callgrind.txt"
-  local pid label file total requests line sum=0 report=""
-  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
-    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d3s \
-    -s "$PERF_DIR/envelope.lua" "$url" >/dev/null 2>&1 || die "wrk warmup failed"
+  local out="$WORK_DIR/wrk-callgrind.txt"
+  local pid label total requests line sum=0 report=""
+  api_wrk 3s /dev/null || die "wrk warmup failed"
   for pid in "$@"; do
     callgrind_control -z "${pid#*=}" >/dev/null || die "callgrind_control could not reach pid ${pid#*=}"
   done
-  SORTIE_PERF_URL="http://127.0.0.1:$UPSTREAM_PORT/kib" SORTIE_PERF_TOKEN=$DEPLOYMENT_TOKEN \
-    SORTIE_PERF_DIR=$PERF_DIR timeout 200 wrk -t"$THREADS" -c"$CONNECTIONS" -d"${CALLGRIND_SECONDS}s" \
-    -s "$PERF_DIR/envelope.lua" "$url" >"$out" 2>&1 || { cat "$out" >&2; die "wrk failed"; }
+  api_wrk "${CALLGRIND_SECONDS}s" "$out" || { cat "$out" >&2; die "wrk failed"; }
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
   requests=$(field requests "$line")
   [ "${requests:-0}" -gt 0 ] || die "no request answered under callgrind"
   for pid in "$@"; do
     label=${pid%%=*} pid=${pid#*=}
-    rm -f "$WORK_DIR/callgrind-$label-$pid".*
-    callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
-    # The dump is written by the process itself, a moment after the request for it.
-    local deadline=$((SECONDS + 30))
-    file=""
-    while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
-      sleep 0.5
-      file=$(find "$WORK_DIR" -maxdepth 1 -name "callgrind-$label-$pid.*" -size +0 | head -n 1)
-    done
-    [ -n "$file" ] || die "callgrind wrote no dump for $label"
-    sleep 1
-    total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
-    [ -n "$total" ] || die "no instruction total for $label"
+    total=$(callgrind_total "$pid" "$WORK_DIR/callgrind-$label" "$label") || exit 1
     sum=$((sum + total))
     report="$report $label=$((total / requests))"
   done

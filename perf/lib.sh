@@ -49,6 +49,26 @@ die() {
   exit 1
 }
 
+# Instructions process $1, running under callgrind with `--callgrind-out-file=$2-%p` (so its
+# dumps are $2-$1.N), executed since its counters were last zeroed (`callgrind_control -z`):
+# asks it for a dump, waits for the file and prints its total. $3 names it in errors.
+callgrind_total() {
+  local pid=$1 out="$2-$1" label=$3 file="" deadline total
+  rm -f "$out".*
+  callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
+  # The dump is written by the process itself, a moment after the request for it.
+  deadline=$((SECONDS + 30))
+  while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
+    sleep 0.5
+    file=$(find "$(dirname "$out")" -maxdepth 1 -name "$(basename "$out").*" -size +0 | head -n 1)
+  done
+  [ -n "$file" ] || die "callgrind wrote no dump for $label"
+  sleep 1
+  total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+  [ -n "$total" ] || die "no instruction total for $label"
+  echo "$total"
+}
+
 # Attaches uprobes to mimalloc's entry points in the binary $1 and sets ALLOC_EVENTS to the perf
 # events that count them (every Rust allocation of the gateway goes through one of the three).
 # The probes are removed with the run's cleanup. They slow every allocation down: a run with

@@ -609,31 +609,20 @@ callgrind_count() {
   DURATION=$saved
   CONNECTIONS=$saved_c
   requests=$(field requests "$LAST_LINE")
-  rm -f "$CG_OUT".*
-  callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
-  # The dump is written by the process itself, a moment after the request for it.
-  local deadline=$((SECONDS + 30)) file=""
-  while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
-    sleep 0.5
-    file=$(find "$WORK_DIR" -maxdepth 1 -name "$(basename "$CG_OUT").*" -size +0 | head -n 1)
-  done
-  [ -n "$file" ] || die "callgrind wrote no dump for $label"
-  sleep 1
-  total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
-  [ -n "$total" ] && [ "$requests" -gt 0 ] || die "no instruction total for $label"
+  total=$(callgrind_total "$pid" "$CG_PREFIX" "$label") || exit 1
+  [ "$requests" -gt 0 ] || die "no request answered under callgrind for $label"
   CG_REQUESTS=$requests
   CG_PER_REQUEST=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.0f", t / n }')
 }
 
 # Starts `$@` under callgrind, its dumps named after $1 (a label) in the run directory, and
-# waits for port $2; sets CG_PID and CG_OUT (the dumps' path, less the sequence number).
+# waits for port $2; sets CG_PID and CG_PREFIX (the dumps' path, less `-PID.N`).
 start_callgrind() {
   local label=$1 port=$2
   shift 2
-  start_bg "callgrind-$label" valgrind --tool=callgrind \
-    --callgrind-out-file="$WORK_DIR/callgrind-$label-%p" "$@"
+  CG_PREFIX="$WORK_DIR/callgrind-$label"
+  start_bg "callgrind-$label" valgrind --tool=callgrind --callgrind-out-file="$CG_PREFIX-%p" "$@"
   CG_PID=${PID_OF[callgrind-$label]}
-  CG_OUT="$WORK_DIR/callgrind-$label-$CG_PID"
   # Valgrind translates the program first: tens of seconds for the gateway.
   wait_port "$port" 180 "$CG_PID" || { cat "$WORK_DIR/callgrind-$label.log" >&2; die "$label did not start under callgrind"; }
 }
