@@ -43,6 +43,23 @@ fn read_logs(logs: &[&Path]) -> String {
         .join("\n")
 }
 
+/// Starts a proxy with `start` on a port [`free_port`] finds. That port was only free a moment
+/// ago: another test's socket can take it before the proxy binds it, and the proxy then exits
+/// saying "Address already in use". Only that failure is tried again, on another port, up to
+/// five times; any other fails the test with `start`'s message.
+fn on_a_free_port<T>(name: &str, start: impl Fn(u16) -> Result<T, String>) -> T {
+    const ATTEMPTS: usize = 5;
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
+        match start(free_port()) {
+            Ok(proxy) => return proxy,
+            Err(e) if e.contains("Address already in use") => last = e,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("{name} lost its port to another socket {ATTEMPTS} times; the last:\n{last}")
+}
+
 /// Waits until the proxy listens on `addr`; `Err` with its logs when it exited first. Fails
 /// the test when it neither listens nor exits within [`START_LIMIT`].
 fn wait_listening(addr: SocketAddr, child: &mut Child, logs: &[&Path]) -> Result<(), String> {
@@ -117,20 +134,10 @@ impl Squid {
         Squid::start_on_a_free_port(users, Some((cert_pem, key_pem)))
     }
 
-    /// [`free_port`] only finds a port that was free a moment ago: another test's socket can
-    /// take it before squid binds it, and squid then exits with "Address already in use" in
-    /// its cache log. Only that failure is tried again, on another port.
+    /// Squid on a port [`on_a_free_port`] finds; its "Address already in use" is in its cache
+    /// log.
     fn start_on_a_free_port(users: &[(&str, &str)], tls: Option<(&str, &str)>) -> Squid {
-        const ATTEMPTS: usize = 5;
-        let mut last = String::new();
-        for _ in 0..ATTEMPTS {
-            match Squid::start_with(free_port(), users, tls) {
-                Ok(squid) => return squid,
-                Err(e) if e.contains("Address already in use") => last = e,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        panic!("squid lost its port to another socket {ATTEMPTS} times; the last:\n{last}")
+        on_a_free_port("squid", |port| Squid::start_with(port, users, tls))
     }
 
     fn start_with(
@@ -264,25 +271,13 @@ pub struct Dante {
 }
 
 impl Dante {
-    /// Starts danted on a free port, with each `(user, password)` as a system user.
-    ///
-    /// [`free_port`] only finds a port that was free a moment ago: another test's socket can
-    /// take it before danted binds it, and danted then exits saying the address is in use.
-    /// Only that failure is tried again, on another port.
+    /// Starts danted on a free port ([`on_a_free_port`]), with each `(user, password)` as a
+    /// system user.
     pub fn start(users: &[(&str, &str)]) -> Dante {
-        const ATTEMPTS: usize = 5;
         for (user, password) in users {
             ensure_system_user(user, password);
         }
-        let mut last = String::new();
-        for _ in 0..ATTEMPTS {
-            match Dante::start_on(free_port()) {
-                Ok(dante) => return dante,
-                Err(e) if e.contains("Address already in use") => last = e,
-                Err(e) => panic!("{e}"),
-            }
-        }
-        panic!("danted lost its port to another socket {ATTEMPTS} times; the last:\n{last}")
+        on_a_free_port("danted", Dante::start_on)
     }
 
     fn start_on(port: u16) -> Result<Dante, String> {
@@ -396,7 +391,7 @@ fn set_mode(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
-/// The failure [`Dante::start`] tries again is the one danted reports when its port is taken,
+/// The failure [`on_a_free_port`] tries again is the one danted reports when its port is taken,
 /// taken here as the race takes it, by the local end of another connection.
 #[test]
 fn dante_on_a_taken_port_says_so() {
@@ -409,7 +404,7 @@ fn dante_on_a_taken_port_says_so() {
     }
 }
 
-/// The failure [`Squid::start_on_a_free_port`] tries again is the one squid reports when its
+/// The failure [`on_a_free_port`] tries again is the one squid reports when its
 /// port is taken: an exit before listening, with "Address already in use" in its cache log.
 /// Taken here as the race takes it, by the local end of another connection.
 #[test]
