@@ -54,6 +54,13 @@ COUNT_ALLOCS=${COUNT_ALLOCS:-0}
 CALLGRIND=${CALLGRIND:-0}
 CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
 CALLGRIND_CONNECTIONS=${CALLGRIND_CONNECTIONS:-64}
+# CACHE_SIM=1 (with CALLGRIND=1): callgrind also simulates the caches, and each count is followed
+# by the process's simulated L1 instruction and data cache misses per request and its hot code
+# footprint (the KiB of code a request runs through, `perf/footprint.py`): where instructions
+# alone do not tell why user time per request differs.
+CACHE_SIM=${CACHE_SIM:-0}
+CALLGRIND_OPTS=()
+[ "$CACHE_SIM" != 1 ] || CALLGRIND_OPTS=(--cache-sim=yes --dump-instr=yes --compress-pos=no)
 # ALLOC_SITES=1 (with COUNT_ALLOCS=1): also record the allocations' call stacks and print the
 # sites in Sortie's code that allocate, per request.
 ALLOC_SITES=${ALLOC_SITES:-0}
@@ -600,6 +607,7 @@ syscalls_all() {
 callgrind_count() {
   local pid=$1 mode=$2 size=$3 label=$4 saved=$DURATION
   local saved_c=$CONNECTIONS total requests
+  CG_CACHE=""
   CONNECTIONS=$CALLGRIND_CONNECTIONS
   DURATION=3s
   measure "$mode" "$size" "$label"
@@ -613,6 +621,12 @@ callgrind_count() {
   [ "$requests" -gt 0 ] || die "no request answered under callgrind for $label"
   CG_REQUESTS=$requests
   CG_PER_REQUEST=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.0f", t / n }')
+  if [ "$CACHE_SIM" = 1 ]; then
+    local dump
+    dump=$(find "$WORK_DIR" -maxdepth 1 -name "$(basename "$CG_PREFIX")-$pid.*" -size +0 | head -n 1)
+    [ -n "$dump" ] || die "no callgrind dump of $label to read the cache misses from"
+    CG_CACHE="  $(python3 "$PERF_DIR/footprint.py" "$dump" "$requests")"
+  fi
 }
 
 # Starts `$@` under callgrind, its dumps named after $1 (a label) in the run directory, and
@@ -621,7 +635,7 @@ start_callgrind() {
   local label=$1 port=$2
   shift 2
   CG_PREFIX="$WORK_DIR/callgrind-$label"
-  start_bg "callgrind-$label" valgrind --tool=callgrind --callgrind-out-file="$CG_PREFIX-%p" "$@"
+  start_bg "callgrind-$label" valgrind --tool=callgrind "${CALLGRIND_OPTS[@]}" --callgrind-out-file="$CG_PREFIX-%p" "$@"
   CG_PID=${PID_OF[callgrind-$label]}
   # Valgrind translates the program first: tens of seconds for the gateway.
   wait_port "$port" 180 "$CG_PID" || { cat "$WORK_DIR/callgrind-$label.log" >&2; die "$label did not start under callgrind"; }
@@ -653,6 +667,7 @@ callgrind_all() {
     callgrind_count "$CG_PID" absolute "$size" nginx-hop
     hop_ir[$size]=$CG_PER_REQUEST
     say "nginx hop $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
+    [ -z "$CG_CACHE" ] || say "$CG_CACHE"
   done
   NGINX_HOP_PORT=$saved_hop_port
   PID_OF[nginx-hop]=$saved_pid
@@ -670,6 +685,7 @@ callgrind_all() {
       callgrind_count "$CG_PID" "$mode" "$size" sortie
       say "sortie $mode $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)," \
         "$(awk -v a="$CG_PER_REQUEST" -v b="${hop_ir[$size]}" 'BEGIN { printf "%.2f", a / b }')x the nginx hop's"
+      [ -z "$CG_CACHE" ] || say "$CG_CACHE"
     done
   done
   kill "$CG_PID" 2>/dev/null || true
@@ -694,6 +710,7 @@ callgrind_monoio_relay() {
   for size in $SIZES; do
     callgrind_count "$CG_PID" absolute "$size" "$label"
     say "relay on monoio (http) $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
+    [ -z "$CG_CACHE" ] || say "$CG_CACHE"
   done
   kill "$CG_PID" 2>/dev/null || true
   wait_gone "$CG_PID" 30 || kill -9 "$CG_PID" 2>/dev/null || true
