@@ -25,8 +25,9 @@ use bytes::Bytes;
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 use sortie_core::bus::{
-    Assign, BodySource, EncodeError, Frame, FrameBuf, Heartbeat, Hello, ResponseHead, StreamError,
-    StreamId, Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN,
+    Assign, BodySource, EncodeError, Frame, FrameBuf, HeadFields, Heartbeat, Hello, ResponseHead,
+    StreamError, StreamId, Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
 };
 use sortie_core::config::WorkerFile;
 use sortie_core::destination::DestinationPolicy;
@@ -1363,7 +1364,7 @@ async fn tunnel(
     wl.send(&Frame::ResponseHead(ResponseHead {
         stream: a.stream,
         status: 200,
-        headers: Vec::new(),
+        headers: HeadFields::default(),
     }))
     .map_err(unsendable_head)?;
     // Through an `https://` upstream proxy the tunnel is the TLS session's plaintext.

@@ -228,6 +228,36 @@ fn curl_through_the_control_to_remote_workers() {
         assert!(!text.contains("Proxy-Authorization"), "{text}");
     }
 
+    // The destination's head reaches the client as a local worker's would: its own fields in
+    // order, its `Date` the only one, hop-by-hop fields (listed in `Connection` or not) and
+    // the framing the worker removed left out.
+    let fields = Upstream::start(upstream::fixed(
+        b"HTTP/1.1 200 OK\r\nX-First: 1\r\nConnection: X-Secret\r\nX-Secret: s\r\n\
+          Keep-Alive: timeout=5\r\nDate: Tue, 01 Jan 2030 00:00:00 GMT\r\nX-Last: 2\r\n\
+          Content-Length: 2\r\n\r\nok"
+            .to_vec(),
+    ));
+    for tag in ["two", "three"] {
+        let route = format!("X-Service-Route-Tags: {tag}");
+        let r = curl_ok(&gw, &["--proxy-header", &route, &fields.url("/fields")]);
+        assert_eq!(r.body, b"ok");
+        let names: Vec<&str> = r.headers.iter().map(|(n, _)| n.as_str()).collect();
+        let date: Vec<&str> = r
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case("date"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(date, ["Tue, 01 Jan 2030 00:00:00 GMT"], "{names:?}");
+        let first = names.iter().position(|n| *n == "X-First");
+        let last = names.iter().position(|n| *n == "X-Last");
+        assert!(first.is_some() && first < last, "{names:?}");
+        for gone in ["X-Secret", "Keep-Alive"] {
+            assert!(!names.contains(&gone), "{gone} relayed: {names:?}");
+        }
+        assert_eq!(r.header("Content-Length"), Some("2"), "{names:?}");
+    }
+
     // Large bodies both ways, past every flow-control window: the body is streamed to the
     // worker as the client sends it and the echo streamed back.
     let dir = support::gateway::temp_dir("bus-proxy-body");

@@ -15,6 +15,7 @@
 
 use super::frame::*;
 use super::{MAX_DATA_BYTES, MAX_FRAME_BYTES};
+use crate::h1::FieldOffsets;
 use crate::limits;
 use crate::worker::{
     AdvertisedCapabilities, MAX_SESSION_BYTES, MAX_WORKER_POOLS, MAX_WORKER_PROFILES,
@@ -256,7 +257,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
         RESPONSE_HEAD_TYPE => Frame::ResponseHead(ResponseHead {
             stream: r.u32("response_head.stream")?,
             status: r.u16("response_head.status")?,
-            headers: r.shared_fields("response_head.headers", MAX_FIELDS)?,
+            headers: r.head_fields("response_head.headers", MAX_FIELDS)?,
         }),
         0x14 => Frame::Data {
             stream: r.u32("data.stream")?,
@@ -433,33 +434,27 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
-    /// Header fields as slices of one copy of their bytes, with the bounds of [`Self::fields`].
-    fn shared_fields(
-        &mut self,
-        field: &'static str,
-        max: usize,
-    ) -> Result<Vec<(bytes::Bytes, bytes::Bytes)>, FrameError> {
+    /// Header fields as one copy of their bytes and where each lies in it, with the bounds of
+    /// [`Self::fields`].
+    fn head_fields(&mut self, field: &'static str, max: usize) -> Result<HeadFields, FrameError> {
         let n = self.count(field, max)?;
         let from = self.at;
-        // First the bounds, on the frame; then the slices, on the one copy of the fields'
-        // bytes, whose lengths are known good (so no list of ranges in between).
+        // Where a slice just read lies in the copy of the fields' bytes, which starts at `from`
+        // (a frame is far shorter than 4 GiB).
+        let span = |r: &Reader<'_>, len: usize| {
+            let end = u32::try_from(r.at - from).map_err(|_| FrameError::FieldTooLong(field))?;
+            Ok::<_, FrameError>((end.saturating_sub(len as u32), end))
+        };
+        let mut spans = Vec::with_capacity(n);
         for _ in 0..n {
-            self.short_slice(field, MAX_FIELD_NAME_BYTES)?;
-            self.long_slice(field, MAX_FIELD_VALUE_BYTES)?;
+            let name = self.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
+            let name = span(self, name)?;
+            let value = self.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
+            let value = span(self, value)?;
+            spans.push(FieldOffsets { name, value });
         }
         let all = bytes::Bytes::copy_from_slice(self.buf.get(from..self.at).unwrap_or_default());
-        let mut copy = Reader { buf: &all, at: 0 };
-        // Where the slice just read lies in the copy (it ends at `copy.at`).
-        let span = |r: &Reader<'_>, len: usize| r.at - len..r.at;
-        let mut fields = Vec::with_capacity(n);
-        for _ in 0..n {
-            let name = copy.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
-            let name = span(&copy, name);
-            let value = copy.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
-            let value = span(&copy, value);
-            fields.push((all.slice(name), all.slice(value)));
-        }
-        Ok(fields)
+        HeadFields::in_buffer(all, spans).ok_or(FrameError::Truncated(field))
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
@@ -766,7 +761,7 @@ fn encode_body(frame: &Frame, w: &mut Writer<'_>) -> Result<(), EncodeError> {
         Frame::ResponseHead(h) => {
             w.u32(h.stream);
             w.u16(h.status);
-            w.fields(&h.headers, MAX_FIELDS, "response_head.headers")?;
+            w.fields_of(h.headers.iter(), MAX_FIELDS, "response_head.headers")?;
         }
         Frame::Data { stream, bytes, end } => {
             w.u32(*stream);

@@ -1,6 +1,9 @@
 //! The frames of the worker bus as plain data: what each frame carries, and who may send it.
 //! Encoding and decoding live in `codec.rs`; which frame may follow which lives in `lane.rs`.
 
+use bytes::Bytes;
+
+use crate::h1::FieldOffsets;
 use crate::worker::AdvertisedCapabilities;
 
 /// Identifies one request (or tunnel) on one lane. Chosen by the control, never reused on the
@@ -218,10 +221,103 @@ pub struct ResponseHead {
     pub stream: StreamId,
     /// The destination's status.
     pub status: u16,
-    /// Response header fields as received. Decoded, every name and value is a slice of one
-    /// buffer holding them all (one allocation per head, not two per field).
-    pub headers: Vec<(bytes::Bytes, bytes::Bytes)>,
+    /// Response header fields as received, in order.
+    pub headers: HeadFields,
 }
+
+/// Header fields as one buffer and where each name and value lies in it. A decoded head's
+/// fields are copied once, together, and reading one takes no reference count (a pair of
+/// shared slices per field took two increments and two decrements).
+#[derive(Debug, Clone, Default)]
+pub struct HeadFields {
+    buf: Bytes,
+    /// Every range lies in `buf` (checked where the fields are made).
+    spans: Vec<FieldOffsets>,
+}
+
+impl HeadFields {
+    /// Fields copied into one buffer.
+    pub fn copied<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+        fields: impl IntoIterator<Item = (N, V)>,
+    ) -> HeadFields {
+        let mut buf = Vec::new();
+        let mut spans = Vec::new();
+        for (name, value) in fields {
+            let mut push = |part: &[u8]| {
+                let start = buf.len();
+                buf.extend_from_slice(part);
+                // A head's fields are bounded far below 4 GiB; saturating keeps a pathological
+                // one from wrapping (its range then reads as empty).
+                let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                (at(start), at(buf.len()))
+            };
+            let name = push(name.as_ref());
+            let value = push(value.as_ref());
+            spans.push(FieldOffsets { name, value });
+        }
+        HeadFields {
+            buf: Bytes::from(buf),
+            spans,
+        }
+    }
+
+    /// Fields whose names and values lie in `buf` at `spans`; `None` when a range does not.
+    pub fn in_buffer(buf: Bytes, spans: Vec<FieldOffsets>) -> Option<HeadFields> {
+        let fits = |(start, end): (u32, u32)| start <= end && end as usize <= buf.len();
+        spans
+            .iter()
+            .all(|s| fits(s.name) && fits(s.value))
+            .then_some(HeadFields { buf, spans })
+    }
+
+    /// How many fields there are.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The field at `index`, as (name, value).
+    pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
+        self.spans.get(index).map(|s| self.read(s))
+    }
+
+    /// The fields in order, as (name, value).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], &[u8])> + Clone + '_ {
+        self.spans.iter().map(|s| self.read(s))
+    }
+
+    /// The buffer and the ranges of each field's name and value in it.
+    pub fn into_parts(self) -> (Bytes, Vec<FieldOffsets>) {
+        (self.buf, self.spans)
+    }
+
+    fn read(&self, s: &FieldOffsets) -> (&[u8], &[u8]) {
+        let part = |(start, end): (u32, u32)| {
+            self.buf
+                .get(start as usize..end as usize)
+                .unwrap_or_default()
+        };
+        (part(s.name), part(s.value))
+    }
+}
+
+impl<N: AsRef<[u8]>, V: AsRef<[u8]>> FromIterator<(N, V)> for HeadFields {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(fields: I) -> HeadFields {
+        HeadFields::copied(fields)
+    }
+}
+
+impl PartialEq for HeadFields {
+    fn eq(&self, other: &HeadFields) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for HeadFields {}
 
 /// Worker → control: the stream failed; ends it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,8 +13,8 @@ pub use codec::{
     MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
-    Assign, AssignRef, BodySource, ConfigPush, Field, Frame, Heartbeat, Hello, LaneSettings,
-    Reject, ResponseHead, Sender, StreamError, StreamId, Welcome,
+    Assign, AssignRef, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat, Hello,
+    LaneSettings, Reject, ResponseHead, Sender, StreamError, StreamId, Welcome,
 };
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 

@@ -131,11 +131,7 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
         9 => Frame::ResponseHead(ResponseHead {
             stream: r.next() as u32,
             status: r.next() as u16,
-            headers: r
-                .fields(20)
-                .into_iter()
-                .map(|(n, v)| (n.into(), v.into()))
-                .collect(),
+            headers: r.fields(20).into_iter().collect(),
         }),
         10 => Frame::Data {
             stream: r.next() as u32,
@@ -396,7 +392,7 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
     let head = Frame::ResponseHead(ResponseHead {
         stream: s,
         status: 200,
-        headers: vec![],
+        headers: HeadFields::default(),
     });
     assert_eq!(lane.receive(&head), Ok(Verdict::Deliver));
     assert!(lane.receive(&head).is_err(), "second head");
@@ -413,7 +409,7 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
         .receive(&Frame::ResponseHead(ResponseHead {
             stream: s,
             status: 200,
-            headers: vec![],
+            headers: HeadFields::default(),
         }))
         .unwrap();
     lane2.receive(&data(s, 10, false)).unwrap();
@@ -440,7 +436,7 @@ fn control_lane_drops_frames_of_cancelled_streams_until_their_end() {
     let head = Frame::ResponseHead(ResponseHead {
         stream: s,
         status: 200,
-        headers: vec![],
+        headers: HeadFields::default(),
     });
     assert_eq!(lane.receive(&head), Ok(Verdict::Ignore));
     let end = Frame::StreamError(StreamError {
@@ -535,7 +531,7 @@ fn tunnels_half_close_in_either_order() {
         Frame::ResponseHead(ResponseHead {
             stream: s,
             status: 200,
-            headers: vec![],
+            headers: HeadFields::default(),
         })
     };
     let credit = |s| Frame::Credit {
@@ -931,10 +927,7 @@ fn borrowed_response_heads_encode_as_frames_do() {
         &Frame::ResponseHead(ResponseHead {
             stream: 7,
             status: 203,
-            headers: fields
-                .iter()
-                .map(|(n, v)| (n.clone().into(), v.clone().into()))
-                .collect(),
+            headers: fields.iter().cloned().collect(),
         }),
         &mut framed,
     )
@@ -954,7 +947,7 @@ fn borrowed_response_heads_encode_as_frames_do() {
         &Frame::ResponseHead(ResponseHead {
             stream: 1,
             status: 200,
-            headers: vec![(b"a".to_vec().into(), b"b".to_vec().into()); 10_000],
+            headers: too_many.iter().copied().collect(),
         }),
         &mut Vec::new(),
     )

@@ -4,8 +4,8 @@
 //! A head read over HTTP/1.1 keeps its fields as the head's buffer and where each name and
 //! value lies in it: reading them touches no reference count, where a pair of `Bytes` per
 //! field cost two atomic increments and two decrements per field of every response. Fields
-//! that arrive as separate pieces (HTTP/2, the worker bus) are copied into one buffer, or kept
-//! as the pairs of one buffer the bus decoded them into.
+//! that arrive as separate pieces (HTTP/2) are copied into one buffer; the worker bus decodes
+//! a head's fields into one buffer of its own ([`HeadFields`]), kept as it is.
 //!
 //! An HTTP/1.1 head's fields are also its field lines: where they were checked to lie as the
 //! parser accepted them, a relay copies a run of them in one piece ([`ResponseFields::lines`]).
@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
+use sortie_core::bus::HeadFields;
 use sortie_core::h1::FieldOffsets;
 use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 
@@ -21,34 +22,24 @@ use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 /// the offsets its parser gave, kept as they are.
 type Span = FieldOffsets;
 
-#[derive(Clone, Debug)]
-enum Repr {
-    /// Fields that lie in one buffer; with `lines_end`, they are the head's field lines, the
-    /// last ending there ([`FieldSpans::as_lines`]).
-    Spans {
-        buf: Bytes,
-        spans: Vec<Span>,
-        lines_end: Option<u32>,
-    },
-    /// Fields held as slices already (the bus's decoded heads).
-    Pairs(Vec<(Bytes, Bytes)>),
+/// Fields that lie in one buffer; with `lines_end`, they are the head's field lines, the last
+/// ending there ([`FieldSpans::as_lines`]).
+#[derive(Clone, Debug, Default)]
+struct Repr {
+    buf: Bytes,
+    spans: Vec<Span>,
+    lines_end: Option<u32>,
 }
 
 /// A response head's fields in order.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct ResponseFields(Repr);
-
-impl Default for ResponseFields {
-    fn default() -> Self {
-        ResponseFields(Repr::Pairs(Vec::new()))
-    }
-}
 
 impl ResponseFields {
     /// Fields whose names and values lie in `buf` at `spans`; `None` when `buf` is shorter than
     /// the buffer the spans were checked against.
     pub fn in_buffer(buf: Bytes, spans: FieldSpans) -> Option<ResponseFields> {
-        (spans.len <= buf.len()).then_some(ResponseFields(Repr::Spans {
+        (spans.len <= buf.len()).then_some(ResponseFields(Repr {
             buf,
             spans: spans.spans,
             lines_end: spans.lines_end,
@@ -59,40 +50,22 @@ impl ResponseFields {
     pub fn copied<N: AsRef<[u8]>, V: AsRef<[u8]>>(
         fields: impl IntoIterator<Item = (N, V)>,
     ) -> ResponseFields {
-        let mut buf = Vec::new();
-        let mut spans = Vec::new();
-        for (name, value) in fields {
-            let (name, value) = (name.as_ref(), value.as_ref());
-            let mut push = |part: &[u8]| {
-                let start = buf.len();
-                buf.extend_from_slice(part);
-                // A head's fields are bounded far below 4 GiB; saturating keeps a pathological
-                // one from wrapping (its range then reads as empty).
-                let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-                (at(start), at(buf.len()))
-            };
-            let name = push(name);
-            let value = push(value);
-            spans.push(Span { name, value });
-        }
-        ResponseFields(Repr::Spans {
-            buf: Bytes::from(buf),
+        ResponseFields::decoded(HeadFields::copied(fields))
+    }
+
+    /// Fields the worker bus decoded into one buffer, kept in it.
+    pub fn decoded(fields: HeadFields) -> ResponseFields {
+        let (buf, spans) = fields.into_parts();
+        ResponseFields(Repr {
+            buf,
             spans,
             lines_end: None,
         })
     }
 
-    /// Fields already held as slices.
-    pub fn from_pairs(pairs: Vec<(Bytes, Bytes)>) -> ResponseFields {
-        ResponseFields(Repr::Pairs(pairs))
-    }
-
     /// How many fields there are.
     pub fn len(&self) -> usize {
-        match &self.0 {
-            Repr::Spans { spans, .. } => spans.len(),
-            Repr::Pairs(pairs) => pairs.len(),
-        }
+        self.0.spans.len()
     }
 
     /// Whether there are none.
@@ -102,28 +75,22 @@ impl ResponseFields {
 
     /// The fields in order, as (name, value).
     pub fn iter(&self) -> Iter<'_> {
-        Iter(match &self.0 {
-            Repr::Spans { buf, spans, .. } => IterRepr::Spans {
-                buf,
-                spans: spans.iter(),
-            },
-            Repr::Pairs(pairs) => IterRepr::Pairs(pairs.iter()),
-        })
+        Iter {
+            buf: &self.0.buf,
+            spans: self.0.spans.iter(),
+        }
     }
 
     /// The field at `index`.
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
-        match &self.0 {
-            Repr::Spans { buf, spans, .. } => spans.get(index).map(|s| read(s, buf)),
-            Repr::Pairs(pairs) => pairs.get(index).map(|(n, v)| (&n[..], &v[..])),
-        }
+        self.0.spans.get(index).map(|s| read(s, &self.0.buf))
     }
 
     /// The field lines of fields `first..past`, as received (`name ":" OWS value OWS CRLF`
     /// each), when these fields are a head's lines ([`FieldSpans::as_lines`]); `None`
     /// otherwise, or for an empty or out-of-range run.
     pub fn lines(&self, first: usize, past: usize) -> Option<&[u8]> {
-        let Repr::Spans {
+        let Repr {
             buf,
             spans,
             lines_end: Some(end),
@@ -143,13 +110,7 @@ impl ResponseFields {
 
     /// Whether [`ResponseFields::lines`] answers.
     pub fn has_lines(&self) -> bool {
-        matches!(
-            self.0,
-            Repr::Spans {
-                lines_end: Some(_),
-                ..
-            }
-        )
+        self.0.lines_end.is_some()
     }
 
     /// The value of the first field named `name`, ignoring ASCII case.
@@ -164,32 +125,26 @@ impl ResponseFields {
     /// relayed head.
     pub fn connection_tokens(&self) -> ConnectionTokens<'_> {
         const NAME_LEN: u32 = b"connection".len() as u32;
-        match &self.0 {
-            Repr::Spans { buf, spans, .. } => connection_tokens_of(
-                spans
-                    .iter()
-                    .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
-                    .map(|s| read(s, buf)),
-            ),
-            Repr::Pairs(pairs) => connection_tokens_of(pairs.iter().map(|(n, v)| (&n[..], &v[..]))),
-        }
+        let Repr { buf, spans, .. } = &self.0;
+        connection_tokens_of(
+            spans
+                .iter()
+                .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
+                .map(|s| read(s, buf)),
+        )
     }
 
     /// The field at `index` as slices sharing the buffer, for a caller that keeps them.
     pub fn shared(&self, index: usize) -> Option<(Bytes, Bytes)> {
-        match &self.0 {
-            Repr::Spans { buf, spans, .. } => {
-                let s = spans.get(index)?;
-                // Checked first: `Bytes::slice` panics outside the buffer.
-                let part = |(start, end): (u32, u32)| {
-                    let range = start as usize..end as usize;
-                    buf.get(range.clone())?;
-                    Some(buf.slice(range))
-                };
-                Some((part(s.name)?, part(s.value)?))
-            }
-            Repr::Pairs(pairs) => pairs.get(index).cloned(),
-        }
+        let Repr { buf, spans, .. } = &self.0;
+        let s = spans.get(index)?;
+        // Checked first: `Bytes::slice` panics outside the buffer.
+        let part = |(start, end): (u32, u32)| {
+            let range = start as usize..end as usize;
+            buf.get(range.clone())?;
+            Some(buf.slice(range))
+        };
+        Some((part(s.name)?, part(s.value)?))
     }
 }
 
@@ -310,15 +265,9 @@ fn read<'b>(span: &Span, buf: &'b [u8]) -> (&'b [u8], &'b [u8]) {
 
 /// The iterator of [`ResponseFields::iter`].
 #[derive(Clone)]
-pub struct Iter<'a>(IterRepr<'a>);
-
-#[derive(Clone)]
-enum IterRepr<'a> {
-    Spans {
-        buf: &'a Bytes,
-        spans: std::slice::Iter<'a, Span>,
-    },
-    Pairs(std::slice::Iter<'a, (Bytes, Bytes)>),
+pub struct Iter<'a> {
+    buf: &'a Bytes,
+    spans: std::slice::Iter<'a, Span>,
 }
 
 impl<'a> Iterator for Iter<'a> {
@@ -326,17 +275,11 @@ impl<'a> Iterator for Iter<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        match &mut self.0 {
-            IterRepr::Spans { buf, spans } => spans.next().map(|s| read(s, buf)),
-            IterRepr::Pairs(pairs) => pairs.next().map(|(n, v)| (&n[..], &v[..])),
-        }
+        self.spans.next().map(|s| read(s, self.buf))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        match &self.0 {
-            IterRepr::Spans { spans, .. } => spans.size_hint(),
-            IterRepr::Pairs(pairs) => pairs.size_hint(),
-        }
+        self.spans.size_hint()
     }
 }
 
@@ -395,12 +338,17 @@ mod tests {
         let spans = FieldSpans::within(head.len(), ranges.into_iter()).expect("within the buffer");
         let in_buffer = ResponseFields::in_buffer(head, spans).expect("the same buffer");
         let copied = ResponseFields::copied(want.iter().map(|(n, v)| (n, v)));
-        let from_pairs = ResponseFields::from_pairs(
-            want.iter()
-                .map(|(n, v)| (Bytes::from(n.clone()), Bytes::from(v.clone())))
-                .collect(),
+        let decoded = ResponseFields::decoded(
+            HeadFields::in_buffer(
+                Bytes::from_static(b"Serverx-Set-Cookie:a=1;set-cookie"),
+                [((0, 6), (6, 7)), ((8, 18), (19, 22)), ((23, 33), (33, 33))]
+                    .into_iter()
+                    .map(|(name, value)| FieldOffsets { name, value })
+                    .collect(),
+            )
+            .expect("within the buffer"),
         );
-        for f in [&in_buffer, &copied, &from_pairs] {
+        for f in [&in_buffer, &copied, &decoded] {
             assert_eq!(pairs(f), want);
             assert_eq!(f.len(), 3);
             assert_eq!(f.iter().len(), 3);
@@ -413,7 +361,7 @@ mod tests {
             assert!(f.get(3).is_none());
         }
         assert_eq!(in_buffer, copied);
-        assert_eq!(copied, from_pairs);
+        assert_eq!(copied, decoded);
         assert!(ResponseFields::default().is_empty());
         let listing = [
             ("X", "1"),
@@ -423,12 +371,7 @@ mod tests {
         ];
         for f in [
             ResponseFields::copied(listing),
-            ResponseFields::from_pairs(
-                listing
-                    .iter()
-                    .map(|(n, v)| (Bytes::from(*n), Bytes::from(*v)))
-                    .collect(),
-            ),
+            ResponseFields::decoded(listing.iter().copied().collect()),
         ] {
             assert_eq!(*f.connection_tokens(), [&b"a"[..], b"b", b"d"]);
         }
@@ -456,7 +399,7 @@ mod tests {
         assert_eq!(copied, f);
         assert!(!copied.has_lines());
         assert_eq!(copied.lines(0, 1), None);
-        assert!(!ResponseFields::from_pairs(Vec::new()).has_lines());
+        assert!(!ResponseFields::decoded(HeadFields::default()).has_lines());
     }
 
     /// Fields laid out otherwise than a head's lines are fields only: a line between two

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use monoio::net::TcpStream;
 use sortie_core::h1::{write_response_head, H1Error, HeadPart, OutgoingBody};
 use sortie_core::proxy::{
-    is_hop_by_hop_response_field, lists_field_names, response_field_name, ResponseFieldName,
+    is_hop_by_hop_response_field, is_relayed_response_field, lists_field_names,
+    response_field_name, ResponseFieldName,
 };
 
 use super::date;
@@ -278,6 +279,26 @@ impl RelayedFields {
             bytes,
             has_date,
         })
+    }
+
+    /// The fields of a destination's response head that a forward proxy's client gets, in
+    /// order: up to [`RelayedFields::MAX_FIELDS`] (every ordinary head) they stay in the
+    /// head's buffer and are written from it; a longer head's go into `out.headers` as shared
+    /// slices instead.
+    pub fn relay(fields: ResponseFields, out: &mut Response) -> RelayedFields {
+        let fields = match RelayedFields::select(fields) {
+            Ok(relayed) => return relayed,
+            Err(fields) => fields,
+        };
+        let tokens = fields.connection_tokens();
+        out.headers = fields
+            .iter()
+            .enumerate()
+            .filter(|(_, (n, _))| is_relayed_response_field(n, &tokens))
+            .filter_map(|(i, _)| fields.shared(i))
+            .map(|(n, v)| (HeaderName::shared(n), v))
+            .collect();
+        RelayedFields::default()
     }
 
     /// How many fields are relayed.

@@ -516,7 +516,7 @@ async fn remote_attempt<'r>(
             let body = streamed::store_response(receipts, job.deployment, &mut reader).await?;
             Ok(Exchange {
                 status: h.status,
-                headers: crate::egress::ResponseFields::from_pairs(h.headers),
+                headers: crate::egress::ResponseFields::decoded(h.headers),
                 body,
             })
         }

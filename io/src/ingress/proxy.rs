@@ -25,8 +25,8 @@ use sortie_core::error::{ApiError, ErrorCode};
 use sortie_core::h1::{BodyFraming, ResponseFraming, TargetForm};
 use sortie_core::ids::RequestId;
 use sortie_core::proxy::{
-    connection_tokens_of, is_forwarded_request_field, is_relayed_response_field, parse_basic,
-    parse_connect_target, proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
+    connection_tokens_of, is_forwarded_request_field, parse_basic, parse_connect_target,
+    proxy_http_status, proxy_status, route_hints, PROXY_AUTHENTICATE,
 };
 use sortie_core::request::{parse_target_url, Method};
 use sortie_core::routing::Ingress;
@@ -37,12 +37,11 @@ use crate::control::core::Cancelled;
 use crate::control::state::Active;
 use crate::dispatch::{self, Assigned, Dispatcher, Holding, Resend, Route};
 use crate::egress::{
-    BodyLength, BodySource, ResponseBodyReader, ResponseFields, StreamRequest, Timeouts,
-    TunnelStream,
+    BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
 };
 use crate::http::{
-    Admitted, Body, BodyError, Handler, HeaderName, RelayedFields, RequestParts, Response,
-    ResponseBody, StreamBody, Tunnel,
+    Admitted, Body, BodyError, Handler, RelayedFields, RequestParts, Response, ResponseBody,
+    StreamBody, Tunnel,
 };
 use crate::remote::proxy::ProxyAssignment;
 use crate::remote::BusCore;
@@ -461,7 +460,7 @@ impl ProxyHandler {
         };
         let mut out = Response::new(resp.status);
         // The relayed fields stay in the destination's head buffer: no copy of a name or value.
-        let fields = relay_fields(head_fields, &mut out);
+        let fields = RelayedFields::relay(head_fields, &mut out);
         // The body deadline is its idle limit alone: a long download is not cut by the head's
         // total deadline.
         resp.body
@@ -479,25 +478,6 @@ impl ProxyHandler {
         }));
         Ok(out)
     }
-}
-
-/// The fields of a destination's response head that the client gets, in order: up to
-/// [`RelayedFields::MAX_FIELDS`] (every ordinary head) they stay in the head's buffer and are
-/// written from it; a longer head's go into `out.headers` as shared slices instead.
-fn relay_fields(fields: ResponseFields, out: &mut Response) -> RelayedFields {
-    let fields = match RelayedFields::select(fields) {
-        Ok(relayed) => return relayed,
-        Err(fields) => fields,
-    };
-    let tokens = fields.connection_tokens();
-    out.headers = fields
-        .iter()
-        .enumerate()
-        .filter(|(_, (n, _))| is_relayed_response_field(n, &tokens))
-        .filter_map(|(i, _)| fields.shared(i))
-        .map(|(n, v)| (HeaderName::shared(n), v))
-        .collect();
-    RelayedFields::default()
 }
 
 /// What the attempts of one proxied request share.
@@ -872,6 +852,7 @@ impl Tunnel for TunnelJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::ResponseFields;
 
     /// Relayed fields keep their order and drop hop-by-hop fields, those `Connection` names,
     /// `Content-Length` and `Proxy-Authenticate`, for ordinary heads (written from the head's
@@ -908,7 +889,7 @@ mod tests {
             .flat_map(|e| forms.iter().map(move |form| (e, form)))
         {
             let mut out = Response::new(200);
-            let relayed = relay_fields(form(head(extra)), &mut out);
+            let relayed = RelayedFields::relay(form(head(extra)), &mut out);
             out.body = ResponseBody::Stream(Box::new(crate::http::RelayingBody(relayed)));
             let names: Vec<&[u8]> = out.fields().map(|(n, _)| n).collect();
             let mut want: Vec<Vec<u8>> = vec![b"Server".to_vec(), b"ETag".to_vec()];

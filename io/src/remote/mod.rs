@@ -1219,7 +1219,7 @@ impl BusCore {
         Ok(RemoteResponse {
             status: h.status,
             // Slices of the one buffer the head was decoded into.
-            headers: crate::egress::ResponseFields::from_pairs(h.headers),
+            headers: crate::egress::ResponseFields::decoded(h.headers),
             body,
         })
     }

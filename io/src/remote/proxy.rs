@@ -20,12 +20,12 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
 use sortie_core::bus::{AssignRef, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
 use sortie_core::error::{ApiError, ErrorCode};
-use sortie_core::proxy::{connection_tokens, is_relayed_response_field};
 
 use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
+use crate::egress::ResponseFields;
 use crate::egress::{BodyLength, BodySource};
-use crate::http::{HeaderName, Response, ResponseBody, StreamBody, Tunnel};
+use crate::http::{RelayedFields, Response, ResponseBody, StreamBody, Tunnel};
 
 /// Bytes one read of the client's side of a tunnel asks for.
 const TUNNEL_READ_BYTES: usize = 64 * 1024;
@@ -188,14 +188,9 @@ impl Opened {
         keep: K,
     ) -> Response {
         let h = self.head;
-        let tokens = connection_tokens(&h.headers);
-        let field = |name: &[u8]| {
-            h.headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_ref())
-        };
-        let declared = field(b"content-length")
+        let fields = ResponseFields::decoded(h.headers);
+        let declared = fields
+            .value(b"content-length")
             .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
         // The worker de-framed the body: its length is the destination's Content-Length unless
         // it was chunked; a HEAD answer relays the announced length; 204 and 304 have none.
@@ -203,21 +198,16 @@ impl Opened {
             declared
         } else if matches!(h.status, 204 | 304) {
             Some(0)
-        } else if field(b"transfer-encoding").is_some() {
+        } else if fields.value(b"transfer-encoding").is_some() {
             None
         } else {
             declared
         };
         let mut out = Response::new(h.status);
-        // Slices of the head's one buffer, in a list sized once.
-        out.headers = Vec::with_capacity(h.headers.len());
-        out.headers.extend(
-            h.headers
-                .iter()
-                .filter(|(n, _)| is_relayed_response_field(n, &tokens))
-                .map(|(n, v)| (HeaderName::shared(n.clone()), v.clone())),
-        );
+        // The relayed fields stay in the head's one buffer, as a local destination's do.
+        let fields = RelayedFields::relay(fields, &mut out);
         out.body = ResponseBody::Stream(Box::new(RemoteBody {
+            fields,
             guard: self.guard,
             slot: self.slot,
             length,
@@ -362,6 +352,8 @@ impl OpenTunnel {
 /// A remote worker's response body on its way to the client; credit goes back as the client
 /// takes it, so a slow client holds the worker at one window.
 struct RemoteBody<K> {
+    /// The head's fields the client gets.
+    fields: RelayedFields,
     guard: StreamGuard,
     slot: Rc<StreamSlot>,
     length: Option<u64>,
@@ -377,6 +369,10 @@ struct RemoteBody<K> {
 impl<K> StreamBody for RemoteBody<K> {
     fn length(&self) -> Option<u64> {
         self.length
+    }
+
+    fn relayed_fields(&self) -> Option<&RelayedFields> {
+        Some(&self.fields)
     }
 
     fn read_into<'a>(
