@@ -184,6 +184,22 @@ pub(crate) struct Head {
 /// of up to about 16 KiB in one read; the rest of a larger body is read after it.
 const PLAIN_HEAD_READ_BYTES: usize = 16 * 1024;
 
+/// Bytes asked for by each read of a response head on a plain connection whose caller splices
+/// large bodies: most heads and small bodies fit, and the rest of a large body stays in the
+/// socket to be spliced on without passing through user space (decision 025).
+const SPLICING_HEAD_READ_BYTES: usize = 4 * 1024;
+
+/// What each read of a response head on `conn` asks for. A plain connection's asks for less
+/// than a TLS one's (which drains records): the buffer is allocated per response, and a small
+/// answer's fits a small one; one that a large body is spliced from, less again.
+pub(super) fn head_read_bytes(conn: &Conn, may_splice: bool) -> usize {
+    match (conn.is_plain(), may_splice) {
+        (true, true) => SPLICING_HEAD_READ_BYTES,
+        (true, false) => PLAIN_HEAD_READ_BYTES,
+        (false, _) => READ_BUF_BYTES,
+    }
+}
+
 async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
     // The start of a deadline, not of a duration: the coarse clock.
     let sent_at = crate::timer::now();
@@ -193,13 +209,7 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     };
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
     let mut buf = Vec::new();
-    // A plain connection's head read asks for less than a TLS one's (which drains records):
-    // the buffer is allocated per response, and a small answer's fits a small one.
-    let read_bytes = if conn.is_plain() {
-        PLAIN_HEAD_READ_BYTES
-    } else {
-        READ_BUF_BYTES
-    };
+    let read_bytes = head_read_bytes(conn, false);
     let mut head = match within(at, read_head(conn, x.method, &mut buf, read_bytes)).await {
         Some(head) => head?,
         None => {

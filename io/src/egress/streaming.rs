@@ -175,11 +175,6 @@ pub struct StreamedResponse {
 /// two system calls a splice adds cost more than the copies they save.
 pub(crate) const SPLICE_MIN_BYTES: u64 = 16 * 1024;
 
-/// Bytes asked for by each read of a streamed response head on a plain connection: most heads
-/// and small bodies fit, and the rest of a large body stays in the socket for
-/// [`ResponseBodyReader::splice_into`].
-const STREAM_HEAD_READ_BYTES: usize = 4 * 1024;
-
 /// Reads the body of a streamed response. Dropping it before the end closes the connection.
 pub struct ResponseBodyReader {
     conn: Option<Conn>,
@@ -750,13 +745,9 @@ async fn exchange_head<B: BodySource>(
         .and_then(|t| crate::timer::now().checked_add(t));
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
     let mut buf = Vec::new();
-    // For a caller that splices, on a plain connection, small reads: what they leave of a
-    // large body can be spliced on without passing through user space (decision 025).
-    let read_bytes = if req.may_splice && conn.is_plain() {
-        STREAM_HEAD_READ_BYTES
-    } else {
-        READ_BUF_BYTES
-    };
+    // What a splicing caller's small reads leave of a large body goes on to the client in
+    // [`ResponseBodyReader::splice_into`].
+    let read_bytes = client::head_read_bytes(conn, req.may_splice);
     match within(
         at,
         client::read_head(conn, req.method, &mut buf, read_bytes),
