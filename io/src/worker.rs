@@ -625,8 +625,28 @@ impl WLane {
             return Err(e);
         }
         self.proto.borrow_mut().sent(frame);
-        self.forget_if_done(frame);
+        if let Some(id) = frame.stream() {
+            let ends = matches!(
+                frame,
+                Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
+            );
+            self.forget_if_ended(id, ends);
+        }
         Ok(())
+    }
+
+    /// Queues a `Data` frame of `bytes` (at most `MAX_DATA_BYTES`), written from the borrowed
+    /// bytes: [`WLane::post`] of `Frame::Data` without a copy of them into the frame first.
+    fn post_data(&self, stream: StreamId, bytes: &[u8], end: bool) {
+        if let Err(e) = self
+            .out
+            .push_with(|out| sortie_core::bus::encode_data(stream, bytes, end, out))
+        {
+            tracing::error!(frame = "data", error = %e, "bus frame could not be encoded");
+            return;
+        }
+        self.proto.borrow_mut().sent_data(stream, bytes.len(), end);
+        self.forget_if_ended(stream, end);
     }
 
     /// Queues a frame whose fields are bounded by construction (heartbeats, credit, accept,
@@ -637,17 +657,12 @@ impl WLane {
         }
     }
 
-    fn forget_if_done(&self, frame: &Frame) {
-        if let Some(id) = frame.stream() {
-            let ends = matches!(
-                frame,
-                Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
-            );
-            // A tunnel or streamed body lives on past the worker's end while the control's
-            // direction is open.
-            if ends && !self.proto.borrow().has_stream(id) {
-                self.streams.borrow_mut().remove(&id);
-            }
+    /// Forgets stream `id` after a frame that `ends` it was sent.
+    fn forget_if_ended(&self, id: StreamId, ends: bool) {
+        // A tunnel or streamed body lives on past the worker's end while the control's
+        // direction is open.
+        if ends && !self.proto.borrow().has_stream(id) {
+            self.streams.borrow_mut().remove(&id);
         }
     }
 }
@@ -1240,6 +1255,27 @@ async fn send_response(
         })
         .map_err(unsendable_head)?;
     let mut sent: u64 = 0;
+    let mut count = |n: usize| {
+        sent += n as u64;
+        if sent > a.max_response_bytes {
+            return Err(
+                ApiError::new(ErrorCode::BodyTooLarge, "response body exceeds the limit")
+                    .with_detail("direction", "response"),
+            );
+        }
+        Ok(())
+    };
+    // The piece that ends the body carries the end itself: a body read in one piece (most
+    // small answers) is one `Data` frame, and the control sends no `Credit` for it. The bytes
+    // that came with the head go as they are, without a copy into `piece`.
+    if let Some(early) = resp.body.take_early() {
+        count(early.len())?;
+        let is_last = resp.body.is_end();
+        send_within_credit(wl, s, a.stream, &early, is_last).await;
+        if is_last {
+            return Ok(());
+        }
+    }
     let mut piece = Vec::new();
     loop {
         piece.clear();
@@ -1247,26 +1283,14 @@ async fn send_response(
         if !more {
             break;
         }
-        sent += piece.len() as u64;
-        if sent > a.max_response_bytes {
-            return Err(
-                ApiError::new(ErrorCode::BodyTooLarge, "response body exceeds the limit")
-                    .with_detail("direction", "response"),
-            );
-        }
-        // The piece that ends the body carries the end itself: a body read in one piece (most
-        // small answers) is one `Data` frame, and the control sends no `Credit` for it.
+        count(piece.len())?;
         let is_last = resp.body.is_end();
         send_within_credit(wl, s, a.stream, &piece, is_last).await;
         if is_last {
             return Ok(());
         }
     }
-    wl.post(&Frame::Data {
-        stream: a.stream,
-        bytes: Vec::new(),
-        end: true,
-    });
+    wl.post_data(a.stream, &[], true);
     Ok(())
 }
 
@@ -1286,11 +1310,7 @@ async fn send_within_credit(wl: &WLane, s: &WStream, stream: StreamId, bytes: &[
             return;
         };
         wl.out.room().await;
-        wl.post(&Frame::Data {
-            stream,
-            bytes: piece.to_vec(),
-            end: end && at + n == bytes.len(),
-        });
+        wl.post_data(stream, piece, end && at + n == bytes.len());
         s.credit.set(s.credit.get() - n as u64);
         at += n;
     }
@@ -1393,11 +1413,7 @@ async fn relay_tunnel(
             buf.clear();
             match from_up.read(&mut buf).await {
                 Ok(0) => {
-                    wl.post(&Frame::Data {
-                        stream,
-                        bytes: Vec::new(),
-                        end: true,
-                    });
+                    wl.post_data(stream, &[], true);
                     return Ok(());
                 }
                 Ok(_) => send_within_credit(wl, s, stream, &buf, false).await,

@@ -259,7 +259,7 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
             status: r.u16("response_head.status")?,
             headers: r.head_fields("response_head.headers", MAX_FIELDS)?,
         }),
-        0x14 => Frame::Data {
+        DATA_TYPE => Frame::Data {
             stream: r.u32("data.stream")?,
             end: r.bool("data.end")?,
             bytes: r.bytes("data.bytes", MAX_DATA_BYTES)?,
@@ -672,6 +672,31 @@ pub fn encode_response_head_of<'a>(
     })
 }
 
+/// Encodes a `Data` frame of borrowed bytes: the same bytes as [`encode`] of `Frame::Data`,
+/// without first copying `bytes` into a `Vec` of its own (the worker's response bodies, a
+/// per-request path). On error `out` is as it was.
+pub fn encode_data(
+    stream: StreamId,
+    bytes: &[u8],
+    end: bool,
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    framed(out, DATA_TYPE, "data", |w| {
+        write_data(w, stream, bytes, end)
+    })
+}
+
+fn write_data(
+    w: &mut Writer<'_>,
+    stream: StreamId,
+    bytes: &[u8],
+    end: bool,
+) -> Result<(), EncodeError> {
+    w.u32(stream);
+    w.u8(u8::from(end));
+    w.bytes(bytes, MAX_DATA_BYTES, "data.bytes")
+}
+
 /// Appends one frame to `out`: four bytes reserved for the length, the type byte, what `body`
 /// writes, then the length in the reserved bytes. On error `out` is left as it was.
 fn framed(
@@ -763,11 +788,7 @@ fn encode_body(frame: &Frame, w: &mut Writer<'_>) -> Result<(), EncodeError> {
             w.u16(h.status);
             w.fields_of(h.headers.iter(), MAX_FIELDS, "response_head.headers")?;
         }
-        Frame::Data { stream, bytes, end } => {
-            w.u32(*stream);
-            w.u8(u8::from(*end));
-            w.bytes(bytes, MAX_DATA_BYTES, "data.bytes")?;
-        }
+        Frame::Data { stream, bytes, end } => write_data(w, *stream, bytes, *end)?,
         Frame::Credit { stream, bytes } => {
             w.u32(*stream);
             w.u32(*bytes);

@@ -211,6 +211,8 @@ impl Assign {
 
 /// The type byte of [`Frame::ResponseHead`], which the codec also writes without a `Frame`.
 pub(crate) const RESPONSE_HEAD_TYPE: u8 = 0x13;
+/// The type byte of [`Frame::Data`], which the codec also writes without a `Frame`.
+pub(crate) const DATA_TYPE: u8 = 0x14;
 /// The type byte of [`Frame::Assign`], which the codec also writes without a `Frame`.
 pub(crate) const ASSIGN_TYPE: u8 = 0x10;
 
@@ -427,7 +429,7 @@ impl Frame {
             Frame::Accept { .. } => 0x11,
             Frame::Refuse { .. } => 0x12,
             Frame::ResponseHead(_) => RESPONSE_HEAD_TYPE,
-            Frame::Data { .. } => 0x14,
+            Frame::Data { .. } => DATA_TYPE,
             Frame::Credit { .. } => 0x15,
             Frame::StreamError(_) => 0x16,
             Frame::Cancel { .. } => 0x17,

@@ -414,28 +414,29 @@ impl WorkerLane {
                     *w = w.saturating_add(u64::from(*bytes));
                 }
             }
-            Frame::Data {
-                stream,
-                bytes,
-                end: false,
-            } => {
-                if let Some(s) = self.streams.get_mut(stream) {
-                    s.sendable = s.sendable.saturating_sub(bytes.len() as u64);
-                }
-            }
+            Frame::Data { stream, bytes, end } => self.sent_data(*stream, bytes.len(), *end),
             Frame::Refuse { stream, .. }
             | Frame::StreamError(crate::bus::StreamError { stream, .. }) => {
                 self.streams.remove(stream);
             }
-            Frame::Data {
-                stream, end: true, ..
-            } => match self.streams.get_mut(stream) {
-                Some(s) if s.body_open => s.is_worker_done = true,
-                _ => {
-                    self.streams.remove(stream);
-                }
-            },
             _ => {}
+        }
+    }
+
+    /// Records a `Data` frame of `len` bytes the worker sends ([`WorkerLane::sent`] of one,
+    /// for a frame written from borrowed bytes).
+    pub fn sent_data(&mut self, stream: StreamId, len: usize, end: bool) {
+        if !end {
+            if let Some(s) = self.streams.get_mut(&stream) {
+                s.sendable = s.sendable.saturating_sub(len as u64);
+            }
+            return;
+        }
+        match self.streams.get_mut(&stream) {
+            Some(s) if s.body_open => s.is_worker_done = true,
+            _ => {
+                self.streams.remove(&stream);
+            }
         }
     }
 

@@ -8,9 +8,9 @@ mod frame;
 mod lane;
 
 pub use codec::{
-    check_first_frame, check_request_head, decode, encode, encode_assign, encode_response_head,
-    encode_response_head_of, Decoded, EncodeError, FrameBuf, FrameError, HEADER_BYTES,
-    MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
+    check_first_frame, check_request_head, decode, encode, encode_assign, encode_data,
+    encode_response_head, encode_response_head_of, Decoded, EncodeError, FrameBuf, FrameError,
+    HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
     Assign, AssignRef, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat, Hello,

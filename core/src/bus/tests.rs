@@ -955,3 +955,42 @@ fn borrowed_response_heads_encode_as_frames_do() {
     assert_eq!(err, framed_err);
     assert_eq!(out, b"kept");
 }
+
+/// A `Data` frame written from borrowed bytes is the frame's own encoding, and recording it
+/// leaves the worker's lane as recording the frame does.
+#[test]
+fn borrowed_data_encodes_and_counts_as_frames_do() {
+    for (bytes, end) in [
+        (&b""[..], true),
+        (&b"piece"[..], false),
+        (&b"last"[..], true),
+    ] {
+        let frame = Frame::Data {
+            stream: 5,
+            bytes: bytes.to_vec(),
+            end,
+        };
+        let (mut framed, mut direct) = (b"before".to_vec(), b"before".to_vec());
+        encode(&frame, &mut framed).expect("encodes");
+        encode_data(5, bytes, end, &mut direct).expect("encodes");
+        assert_eq!(direct, framed);
+    }
+    let too_long = vec![0u8; MAX_DATA_BYTES + 1];
+    let mut out = b"kept".to_vec();
+    assert!(encode_data(5, &too_long, false, &mut out).is_err());
+    assert_eq!(out, b"kept", "left as it was");
+
+    // Two lanes with one stream each, one recording frames, the other lengths.
+    let (mut by_frame, mut by_len) = (welcomed_worker(), welcomed_worker());
+    let a = assign(1, BodySource::Empty, 10);
+    for lane in [&mut by_frame, &mut by_len] {
+        assert_eq!(lane.receive(&a), Ok(Verdict::Deliver));
+        assert!(lane.has_stream(1));
+    }
+    by_frame.sent(&data(1, 4, false));
+    by_len.sent_data(1, 4, false);
+    assert_eq!(by_frame.has_stream(1), by_len.has_stream(1));
+    by_frame.sent(&data(1, 0, true));
+    by_len.sent_data(1, 0, true);
+    assert!(!by_frame.has_stream(1) && !by_len.has_stream(1));
+}
