@@ -106,19 +106,34 @@ fn write_name(out: &mut Vec<u8>, name: &[u8]) {
 }
 
 impl RequestResult<'_> {
-    /// Encodes the envelope as JSON.
-    pub fn to_json(&self) -> Vec<u8> {
+    /// Room for the whole document, so that [`RequestResult::to_json`] writes it without a
+    /// reallocation (which would copy it, body and all): base64 of `n` bytes is
+    /// `4 * ceil(n / 3)` characters; the fixed text around the fields, with the largest
+    /// numbers, is under `FIXED_BYTES`. Only a request id or header name that needs escaping
+    /// can make the document longer.
+    fn json_len_bound(&self) -> usize {
+        const FIXED_BYTES: usize = 288;
+        let b64 = |n: usize| n.div_ceil(3) * 4;
         let body_len = match self.body {
-            ResultBody::Inline(b) => b.len() / 3 * 4 + 4,
-            ResultBody::InlineParts(a, b) => (a.len() + b.len()) / 3 * 4 + 4,
-            ResultBody::Receipt { .. } => 160,
+            ResultBody::Inline(b) => b64(b.len()),
+            ResultBody::InlineParts(a, b) => b64(a.len() + b.len()),
+            ResultBody::Receipt {
+                receipt_id,
+                sha256_hex,
+                ..
+            } => receipt_id.len() + sha256_hex.len() + 96,
         };
         let head_len: usize = self
             .headers
             .iter()
-            .map(|(n, v)| n.len() + v.len() * 4 / 3 + 40)
+            .map(|(n, v)| n.len() + b64(v.len()) + 32)
             .sum();
-        let mut out = Vec::with_capacity(160 + body_len + head_len);
+        FIXED_BYTES + self.request_id.len() + body_len + head_len
+    }
+
+    /// Encodes the envelope as JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.json_len_bound());
         out.extend_from_slice(b"{\"request_id\":");
         write_str(&mut out, self.request_id);
         out.extend_from_slice(b",\"status\":");
@@ -177,6 +192,52 @@ impl RequestResult<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The document is written into the room sized for it: no reallocation, whatever the
+    /// lengths of the fields and the body (a realloc would copy the whole envelope).
+    #[test]
+    fn the_document_fits_the_room_sized_for_it() {
+        let long_id = "req_".to_owned() + &"f".repeat(60);
+        for id in ["req_1", long_id.as_str()] {
+            for n in 0..7 {
+                let value = vec![b'v'; n * 5];
+                let headers: Vec<(&[u8], &[u8])> = (0..n)
+                    .map(|_| (&b"X-Header-Name"[..], &value[..]))
+                    .collect();
+                for len in [0, 1, 2, 3, 1000, 1024, 1025] {
+                    let body = vec![0xa5; len];
+                    let (a, b) = body.split_at(len / 3);
+                    let receipt = ResultBody::Receipt {
+                        receipt_id: "rcpt_0123456789abcdef0123456789abcdef",
+                        size_bytes: u64::MAX,
+                        sha256_hex: &"0".repeat(64),
+                    };
+                    let bodies = [
+                        ResultBody::Inline(&body),
+                        ResultBody::InlineParts(a, b),
+                        receipt,
+                    ];
+                    for body in bodies {
+                        let r = RequestResult {
+                            request_id: id,
+                            status: 200,
+                            headers: &headers,
+                            body,
+                            timing: Timing {
+                                routing_ms: u64::MAX,
+                                assignment_ms: u64::MAX,
+                                egress_ms: u64::MAX,
+                                total_ms: u64::MAX,
+                            },
+                        };
+                        let json = r.to_json();
+                        assert!(json.len() <= r.json_len_bound(), "{n} fields, {len} bytes");
+                        assert_eq!(json.capacity(), r.json_len_bound(), "grew");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn inline_result_round_trips() {
