@@ -46,7 +46,7 @@ pub use response::{
 pub use write::{
     is_writer_owned, reason_phrase, write_chunk, write_chunk_header, write_last_chunk,
     write_request_head, write_response_head, write_response_head_with_reason, HeadPart,
-    OutgoingBody, CHUNK_DATA_END, LAST_CHUNK,
+    OutgoingBody, ResponseHeadWriter, CHUNK_DATA_END, LAST_CHUNK,
 };
 
 #[cfg(test)]

@@ -103,15 +103,57 @@ pub fn write_response_head_with_reason<'a>(
     parts: impl IntoIterator<Item = HeadPart<'a>>,
     body: OutgoingBody,
 ) -> Result<(), H1Error> {
-    let start = start_response_head(out, status, reason)?;
+    let mut head = ResponseHeadWriter::with_reason(out, status, reason)?;
     for part in parts {
+        head.part(part)?;
+    }
+    head.end(body);
+    Ok(())
+}
+
+/// A response head written part by part, in order: [`write_response_head`] for a caller whose
+/// parts come from several places, each written as it is found rather than through one chain
+/// of iterators. On error the head written so far is removed.
+pub struct ResponseHeadWriter<'o> {
+    out: &'o mut Vec<u8>,
+    /// Where the head starts in `out`.
+    start: usize,
+}
+
+impl<'o> ResponseHeadWriter<'o> {
+    /// Appends the status line with the standard reason phrase of `status`.
+    pub fn start(out: &'o mut Vec<u8>, status: u16) -> Result<Self, H1Error> {
+        Self::with_reason(out, status, reason_phrase(status))
+    }
+
+    /// Appends the status line with `reason`.
+    pub fn with_reason(out: &'o mut Vec<u8>, status: u16, reason: &str) -> Result<Self, H1Error> {
+        let start = start_response_head(out, status, reason)?;
+        Ok(ResponseHeadWriter { out, start })
+    }
+
+    /// Appends one part of the field section ([`HeadPart`]).
+    #[inline]
+    pub fn part(&mut self, part: HeadPart<'_>) -> Result<(), H1Error> {
         match part {
-            HeadPart::Field(name, value) => push_field(out, start, name, value)?,
-            HeadPart::ParsedLines(lines) => out.extend_from_slice(lines),
+            HeadPart::Field(name, value) => self.field(name, value),
+            HeadPart::ParsedLines(lines) => {
+                self.out.extend_from_slice(lines);
+                Ok(())
+            }
         }
     }
-    end_head(out, body);
-    Ok(())
+
+    /// Appends one field, checked; a framing field is dropped.
+    #[inline]
+    pub fn field(&mut self, name: &[u8], value: &[u8]) -> Result<(), H1Error> {
+        push_field(self.out, self.start, name, value)
+    }
+
+    /// Appends the framing field and the empty line that end the head.
+    pub fn end(self, body: OutgoingBody) {
+        end_head(self.out, body);
+    }
 }
 
 /// Appends the status line; returns where the head starts, for a later error to remove it.

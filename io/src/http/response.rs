@@ -12,7 +12,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use monoio::net::TcpStream;
-use sortie_core::h1::{write_response_head, H1Error, HeadPart, OutgoingBody};
+use sortie_core::h1::{H1Error, HeadPart, OutgoingBody, ResponseHeadWriter};
 use sortie_core::proxy::{
     is_hop_by_hop_response_field, is_relayed_response_field, lists_field_names,
     response_field_name, ResponseFieldName,
@@ -502,27 +502,28 @@ pub(crate) fn encode_head_for(
             .headers
             .iter()
             .any(|(n, _)| n.eq_ignore_ascii_case("date"));
-    let own_fields = resp
-        .headers
-        .iter()
-        .filter(|(n, _)| !n.eq_ignore_ascii_case("connection"))
-        .map(|(n, v)| HeadPart::Field(n.as_bytes(), v));
-    let relayed = resp.relayed().into_iter().flat_map(RelayedFields::parts);
-    let date_field = (!has_date).then_some(HeadPart::Field(b"Date", &date[..]));
-    let connection_field = match connection {
-        ConnectionField::Omit => None,
-        ConnectionField::Close => Some(HeadPart::Field(b"Connection", b"close")),
-        ConnectionField::KeepAlive => Some(HeadPart::Field(b"Connection", b"keep-alive")),
-    };
-    write_response_head(
-        out,
-        resp.status,
-        own_fields
-            .chain(relayed)
-            .chain(date_field)
-            .chain(connection_field),
-        framing,
-    )?;
+    // Each source of fields written in turn: the handler's own, the relayed ones, then the
+    // server's.
+    let mut head = ResponseHeadWriter::start(out, resp.status)?;
+    for (n, v) in &resp.headers {
+        if !n.eq_ignore_ascii_case("connection") {
+            head.field(n.as_bytes(), v)?;
+        }
+    }
+    if let Some(relayed) = resp.relayed() {
+        for part in relayed.parts() {
+            head.part(part)?;
+        }
+    }
+    if !has_date {
+        head.field(b"Date", &date[..])?;
+    }
+    match connection {
+        ConnectionField::Omit => {}
+        ConnectionField::Close => head.field(b"Connection", b"close")?,
+        ConnectionField::KeepAlive => head.field(b"Connection", b"keep-alive")?,
+    }
+    head.end(framing);
     let has_bytes = match &resp.body {
         ResponseBody::Stream(st) => st.length() != Some(0),
         ResponseBody::Tunnel(_) => false,
