@@ -265,10 +265,9 @@ impl HeadFields {
 
     /// Fields whose names and values lie in `buf` at `spans`; `None` when a range does not.
     pub fn in_buffer(buf: Bytes, spans: Vec<FieldOffsets>) -> Option<HeadFields> {
-        let fits = |(start, end): (u32, u32)| start <= end && end as usize <= buf.len();
         spans
             .iter()
-            .all(|s| fits(s.name) && fits(s.value))
+            .all(|s| s.is_within(buf.len()))
             .then_some(HeadFields { buf, spans })
     }
 
@@ -284,26 +283,17 @@ impl HeadFields {
 
     /// The field at `index`, as (name, value).
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
-        self.spans.get(index).map(|s| self.read(s))
+        self.spans.get(index).map(|s| s.read(&self.buf))
     }
 
     /// The fields in order, as (name, value).
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&[u8], &[u8])> + Clone + '_ {
-        self.spans.iter().map(|s| self.read(s))
+        self.spans.iter().map(|s| s.read(&self.buf))
     }
 
     /// The buffer and the ranges of each field's name and value in it.
     pub fn into_parts(self) -> (Bytes, Vec<FieldOffsets>) {
         (self.buf, self.spans)
-    }
-
-    fn read(&self, s: &FieldOffsets) -> (&[u8], &[u8]) {
-        let part = |(start, end): (u32, u32)| {
-            self.buf
-                .get(start as usize..end as usize)
-                .unwrap_or_default()
-        };
-        (part(s.name), part(s.value))
     }
 }
 

@@ -262,6 +262,23 @@ impl FieldOffsets {
             value: range(h.value)?,
         })
     }
+
+    /// Whether the name and the value both lie within `0..len`, neither reversed: what a
+    /// holder of a buffer and its fields' offsets checks once, when it is made.
+    #[inline]
+    pub fn is_within(&self, len: usize) -> bool {
+        let is_within = |(start, end): (u32, u32)| start <= end && end as usize <= len;
+        is_within(self.name) && is_within(self.value)
+    }
+
+    /// The name and the value in `buf`. For offsets checked against `buf`
+    /// ([`FieldOffsets::is_within`]); a range outside it reads as empty.
+    #[inline]
+    pub fn read<'b>(&self, buf: &'b [u8]) -> (&'b [u8], &'b [u8]) {
+        let part =
+            |(start, end): (u32, u32)| buf.get(start as usize..end as usize).unwrap_or_default();
+        (part(self.name), part(self.value))
+    }
 }
 
 /// The values of the parser's fields named `name` (ASCII case ignored), in order.

@@ -22,28 +22,24 @@ use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 /// the offsets its parser gave, kept as they are.
 type Span = FieldOffsets;
 
-/// Fields that lie in one buffer; with `lines_end`, they are the head's field lines, the last
-/// ending there ([`FieldSpans::as_lines`]).
+/// A response head's fields in order: they lie in one buffer; with `lines_end`, they are the
+/// head's field lines, the last ending there ([`FieldSpans::as_lines`]).
 #[derive(Clone, Debug, Default)]
-struct Repr {
+pub struct ResponseFields {
     buf: Bytes,
     spans: Vec<Span>,
     lines_end: Option<u32>,
 }
 
-/// A response head's fields in order.
-#[derive(Clone, Debug, Default)]
-pub struct ResponseFields(Repr);
-
 impl ResponseFields {
     /// Fields whose names and values lie in `buf` at `spans`; `None` when `buf` is shorter than
     /// the buffer the spans were checked against.
     pub fn in_buffer(buf: Bytes, spans: FieldSpans) -> Option<ResponseFields> {
-        (spans.len <= buf.len()).then_some(ResponseFields(Repr {
+        (spans.len <= buf.len()).then_some(ResponseFields {
             buf,
             spans: spans.spans,
             lines_end: spans.lines_end,
-        }))
+        })
     }
 
     /// Fields copied into one buffer.
@@ -56,16 +52,16 @@ impl ResponseFields {
     /// Fields the worker bus decoded into one buffer, kept in it.
     pub fn decoded(fields: HeadFields) -> ResponseFields {
         let (buf, spans) = fields.into_parts();
-        ResponseFields(Repr {
+        ResponseFields {
             buf,
             spans,
             lines_end: None,
-        })
+        }
     }
 
     /// How many fields there are.
     pub fn len(&self) -> usize {
-        self.0.spans.len()
+        self.spans.len()
     }
 
     /// Whether there are none.
@@ -76,41 +72,35 @@ impl ResponseFields {
     /// The fields in order, as (name, value).
     pub fn iter(&self) -> Iter<'_> {
         Iter {
-            buf: &self.0.buf,
-            spans: self.0.spans.iter(),
+            buf: &self.buf,
+            spans: self.spans.iter(),
         }
     }
 
     /// The field at `index`.
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
-        self.0.spans.get(index).map(|s| read(s, &self.0.buf))
+        self.spans.get(index).map(|s| s.read(&self.buf))
     }
 
     /// The field lines of fields `first..past`, as received (`name ":" OWS value OWS CRLF`
     /// each), when these fields are a head's lines ([`FieldSpans::as_lines`]); `None`
     /// otherwise, or for an empty or out-of-range run.
     pub fn lines(&self, first: usize, past: usize) -> Option<&[u8]> {
-        let Repr {
-            buf,
-            spans,
-            lines_end: Some(end),
-        } = &self.0
-        else {
-            return None;
-        };
-        let start = spans.get(first)?.name.0;
-        let end = match spans.get(past) {
+        let end = self.lines_end?;
+        let start = self.spans.get(first)?.name.0;
+        let end = match self.spans.get(past) {
             Some(next) => next.name.0,
-            None if past == spans.len() => *end,
+            None if past == self.spans.len() => end,
             None => return None,
         };
-        buf.get(start as usize..end as usize)
+        self.buf
+            .get(start as usize..end as usize)
             .filter(|l| !l.is_empty())
     }
 
     /// Whether [`ResponseFields::lines`] answers.
     pub fn has_lines(&self) -> bool {
-        self.0.lines_end.is_some()
+        self.lines_end.is_some()
     }
 
     /// The value of the first field named `name`, ignoring ASCII case.
@@ -125,24 +115,22 @@ impl ResponseFields {
     /// relayed head.
     pub fn connection_tokens(&self) -> ConnectionTokens<'_> {
         const NAME_LEN: u32 = b"connection".len() as u32;
-        let Repr { buf, spans, .. } = &self.0;
         connection_tokens_of(
-            spans
+            self.spans
                 .iter()
                 .filter(|s| s.name.1.saturating_sub(s.name.0) == NAME_LEN)
-                .map(|s| read(s, buf)),
+                .map(|s| s.read(&self.buf)),
         )
     }
 
     /// The field at `index` as slices sharing the buffer, for a caller that keeps them.
     pub fn shared(&self, index: usize) -> Option<(Bytes, Bytes)> {
-        let Repr { buf, spans, .. } = &self.0;
-        let s = spans.get(index)?;
+        let s = self.spans.get(index)?;
         // Checked first: `Bytes::slice` panics outside the buffer.
         let part = |(start, end): (u32, u32)| {
             let range = start as usize..end as usize;
-            buf.get(range.clone())?;
-            Some(buf.slice(range))
+            self.buf.get(range.clone())?;
+            Some(self.buf.slice(range))
         };
         Some((part(s.name)?, part(s.value)?))
     }
@@ -218,10 +206,7 @@ impl FieldSpans {
 
 /// Whether every name and value of `spans` lies within `0..len`, none reversed.
 fn are_within(spans: &[Span], len: usize) -> bool {
-    let is_within = |(start, end): (u32, u32)| start <= end && end as usize <= len;
-    spans
-        .iter()
-        .all(|s| is_within(s.name) && is_within(s.value))
+    spans.iter().all(|s| s.is_within(len))
 }
 
 /// See [`FieldSpans::as_lines`].
@@ -253,16 +238,6 @@ fn are_lines(buf: &[u8], spans: &[Span], end: usize) -> bool {
     }) && is_line(last, end)
 }
 
-/// The name and value of `span` in `buf`: ranges checked when the span was made, so the empty
-/// fallback is never taken.
-fn read<'b>(span: &Span, buf: &'b [u8]) -> (&'b [u8], &'b [u8]) {
-    let part = |(start, end): (u32, u32)| buf.get(start as usize..end as usize);
-    (
-        part(span.name).unwrap_or_default(),
-        part(span.value).unwrap_or_default(),
-    )
-}
-
 /// The iterator of [`ResponseFields::iter`].
 #[derive(Clone)]
 pub struct Iter<'a> {
@@ -275,7 +250,8 @@ impl<'a> Iterator for Iter<'a> {
 
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        self.spans.next().map(|s| read(s, self.buf))
+        // Ranges checked when the spans were made: the empty fallback is never taken.
+        self.spans.next().map(|s| s.read(self.buf))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
