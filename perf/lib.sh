@@ -49,18 +49,24 @@ die() {
   exit 1
 }
 
+# The dump that process $1, run under callgrind with `--callgrind-out-file=$2-%p`, wrote last
+# ($2-$1.N), or nothing when there is none yet.
+callgrind_dump() {
+  find "$(dirname "$2")" -maxdepth 1 -name "$(basename "$2")-$1.*" -size +0 | head -n 1
+}
+
 # Instructions process $1, running under callgrind with `--callgrind-out-file=$2-%p` (so its
 # dumps are $2-$1.N), executed since its counters were last zeroed (`callgrind_control -z`):
 # asks it for a dump, waits for the file and prints its total. $3 names it in errors.
 callgrind_total() {
-  local pid=$1 out="$2-$1" label=$3 file="" deadline total
-  rm -f "$out".*
+  local pid=$1 label=$3 file="" deadline total
+  rm -f "$2-$1".*
   callgrind_control -d "$pid" >/dev/null || die "callgrind_control could not dump pid $pid"
   # The dump is written by the process itself, a moment after the request for it.
   deadline=$((SECONDS + 30))
   while [ -z "$file" ] && [ "$SECONDS" -lt "$deadline" ]; do
     sleep 0.5
-    file=$(find "$(dirname "$out")" -maxdepth 1 -name "$(basename "$out").*" -size +0 | head -n 1)
+    file=$(callgrind_dump "$pid" "$2")
   done
   [ -n "$file" ] || die "callgrind wrote no dump for $label"
   sleep 1

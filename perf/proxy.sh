@@ -623,7 +623,7 @@ callgrind_count() {
   CG_PER_REQUEST=$(awk -v t="$total" -v n="$requests" 'BEGIN { printf "%.0f", t / n }')
   if [ "$CACHE_SIM" = 1 ]; then
     local dump
-    dump=$(find "$WORK_DIR" -maxdepth 1 -name "$(basename "$CG_PREFIX")-$pid.*" -size +0 | head -n 1)
+    dump=$(callgrind_dump "$pid" "$CG_PREFIX")
     [ -n "$dump" ] || die "no callgrind dump of $label to read the cache misses from"
     CG_CACHE="  $(python3 "$PERF_DIR/footprint.py" "$dump" "$requests")"
   fi
