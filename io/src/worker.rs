@@ -886,14 +886,21 @@ async fn lane_session(
                     is_cancelled: Cell::new(false),
                 });
                 wl.streams.borrow_mut().insert(a.stream, s.clone());
-                monoio::spawn(serve_stream(
+                let (shared, egress, config, wl) = (
                     shared.clone(),
                     egress.clone(),
                     config.load_full(),
                     wl.clone(),
-                    s,
-                    a,
-                ));
+                );
+                // The stream's state (a few KiB) is built in its own box, where it runs: the
+                // task holds only the arguments and the box, so that spawning it copies a few
+                // words instead of the whole state, several times over.
+                monoio::spawn(async move {
+                    crate::runtime::boxed_in_place(|| {
+                        serve_stream(shared, egress, config, wl, s, a)
+                    })
+                    .await
+                });
             }
             Frame::Data { stream, bytes, end } => {
                 if let Some(s) = wl.streams.borrow().get(&stream) {
