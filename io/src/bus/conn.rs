@@ -29,8 +29,8 @@ type Tls = Rc<RefCell<rustls::Connection>>;
 pub(crate) struct Conn<S> {
     io: S,
     tls: Option<Tls>,
-    /// Ciphertext read from the socket (or plain bytes without TLS), fed to the session from
-    /// `raw_at` on: feeding stops at a record that leaves plaintext to read, so the session's
+    /// Ciphertext read from the socket (unused without TLS, whose bytes are read straight into
+    /// the caller's buffer), fed to the session from `raw_at` on: feeding stops at a record that leaves plaintext to read, so the session's
     /// plaintext buffer never overflows, and resumes once it was read.
     raw: Vec<u8>,
     raw_at: usize,
@@ -261,6 +261,22 @@ impl<S: AsyncReadRent> Conn<S> {
         r
     }
 
+    /// Without TLS: one read straight into `out`'s spare capacity, `read_size` bytes at most (no
+    /// copy through `raw`). `out` is taken for the read: a read dropped before it completes
+    /// loses what `out` held, as the caller's loop, which ends with it, does too.
+    async fn read_plain(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
+        use monoio::buf::IoBufMut as _;
+        let mut buf = std::mem::take(out);
+        let len = buf.len();
+        buf.reserve(self.read_size);
+        let (r, slice) = self.io.read(buf.slice_mut(len..len + self.read_size)).await;
+        *out = slice.into_inner();
+        if r.as_ref().is_ok_and(|&n| n >= self.read_size) {
+            self.read_size = (self.read_size * 2).min(READ_BYTES);
+        }
+        r
+    }
+
     /// Feeds `raw` from `raw_at` to the TLS session until it is all fed or a record left
     /// plaintext to read: rustls refuses more records while its plaintext buffer is full, so
     /// the reader drains it before the rest is fed.
@@ -308,10 +324,7 @@ impl<S: AsyncReadRent> Conn<S> {
     /// Appends the next plaintext bytes to `out`; 0 at the end of the stream.
     pub(crate) async fn read(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
         if self.tls.is_none() {
-            let n = self.read_raw().await?;
-            out.extend_from_slice(&self.raw[..n]);
-            self.raw_at = n;
-            return Ok(n);
+            return self.read_plain(out).await;
         }
         loop {
             match self.drain_plain(out)? {
