@@ -105,8 +105,9 @@ impl TargetUrl {
     pub fn to_text(&self) -> String {
         let scheme = self.scheme.as_str();
         let authority = self.authority();
-        let mut s =
-            String::with_capacity(scheme.len() + 3 + authority.len() + self.path_and_query.len());
+        // The authority's length from its bytes: its `str` view checks formatted text first.
+        let len = scheme.len() + 3 + authority.as_bytes().len() + self.path_and_query.len();
+        let mut s = String::with_capacity(len);
         s.push_str(scheme);
         s.push_str("://");
         s.push_str(&authority);
