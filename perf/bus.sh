@@ -99,7 +99,7 @@ api_wrk() {
     -s "$PERF_DIR/envelope.lua" "http://127.0.0.1:$API_PORT/api/v1/requests" >"$out" 2>&1
 }
 
-# Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… p99_us=… errors=…", CPU being
+# Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… user_us=… kernel_us=… p99_us=… errors=…", CPU being
 # the sum over the pids given.
 measure() {
   local label=$1; shift
@@ -114,9 +114,16 @@ measure() {
     perf stat -x, -e "$OPS_EVENTS" -p "$(IFS=,; echo "$*")" -o "$counts" 2>/dev/null &
     counter=$!
   fi
-  for pid in "$@"; do before=$((before + $(cpu_ticks "$pid"))); done
+  local sys_before=0 sys_after=0
+  for pid in "$@"; do
+    before=$((before + $(cpu_ticks "$pid")))
+    sys_before=$((sys_before + $(kernel_ticks "$pid")))
+  done
   api_wrk "$DURATION" "$out" --latency || { cat "$out" >&2; die "wrk failed"; }
-  for pid in "$@"; do after=$((after + $(cpu_ticks "$pid"))); done
+  for pid in "$@"; do
+    after=$((after + $(cpu_ticks "$pid")))
+    sys_after=$((sys_after + $(kernel_ticks "$pid")))
+  done
   local line requests rps cpu errors ops=""
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
   requests=$(field requests "$line")
@@ -134,9 +141,14 @@ measure() {
   rps=$(field rps "$line")
   errors=$(($(field connect_errors "$line") + $(field read_errors "$line") + $(field write_errors "$line") + $(field timeouts "$line") + $(field non_2xx "$line")))
   cpu=$(awk -v t=$((after - before)) -v hz="$tck" 'BEGIN { printf "%.2f", t / hz }')
-  printf 'rps=%s cpu_s=%s req_per_cpu_s=%s p99_us=%s errors=%s%s\n' "$rps" "$cpu" \
+  # User and kernel CPU per request, in µs: whether a difference is the processes' own work or
+  # the kernel's (the remote path has two more loopback hops per request than the local one).
+  local split
+  split=$(awk -v all=$((after - before)) -v sys=$((sys_after - sys_before)) -v hz="$tck" -v r="$requests" \
+    'BEGIN { if (r > 0) printf "user_us=%.1f kernel_us=%.1f", (all - sys) / hz / r * 1e6, sys / hz / r * 1e6 }')
+  printf 'rps=%s cpu_s=%s req_per_cpu_s=%s %s p99_us=%s errors=%s%s\n' "$rps" "$cpu" \
     "$(awk -v r="$requests" -v c="$cpu" 'BEGIN { printf "%.0f", (c > 0 ? r / c : 0) }')" \
-    "$(field p99_us "$line")" "$errors" "$ops"
+    "$split" "$(field p99_us "$line")" "$errors" "$ops"
 }
 
 # Instructions per request of the processes given (each running under callgrind, dumping to

@@ -417,6 +417,11 @@ cpu_ticks() {
   awk '{ print $14 + $15 }' "/proc/$1/stat"
 }
 
+# Kernel CPU clock ticks used so far by process $1 (stime).
+kernel_ticks() {
+  awk '{ print $15 }' "/proc/$1/stat"
+}
+
 # Resident set size of process $1 in KiB, from /proc/PID/status.
 rss_kib() {
   awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"
