@@ -1204,9 +1204,13 @@ impl BusCore {
         job: &RemoteJob<'_>,
     ) -> Result<RemoteResponse, RemoteFailure> {
         let (h, mut reader) = self.start(worker_id, job).await?;
+        // The first piece is kept as its frame was decoded, the rest copied behind it: a body
+        // in one frame (any small one) is not copied again.
         let mut body = Vec::new();
-        while reader.next(&mut body).await? {
-            if body.len() > job.max_response_bytes {
+        let mut len = 0usize;
+        while let Some(piece) = reader.next_piece().await? {
+            len = len.saturating_add(piece.len());
+            if len > job.max_response_bytes {
                 return Err(RemoteFailure::Error(
                     ApiError::new(
                         ErrorCode::BodyTooLarge,
@@ -1214,6 +1218,11 @@ impl BusCore {
                     )
                     .with_detail("direction", "response"),
                 ));
+            }
+            if body.is_empty() {
+                body = piece;
+            } else {
+                body.extend_from_slice(&piece);
             }
         }
         Ok(RemoteResponse {
@@ -1319,8 +1328,20 @@ pub(crate) struct RemoteReader {
 impl RemoteReader {
     /// Appends the next piece of the body to `out`; `false` at its end.
     pub(crate) async fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, RemoteFailure> {
+        Ok(match self.next_piece().await? {
+            Some(piece) => {
+                out.extend_from_slice(&piece);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// The next piece of the body as it came in its `Data` frame (possibly empty); `None` at
+    /// its end.
+    pub(crate) async fn next_piece(&mut self) -> Result<Option<Vec<u8>>, RemoteFailure> {
         if self.is_ended {
-            return Ok(false);
+            return Ok(None);
         }
         let ev = crate::timer::within(self.until, self.slot.events.next())
             .await
@@ -1328,11 +1349,10 @@ impl RemoteReader {
         match ev {
             Event::Data(bytes, end) => {
                 let n = bytes.len();
-                out.extend_from_slice(&bytes);
                 if end {
                     self.guard.is_done = true;
                     self.is_ended = true;
-                    return Ok(n > 0);
+                    return Ok((n > 0).then_some(bytes));
                 }
                 if n > 0 {
                     self.guard.lane.send(&Frame::Credit {
@@ -1340,7 +1360,7 @@ impl RemoteReader {
                         bytes: n as u32,
                     });
                 }
-                Ok(true)
+                Ok(Some(bytes))
             }
             other => {
                 self.guard.is_done = true;
