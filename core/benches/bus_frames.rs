@@ -90,33 +90,13 @@ fn parts() -> Parts {
 }
 
 fn owned_baseline(p: &Parts, out: &mut Vec<u8>) {
-    let a = Assign {
-        stream: 7,
-        request_id: p.request_id.clone(),
-        deployment_id: "acme".to_string(),
-        deadline_ms: 30_000,
-        is_replayable: true,
-        ingress: 0,
-        method: "GET".to_string(),
-        url: p.url.clone(),
-        headers: p
-            .headers
-            .iter()
-            .map(|(n, v)| (n.to_vec(), v.to_vec()))
-            .collect(),
-        body: p.body.clone(),
-        pool: "residential".to_string(),
-        provider_session: None,
-        proxy_username: None,
-        fingerprint_profile: None,
-        max_response_bytes: 10 << 20,
-        window: 256 * 1024,
-    };
+    // Every string and header field copied into an owned `Assign` first, then encoded.
+    let a = Assign::new(assign_ref(p));
     encode(&Frame::Assign(Box::new(a)), out).expect("encodes");
 }
 
-fn borrowed(p: &Parts, out: &mut Vec<u8>) {
-    let a = AssignRef {
+fn assign_ref(p: &Parts) -> AssignRef<'_, &'static [u8], &'static [u8]> {
+    AssignRef {
         stream: 7,
         request_id: &p.request_id,
         deployment_id: "acme",
@@ -133,8 +113,11 @@ fn borrowed(p: &Parts, out: &mut Vec<u8>) {
         fingerprint_profile: None,
         max_response_bytes: 10 << 20,
         window: 256 * 1024,
-    };
-    encode_assign(&a, out).expect("encodes");
+    }
+}
+
+fn borrowed(p: &Parts, out: &mut Vec<u8>) {
+    encode_assign(&assign_ref(p), out).expect("encodes");
 }
 
 fn bench_assign(c: &mut Criterion) {

@@ -1029,20 +1029,17 @@ async fn serve_stream(
         return;
     };
     // The pool must be one of the applied configuration (a push may be on its way).
-    let Some(proxy) = config.pools.get(&a.pool) else {
+    let Some(proxy) = config.pools.get(a.pool()) else {
         wl.post(&Frame::Refuse {
             stream,
             reason: "pool".into(),
         });
         return;
     };
-    let session = a
-        .provider_session
-        .as_deref()
-        .and_then(ProviderSession::from_hex);
+    let session = a.provider_session().and_then(ProviderSession::from_hex);
     let via = proxy
         .as_ref()
-        .map(|p| p.route_rendered(a.proxy_username.as_deref(), session));
+        .map(|p| p.route_rendered(a.proxy_username(), session));
     wl.post(&Frame::Accept { stream });
     let work = async {
         match a.ingress {
@@ -1125,19 +1122,19 @@ async fn exchange(
     let started = Instant::now();
     let deadline = started + Duration::from_millis(u64::from(a.deadline_ms));
     let invalid = |m: &str| ApiError::new(ErrorCode::ExecutorInternalError, m.to_string());
-    let method = Method::parse(&a.method).ok_or_else(|| invalid("assignment: unknown method"))?;
-    let url = parse_target_url(&a.url).map_err(|_| invalid("assignment: invalid url"))?;
+    let method = Method::parse(a.method()).ok_or_else(|| invalid("assignment: unknown method"))?;
+    let url = parse_target_url(a.url()).map_err(|_| invalid("assignment: invalid url"))?;
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(a.headers.len());
     for (n, v) in &a.headers {
         let n = std::str::from_utf8(n).map_err(|_| invalid("assignment: header name"))?;
         headers.push((n, v));
     }
     let is_proxy = a.ingress == 1;
-    let tenant = crate::dns::tenant_of_id(&a.deployment_id);
+    let tenant = crate::dns::tenant_of_id(a.deployment_id());
     // The control routes a named profile only to a worker advertising it, and this worker
     // advertises only what it verified; a name it did not verify is refused, never sent with
     // an ordinary ClientHello.
-    let fingerprint = match a.fingerprint_profile.as_deref() {
+    let fingerprint = match a.fingerprint_profile() {
         None => None,
         Some(name) => Some(crate::egress::fingerprint::verified(name).ok_or_else(|| {
             ApiError::new(
@@ -1370,9 +1367,9 @@ async fn tunnel(
     policy: &DestinationPolicy,
     via: Option<&ProxyRoute>,
 ) -> Result<(), ApiError> {
-    let (host, port) = sortie_core::proxy::parse_connect_target(&a.url)?;
+    let (host, port) = sortie_core::proxy::parse_connect_target(a.url())?;
     let deadline = Instant::now() + Duration::from_millis(u64::from(a.deadline_ms));
-    let tenant = crate::dns::tenant_of_id(&a.deployment_id);
+    let tenant = crate::dns::tenant_of_id(a.deployment_id());
     let bind = shared.bind_address;
     let limit = shared.timeouts.connect;
     let (upstream, _peer, first_down) = match via {

@@ -645,7 +645,7 @@ fn a_version_2_worker_gets_a_version_2_welcome() {
 /// `body_ref_unavailable`, and nothing connects to that port.
 #[test]
 fn a_worker_fetches_receipts_only_on_the_announced_port() {
-    use sortie_core::bus::{Assign, BodySource, ConfigPush, LaneSettings, Welcome};
+    use sortie_core::bus::{Assign, AssignRef, BodySource, ConfigPush, LaneSettings, Welcome};
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = TcpListener::bind("127.0.0.1:0").unwrap();
     let other_port = other.local_addr().unwrap().port();
@@ -701,29 +701,29 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
     }
     send(
         &mut s,
-        Frame::Assign(Box::new(Assign {
+        Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
             stream: 1,
-            request_id: "req_port".into(),
-            deployment_id: "dep_test".into(),
+            request_id: "req_port",
+            deployment_id: "dep_test",
             deadline_ms: 10_000,
             is_replayable: false,
             ingress: 0,
-            method: "POST".into(),
-            url: "http://127.0.0.1:9/x".into(),
-            headers: vec![],
-            body: BodySource::Receipt {
+            method: "POST",
+            url: "http://127.0.0.1:9/x",
+            headers: &[],
+            body: &BodySource::Receipt {
                 url: format!(
                     "http://127.0.0.1:{other_port}/api/v1/receipt-objects/r?deployment_id=dep_test"
                 ),
                 len: 10,
             },
-            pool: "direct".into(),
+            pool: "direct",
             provider_session: None,
             proxy_username: None,
             fingerprint_profile: None,
             max_response_bytes: 1 << 20,
             window: 1 << 16,
-        })),
+        }))),
     );
     let error = loop {
         match next_frame(&mut s, &mut buf) {

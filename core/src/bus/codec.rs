@@ -361,14 +361,22 @@ impl<'a> Reader<'a> {
     }
 
     fn str(&mut self, field: &'static str, max: usize) -> Result<String, FrameError> {
-        let n = self.u16(field)? as usize;
-        if n > max {
-            return Err(FrameError::FieldTooLong(field));
-        }
-        let b = self.take(n, field)?;
+        let b = self.short_slice(field, max)?;
         std::str::from_utf8(b)
             .map(str::to_owned)
             .map_err(|_| FrameError::InvalidUtf8(field))
+    }
+
+    fn opt_short_slice(
+        &mut self,
+        field: &'static str,
+        max: usize,
+    ) -> Result<Option<&'a [u8]>, FrameError> {
+        match self.u8(field)? {
+            0 => Ok(None),
+            1 => Ok(Some(self.short_slice(field, max)?)),
+            _ => Err(FrameError::InvalidTag(field)),
+        }
     }
 
     fn opt_u64(&mut self, field: &'static str) -> Result<Option<u64>, FrameError> {
@@ -494,41 +502,59 @@ impl<'a> Reader<'a> {
     }
 
     fn assign(&mut self) -> Result<Assign, FrameError> {
-        Ok(Assign {
-            stream: self.u32("assign.stream")?,
-            request_id: self.str("assign.request_id", MAX_NAME_BYTES)?,
-            deployment_id: self.str("assign.deployment_id", MAX_NAME_BYTES)?,
-            deadline_ms: self.u32("assign.deadline_ms")?,
-            is_replayable: self.bool("assign.replayable")?,
-            ingress: match self.u8("assign.ingress")? {
-                i @ 0..=2 => i,
-                _ => return Err(FrameError::InvalidTag("assign.ingress")),
+        // The strings go into one buffer, sized for what is left of the frame (at most the
+        // longest URL and a little more): one allocation for all of them.
+        let room = self
+            .buf
+            .len()
+            .saturating_sub(self.at)
+            .min(MAX_URL_BYTES + 512);
+        let mut text = AssignBytes::with_capacity(room);
+        let stream = self.u32("assign.stream")?;
+        text.push(Some(self.short_slice("assign.request_id", MAX_NAME_BYTES)?));
+        text.push(Some(
+            self.short_slice("assign.deployment_id", MAX_NAME_BYTES)?,
+        ));
+        let deadline_ms = self.u32("assign.deadline_ms")?;
+        let is_replayable = self.bool("assign.replayable")?;
+        let ingress = match self.u8("assign.ingress")? {
+            i @ 0..=2 => i,
+            _ => return Err(FrameError::InvalidTag("assign.ingress")),
+        };
+        text.push(Some(self.short_slice("assign.method", MAX_NAME_BYTES)?));
+        text.push(Some(self.short_slice("assign.url", MAX_URL_BYTES)?));
+        let headers = self.fields("assign.headers", MAX_FIELDS)?;
+        let body = match self.u8("assign.body")? {
+            0 => BodySource::Empty,
+            1 => BodySource::Inline {
+                len: self.u64("assign.body.len")?,
             },
-            method: self.str("assign.method", MAX_NAME_BYTES)?,
-            url: self.str("assign.url", MAX_URL_BYTES)?,
-            headers: self.fields("assign.headers", MAX_FIELDS)?,
-            body: match self.u8("assign.body")? {
-                0 => BodySource::Empty,
-                1 => BodySource::Inline {
-                    len: self.u64("assign.body.len")?,
-                },
-                2 => BodySource::Receipt {
-                    url: self.str("assign.body.url", MAX_URL_BYTES)?,
-                    len: self.u64("assign.body.len")?,
-                },
-                3 => BodySource::Tunnel,
-                4 => BodySource::Stream {
-                    len: self.opt_u64("assign.body.len")?,
-                },
-                _ => return Err(FrameError::InvalidTag("assign.body")),
+            2 => BodySource::Receipt {
+                url: self.str("assign.body.url", MAX_URL_BYTES)?,
+                len: self.u64("assign.body.len")?,
             },
-            pool: self.str("assign.pool", MAX_NAME_BYTES)?,
-            provider_session: self.opt_str("assign.provider_session", MAX_NAME_BYTES)?,
-            proxy_username: self.opt_str("assign.proxy_username", MAX_TEXT_BYTES)?,
-            fingerprint_profile: self.opt_str("assign.fingerprint_profile", MAX_NAME_BYTES)?,
+            3 => BodySource::Tunnel,
+            4 => BodySource::Stream {
+                len: self.opt_u64("assign.body.len")?,
+            },
+            _ => return Err(FrameError::InvalidTag("assign.body")),
+        };
+        text.push(Some(self.short_slice("assign.pool", MAX_NAME_BYTES)?));
+        text.push(self.opt_short_slice("assign.provider_session", MAX_NAME_BYTES)?);
+        text.push(self.opt_short_slice("assign.proxy_username", MAX_TEXT_BYTES)?);
+        text.push(self.opt_short_slice("assign.fingerprint_profile", MAX_NAME_BYTES)?);
+        let numbers = AssignNumbers {
+            stream,
+            deadline_ms,
+            is_replayable,
+            ingress,
             max_response_bytes: self.u64("assign.max_response_bytes")?,
             window: self.u32("assign.window")?,
-        })
+        };
+        let text = text.into_text().map_err(|i| {
+            FrameError::InvalidUtf8(ASSIGN_TEXT_FIELDS.get(i).copied().unwrap_or("assign"))
+        })?;
+        Ok(Assign::from_parts(numbers, headers, body, text))
     }
 }
 

@@ -122,48 +122,269 @@ pub enum BodySource {
     },
 }
 
-/// Control → worker: perform one request.
+/// Control → worker: perform one request. Its strings are held in one buffer (a decoded
+/// assignment costs one allocation for them, not one each): read them through the methods of
+/// the same names as [`AssignRef`]'s fields; build one from an [`AssignRef`] ([`Assign::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assign {
     /// The stream.
     pub stream: StreamId,
-    /// The request id the caller sees (`req_…`).
-    pub request_id: String,
-    /// The deployment, for logs and metrics.
-    pub deployment_id: String,
     /// Milliseconds left of the total deadline when the frame was written.
     pub deadline_ms: u32,
     /// Permission for a transport-level retry.
     pub is_replayable: bool,
     /// Ingress mode the request came in by: 0 api, 1 proxy, 2 connect.
     pub ingress: u8,
-    /// Method.
-    pub method: String,
-    /// Absolute destination URL (for a tunnel: `https://host:port`).
-    pub url: String,
     /// Request header fields for the destination.
     pub headers: Vec<Field>,
     /// The body.
     pub body: BodySource,
-    /// The pool the request was routed to.
-    pub pool: String,
-    /// The derived provider session (32 hex digits), when there is one: it picks the upstream
-    /// proxy endpoint (decision 071).
-    pub provider_session: Option<String>,
-    /// The pool's upstream proxy username as the control rendered it from the request's hints
-    /// (decision 070); never logged. `None` when the pool has no template.
-    pub proxy_username: Option<String>,
-    /// The fingerprint profile, when one was asked for.
-    pub fingerprint_profile: Option<String>,
     /// Largest response body the control accepts.
     pub max_response_bytes: u64,
     /// Bytes of response body the worker may send before it waits for [`Frame::Credit`].
     pub window: u32,
+    /// The request id, deployment, method, URL, pool, provider session, proxy username and
+    /// fingerprint profile, in that order.
+    text: AssignText,
+}
+
+/// The strings of an [`Assign`], one after the other in one buffer, and where each ends; an
+/// optional one that is absent is empty and marked so in `present`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct AssignText {
+    buf: String,
+    ends: [u32; ASSIGN_TEXTS],
+    /// Bit `i` set: text `i` is present (the required ones always are).
+    present: u8,
+    /// How many texts were pushed.
+    count: usize,
+}
+
+/// How many strings an [`Assign`] holds.
+const ASSIGN_TEXTS: usize = 8;
+/// The index of each in [`AssignText`].
+const REQUEST_ID: usize = 0;
+const DEPLOYMENT_ID: usize = 1;
+const METHOD: usize = 2;
+const URL: usize = 3;
+const POOL: usize = 4;
+const PROVIDER_SESSION: usize = 5;
+const PROXY_USERNAME: usize = 6;
+const FINGERPRINT_PROFILE: usize = 7;
+
+/// The names of an [`Assign`]'s strings, in their order, as frame errors name them.
+pub(crate) const ASSIGN_TEXT_FIELDS: [&str; ASSIGN_TEXTS] = [
+    "assign.request_id",
+    "assign.deployment_id",
+    "assign.method",
+    "assign.url",
+    "assign.pool",
+    "assign.provider_session",
+    "assign.proxy_username",
+    "assign.fingerprint_profile",
+];
+
+/// An [`AssignText`] being decoded: the strings' bytes, checked as UTF-8 once, all together,
+/// when they are all in ([`AssignBytes::into_text`]).
+#[derive(Debug, Default)]
+pub(crate) struct AssignBytes {
+    buf: Vec<u8>,
+    ends: [u32; ASSIGN_TEXTS],
+    present: u8,
+    count: usize,
+}
+
+impl AssignBytes {
+    /// Room for `capacity` bytes of text.
+    pub(crate) fn with_capacity(capacity: usize) -> AssignBytes {
+        AssignBytes {
+            buf: Vec::with_capacity(capacity),
+            ..AssignBytes::default()
+        }
+    }
+
+    /// Appends the next text (`None`: an optional one that is absent). Texts past the eighth
+    /// are not kept; an assignment's whole text is far shorter than 4 GiB.
+    pub(crate) fn push(&mut self, text: Option<&[u8]>) {
+        let Some(end) = self.ends.get_mut(self.count) else {
+            return;
+        };
+        if let Some(t) = text {
+            self.buf.extend_from_slice(t);
+            self.present |= 1 << self.count;
+        }
+        *end = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
+        self.count += 1;
+    }
+
+    /// The text, when every string is UTF-8; otherwise the index of the first that is not.
+    /// One check of the whole buffer and of each string's end (a string cut inside a
+    /// character would leave the whole valid but not its parts).
+    pub(crate) fn into_text(self) -> Result<AssignText, usize> {
+        let AssignBytes {
+            buf,
+            ends,
+            present,
+            count,
+        } = self;
+        let ends_of = ends.get(..count).unwrap_or_default();
+        let holding = |offset: usize| {
+            ends_of
+                .iter()
+                .position(|&e| offset < e as usize)
+                .unwrap_or(count.saturating_sub(1))
+        };
+        let buf = String::from_utf8(buf).map_err(|e| holding(e.utf8_error().valid_up_to()))?;
+        if let Some(i) = ends_of
+            .iter()
+            .position(|&e| !buf.is_char_boundary(e as usize))
+        {
+            return Err(i);
+        }
+        Ok(AssignText {
+            buf,
+            ends,
+            present,
+            count,
+        })
+    }
+}
+
+impl AssignText {
+    fn get(&self, i: usize) -> Option<&str> {
+        if self.present & (1 << i) == 0 {
+            return None;
+        }
+        let start = match i.checked_sub(1) {
+            Some(before) => self.ends.get(before).copied().unwrap_or_default(),
+            None => 0,
+        };
+        let end = self.ends.get(i).copied().unwrap_or_default();
+        self.buf.get(start as usize..end as usize)
+    }
+
+    fn text(&self, i: usize) -> &str {
+        self.get(i).unwrap_or_default()
+    }
+}
+
+impl Assign {
+    /// An assignment of the parts of `a`, its strings copied into one buffer.
+    pub fn new<N: AsRef<[u8]>, V: AsRef<[u8]>>(a: AssignRef<'_, N, V>) -> Assign {
+        let len = [a.request_id, a.deployment_id, a.method, a.url, a.pool]
+            .iter()
+            .chain(
+                [a.provider_session, a.proxy_username, a.fingerprint_profile]
+                    .iter()
+                    .flatten(),
+            )
+            .map(|t| t.len())
+            .sum();
+        let mut text = AssignBytes::with_capacity(len);
+        for t in [a.request_id, a.deployment_id, a.method, a.url, a.pool] {
+            text.push(Some(t.as_bytes()));
+        }
+        for t in [a.provider_session, a.proxy_username, a.fingerprint_profile] {
+            text.push(t.map(str::as_bytes));
+        }
+        // Pieces of `str`s, each whole: always UTF-8.
+        let text = text.into_text().unwrap_or_default();
+        Assign::from_parts(
+            AssignNumbers {
+                stream: a.stream,
+                deadline_ms: a.deadline_ms,
+                is_replayable: a.is_replayable,
+                ingress: a.ingress,
+                max_response_bytes: a.max_response_bytes,
+                window: a.window,
+            },
+            a.headers
+                .iter()
+                .map(|(n, v)| (n.as_ref().to_vec(), v.as_ref().to_vec()))
+                .collect(),
+            a.body.clone(),
+            text,
+        )
+    }
+
+    /// An assignment of decoded parts.
+    pub(crate) fn from_parts(
+        n: AssignNumbers,
+        headers: Vec<Field>,
+        body: BodySource,
+        text: AssignText,
+    ) -> Assign {
+        Assign {
+            stream: n.stream,
+            deadline_ms: n.deadline_ms,
+            is_replayable: n.is_replayable,
+            ingress: n.ingress,
+            headers,
+            body,
+            max_response_bytes: n.max_response_bytes,
+            window: n.window,
+            text,
+        }
+    }
+
+    /// The request id the caller sees (`req_…`).
+    pub fn request_id(&self) -> &str {
+        self.text.text(REQUEST_ID)
+    }
+
+    /// The deployment, for logs and metrics.
+    pub fn deployment_id(&self) -> &str {
+        self.text.text(DEPLOYMENT_ID)
+    }
+
+    /// Method.
+    pub fn method(&self) -> &str {
+        self.text.text(METHOD)
+    }
+
+    /// Absolute destination URL (for a tunnel: `https://host:port`).
+    pub fn url(&self) -> &str {
+        self.text.text(URL)
+    }
+
+    /// The pool the request was routed to.
+    pub fn pool(&self) -> &str {
+        self.text.text(POOL)
+    }
+
+    /// The derived provider session (32 hex digits), when there is one: it picks the upstream
+    /// proxy endpoint (decision 071).
+    pub fn provider_session(&self) -> Option<&str> {
+        self.text.get(PROVIDER_SESSION)
+    }
+
+    /// The pool's upstream proxy username as the control rendered it from the request's hints
+    /// (decision 070); never logged. `None` when the pool has no template.
+    pub fn proxy_username(&self) -> Option<&str> {
+        self.text.get(PROXY_USERNAME)
+    }
+
+    /// The fingerprint profile, when one was asked for.
+    pub fn fingerprint_profile(&self) -> Option<&str> {
+        self.text.get(FINGERPRINT_PROFILE)
+    }
+}
+
+/// The numbers of an [`Assign`], as decoded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AssignNumbers {
+    pub(crate) stream: StreamId,
+    pub(crate) deadline_ms: u32,
+    pub(crate) is_replayable: bool,
+    pub(crate) ingress: u8,
+    pub(crate) max_response_bytes: u64,
+    pub(crate) window: u32,
 }
 
 /// An [`Assign`] from borrowed parts, for writing one (`codec::encode_assign`): the control
 /// encodes each assignment straight from the request it serves, without first copying every
-/// string and header field into an owned `Assign`. The fields mean what [`Assign`]'s do.
+/// string and header field into an owned `Assign`. The fields mean what [`Assign`]'s fields and
+/// methods of the same names do.
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]
 pub struct AssignRef<'a, N, V> {
@@ -190,19 +411,19 @@ impl Assign {
     pub fn borrowed(&self) -> AssignRef<'_, Vec<u8>, Vec<u8>> {
         AssignRef {
             stream: self.stream,
-            request_id: &self.request_id,
-            deployment_id: &self.deployment_id,
+            request_id: self.request_id(),
+            deployment_id: self.deployment_id(),
             deadline_ms: self.deadline_ms,
             is_replayable: self.is_replayable,
             ingress: self.ingress,
-            method: &self.method,
-            url: &self.url,
+            method: self.method(),
+            url: self.url(),
             headers: &self.headers,
             body: &self.body,
-            pool: &self.pool,
-            provider_session: self.provider_session.as_deref(),
-            proxy_username: self.proxy_username.as_deref(),
-            fingerprint_profile: self.fingerprint_profile.as_deref(),
+            pool: self.pool(),
+            provider_session: self.provider_session(),
+            proxy_username: self.proxy_username(),
+            fingerprint_profile: self.fingerprint_profile(),
             max_response_bytes: self.max_response_bytes,
             window: self.window,
         }

@@ -92,17 +92,14 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
             payload: r.bytes(500),
         }),
         5 => Frame::ConfigApplied { version: r.next() },
-        6 => Frame::Assign(Box::new(Assign {
-            stream: r.next() as u32,
-            request_id: r.string(36),
-            deployment_id: r.string(20),
-            deadline_ms: r.next() as u32,
-            is_replayable: r.below(2) == 1,
-            ingress: r.below(3) as u8,
-            method: r.string(7),
-            url: r.string(300),
-            headers: r.fields(10),
-            body: match r.below(5) {
+        6 => {
+            // Drawn in the frame's order, as the generator always did.
+            let stream = r.next() as u32;
+            let (request_id, deployment_id) = (r.string(36), r.string(20));
+            let (deadline_ms, is_replayable, ingress) =
+                (r.next() as u32, r.below(2) == 1, r.below(3) as u8);
+            let (method, url, headers) = (r.string(7), r.string(300), r.fields(10));
+            let body = match r.below(5) {
                 0 => BodySource::Empty,
                 4 => BodySource::Stream {
                     len: (r.below(2) == 1).then(|| r.next()),
@@ -113,14 +110,28 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
                     len: r.next(),
                 },
                 _ => BodySource::Tunnel,
-            },
-            pool: r.string(20),
-            provider_session: r.opt(32),
-            proxy_username: r.opt(40),
-            fingerprint_profile: r.opt(12),
-            max_response_bytes: r.next(),
-            window: r.next() as u32,
-        })),
+            };
+            let (pool, provider_session, proxy_username, fingerprint_profile) =
+                (r.string(20), r.opt(32), r.opt(40), r.opt(12));
+            Frame::Assign(Box::new(Assign::new(AssignRef {
+                stream,
+                request_id: &request_id,
+                deployment_id: &deployment_id,
+                deadline_ms,
+                is_replayable,
+                ingress,
+                method: &method,
+                url: &url,
+                headers: &headers,
+                body: &body,
+                pool: &pool,
+                provider_session: provider_session.as_deref(),
+                proxy_username: proxy_username.as_deref(),
+                fingerprint_profile: fingerprint_profile.as_deref(),
+                max_response_bytes: r.next(),
+                window: r.next() as u32,
+            })))
+        }
         7 => Frame::Accept {
             stream: r.next() as u32,
         },
@@ -298,24 +309,24 @@ fn hello() -> Frame {
 }
 
 fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
-    Frame::Assign(Box::new(Assign {
+    Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
         stream,
-        request_id: "req_1".into(),
-        deployment_id: "d".into(),
+        request_id: "req_1",
+        deployment_id: "d",
         deadline_ms: 1000,
         is_replayable: false,
         ingress: 0,
-        method: "GET".into(),
-        url: "http://a/".into(),
-        headers: vec![],
-        body,
-        pool: "direct".into(),
+        method: "GET",
+        url: "http://a/",
+        headers: &[],
+        body: &body,
+        pool: "direct",
         provider_session: None,
         proxy_username: None,
         fingerprint_profile: None,
         max_response_bytes: 1 << 20,
         window,
-    }))
+    })))
 }
 
 /// A control's welcome to a one-core lane.
@@ -628,8 +639,8 @@ fn version_2_assignment_seed_decodes() {
     assert_eq!(assigns.len(), 4);
     assert_eq!(assigns[0].ingress, 2);
     assert_eq!(assigns[0].body, BodySource::Tunnel);
-    assert_eq!(assigns[0].url, "example.test:443");
-    assert_eq!(assigns[0].proxy_username.as_deref(), Some("cust-US-0123"));
+    assert_eq!(assigns[0].url(), "example.test:443");
+    assert_eq!(assigns[0].proxy_username(), Some("cust-US-0123"));
     assert_eq!(assigns[1].body, BodySource::Stream { len: Some(5) });
     assert_eq!(assigns[1].headers.len(), 1);
     assert_eq!(assigns[2].body, BodySource::Stream { len: None });
@@ -760,7 +771,7 @@ fn request_heads_beyond_the_bus_bounds_are_named_before_encoding() {
     for (len, fits) in [(256, true), (257, false)] {
         let f = with_name(len);
         let Frame::Assign(a) = &f else { unreachable!() };
-        let checked = check_request_head(&a.method, &a.url, &a.headers);
+        let checked = check_request_head(a.method(), a.url(), &a.headers);
         assert_eq!(checked.is_ok(), fits, "{checked:?}");
         assert_eq!(encode(&f, &mut Vec::new()).is_ok(), fits);
         if let Err(why) = checked {
@@ -993,4 +1004,71 @@ fn borrowed_data_encodes_and_counts_as_frames_do() {
     by_frame.sent(&data(1, 0, true));
     by_len.sent_data(1, 0, true);
     assert!(!by_frame.has_stream(1) && !by_len.has_stream(1));
+}
+
+/// An assignment's strings are checked as UTF-8 together: a bad byte is blamed on the string
+/// holding it, and a character cut between two strings (the whole valid, its parts not) is
+/// refused too.
+#[test]
+fn assignment_text_is_utf8_string_by_string() {
+    let text = |parts: &[Option<&[u8]>]| {
+        let mut b = super::frame::AssignBytes::with_capacity(16);
+        for p in parts {
+            b.push(*p);
+        }
+        b.into_text()
+    };
+    let b = |s: &'static [u8]| Some(s);
+    assert!(text(&[b(b"req"), b("dé".as_bytes()), None, b(b"u")]).is_ok());
+    assert_eq!(text(&[b(b"a"), b(b"b"), b(b"\xff")]).err(), Some(2));
+    assert_eq!(text(&[b(b"\xc3"), b(b"\xa9")]).err(), Some(0));
+    assert_eq!(text(&[b(b"a"), None, b(b"\xe2\x82")]).err(), Some(2));
+    let a = Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
+        stream: 1,
+        request_id: "req_1",
+        deployment_id: "dé",
+        deadline_ms: 1,
+        is_replayable: false,
+        ingress: 0,
+        method: "GET",
+        url: "http://a/",
+        headers: &[],
+        body: &BodySource::Empty,
+        pool: "p",
+        provider_session: None,
+        proxy_username: Some("user"),
+        fingerprint_profile: None,
+        max_response_bytes: 1,
+        window: 1,
+    });
+    assert_eq!(
+        (
+            a.request_id(),
+            a.deployment_id(),
+            a.method(),
+            a.url(),
+            a.pool()
+        ),
+        ("req_1", "dé", "GET", "http://a/", "p")
+    );
+    assert_eq!(
+        (
+            a.provider_session(),
+            a.proxy_username(),
+            a.fingerprint_profile()
+        ),
+        (None, Some("user"), None)
+    );
+    // A frame whose URL is not UTF-8 names the URL.
+    let mut frame = Vec::new();
+    encode(&Frame::Assign(Box::new(a)), &mut frame).expect("encodes");
+    let at = frame
+        .windows(9)
+        .position(|w| w == b"http://a/")
+        .expect("the URL is in the frame");
+    frame[at] = 0xff;
+    assert_eq!(
+        decode(&frame).err(),
+        Some(FrameError::InvalidUtf8("assign.url"))
+    );
 }
