@@ -244,7 +244,8 @@ impl ControlLane {
         let Some(stream) = frame.stream() else {
             return Err(violation(frame, "unexpected frame"));
         };
-        let Some(state) = self.streams.get(&stream).copied() else {
+        // One lookup per frame: the stream's state is read and moved on through `slot`.
+        let Some(slot) = self.streams.get_mut(&stream) else {
             if self.half.contains(&stream) {
                 return match frame {
                     Frame::Credit { bytes, .. } => self.credit(frame, stream, *bytes),
@@ -274,14 +275,12 @@ impl ControlLane {
             }
             return Err(violation(frame, "unknown stream"));
         };
-        match (state, frame) {
+        match (*slot, frame) {
             (ControlStream::Assigned { window }, Frame::Accept { .. }) => {
-                self.streams
-                    .insert(stream, ControlStream::Accepted { window });
+                *slot = ControlStream::Accepted { window };
             }
             (ControlStream::Accepted { window }, Frame::ResponseHead(_)) => {
-                self.streams
-                    .insert(stream, ControlStream::Receiving { window });
+                *slot = ControlStream::Receiving { window };
             }
             (ControlStream::Receiving { window }, Frame::Data { bytes, end, .. }) => {
                 let len = bytes.len() as u64;
@@ -296,12 +295,9 @@ impl ControlLane {
                         self.sendable.remove(&stream);
                     }
                 } else {
-                    self.streams.insert(
-                        stream,
-                        ControlStream::Receiving {
-                            window: window - len,
-                        },
-                    );
+                    *slot = ControlStream::Receiving {
+                        window: window - len,
+                    };
                 }
             }
             // Credit for the request body or tunnel bytes the control sends.
