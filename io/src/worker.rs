@@ -1041,7 +1041,9 @@ async fn serve_stream(
         .as_ref()
         .map(|p| p.route_rendered(a.proxy_username(), session));
     wl.post(&Frame::Accept { stream });
-    let work = async {
+    // Pinned where it is built: `select!` takes its futures by value, and would copy this one
+    // (the whole exchange) into itself.
+    let work = std::pin::pin!(async {
         match a.ingress {
             // Boxed (once per tunnel): inline, the tunnel's state would be part of every
             // exchange's task, and of what each spawn copies into it.
@@ -1059,7 +1061,7 @@ async fn serve_stream(
             }
             _ => exchange(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
         }
-    };
+    });
     let r = monoio::select! {
         r = work => Some(r),
         _ = s.cancel.wait() => None,

@@ -301,7 +301,9 @@ async fn handle_inner(
     let mut req = Some(req);
     let outcome = dispatch::run(ctx, &route, resend, async |assigned: &Assigned| {
         assigned_at = Instant::now();
-        let attempt = async {
+        // Pinned where it is built: `select!` takes its futures by value, and this one (the
+        // whole attempt, local or remote) would be copied into it.
+        let attempt = std::pin::pin!(async {
             let Some(r) = req.as_ref() else {
                 return Err(internal("the request ran locally already").into());
             };
@@ -322,7 +324,7 @@ async fn handle_inner(
                     .await
                     .map_err(Failure::Error)
             }
-        };
+        });
         monoio::select! {
             r = attempt => r,
             _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
