@@ -150,7 +150,9 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
         // A deadline, not a duration: the coarse clock (never earlier than the true time).
         let idle_end = crate::timer::now().checked_add(x.timeouts.idle);
         let (at, expired) = limit(idle_end, TimeoutType::Idle, x.deadline);
-        match within(at, conn.write_all(data)).await {
+        // Pinned where it is built, not copied into the limit.
+        let write = std::pin::pin!(conn.write_all(data));
+        match within(at, write).await {
             Some(Ok(())) => {}
             Some(Err(e)) if error::is_tls_error(&e) => return Err(before(error::tls_failure(&e))),
             Some(Err(_)) => {
@@ -210,7 +212,13 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, x.deadline);
     let mut buf = Vec::new();
     let read_bytes = head_read_bytes(conn, false);
-    let mut head = match within(at, read_head(conn, x.method, &mut buf, read_bytes)).await {
+    // Pinned where it is built, not copied into the limit; in a block, so that the borrow of
+    // `conn` ends with it.
+    let read = {
+        let read = std::pin::pin!(read_head(conn, x.method, &mut buf, read_bytes));
+        within(at, read).await
+    };
+    let mut head = match read {
         Some(head) => head?,
         None => {
             return Err(Failure::during_response(error::timeout(

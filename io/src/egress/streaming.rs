@@ -748,12 +748,9 @@ async fn exchange_head<B: BodySource>(
     // What a splicing caller's small reads leave of a large body goes on to the client in
     // [`ResponseBodyReader::splice_into`].
     let read_bytes = client::head_read_bytes(conn, req.may_splice);
-    match within(
-        at,
-        client::read_head(conn, req.method, &mut buf, read_bytes),
-    )
-    .await
-    {
+    // Pinned where it is built, not copied into the limit.
+    let read = std::pin::pin!(client::read_head(conn, req.method, &mut buf, read_bytes));
+    match within(at, read).await {
         Some(head) => {
             let mut head = head?;
             let early = std::mem::take(&mut head.rest);
@@ -780,7 +777,8 @@ where
 {
     let idle_end = crate::timer::now().checked_add(req.timeouts.idle);
     let (at, expired) = limit(idle_end, TimeoutType::Idle, req.deadline);
-    let (res, data) = match within(at, conn.write_all_from(data)).await {
+    let write = std::pin::pin!(conn.write_all_from(data));
+    let (res, data) = match within(at, write).await {
         Some(done) => done,
         None => {
             return (
