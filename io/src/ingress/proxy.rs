@@ -465,17 +465,22 @@ impl ProxyHandler {
         // total deadline.
         resp.body
             .set_deadline(started + Duration::from_secs(365 * 24 * 3600));
-        out.body = ResponseBody::Stream(Box::new(RelayedBody {
-            reader: resp.body,
-            fields,
-            length,
-            request_id: *request_id,
-            failure: None,
-            cancelled,
-            metrics: Arc::clone(&ctx.metrics),
-            core: ctx.core,
-            _holding: holding,
-        }));
+        // Built straight into its box: on the stack first, it would be copied into it.
+        let relayed: Box<RelayedBody> = Box::write(
+            Box::new_uninit(),
+            RelayedBody {
+                reader: resp.body,
+                fields,
+                length,
+                request_id: *request_id,
+                failure: None,
+                cancelled,
+                metrics: Arc::clone(&ctx.metrics),
+                core: ctx.core,
+                _holding: holding,
+            },
+        );
+        out.body = ResponseBody::Stream(relayed);
         Ok(out)
     }
 }
