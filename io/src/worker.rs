@@ -602,6 +602,101 @@ struct WLane {
     out: Outbox,
     proto: RefCell<WorkerLane>,
     streams: RefCell<sortie_core::FastMap<StreamId, Rc<WStream>>>,
+    /// Tasks that finished a stream and wait for the next ([`run_streams`]), at most
+    /// [`MAX_IDLE_RUNNERS`].
+    idle_runners: RefCell<Vec<Rc<Runner>>>,
+    /// Set when the lane ended: runners finish their stream and go.
+    is_closed: Cell<bool>,
+}
+
+/// Idle stream runners one lane keeps: each holds a stream's state (a few KiB) while it waits,
+/// so a burst of concurrent streams leaves at most this many behind.
+const MAX_IDLE_RUNNERS: usize = 64;
+
+/// One assignment and what serving it needs.
+struct StreamJob {
+    shared: Arc<Shared>,
+    egress: Rc<Egress>,
+    config: Option<Arc<Applied>>,
+    s: Rc<WStream>,
+    a: Box<Assign>,
+}
+
+/// The hand-over point of an idle [`run_streams`] task: the next job, or none when the lane
+/// ended.
+#[derive(Default)]
+struct Runner {
+    job: RefCell<Option<StreamJob>>,
+    ready: Notify,
+}
+
+/// Hands an assignment to an idle runner of the lane, or to a new one ([`run_streams`]).
+fn start_stream(
+    wl: &Rc<WLane>,
+    shared: &Arc<Shared>,
+    egress: &Rc<Egress>,
+    config: Option<Arc<Applied>>,
+    a: Box<Assign>,
+) {
+    let s = Rc::new(WStream {
+        body: Queue::default(),
+        credit: Cell::new(u64::from(a.window)),
+        credit_ready: Notify::default(),
+        cancel: Notify::default(),
+        is_cancelled: Cell::new(false),
+    });
+    wl.streams.borrow_mut().insert(a.stream, s.clone());
+    let job = StreamJob {
+        shared: shared.clone(),
+        egress: egress.clone(),
+        config,
+        s,
+        a,
+    };
+    let idle = wl.idle_runners.borrow_mut().pop();
+    match idle {
+        Some(runner) => {
+            *runner.job.borrow_mut() = Some(job);
+            runner.ready.notify();
+        }
+        None => {
+            let wl = wl.clone();
+            // The runner's state (a few KiB) is built in its own box, where it runs: the task
+            // holds only the arguments and the box, so that spawning it copies a few words
+            // instead of the whole state.
+            monoio::spawn(
+                async move { crate::runtime::boxed_in_place(|| run_streams(wl, job)).await },
+            );
+        }
+    }
+}
+
+/// Serves `first`, then the lane's next assignments while it is idle among
+/// [`WLane::idle_runners`]: each stream's state is built in this task's own memory where the
+/// stream before ran, instead of a new task (and its allocation, from the allocator's slow path
+/// at this size) per stream.
+async fn run_streams(wl: Rc<WLane>, first: StreamJob) {
+    let runner = Rc::new(Runner::default());
+    let mut next = Some(first);
+    while let Some(StreamJob {
+        shared,
+        egress,
+        config,
+        s,
+        a,
+    }) = next.take()
+    {
+        {
+            let serve = std::pin::pin!(serve_stream(shared, egress, config, wl.clone(), s, a));
+            serve.await;
+        }
+        if wl.is_closed.get() || wl.idle_runners.borrow().len() >= MAX_IDLE_RUNNERS {
+            return;
+        }
+        wl.idle_runners.borrow_mut().push(runner.clone());
+        runner.ready.wait().await;
+        next = runner.job.borrow_mut().take();
+    }
 }
 
 impl WLane {
@@ -798,6 +893,8 @@ async fn lane_session(
         out: Outbox::default(),
         proto: RefCell::new(proto),
         streams: RefCell::new(sortie_core::FastMap::default()),
+        idle_runners: RefCell::new(Vec::new()),
+        is_closed: Cell::new(false),
     });
     conn.keep_alive(Duration::from_millis(u64::from(welcome.heartbeat_ms)));
     // Version 4: only lane 0 carries heartbeats; the kernel keeps the others (decision 118).
@@ -877,31 +974,7 @@ async fn lane_session(
                     let _ = tx.send(welcome.cores.max(1));
                 }
             }
-            Frame::Assign(a) => {
-                let s = Rc::new(WStream {
-                    body: Queue::default(),
-                    credit: Cell::new(u64::from(a.window)),
-                    credit_ready: Notify::default(),
-                    cancel: Notify::default(),
-                    is_cancelled: Cell::new(false),
-                });
-                wl.streams.borrow_mut().insert(a.stream, s.clone());
-                let (shared, egress, config, wl) = (
-                    shared.clone(),
-                    egress.clone(),
-                    config.load_full(),
-                    wl.clone(),
-                );
-                // The stream's state (a few KiB) is built in its own box, where it runs: the
-                // task holds only the arguments and the box, so that spawning it copies a few
-                // words instead of the whole state, several times over.
-                monoio::spawn(async move {
-                    crate::runtime::boxed_in_place(|| {
-                        serve_stream(shared, egress, config, wl, s, a)
-                    })
-                    .await
-                });
-            }
+            Frame::Assign(a) => start_stream(&wl, &shared, &egress, config.load_full(), a),
             Frame::Data { stream, bytes, end } => {
                 if let Some(s) = wl.streams.borrow().get(&stream) {
                     s.body.push((bytes, end));
@@ -942,6 +1015,11 @@ async fn lane_session(
     for (_, s) in wl.streams.borrow_mut().drain() {
         s.is_cancelled.set(true);
         s.cancel.notify();
+    }
+    // Idle runners go (no job); busy ones go after their stream.
+    wl.is_closed.set(true);
+    for runner in std::mem::take(&mut *wl.idle_runners.borrow_mut()) {
+        runner.ready.notify();
     }
     end
 }
