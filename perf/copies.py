@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The calls of a function per request, by the source line they were made from, from one
+callgrind dump: by default the calls of `memcpy`, sorted by instructions per request.
+
+A large copy made once per request is most often a future or a struct moved by value: a future
+built in an argument position and then moved into `select!`, a time limit or a box. Callgrind
+counts a `rep movsb` copy one step per byte, so `instructions per call` reads as bytes moved
+(about one per byte, plus a few dozen of setup).
+
+    copies.py DUMP REQUESTS                      # memcpy call sites, largest share first
+    copies.py DUMP REQUESTS --callee malloc      # or those of another function
+    copies.py DUMP REQUESTS --min 20 --top 25
+
+The dump is one of `proxy.sh CALLGRIND=1 KEEP_WORK_DIR=1` or `bus.sh CALLGRIND=1
+KEEP_WORK_DIR=1` (either position format); REQUESTS is the count the script printed beside it.
+Prints, per call site: instructions per request, calls per request, instructions per call, the
+source line (inlined code by its own file) and the function the call was compiled into.
+"""
+
+import argparse
+import collections
+import re
+
+NAMED = re.compile(r"\((\d+)\)(?: (.*))?")
+
+
+def name_of(text, table):
+    """Callgrind's name compression: `(id) name` defines, `(id)` refers."""
+    m = NAMED.match(text)
+    if not m:
+        return text
+    if m.group(2):
+        table[m.group(1)] = m.group(2)
+    return table.get(m.group(1), "?")
+
+
+def call_sites(path, callee):
+    """(caller, source file, line) -> [instructions, calls] of the calls into `callee`."""
+    fns, files = {}, {}
+    sites = collections.defaultdict(lambda: [0, 0])
+    fn = src = file = cfn = None
+    calls = None
+    line = 0
+    instr_first = False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            text = raw.rstrip("\n")
+            if text.startswith("positions:"):
+                instr_first = text.split()[1:2] == ["instr"]
+            elif text.startswith("fn="):
+                fn = name_of(text[3:], fns)
+                src = file
+            elif text.startswith("fl="):
+                file = src = name_of(text[3:], files)
+            elif text.startswith(("fi=", "fe=")):
+                src = name_of(text[3:], files)
+            elif text.startswith("cfn="):
+                cfn = name_of(text[4:], fns)
+            elif text.startswith(("cfi=", "cfl=")):
+                name_of(text[4:], files)
+            elif text.startswith("calls="):
+                calls = int(text[6:].split()[0])
+            elif text and (text[0].isdigit() or text[0] in "+-*"):
+                parts = text.split()
+                pos = parts[1] if instr_first and len(parts) > 1 else parts[0]
+                if pos == "*":
+                    pass
+                elif pos[0] in "+-":
+                    line += int(pos)
+                elif pos.startswith("0x"):
+                    line = int(pos, 16)
+                else:
+                    line = int(pos)
+                if calls is not None:
+                    cost = parts[2] if instr_first else parts[1]
+                    if cfn and callee in cfn:
+                        site = sites[(fn, src, line)]
+                        site[0] += int(cost)
+                        site[1] += calls
+                    calls = None
+    return sites
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dump")
+    p.add_argument("requests", type=float)
+    p.add_argument("--callee", default="memcpy")
+    p.add_argument("--min", type=float, default=20, help="instructions per request to list")
+    p.add_argument("--top", type=int, default=25)
+    a = p.parse_args()
+    rows = []
+    for (fn, src, line), (cost, calls) in call_sites(a.dump, a.callee).items():
+        per_request = cost / a.requests
+        if per_request >= a.min:
+            where = "/".join((src or "?").split("/")[-2:])
+            rows.append((per_request, calls / a.requests, cost / max(calls, 1), where, line, fn))
+    rows.sort(key=lambda r: -r[0])
+    print(f"{'instr/req':>9} {'calls/req':>9} {'instr/call':>10}  source line  (in function)")
+    for per_request, calls, per_call, where, line, fn in rows[: a.top]:
+        print(f"{per_request:9.0f} {calls:9.2f} {per_call:10.0f}  {where}:{line}  ({(fn or '?')[:90]})")
+
+
+if __name__ == "__main__":
+    main()
