@@ -388,11 +388,13 @@ impl<'a> Reader<'a> {
     }
 
     fn opt_str(&mut self, field: &'static str, max: usize) -> Result<Option<String>, FrameError> {
-        match self.u8(field)? {
-            0 => Ok(None),
-            1 => Ok(Some(self.str(field, max)?)),
-            _ => Err(FrameError::InvalidTag(field)),
-        }
+        self.opt_short_slice(field, max)?
+            .map(|b| {
+                std::str::from_utf8(b)
+                    .map(str::to_owned)
+                    .map_err(|_| FrameError::InvalidUtf8(field))
+            })
+            .transpose()
     }
 
     fn bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {

@@ -156,8 +156,6 @@ pub(crate) struct AssignText {
     ends: [u32; ASSIGN_TEXTS],
     /// Bit `i` set: text `i` is present (the required ones always are).
     present: u8,
-    /// How many texts were pushed.
-    count: usize,
 }
 
 /// How many strings an [`Assign`] holds.
@@ -241,12 +239,7 @@ impl AssignBytes {
         {
             return Err(i);
         }
-        Ok(AssignText {
-            buf,
-            ends,
-            present,
-            count,
-        })
+        Ok(AssignText { buf, ends, present })
     }
 }
 
@@ -271,20 +264,19 @@ impl AssignText {
 impl Assign {
     /// An assignment of the parts of `a`, its strings copied into one buffer.
     pub fn new<N: AsRef<[u8]>, V: AsRef<[u8]>>(a: AssignRef<'_, N, V>) -> Assign {
-        let len = [a.request_id, a.deployment_id, a.method, a.url, a.pool]
-            .iter()
-            .chain(
-                [a.provider_session, a.proxy_username, a.fingerprint_profile]
-                    .iter()
-                    .flatten(),
-            )
-            .map(|t| t.len())
-            .sum();
-        let mut text = AssignBytes::with_capacity(len);
-        for t in [a.request_id, a.deployment_id, a.method, a.url, a.pool] {
-            text.push(Some(t.as_bytes()));
-        }
-        for t in [a.provider_session, a.proxy_username, a.fingerprint_profile] {
+        // In the order of `AssignText`.
+        let texts = [
+            Some(a.request_id),
+            Some(a.deployment_id),
+            Some(a.method),
+            Some(a.url),
+            Some(a.pool),
+            a.provider_session,
+            a.proxy_username,
+            a.fingerprint_profile,
+        ];
+        let mut text = AssignBytes::with_capacity(texts.iter().flatten().map(|t| t.len()).sum());
+        for t in texts {
             text.push(t.map(str::as_bytes));
         }
         // Pieces of `str`s, each whole: always UTF-8.

@@ -30,8 +30,9 @@ pub(crate) struct Conn<S> {
     io: S,
     tls: Option<Tls>,
     /// Ciphertext read from the socket (unused without TLS, whose bytes are read straight into
-    /// the caller's buffer), fed to the session from `raw_at` on: feeding stops at a record that leaves plaintext to read, so the session's
-    /// plaintext buffer never overflows, and resumes once it was read.
+    /// the caller's buffer), fed to the session from `raw_at` on: feeding stops at a record that
+    /// leaves plaintext to read, so the session's plaintext buffer never overflows, and resumes
+    /// once it was read.
     raw: Vec<u8>,
     raw_at: usize,
     /// Bytes the next read asks for: doubled by every read that filled it.
@@ -254,11 +255,17 @@ impl<S: AsyncReadRent> Conn<S> {
             buf.reserve_exact(self.read_size);
         }
         let (r, buf) = self.io.read(buf).await;
-        if r.as_ref().is_ok_and(|&n| n > 0 && n >= buf.capacity()) {
-            self.read_size = (self.read_size * 2).min(READ_BYTES);
-        }
+        self.grow_if_filled(&r, buf.capacity());
         self.raw = buf;
         r
+    }
+
+    /// Doubles the next read's size (up to [`READ_BYTES`]) after a read that filled all the
+    /// `room` it was given.
+    fn grow_if_filled(&mut self, read: &io::Result<usize>, room: usize) {
+        if read.as_ref().is_ok_and(|&n| n > 0 && n >= room) {
+            self.read_size = (self.read_size * 2).min(READ_BYTES);
+        }
     }
 
     /// Without TLS: one read straight into `out`'s spare capacity, `read_size` bytes at most (no
@@ -271,9 +278,7 @@ impl<S: AsyncReadRent> Conn<S> {
         buf.reserve(self.read_size);
         let (r, slice) = self.io.read(buf.slice_mut(len..len + self.read_size)).await;
         *out = slice.into_inner();
-        if r.as_ref().is_ok_and(|&n| n >= self.read_size) {
-            self.read_size = (self.read_size * 2).min(READ_BYTES);
-        }
+        self.grow_if_filled(&r, self.read_size);
         r
     }
 
