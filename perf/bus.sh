@@ -99,8 +99,8 @@ api_wrk() {
     -s "$PERF_DIR/envelope.lua" "http://127.0.0.1:$API_PORT/api/v1/requests" >"$out" 2>&1
 }
 
-# Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… user_us=… kernel_us=… p99_us=… errors=…", CPU being
-# the sum over the pids given.
+# Runs wrk for DURATION and prints "rps=… cpu_s=… req_per_cpu_s=… user_us=… kernel_us=…
+# p99_us=… errors=…", CPU being the sum over the pids given.
 measure() {
   local label=$1; shift
   local out="$WORK_DIR/wrk-$label.txt"

@@ -19,19 +19,10 @@ source line (inlined code by its own file) and the function the call was compile
 
 import argparse
 import collections
-import re
 
-NAMED = re.compile(r"\((\d+)\)(?: (.*))?")
-
-
-def name_of(text, table):
-    """Callgrind's name compression: `(id) name` defines, `(id)` refers."""
-    m = NAMED.match(text)
-    if not m:
-        return text
-    if m.group(2):
-        table[m.group(1)] = m.group(2)
-    return table.get(m.group(1), "?")
+# Callgrind's name compression, read as the footprint script reads it (run from this directory
+# or as `perf/copies.py`: the script's own directory is on the import path).
+from footprint import name_of
 
 
 def call_sites(path, callee):
