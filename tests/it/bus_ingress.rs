@@ -210,6 +210,34 @@ fn control_and_two_workers(
     (gw, two, three)
 }
 
+/// The worker's `Accept` only marks a stream accepted; the request's task waits for the head.
+/// A worker that accepted within `control.bus.assignment_timeout_ms` (300 ms here) and whose
+/// destination answers after it (1 s) is waited for, through the request API and the forward
+/// proxy alike; a worker that never accepts is an `assignment_timeout` (the `bus` tests).
+#[test]
+fn a_head_after_the_assignment_timeout_is_waited_for_once_accepted() {
+    let gw = Gateway::builder()
+        .control_mode()
+        .control("bus_listen = \"127.0.0.1:0\"")
+        .section(&format!(
+            "[control.bus]\ntoken = \"{}\"\nplaintext = true\nheartbeat_ms = 500\n\
+             assignment_timeout_ms = 300\n",
+            support::bus::WORKER_TOKEN
+        ))
+        .start();
+    let _w = start_worker("wa", gw.bus.expect("bus listener"), None, "");
+    wait_worker(&gw, "wa", "connected");
+    let slow = Upstream::start(upstream::slow_head(Duration::from_secs(1)));
+    let started = Instant::now();
+    let r = request_at(gw.api, &json!({"method": "GET", "url": slow.url("/api")}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], 200, "{}", r.text());
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    let r = curl_ok(&gw, &[&slow.url("/proxied")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(slow.requests(), 2, "one upstream request each");
+}
+
 /// `curl -x`: absolute-form requests (small, and large bodies both ways in both framings) and
 /// HTTPS through CONNECT with the test CA, each relayed by the remote worker its routing
 /// header chose, as the upstream's view of the peer shows.

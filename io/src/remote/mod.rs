@@ -448,6 +448,12 @@ pub(super) struct StreamSlot {
     pub(super) credit_ready: crate::bus::Notify,
     /// The stream ended (refused, failed, lane lost): nothing more may be sent on it.
     pub(super) is_over: Cell<bool>,
+    /// The worker's `Accept` came.
+    pub(super) is_accepted: Cell<bool>,
+    /// Whether `Accept` is also an event that wakes the stream's task, for a task that waits
+    /// for it before it sends a streamed body ([`BusCore::accepted`]). Otherwise it only
+    /// marks the stream accepted, and the task wakes once, for the head ([`BusCore::answer`]).
+    pub(super) accept_wakes: Cell<bool>,
 }
 
 /// What a running stream hears from its lane.
@@ -893,7 +899,10 @@ impl BusCore {
             }
             Frame::Accept { stream } => {
                 if let Some(q) = queue(stream) {
-                    q.events.push(Event::Accepted);
+                    q.is_accepted.set(true);
+                    if q.accept_wakes.get() {
+                        q.events.push(Event::Accepted);
+                    }
                 }
             }
             Frame::Refuse { stream, reason } => {
@@ -1139,6 +1148,40 @@ impl BusCore {
         Ok((guard, slot))
     }
 
+    /// Waits for the response head of a stream whose task does not wait for `Accept` on its
+    /// own (`accept_wakes` unset): the worker must have accepted by the assignment timeout
+    /// (never past `deadline`), which the `Accept` frame marks on the slot without waking
+    /// the task, and the head must come by `until` (`expired` otherwise). One wake-up per
+    /// request instead of one for the `Accept` and one for the head.
+    pub(super) async fn answer(
+        &self,
+        worker_id: &str,
+        guard: &mut StreamGuard,
+        slot: &StreamSlot,
+        deadline: Instant,
+        until: Instant,
+        expired: fn() -> RemoteFailure,
+    ) -> Result<ResponseHead, RemoteFailure> {
+        let mut by = (Instant::now() + self.shared.settings.assignment_timeout).min(deadline);
+        loop {
+            match crate::timer::within(by, slot.events.next()).await {
+                Some(Event::Head(h)) => return Ok(h),
+                Some(Event::Refused(reason)) => {
+                    guard.is_done = true;
+                    return Err(RemoteFailure::Refused(reason));
+                }
+                Some(other) => {
+                    guard.is_done = true;
+                    return Err(fail(other, worker_id, false));
+                }
+                None if !slot.is_accepted.get() => return Err(assignment_timeout(worker_id)),
+                None if by >= until => return Err(expired()),
+                // Accepted in time: the rest of the wait is the head's.
+                None => by = until,
+            }
+        }
+    }
+
     /// Waits for the worker's `Accept` within the assignment timeout (never past `deadline`).
     pub(super) async fn accepted(
         &self,
@@ -1151,11 +1194,7 @@ impl BusCore {
         // The coarse per-core timers (decision 121): a runtime timer would make every
         // request future that holds this wait 128-byte aligned, and so its box.
         match crate::timer::within(accept_by, slot.events.next()).await {
-            None => Err(RemoteFailure::Error(ApiError::timeout(
-                ErrorCode::AssignmentTimeout,
-                TimeoutType::Assignment,
-                format!("worker {worker_id} did not accept the assignment in time"),
-            ))),
+            None => Err(assignment_timeout(worker_id)),
             Some(Event::Accepted) => Ok(()),
             Some(Event::Refused(reason)) => {
                 guard.is_done = true;
@@ -1283,17 +1322,17 @@ impl BusCore {
                 });
             }
         }
-        self.accepted(worker_id, &mut guard, &q, job.deadline)
-            .await?;
         let until = job.deadline + DEADLINE_GRACE;
-        let h = match crate::timer::within(until, q.events.next()).await {
-            None => return Err(deadline_expired()),
-            Some(Event::Head(h)) => h,
-            Some(other) => {
-                guard.is_done = true;
-                return Err(fail(other, worker_id, false));
-            }
-        };
+        let h = self
+            .answer(
+                worker_id,
+                &mut guard,
+                &q,
+                job.deadline,
+                until,
+                deadline_expired,
+            )
+            .await?;
         Ok((
             h,
             RemoteReader {
@@ -1305,6 +1344,14 @@ impl BusCore {
             },
         ))
     }
+}
+
+fn assignment_timeout(worker_id: &str) -> RemoteFailure {
+    RemoteFailure::Error(ApiError::timeout(
+        ErrorCode::AssignmentTimeout,
+        TimeoutType::Assignment,
+        format!("worker {worker_id} did not accept the assignment in time"),
+    ))
 }
 
 fn deadline_expired() -> RemoteFailure {

@@ -158,14 +158,18 @@ async fn head(
     deadline: Instant,
 ) -> Result<sortie_core::bus::ResponseHead, RemoteFailure> {
     match monoio::time::timeout_at(deadline.into(), slot.events.next()).await {
-        Err(_) => Err(RemoteFailure::Error(ApiError::timeout(
-            ErrorCode::TimeoutExceeded,
-            sortie_core::error::TimeoutType::TotalDeadline,
-            "total deadline expired before the response head",
-        ))),
+        Err(_) => Err(head_expired()),
         Ok(Event::Head(h)) => Ok(h),
         Ok(other) => Err(fail(other, worker_id, false)),
     }
+}
+
+fn head_expired() -> RemoteFailure {
+    RemoteFailure::Error(ApiError::timeout(
+        ErrorCode::TimeoutExceeded,
+        sortie_core::error::TimeoutType::TotalDeadline,
+        "total deadline expired before the response head",
+    ))
 }
 
 /// An absolute-form request a remote worker accepted and answered with a head; its body
@@ -244,14 +248,41 @@ impl BusCore {
         let (mut guard, slot) = self.open_proxied(worker_id, a, 1, method, url, headers, &kind)?;
         let (lane, stream) = (guard.lane.clone(), guard.stream);
         let deadline = a.deadline;
-        monoio::select! {
-            r = self.accepted(worker_id, &mut guard, &slot, deadline) => r?,
-            _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+        if !has_body {
+            let h = {
+                let answer = pin!(self.answer(
+                    worker_id,
+                    &mut guard,
+                    &slot,
+                    deadline,
+                    deadline,
+                    head_expired
+                ));
+                monoio::select! {
+                    h = answer => h?,
+                    _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+                }
+            };
+            return Ok(Opened {
+                guard,
+                slot,
+                head: h,
+                is_upload_done: true,
+            });
         }
-        let mut is_upload_done = !has_body;
+        // The body goes out only after `Accept`: its task waits for it.
+        slot.accept_wakes.set(true);
+        {
+            let accepted = pin!(self.accepted(worker_id, &mut guard, &slot, deadline));
+            monoio::select! {
+                r = accepted => r?,
+                _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+            }
+        }
+        let mut is_upload_done = false;
         let h = {
             let mut answer = pin!(head(&slot, worker_id, deadline));
-            let got = if has_body {
+            let got = {
                 let mut up = pin!(upload(&lane, &slot, stream, body));
                 monoio::select! {
                     h = &mut answer => Some(h),
@@ -264,8 +295,6 @@ impl BusCore {
                     },
                     _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
                 }
-            } else {
-                None
             };
             match got {
                 Some(h) => h,
@@ -295,11 +324,14 @@ impl BusCore {
         let (mut guard, slot) =
             self.open_proxied(worker_id, a, 2, "CONNECT", authority, &[], &Body::Tunnel)?;
         let h = {
-            let answer = async {
-                self.accepted(worker_id, &mut guard, &slot, a.deadline)
-                    .await?;
-                head(&slot, worker_id, a.deadline).await
-            };
+            let answer = pin!(self.answer(
+                worker_id,
+                &mut guard,
+                &slot,
+                a.deadline,
+                a.deadline,
+                head_expired
+            ));
             monoio::select! {
                 h = answer => h?,
                 _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
