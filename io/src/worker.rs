@@ -27,7 +27,7 @@ use futures_util::StreamExt as _;
 use sortie_core::bus::{
     Assign, BodySource, EncodeError, Frame, FrameBuf, HeadFields, Heartbeat, Hello, ResponseHead,
     StreamError, StreamId, Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
+    PROTOCOL_VERSION_MIN, RESPONSE_FRAME_VERSION,
 };
 use sortie_core::config::WorkerFile;
 use sortie_core::destination::DestinationPolicy;
@@ -599,6 +599,8 @@ struct WLane {
     /// What the control's welcome announced (version 3 and later, decision 068): the port of
     /// its receipt URLs and the forward proxy's idle limit.
     settings: Option<sortie_core::bus::LaneSettings>,
+    /// The protocol version the control chose.
+    version: u16,
     out: Outbox,
     proto: RefCell<WorkerLane>,
     streams: RefCell<sortie_core::FastMap<StreamId, Rc<WStream>>>,
@@ -890,6 +892,7 @@ async fn lane_session(
             .to_ascii_lowercase(),
         control_ip: peer,
         settings: welcome.settings,
+        version: welcome.version,
         out: Outbox::default(),
         proto: RefCell::new(proto),
         streams: RefCell::new(sortie_core::FastMap::default()),
@@ -1326,6 +1329,32 @@ async fn send_response(
 ) -> Result<(), ApiError> {
     // A destination may answer with headers beyond the bus's bounds (too many fields, a name
     // over 256 bytes): that request fails, the lane and its other streams go on.
+    let early = resp.body.take_early();
+    if resp.body.is_end() && wl.version >= RESPONSE_FRAME_VERSION && a.ingress != 2 {
+        // The whole body came with the head: within the credit (and so the frame's bound),
+        // head and body go as one `Response` frame (decision 123).
+        let whole = early.as_deref().unwrap_or_default();
+        let len = whole.len() as u64;
+        if len > a.max_response_bytes {
+            return Err(body_too_large());
+        }
+        if len <= s.credit.get() && whole.len() <= MAX_DATA_BYTES {
+            wl.out
+                .push_with(|out| {
+                    sortie_core::bus::encode_response_of(
+                        a.stream,
+                        resp.status,
+                        resp.headers.iter(),
+                        whole,
+                        out,
+                    )
+                })
+                .map_err(unsendable_head)?;
+            wl.proto.borrow_mut().sent_data(a.stream, whole.len(), true);
+            wl.forget_if_ended(a.stream, true);
+            return Ok(());
+        }
+    }
     // Encoded from the response's own header slices, without a copy of each field; a head
     // changes nothing the lane's protocol state tracks (`WLane::send` would only encode it).
     wl.out
@@ -1342,17 +1371,14 @@ async fn send_response(
     let mut count = |n: usize| {
         sent += n as u64;
         if sent > a.max_response_bytes {
-            return Err(
-                ApiError::new(ErrorCode::BodyTooLarge, "response body exceeds the limit")
-                    .with_detail("direction", "response"),
-            );
+            return Err(body_too_large());
         }
         Ok(())
     };
     // The piece that ends the body carries the end itself: a body read in one piece (most
     // small answers) is one `Data` frame, and the control sends no `Credit` for it. The bytes
     // that came with the head go as they are, without a copy into `piece`.
-    if let Some(early) = resp.body.take_early() {
+    if let Some(early) = early {
         count(early.len())?;
         let is_last = resp.body.is_end();
         send_within_credit(wl, s, a.stream, &early, is_last).await;
@@ -1376,6 +1402,11 @@ async fn send_response(
     }
     wl.post_data(a.stream, &[], true);
     Ok(())
+}
+
+fn body_too_large() -> ApiError {
+    ApiError::new(ErrorCode::BodyTooLarge, "response body exceeds the limit")
+        .with_detail("direction", "response")
 }
 
 /// Sends `bytes` in `Data` frames within the stream's credit, waiting for `Credit` when it runs

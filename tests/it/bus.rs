@@ -741,6 +741,146 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
     );
 }
 
+/// What a real worker answers a scripted control that welcomed it at `version`, for a GET of
+/// `len` body bytes under a response window of `window`: the frames of the stream, in order.
+fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
+    use sortie_core::bus::{Assign, AssignRef, BodySource, ConfigPush, LaneSettings, Welcome};
+    let up = Upstream::start(upstream::large(len));
+    let bus = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _w = start_worker("wv", bus.local_addr().unwrap(), None, "");
+    let (mut s, _) = bus.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Hello(_)));
+    let send = |s: &mut TcpStream, f: Frame| {
+        let mut out = Vec::new();
+        encode(&f, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+    };
+    send(
+        &mut s,
+        Frame::Welcome(Welcome {
+            version,
+            control_id: "scripted".into(),
+            core: 0,
+            cores: 1,
+            heartbeat_ms: 10_000,
+            settings: Some(LaneSettings {
+                receipt_port: 9,
+                proxy_idle_ms: 60_000,
+            }),
+        }),
+    );
+    send(
+        &mut s,
+        Frame::ConfigPush(ConfigPush {
+            version: 1,
+            payload: LOOPBACK_SNAPSHOT.as_bytes().to_vec(),
+        }),
+    );
+    loop {
+        if let Frame::ConfigApplied { version: 1 } = next_frame(&mut s, &mut buf) {
+            break;
+        }
+    }
+    send(
+        &mut s,
+        Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
+            stream: 1,
+            request_id: "req_whole",
+            deployment_id: "dep_test",
+            deadline_ms: 10_000,
+            is_replayable: false,
+            ingress: 0,
+            method: "GET",
+            url: &up.url("/whole"),
+            headers: &[],
+            body: &BodySource::Empty,
+            pool: "direct",
+            provider_session: None,
+            proxy_username: None,
+            fingerprint_profile: None,
+            max_response_bytes: 1 << 20,
+            window,
+        }))),
+    );
+    let mut frames = Vec::new();
+    let mut got = 0usize;
+    loop {
+        let f = next_frame(&mut s, &mut buf);
+        let is_last = match &f {
+            Frame::Heartbeat(_) => continue,
+            Frame::Response { .. } | Frame::StreamError(_) => true,
+            Frame::Data { bytes, end, .. } => {
+                got += bytes.len();
+                if !end && got >= window as usize {
+                    // Room for the rest.
+                    send(
+                        &mut s,
+                        Frame::Credit {
+                            stream: 1,
+                            bytes: 1 << 20,
+                        },
+                    );
+                }
+                *end
+            }
+            _ => false,
+        };
+        frames.push(f);
+        if is_last {
+            return frames;
+        }
+    }
+}
+
+/// Version 5 (decision 123): a body that came whole with the head, within the window, is
+/// answered with one `Response` frame after the `Accept`; a version 4 lane gets the head and
+/// the data apart, and so does a body over the window.
+#[test]
+fn a_whole_small_answer_is_one_response_frame_from_version_5() {
+    let frames = worker_answer(5, 1 << 16, 1024);
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        matches!(frames[0], Frame::Accept { stream: 1 }),
+        "{frames:?}"
+    );
+    match &frames[1] {
+        Frame::Response { head, bytes } => {
+            assert_eq!((head.stream, head.status), (1, 200));
+            assert_eq!(bytes, &upstream::pattern(1024));
+            let length = head
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"));
+            assert_eq!(length.map(|(_, v)| v), Some(&b"1024"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    let names = |frames: &[Frame]| frames.iter().map(|f| f.name()).collect::<Vec<_>>();
+    let frames = worker_answer(4, 1 << 16, 1024);
+    assert_eq!(
+        names(&frames),
+        ["accept", "response_head", "data"],
+        "{frames:?}"
+    );
+    let frames = worker_answer(5, 100, 1024);
+    assert_eq!(
+        &names(&frames)[..2],
+        ["accept", "response_head"],
+        "{frames:?}"
+    );
+    assert!(frames[2..].iter().all(|f| f.name() == "data"), "{frames:?}");
+    let body: Vec<u8> = frames[2..]
+        .iter()
+        .flat_map(|f| match f {
+            Frame::Data { bytes, .. } => bytes.clone(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(body, upstream::pattern(1024));
+}
+
 fn hello_with_capacity(id: &str, capacity: u32) -> Vec<u8> {
     hello_lane(id, capacity, 0, 0, sortie_core::bus::PROTOCOL_VERSION)
 }

@@ -259,6 +259,14 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
             status: r.u16("response_head.status")?,
             headers: r.head_fields("response_head.headers", MAX_FIELDS)?,
         }),
+        RESPONSE_TYPE => Frame::Response {
+            head: ResponseHead {
+                stream: r.u32("response.stream")?,
+                status: r.u16("response.status")?,
+                headers: r.head_fields("response.headers", MAX_FIELDS)?,
+            },
+            bytes: r.bytes("response.bytes", MAX_DATA_BYTES)?,
+        },
         DATA_TYPE => Frame::Data {
             stream: r.u32("data.stream")?,
             end: r.bool("data.end")?,
@@ -700,6 +708,25 @@ pub fn encode_response_head_of<'a>(
     })
 }
 
+/// Encodes a `Response` frame (version 5) from borrowed fields and body: the same bytes as
+/// [`encode`] of `Frame::Response` with them, without copying each field and the body into
+/// `Vec`s of their own first (the worker's whole small answers, a per-request path). On
+/// error `out` is as it was.
+pub fn encode_response_of<'a>(
+    stream: StreamId,
+    status: u16,
+    headers: impl ExactSizeIterator<Item = (&'a [u8], &'a [u8])>,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    framed(out, RESPONSE_TYPE, "response", |w| {
+        w.u32(stream);
+        w.u16(status);
+        w.fields_of(headers, MAX_FIELDS, "response.headers")?;
+        w.bytes(bytes, MAX_DATA_BYTES, "response.bytes")
+    })
+}
+
 /// Encodes a `Data` frame of borrowed bytes: the same bytes as [`encode`] of `Frame::Data`,
 /// without first copying `bytes` into a `Vec` of its own (the worker's response bodies, a
 /// per-request path). On error `out` is as it was.
@@ -815,6 +842,12 @@ fn encode_body(frame: &Frame, w: &mut Writer<'_>) -> Result<(), EncodeError> {
             w.u32(h.stream);
             w.u16(h.status);
             w.fields_of(h.headers.iter(), MAX_FIELDS, "response_head.headers")?;
+        }
+        Frame::Response { head, bytes } => {
+            w.u32(head.stream);
+            w.u16(head.status);
+            w.fields_of(head.headers.iter(), MAX_FIELDS, "response.headers")?;
+            w.bytes(bytes, MAX_DATA_BYTES, "response.bytes")?;
         }
         Frame::Data { stream, bytes, end } => write_data(w, *stream, bytes, *end)?,
         Frame::Credit { stream, bytes } => {

@@ -426,6 +426,8 @@ impl Assign {
 pub(crate) const RESPONSE_HEAD_TYPE: u8 = 0x13;
 /// The type byte of [`Frame::Data`], which the codec also writes without a `Frame`.
 pub(crate) const DATA_TYPE: u8 = 0x14;
+/// The type byte of [`Frame::Response`], which the codec also writes without a `Frame`.
+pub(crate) const RESPONSE_TYPE: u8 = 0x18;
 /// The type byte of [`Frame::Assign`], which the codec also writes without a `Frame`.
 pub(crate) const ASSIGN_TYPE: u8 = 0x10;
 
@@ -576,6 +578,15 @@ pub enum Frame {
     },
     /// Worker → control: response head.
     ResponseHead(ResponseHead),
+    /// Worker → control (version 5): a whole response in one frame, the head and the body
+    /// that ends the worker's direction: `ResponseHead` and `Data end` together, and the
+    /// stream's `Accept` when none was sent before it (decision 123).
+    Response {
+        /// The head.
+        head: ResponseHead,
+        /// The whole body; at most [`super::MAX_DATA_BYTES`].
+        bytes: Vec<u8>,
+    },
     /// Body bytes of a stream: the request body or tunnel bytes (control → worker), the response
     /// body or tunnel bytes (worker → control). `end` closes that direction.
     Data {
@@ -633,6 +644,7 @@ impl Frame {
             Frame::Refuse { .. } => 0x12,
             Frame::ResponseHead(_) => RESPONSE_HEAD_TYPE,
             Frame::Data { .. } => DATA_TYPE,
+            Frame::Response { .. } => RESPONSE_TYPE,
             Frame::Credit { .. } => 0x15,
             Frame::StreamError(_) => 0x16,
             Frame::Cancel { .. } => 0x17,
@@ -649,6 +661,7 @@ impl Frame {
             | Frame::Accept { .. }
             | Frame::Refuse { .. }
             | Frame::ResponseHead(_)
+            | Frame::Response { .. }
             | Frame::StreamError(_) => Sender::Worker,
             Frame::Welcome(_)
             | Frame::Reject(_)
@@ -668,7 +681,7 @@ impl Frame {
             | Frame::Data { stream, .. }
             | Frame::Credit { stream, .. }
             | Frame::Cancel { stream } => Some(*stream),
-            Frame::ResponseHead(h) => Some(h.stream),
+            Frame::ResponseHead(h) | Frame::Response { head: h, .. } => Some(h.stream),
             Frame::StreamError(e) => Some(e.stream),
             _ => None,
         }
@@ -688,6 +701,7 @@ impl Frame {
             Frame::Refuse { .. } => "refuse",
             Frame::ResponseHead(_) => "response_head",
             Frame::Data { .. } => "data",
+            Frame::Response { .. } => "response",
             Frame::Credit { .. } => "credit",
             Frame::StreamError(_) => "stream_error",
             Frame::Cancel { .. } => "cancel",

@@ -266,7 +266,10 @@ impl ControlLane {
             if self.cancelled.contains(&stream) {
                 let ends = matches!(
                     frame,
-                    Frame::Refuse { .. } | Frame::StreamError(_) | Frame::Data { end: true, .. }
+                    Frame::Refuse { .. }
+                        | Frame::StreamError(_)
+                        | Frame::Data { end: true, .. }
+                        | Frame::Response { .. }
                 );
                 if ends {
                     self.cancelled.remove(&stream);
@@ -282,18 +285,23 @@ impl ControlLane {
             (ControlStream::Accepted { window }, Frame::ResponseHead(_)) => {
                 *slot = ControlStream::Receiving { window };
             }
+            // A whole response: its head and last data, and the stream's accept when it had
+            // none, which only a stream whose body the control does not stream may skip (the
+            // control sends such a body only after `Accept`).
+            (ControlStream::Assigned { window }, Frame::Response { bytes, .. })
+                if !self.up_open.contains(&stream) =>
+            {
+                self.worker_ended(frame, stream, window, bytes.len())?;
+            }
+            (ControlStream::Accepted { window }, Frame::Response { bytes, .. }) => {
+                self.worker_ended(frame, stream, window, bytes.len())?;
+            }
             (ControlStream::Receiving { window }, Frame::Data { bytes, end, .. }) => {
                 let len = bytes.len() as u64;
-                if len > window {
-                    return Err(violation(frame, "flow-control window exceeded"));
-                }
                 if *end {
-                    self.streams.remove(&stream);
-                    if self.up_open.contains(&stream) {
-                        self.half.insert(stream);
-                    } else {
-                        self.sendable.remove(&stream);
-                    }
+                    self.worker_ended(frame, stream, window, bytes.len())?;
+                } else if len > window {
+                    return Err(violation(frame, "flow-control window exceeded"));
                 } else {
                     *slot = ControlStream::Receiving {
                         window: window - len,
@@ -319,6 +327,27 @@ impl ControlLane {
             _ => return Err(violation(frame, "out of order for its stream")),
         }
         Ok(Verdict::Deliver)
+    }
+
+    /// The worker's last `len` bytes of a stream within its `window`: its direction ends, and
+    /// with it the stream unless the control's direction is still open.
+    fn worker_ended(
+        &mut self,
+        frame: &Frame,
+        stream: StreamId,
+        window: u64,
+        len: usize,
+    ) -> Result<(), Violation> {
+        if len as u64 > window {
+            return Err(violation(frame, "flow-control window exceeded"));
+        }
+        self.streams.remove(&stream);
+        if self.up_open.contains(&stream) {
+            self.half.insert(stream);
+        } else {
+            self.sendable.remove(&stream);
+        }
+        Ok(())
     }
 
     /// Credit from the worker for the control's direction of a stream.
@@ -411,6 +440,7 @@ impl WorkerLane {
                 }
             }
             Frame::Data { stream, bytes, end } => self.sent_data(*stream, bytes.len(), *end),
+            Frame::Response { head, bytes } => self.sent_data(head.stream, bytes.len(), true),
             Frame::Refuse { stream, .. }
             | Frame::StreamError(crate::bus::StreamError { stream, .. }) => {
                 self.streams.remove(stream);

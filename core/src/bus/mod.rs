@@ -9,8 +9,8 @@ mod lane;
 
 pub use codec::{
     check_first_frame, check_request_head, decode, encode, encode_assign, encode_data,
-    encode_response_head, encode_response_head_of, Decoded, EncodeError, FrameBuf, FrameError,
-    HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
+    encode_response_head, encode_response_head_of, encode_response_of, Decoded, EncodeError,
+    FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
     Assign, AssignRef, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat, Hello,
@@ -26,9 +26,12 @@ pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
 
 /// The protocol version this build speaks best. Version 3 adds the lane settings of
 /// `Welcome` (decision 068). Version 4 changes no frame: heartbeats go on lane 0 only, and
-/// the other lanes' liveness is the kernel's TCP keepalive (decision 118). A build also speaks
-/// versions 2 and 3 with a peer that knows no better.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// the other lanes' liveness is the kernel's TCP keepalive (decision 118). Version 5 adds the
+/// `Response` frame, a whole small answer in one frame (decision 123). A build also speaks
+/// versions 2 to 4 with a peer that knows no better.
+pub const PROTOCOL_VERSION: u16 = 5;
+/// The first version whose worker may answer with [`Frame::Response`] (decision 123).
+pub const RESPONSE_FRAME_VERSION: u16 = 5;
 /// The first version in which only lane 0 carries heartbeats (decision 118).
 pub const LANE_ZERO_HEARTBEATS_VERSION: u16 = 4;
 

@@ -166,6 +166,14 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
         13 => Frame::Cancel {
             stream: r.next() as u32,
         },
+        14 => Frame::Response {
+            head: ResponseHead {
+                stream: r.next() as u32,
+                status: r.next() as u16,
+                headers: r.fields(20).into_iter().collect(),
+            },
+            bytes: r.bytes(2000),
+        },
         _ => Frame::GoAway {
             reason: r.string(50),
         },
@@ -182,7 +190,7 @@ fn encoded(f: &Frame) -> Vec<u8> {
 fn every_frame_round_trips_and_decodes_at_every_split_point() {
     let mut r = Rng(0x5eed_1234_abcd_ef01);
     for i in 0..3000 {
-        let f = frame(&mut r, i % 15);
+        let f = frame(&mut r, i % 16);
         let bytes = encoded(&f);
         assert_eq!(
             decode(&bytes),
@@ -201,7 +209,7 @@ fn every_frame_round_trips_and_decodes_at_every_split_point() {
 #[test]
 fn frames_back_to_back_decode_one_at_a_time() {
     let mut r = Rng(7);
-    let frames: Vec<Frame> = (0..50).map(|i| frame(&mut r, i % 15)).collect();
+    let frames: Vec<Frame> = (0..50).map(|i| frame(&mut r, i % 16)).collect();
     let mut buf = Vec::new();
     for f in &frames {
         encode(f, &mut buf).unwrap();
@@ -288,9 +296,10 @@ fn version_negotiation_picks_the_highest_common_version() {
     assert_eq!(negotiate(2, 2), Some(2), "a version 2 peer is still served");
     assert_eq!(negotiate(2, 3), Some(3));
     assert_eq!(negotiate(2, 4), Some(4));
+    assert_eq!(negotiate(2, 5), Some(5));
     assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
     assert_eq!(negotiate(1, 1), None, "version 1 is no longer spoken");
-    assert_eq!(negotiate(5, 9), None);
+    assert_eq!(negotiate(6, 9), None);
     assert_eq!(negotiate(0, 0), None);
     assert_eq!(negotiate(3, 1), None);
 }
@@ -435,6 +444,76 @@ fn control_lane_accepts_a_whole_exchange_and_flags_every_disorder() {
         lane2.receive(&Frame::Cancel { stream: 1 }).is_err(),
         "a control-only frame from a worker"
     );
+}
+
+/// Version 5's `Response`: the head and the last data in one frame, after an `Accept` or in
+/// its place for a stream whose body the control does not stream; within the window; the
+/// stream is over after it, unless the control's direction is still open.
+#[test]
+fn control_lane_takes_a_whole_response_in_one_frame() {
+    let response = |stream: StreamId, len: usize| Frame::Response {
+        head: ResponseHead {
+            stream,
+            status: 200,
+            headers: HeadFields::default(),
+        },
+        bytes: vec![7; len],
+    };
+    let mut lane = admitted_control();
+    // After an accept.
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 10));
+    lane.receive(&Frame::Accept { stream: s }).unwrap();
+    assert_eq!(lane.receive(&response(s, 10)), Ok(Verdict::Deliver));
+    assert_eq!(lane.open_streams(), 0);
+    assert!(lane.receive(&response(s, 0)).is_err(), "stream is over");
+    // In place of the accept, for an inline body.
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Inline { len: 3 }, 10));
+    assert_eq!(lane.receive(&response(s, 0)), Ok(Verdict::Deliver));
+    assert_eq!(lane.open_streams(), 0);
+    // Beyond the window.
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 10));
+    assert!(lane.receive(&response(s, 11)).is_err(), "window exceeded");
+    // Not after a head, and not unaccepted for a streamed body, whose bytes go out only
+    // after `Accept`; once accepted, it ends the worker's direction only.
+    let mut lane = admitted_control();
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 10));
+    lane.receive(&Frame::Accept { stream: s }).unwrap();
+    lane.receive(&Frame::ResponseHead(ResponseHead {
+        stream: s,
+        status: 200,
+        headers: HeadFields::default(),
+    }))
+    .unwrap();
+    assert!(lane.receive(&response(s, 1)).is_err(), "after a head");
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Stream { len: None }, 10));
+    assert!(
+        lane.receive(&response(s, 1)).is_err(),
+        "streamed body, no accept"
+    );
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Stream { len: None }, 10));
+    lane.receive(&Frame::Accept { stream: s }).unwrap();
+    assert_eq!(lane.receive(&response(s, 1)), Ok(Verdict::Deliver));
+    assert!(lane.is_half_open(s));
+    // A cancelled stream's response is its end.
+    let s = lane.next_stream().unwrap();
+    lane.sent(&assign(s, BodySource::Empty, 10));
+    lane.sent(&Frame::Cancel { stream: s });
+    assert_eq!(lane.receive(&response(s, 1)), Ok(Verdict::Ignore));
+    assert!(
+        lane.receive(&response(s, 1)).is_err(),
+        "forgotten after its end"
+    );
+    // The worker's side: sending it ends the stream.
+    let mut w = welcomed_worker();
+    w.receive(&assign(9, BodySource::Empty, 10)).unwrap();
+    w.sent(&response(9, 4));
+    assert!(!w.has_stream(9));
 }
 
 #[test]

@@ -917,6 +917,21 @@ impl BusCore {
                     q.events.push(Event::Head(h));
                 }
             }
+            Frame::Response { head, bytes } => {
+                // The head and the body's end at once (version 5): both events wait in the
+                // queue for one wake-up of the stream's task.
+                let stream = head.stream;
+                let q = if lane.proto.borrow().is_half_open(stream) {
+                    queue(stream)
+                } else {
+                    remove(stream)
+                };
+                if let Some(q) = q {
+                    q.is_accepted.set(true);
+                    q.events.push(Event::Head(head));
+                    q.events.push(Event::Data(bytes, true));
+                }
+            }
             Frame::Data { stream, bytes, end } => {
                 // A tunnel's or streamed body's stream outlives the worker's end while the
                 // control's direction is open: it still takes credit.
