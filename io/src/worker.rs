@@ -85,7 +85,8 @@ struct Applied {
     policy: DestinationPolicy,
     /// Pool id → its upstream proxy (`None`: egress from the worker's own address). The
     /// password of `password_env` is read from the worker's environment (decision 063).
-    pools: HashMap<String, Option<Arc<ProxyPool>>>,
+    /// Looked up once per assignment: foldhash, not SipHash.
+    pools: sortie_core::FastMap<String, Option<Arc<ProxyPool>>>,
 }
 
 impl Applied {
