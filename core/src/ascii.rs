@@ -1,9 +1,12 @@
-//! Comparing a received name with a known lowercase one, ignoring ASCII case.
+//! Byte work eight bytes at a time, on the per-request path.
 //!
 //! Field names, `Connection` tokens and codings are matched against constants on every
 //! request and response, several times each. [`eq_lower`] folds only the received side (the
 //! known side is lowercase already) and does it eight bytes at a time, where
-//! `<[u8]>::eq_ignore_ascii_case` folds both sides byte by byte.
+//! `<[u8]>::eq_ignore_ascii_case` folds both sides byte by byte. [`position`] finds the first
+//! byte of a class (one JSON escapes, one a URL may not hold) the same way: a word's bytes are
+//! tested at once by [`bytes_eq`] and [`bytes_below`], which are exact (no byte's result
+//! depends on its neighbours).
 
 /// Each byte's lowest bit.
 const LSB: u64 = 0x0101_0101_0101_0101;
@@ -32,6 +35,50 @@ fn word(b: &[u8], at: usize) -> u64 {
         w.copy_from_slice(src);
     }
     u64::from_le_bytes(w)
+}
+
+/// The high bit of each byte of `w` that is not zero: `(b & 0x7f) + 0x7f` sets it for a
+/// non-zero low part without carrying into the next byte, and `| w` for a set high bit.
+#[inline]
+fn nonzero(w: u64) -> u64 {
+    (((w & !MSB) + !MSB) | w) & MSB
+}
+
+/// The high bit of each byte of `w` equal to `b`, and no other bit.
+#[inline]
+pub fn bytes_eq(w: u64, b: u8) -> u64 {
+    !nonzero(w ^ (LSB * u64::from(b))) & MSB
+}
+
+/// The high bit of each byte of `w` below `n` (at most 0x80), and no other bit: a byte is at
+/// least `n` when its high bit is set or its low seven bits plus `0x80 - n` reach the high
+/// bit (without carrying into the next byte).
+#[inline]
+pub fn bytes_below(w: u64, n: u8) -> u64 {
+    debug_assert!(n <= 0x80);
+    let at_least = ((w & !MSB) + LSB * u64::from(0x80u8.saturating_sub(n))) | w;
+    !at_least & MSB
+}
+
+/// The index of the first byte of `s` for which `is` holds. `mask` gives, for a word of eight
+/// bytes read little-endian, the high bit of each byte for which `is` holds (and no other
+/// bit): whole words are tested with it, the tail of under eight bytes with `is`.
+#[inline]
+pub fn position(s: &[u8], mask: impl Fn(u64) -> u64, is: impl Fn(u8) -> bool) -> Option<usize> {
+    let mut chunks = s.chunks_exact(8);
+    let mut at = 0;
+    for c in &mut chunks {
+        let m = mask(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+        if m != 0 {
+            return Some(at + (m.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| is(b))
+        .map(|p| at + p)
 }
 
 /// Whether `name` equals `lower` with ASCII letters in any case. `lower` must be lowercase
@@ -69,6 +116,52 @@ pub fn eq_lower(name: &[u8], lower: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte value at every position of a word, among neighbours of every kind: the
+    /// masks mark exactly the bytes the scalar tests do, and `position` finds the first.
+    #[test]
+    fn byte_masks_are_exact() {
+        let neighbours = [0u8, 0x01, 0x1f, 0x20, 0x22, 0x5c, 0x7f, 0x80, 0xff];
+        for b in 0..=255u8 {
+            for &n in &neighbours {
+                for at in 0..8 {
+                    let mut bytes = [n; 8];
+                    bytes[at] = b;
+                    let w = u64::from_le_bytes(bytes);
+                    for c in [0u8, b'"', b'#', b'\\', 0x7f, 0xff] {
+                        let want = bytes
+                            .iter()
+                            .enumerate()
+                            .fold(0u64, |m, (i, &x)| m | (u64::from(x == c) << (i * 8 + 7)));
+                        assert_eq!(bytes_eq(w, c), want, "{bytes:?} == {c:#x}");
+                    }
+                    for limit in [0x01u8, 0x20, 0x21, 0x7f, 0x80] {
+                        let want = bytes
+                            .iter()
+                            .enumerate()
+                            .fold(0u64, |m, (i, &x)| m | (u64::from(x < limit) << (i * 8 + 7)));
+                        assert_eq!(bytes_below(w, limit), want, "{bytes:?} < {limit:#x}");
+                    }
+                }
+            }
+        }
+        let is = |b: u8| b < 0x20 || b == b'"';
+        let mask = |w: u64| bytes_below(w, 0x20) | bytes_eq(w, b'"');
+        for len in 0..40 {
+            let clean = vec![b'a'; len];
+            assert_eq!(position(&clean, mask, is), None);
+            for at in 0..len {
+                for b in [0u8, 0x1f, b'"'] {
+                    let mut s = clean.clone();
+                    s[at] = b;
+                    if at + 1 < len {
+                        s[len - 1] = b'"';
+                    }
+                    assert_eq!(position(&s, mask, is), Some(at), "{s:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fold_lowercases_letters_only() {

@@ -748,6 +748,12 @@ mod tests {
             ("http://user:pw@example.com/", UserInfo),
             ("http://example.com/#frag", Fragment),
             ("http://example.com#", Fragment),
+            // An invisible byte is the error wherever it is, before or after a `#`, in the
+            // first word of eight bytes or a later one, or in the tail.
+            ("http://example.com/#frag x", BadCharacter),
+            ("http://e.com/a#\x7f", BadCharacter),
+            ("http:/\x01", BadCharacter),
+            ("http://e/\x7f#", BadCharacter),
             ("http:///path", EmptyHost),
             ("http://", EmptyHost),
             ("http://:80/", EmptyHost),
