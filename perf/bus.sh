@@ -29,6 +29,10 @@ COUNT_ALLOCS=${COUNT_ALLOCS:-0}
 # between runs of one build, where CPU time moves by ±10%.
 CALLGRIND=${CALLGRIND:-0}
 CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
+# PROFILE=1: each measured run also under `perf record` (the measured processes, 999 Hz); the
+# top symbols by self time, kernel included, are printed after each round.
+PROFILE=${PROFILE:-0}
+PROFILE_TOP=${PROFILE_TOP:-25}
 OPS_EVENTS=io_uring:io_uring_submit_req,context-switches
 TARGET_RATIO=0.70
 WORKER_PID=""
@@ -114,6 +118,12 @@ measure() {
     perf stat -x, -e "$OPS_EVENTS" -p "$(IFS=,; echo "$*")" -o "$counts" 2>/dev/null &
     counter=$!
   fi
+  local recorder="" data="$WORK_DIR/perf-$label.data"
+  if [ "$PROFILE" = 1 ]; then
+    perf record -q -F 999 -g -p "$(IFS=,; echo "$*")" -o "$data" -- sleep "${DURATION%s}" \
+      >"$WORK_DIR/perf-record-$label.log" 2>&1 &
+    recorder=$!
+  fi
   local sys_before=0 sys_after=0
   for pid in "$@"; do
     before=$((before + $(cpu_ticks "$pid")))
@@ -124,6 +134,11 @@ measure() {
     after=$((after + $(cpu_ticks "$pid")))
     sys_after=$((sys_after + $(kernel_ticks "$pid")))
   done
+  if [ -n "$recorder" ]; then
+    wait "$recorder" || { cat "$WORK_DIR/perf-record-$label.log" >&2; die "perf record failed"; }
+    perf report -i "$data" --stdio --no-children --sort dso,sym -g none 2>/dev/null |
+      grep -E '^ +[0-9]' | awk -v n="$PROFILE_TOP" 'NR <= n' >"$WORK_DIR/profile-$label.txt" || true
+  fi
   local line requests rps cpu errors ops=""
   line=$(grep '^WRK_RESULT ' "$out") || die "wrk printed no result"
   requests=$(field requests "$line")
@@ -207,6 +222,7 @@ main() {
   RESULTS_FILE="$RESULTS_DIR/$(date +%F)-bus.txt"
   apt_install nginx wrk curl
   [ "$CALLGRIND" != 1 ] || apt_install valgrind
+  [ "$PROFILE" != 1 ] || apt_install linux-perf
   local bin
   bin=$(gateway_binary)
   if [ "$COUNT_ALLOCS" = 1 ]; then
@@ -239,6 +255,12 @@ main() {
     say "round $round  bus:        $remote_r  (CPU of control + worker)"
     cpu_ratios+=("$(awk -v a="$(field req_per_cpu_s " $remote_r")" -v b="$(field req_per_cpu_s " $local_r")" 'BEGIN { printf "%.2f", a / b }')")
     say "round $round  ratio bus/in-process: req/s ${ratios[-1]}, requests per CPU-second ${cpu_ratios[-1]}"
+    if [ "$PROFILE" = 1 ]; then
+      say "--- profile, in process (round $round, top $PROFILE_TOP by self time)"
+      tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-local-$round.txt"
+      say "--- profile, control + worker (round $round)"
+      tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-remote-$round.txt"
+    fi
   done
   local best cpu_best
   best=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
