@@ -37,7 +37,7 @@ use sortie_core::snapshot::ConfigId;
 use sortie_core::worker::AdvertisedCapabilities;
 
 use crate::bus::conn::Conn;
-use crate::bus::{read_frame, Notify, Outbox, Queue};
+use crate::bus::{buffered_frame, read_frame, Notify, Outbox, Queue};
 use crate::dns::{Resolver, ResolverPool};
 use crate::egress::{
     BodyLength, BodySource as EgressBody, Egress, HealthRegistry, ProxyPool, ProxyRoute,
@@ -939,9 +939,12 @@ async fn lane_session(
     let mut learn_cores = learn_cores;
     let mut buf = buf;
     let end = loop {
-        let next = monoio::select! {
-            r = read_frame(&mut reader, &mut buf) => r,
-            _ = &mut stop => break LaneEnd::Lost,
+        let next = match buffered_frame(&mut buf) {
+            Ok(None) => monoio::select! {
+                r = read_frame(&mut reader, &mut buf) => r,
+                _ = &mut stop => break LaneEnd::Lost,
+            },
+            buffered => buffered,
         };
         let frame = match next {
             Ok(Some(f)) => f,

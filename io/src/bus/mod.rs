@@ -279,6 +279,13 @@ pub(crate) async fn read_frame<S: monoio::io::AsyncReadRent>(
     read_checked(conn, buf, false).await
 }
 
+/// The next frame already in `buf`, without reading: a read brings several frames at a time,
+/// and a lane's loop takes those without setting up its wait for the next read (and for its
+/// stop) once per frame.
+pub(crate) fn buffered_frame(buf: &mut FrameBuf) -> Result<Option<Frame>, ReadError> {
+    buf.next_frame().map_err(ReadError::Frame)
+}
+
 /// Reads a connection's first frame, which must be a `Hello` no longer than the largest valid
 /// one: anything else fails as soon as its five header bytes are in, before the rest is
 /// buffered (decision 101).

@@ -39,7 +39,7 @@ use sortie_core::bus::{
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 
 use crate::bus::conn::Conn;
-use crate::bus::{read_frame, read_hello, Handoff, Outbox, Queue};
+use crate::bus::{buffered_frame, read_frame, read_hello, Handoff, Outbox, Queue};
 use crate::control::core::CoreCommand;
 use crate::control::state::ControlState;
 use crate::egress::BodyLength;
@@ -831,9 +831,12 @@ impl BusCore {
         monoio::spawn(async move { writer_lane.out.run(writer).await });
         let mut buf = rest;
         loop {
-            let next = monoio::select! {
-                r = read_frame(&mut reader, &mut buf) => r,
-                _ = lane.stop.wait() => break,
+            let next = match buffered_frame(&mut buf) {
+                Ok(None) => monoio::select! {
+                    r = read_frame(&mut reader, &mut buf) => r,
+                    _ = lane.stop.wait() => break,
+                },
+                buffered => buffered,
             };
             match next {
                 Ok(Some(frame)) => {
