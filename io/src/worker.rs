@@ -1126,8 +1126,8 @@ async fn serve_stream(
         .as_ref()
         .map(|p| p.route_rendered(a.proxy_username(), session));
     wl.post(&Frame::Accept { stream });
-    // Pinned where it is built: `select!` takes its futures by value, and would copy this one
-    // (the whole exchange) into itself.
+    // Pinned where it is built and raced by reference: the exchange's state is not copied, and
+    // it is polled before the cancel (no random pick of a branch as `select!` makes).
     let work = std::pin::pin!(async {
         match a.ingress {
             // Boxed (once per tunnel): inline, the tunnel's state would be part of every
@@ -1147,9 +1147,9 @@ async fn serve_stream(
             _ => exchange(&shared, &egress, &wl, &s, &a, &config.policy, via.as_ref()).await,
         }
     });
-    let r = monoio::select! {
-        r = work => Some(r),
-        _ = s.cancel.wait() => None,
+    let r = match crate::http::race(work, s.cancel.wait()).await {
+        crate::http::Either::Left(r) => Some(r),
+        crate::http::Either::Right(()) => None,
     };
     match r {
         None => {

@@ -301,8 +301,9 @@ async fn handle_inner(
     let mut req = Some(req);
     let outcome = dispatch::run(ctx, &route, resend, async |assigned: &Assigned| {
         assigned_at = Instant::now();
-        // Pinned where it is built: `select!` takes its futures by value, and this one (the
-        // whole attempt, local or remote) would be copied into it.
+        // Pinned where it is built, raced with the cancel by reference: the attempt's state is
+        // not copied; and the attempt is polled first, with no random pick of a branch as
+        // `select!` makes on every poll.
         let attempt = std::pin::pin!(async {
             let Some(r) = req.as_ref() else {
                 return Err(internal("the request ran locally already").into());
@@ -325,9 +326,9 @@ async fn handle_inner(
                     .map_err(Failure::Error)
             }
         });
-        monoio::select! {
-            r = attempt => r,
-            _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+        match crate::http::race(attempt, &mut cancelled).await {
+            crate::http::Either::Left(r) => r,
+            crate::http::Either::Right(()) => Err(Failure::Error(cancelled_error())),
         }
     })
     .await;

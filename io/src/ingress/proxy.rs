@@ -14,7 +14,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,8 +40,8 @@ use crate::egress::{
     BodyLength, BodySource, ResponseBodyReader, StreamRequest, Timeouts, TunnelStream,
 };
 use crate::http::{
-    Admitted, Body, BodyError, Handler, RelayedFields, RequestParts, Response, ResponseBody,
-    StreamBody, Tunnel,
+    race, Admitted, Body, BodyError, Either, Handler, RelayedFields, RequestParts, Response,
+    ResponseBody, StreamBody, Tunnel,
 };
 use crate::remote::proxy::ProxyAssignment;
 use crate::remote::BusCore;
@@ -422,11 +422,11 @@ impl ProxyHandler {
                 // Plain bodies are spliced to the client (decision 025).
                 may_splice: true,
             };
-            monoio::select! {
-                r = ctx.egress.open(&stream_req, &mut source) => {
-                    r.map(Upstream::Local).map_err(Failure::Error)
-                }
-                _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+            // Raced with the cancel, the attempt polled first (no random pick of a branch).
+            let open = pin!(ctx.egress.open(&stream_req, &mut source));
+            match race(open, &mut cancelled).await {
+                Either::Left(r) => r.map(Upstream::Local).map_err(Failure::Error),
+                Either::Right(()) => Err(Failure::Error(cancelled_error())),
             }
         })
         .await?;
@@ -600,9 +600,10 @@ impl StreamBody for RelayedBody {
             if self.cancelled.is_set() {
                 return Err(std::io::Error::other("cancelled by operator"));
             }
-            let read = monoio::select! {
-                r = self.reader.read_into(out) => Some(r),
-                _ = &mut self.cancelled => None,
+            let read = pin!(self.reader.read_into(out));
+            let read = match race(read, &mut self.cancelled).await {
+                Either::Left(r) => Some(r),
+                Either::Right(()) => None,
             };
             match read {
                 Some(Ok(more)) => Ok(more),
@@ -645,11 +646,10 @@ impl StreamBody for RelayedBody {
             // Counted as they go: a body cut by the destination, the client or a cancel still
             // counts the bytes that reached the client.
             let moved = Cell::new(0u64);
-            let outcome = monoio::select! {
-                r = self.reader.splice_into(client, write_timeout, &moved) => r.map(drop),
-                _ = &mut self.cancelled => {
-                    Err(std::io::Error::other("cancelled by operator"))
-                }
+            let splice = pin!(self.reader.splice_into(client, write_timeout, &moved));
+            let outcome = match race(splice, &mut self.cancelled).await {
+                Either::Left(r) => r.map(drop),
+                Either::Right(()) => Err(std::io::Error::other("cancelled by operator")),
             };
             self.metrics.record_spliced(self.core, moved.get());
             outcome.map(|()| moved.get())
@@ -730,14 +730,26 @@ impl ProxyHandler {
                     .await
                     .map(OpenedTunnel::Remote);
             }
-            let (bind, connect_limit) = (a.slot.bind_address(), ctx.state.limits.egress_timeouts.connect);
+            let (bind, connect_limit) = (
+                a.slot.bind_address(),
+                ctx.state.limits.egress_timeouts.connect,
+            );
             let policy = &active.policy;
             // A pool behind an upstream proxy tunnels through it (decision 070).
             let dial = async {
                 match &a.via {
                     Some(via) => {
                         ctx.egress
-                            .dial_via(via, &host, port, bind, policy, connect_limit, deadline, tenant)
+                            .dial_via(
+                                via,
+                                &host,
+                                port,
+                                bind,
+                                policy,
+                                connect_limit,
+                                deadline,
+                                tenant,
+                            )
                             .await
                     }
                     None => ctx
@@ -747,12 +759,12 @@ impl ProxyHandler {
                         .map(|(tcp, peer)| (TunnelStream::Tcp(tcp), peer, Vec::new())),
                 }
             };
-            monoio::select! {
-                r = Box::pin(dial) => match r {
-                    Ok((upstream, _peer, first_down)) => Ok(OpenedTunnel::Local(upstream, first_down)),
-                    Err(e) => Err(Failure::Error(e)),
-                },
-                _ = &mut cancelled => Err(Failure::Error(cancelled_error())),
+            match race(Box::pin(dial), &mut cancelled).await {
+                Either::Left(Ok((upstream, _peer, first_down))) => {
+                    Ok(OpenedTunnel::Local(upstream, first_down))
+                }
+                Either::Left(Err(e)) => Err(Failure::Error(e)),
+                Either::Right(()) => Err(Failure::Error(cancelled_error())),
             }
         })
         .await?;

@@ -25,7 +25,7 @@ use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
 use crate::egress::ResponseFields;
 use crate::egress::{BodyLength, BodySource};
-use crate::http::{RelayedFields, Response, ResponseBody, StreamBody, Tunnel};
+use crate::http::{race, Either, RelayedFields, Response, ResponseBody, StreamBody, Tunnel};
 
 /// Bytes one read of the client's side of a tunnel asks for.
 const TUNNEL_READ_BYTES: usize = 64 * 1024;
@@ -258,9 +258,9 @@ impl BusCore {
                     deadline,
                     head_expired
                 ));
-                monoio::select! {
-                    h = answer => h?,
-                    _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+                match race(answer, &mut *cancelled).await {
+                    Either::Left(h) => h?,
+                    Either::Right(()) => return Err(RemoteFailure::Error(cancelled_error())),
                 }
             };
             return Ok(Opened {
@@ -274,9 +274,9 @@ impl BusCore {
         slot.accept_wakes.set(true);
         {
             let accepted = pin!(self.accepted(worker_id, &mut guard, &slot, deadline));
-            monoio::select! {
-                r = accepted => r?,
-                _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+            match race(accepted, &mut *cancelled).await {
+                Either::Left(r) => r?,
+                Either::Right(()) => return Err(RemoteFailure::Error(cancelled_error())),
             }
         }
         let mut is_upload_done = false;
@@ -298,9 +298,9 @@ impl BusCore {
             };
             match got {
                 Some(h) => h,
-                None => monoio::select! {
-                    h = &mut answer => h,
-                    _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+                None => match race(answer, &mut *cancelled).await {
+                    Either::Left(h) => h,
+                    Either::Right(()) => return Err(RemoteFailure::Error(cancelled_error())),
                 },
             }?
         };
@@ -332,9 +332,9 @@ impl BusCore {
                 a.deadline,
                 head_expired
             ));
-            monoio::select! {
-                h = answer => h?,
-                _ = &mut *cancelled => return Err(RemoteFailure::Error(cancelled_error())),
+            match race(answer, &mut *cancelled).await {
+                Either::Left(h) => h?,
+                Either::Right(()) => return Err(RemoteFailure::Error(cancelled_error())),
             }
         };
         if !(200..300).contains(&h.status) {
@@ -418,9 +418,10 @@ impl<K> StreamBody for RemoteBody<K> {
             if self.cancelled.is_set() {
                 return Err(std::io::Error::other("cancelled by operator"));
             }
-            let ev = monoio::select! {
-                ev = self.slot.events.next() => ev,
-                _ = &mut self.cancelled => return Err(std::io::Error::other("cancelled by operator")),
+            let next = pin!(self.slot.events.next());
+            let ev = match race(next, &mut self.cancelled).await {
+                Either::Left(ev) => ev,
+                Either::Right(()) => return Err(std::io::Error::other("cancelled by operator")),
             };
             match ev {
                 Event::Data(bytes, end) => {
