@@ -29,6 +29,10 @@ COUNT_ALLOCS=${COUNT_ALLOCS:-0}
 # between runs of one build, where CPU time moves by ±10%.
 CALLGRIND=${CALLGRIND:-0}
 CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
+# COUNT_POLLS=1 (implies COUNT_OPS): also count polls of the processes' tasks per request
+# (uprobes on monoio's task poll): on io_uring about one per ring completion. The probes slow
+# the run; compare counts, not CPU.
+COUNT_POLLS=${COUNT_POLLS:-0}
 # PROFILE=1: each measured run also under `perf record` (the measured processes, 999 Hz); the
 # top symbols by self time, kernel included, are printed after each round.
 PROFILE=${PROFILE:-0}
@@ -148,9 +152,11 @@ measure() {
     ops=$(awk -F, -v r="$requests" '
       $3 == "io_uring:io_uring_submit_req" { s = $1 } $3 == "context-switches" { c = $1 }
       $3 ~ /^probe_sortie:/ { a += $1; has_allocs = 1 }
+      $3 ~ /^probe_polls:/ { p += $1; has_polls = 1 }
       END {
         if (r > 0) printf " uring_ops_per_req=%.2f switches_per_req=%.2f", s / r, c / r
         if (r > 0 && has_allocs) printf " allocs_per_req=%.1f", a / r
+        if (r > 0 && has_polls) printf " task_polls_per_req=%.2f", p / r
       }' "$counts")
   fi
   rps=$(field rps "$line")
@@ -230,6 +236,12 @@ main() {
     alloc_probes "$bin"
     OPS_EVENTS="$OPS_EVENTS,$ALLOC_EVENTS"
     say "COUNT_ALLOCS=1: uprobes on the allocator slow both paths; compare counts, not req/s or CPU"
+  fi
+  if [ "$COUNT_POLLS" = 1 ]; then
+    COUNT_OPS=1
+    poll_probes "$bin"
+    OPS_EVENTS="$OPS_EVENTS,$POLL_EVENTS"
+    say "COUNT_POLLS=1: uprobes on the task poll slow both paths; compare counts, not req/s or CPU"
   fi
   start_nginx
   say ""

@@ -96,6 +96,24 @@ alloc_probes() {
   ALLOC_EVENTS=$events
 }
 
+# Uprobes on every monomorphization of monoio's task poll in binary $1 (group probe_polls):
+# a count per request of how often the request's tasks are polled, which on io_uring is about
+# one per ring completion (callgrind's counts, taken on the epoll driver, see fewer). Sets
+# POLL_EVENTS.
+poll_probes() {
+  perf probe -d 'probe_polls:*' >/dev/null 2>&1 || true
+  trap "cleanup; perf probe -d 'probe_polls:*' >/dev/null 2>&1 || true" EXIT
+  local sym i=0 events=""
+  for sym in $(nm "$1" | awk '$3 ~ /^_ZN6monoio4task3raw4poll17h[0-9a-f]+E$/ { print $3 }'); do
+    i=$((i + 1))
+    perf probe -x "$1" -a "probe_polls:p$i=$sym" >/dev/null 2>&1 ||
+      die "perf probe could not attach to monoio's task poll in $1 (needs its symbols)"
+    events="${events:+$events,}probe_polls:p$i"
+  done
+  [ -n "$events" ] || die "no monoio task poll symbol in $1"
+  POLL_EVENTS=$events
+}
+
 # Creates the run's scratch directory and arranges for every process started here to be
 # stopped however the script ends.
 init_run() {

@@ -44,6 +44,10 @@ PROFILE_CALL_GRAPH=${PROFILE_CALL_GRAPH:-fp}
 # size with uprobes on the allocator, and the allocator calls per request it made. The probes
 # slow every allocation; that run's req/s and CPU are not comparable, its count is.
 COUNT_ALLOCS=${COUNT_ALLOCS:-0}
+# COUNT_POLLS=1: after the measured rounds, one more (unrecorded) run of Sortie per request mode
+# and size with uprobes on monoio's task poll, and the task polls per request it made (on
+# io_uring about one per ring completion: each runs the request's futures from the top).
+COUNT_POLLS=${COUNT_POLLS:-0}
 # CALLGRIND=1: after the measured rounds (ROUNDS=0 runs none), Sortie and the nginx hop each run
 # once more under valgrind's callgrind for the request modes (absolute, api) and sizes, and the
 # instructions each executed per request are printed with Sortie's ratio to the hop's: a count
@@ -447,6 +451,7 @@ main() {
   [ "$ROUNDS" -eq 0 ] || print_tables
   say "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
   [ "$COUNT_ALLOCS" != 1 ] || count_allocs_all "$bin"
+  [ "$COUNT_POLLS" != 1 ] || count_polls_all "$bin"
   [ "$SYSCALLS" != 1 ] || syscalls_all
   [ "$PROFILE" != 1 ] || profile_all
   [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
@@ -529,6 +534,28 @@ profile_all() {
         perf script -i "$data" -F ip,sym 2>/dev/null | python3 "$PERF_DIR/user_profile.py" |
           tee -a "$RESULTS_FILE" || true
       fi
+    done
+  done
+}
+
+# One unrecorded run of Sortie per request mode and size with uprobes on monoio's task poll;
+# prints task polls per request.
+count_polls_all() {
+  local mode size counts requests polls
+  poll_probes "$1"
+  for mode in $MODES; do
+    case $mode in absolute | api) ;; *) continue ;; esac
+    for size in $SIZES; do
+      counts="$WORK_DIR/polls-$mode-$size.csv"
+      perf stat -x, -e "$POLL_EVENTS" -p "$GATEWAY_PID" -o "$counts" 2>/dev/null &
+      local counter=$!
+      measure "$mode" "$size" sortie
+      kill -INT "$counter" 2>/dev/null || true
+      wait "$counter" 2>/dev/null || true
+      requests=$(field requests "$LAST_LINE")
+      polls=$(awk -F, '$3 ~ /^probe_polls:/ { a += $1 } END { print a + 0 }' "$counts")
+      say "$mode $size: task polls per request $(awk -v a="$polls" -v r="$requests" \
+        'BEGIN { if (r > 0) printf "%.2f", a / r; else printf "-" }') ($polls polls, $requests requests, probes on)"
     done
   done
 }
