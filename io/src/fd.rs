@@ -84,6 +84,18 @@ pub(crate) fn set_blocking<S: AsRawFd>(stream: &S) -> io::Result<()> {
     with_socket(stream, |s| s.set_nonblocking(false))
 }
 
+/// A second descriptor of `stream`'s socket, as a stream of its own: an upstream connection
+/// sends a request head on it while its own stream waits for the answer (decision 124). The
+/// socket closes when both are closed.
+pub(crate) fn second_handle(stream: &monoio::net::TcpStream) -> io::Result<monoio::net::TcpStream> {
+    // SAFETY: `stream` owns the descriptor and is borrowed for the whole call, so it stays open
+    // while the `BorrowedFd` exists; the borrow ends with the duplicate, which owns its own
+    // descriptor.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    let owned: OwnedFd = fd.try_clone_to_owned()?;
+    monoio::net::TcpStream::from_std(std::net::TcpStream::from(owned))
+}
+
 /// Sets `O_NONBLOCK` (the only file status flag a socket of ours carries), so that a `splice`
 /// from or to it returns `WouldBlock` instead of blocking the core's thread.
 pub(crate) fn set_nonblocking<S: AsRawFd>(stream: &S) -> io::Result<()> {

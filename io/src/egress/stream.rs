@@ -53,6 +53,10 @@ pub(crate) struct Conn {
     is_plaintext_drained: bool,
     /// Whether the socket was switched to non-blocking mode for `splice`.
     is_nonblocking: bool,
+    /// A plain connection's second descriptor of its socket, for a request head sent while the
+    /// answer's read waits (io_uring only, decision 124): made on first use, then kept. Boxed,
+    /// so that the connection, which moves between the pool and its exchanges, stays small.
+    writer: Option<Box<TcpStream>>,
 }
 
 impl Conn {
@@ -108,7 +112,30 @@ impl Conn {
             buf: Vec::new(),
             is_plaintext_drained: true,
             is_nonblocking: monoio::utils::is_legacy(),
+            writer: None,
         }
+    }
+
+    /// The second descriptor of a plain connection's socket, taken out for one send made
+    /// while the connection reads (give it back with [`Conn::put_writer`]); `None` for TLS, on
+    /// the epoll driver (which makes a send when it is polled, not when it is created), or if
+    /// the descriptor cannot be duplicated.
+    pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {
+        if self.writer.is_none() {
+            let Transport::Plain(stream) = &self.transport else {
+                return None;
+            };
+            if monoio::utils::is_legacy() {
+                return None;
+            }
+            self.writer = fd::second_handle(stream).ok().map(Box::new);
+        }
+        self.writer.take()
+    }
+
+    /// Gives back what [`Conn::take_writer`] lent.
+    pub(crate) fn put_writer(&mut self, writer: Box<TcpStream>) {
+        self.writer = Some(writer);
     }
 
     /// The address connected to.

@@ -708,6 +708,11 @@ async fn exchange_head<B: BodySource>(
     if head.is_empty() {
         *head = stream_head(req, length).map_err(before)?;
     }
+    if length == BodyLength::None && head.len() <= client::MAX_SENT_WITH_ANSWER_BYTES {
+        if let Some(writer) = conn.take_writer() {
+            return head_with_answer(conn, writer, req, head).await;
+        }
+    }
     let (written, data) = write_from(conn, req, std::mem::take(head)).await;
     *head = data;
     written.map_err(before)?;
@@ -739,11 +744,24 @@ async fn exchange_head<B: BodySource>(
         BodyLength::Known(n) if sent != n => return Err(during(upload_mismatch())),
         _ => {}
     }
+    answer_head(conn, req, header_limit(req)).await
+}
+
+/// When the answer's head must be in: the response header timeout, within the deadline.
+fn header_limit(req: &StreamRequest<'_>) -> (Instant, error::Expired) {
     let header_end = req
         .timeouts
         .response_header
         .and_then(|t| crate::timer::now().checked_add(t));
-    let (at, expired) = limit(header_end, TimeoutType::ResponseHeader, req.deadline);
+    limit(header_end, TimeoutType::ResponseHeader, req.deadline)
+}
+
+/// Reads the answer's head by `limit`, with the bytes of its body that came with it.
+async fn answer_head(
+    conn: &mut Conn,
+    req: &StreamRequest<'_>,
+    (at, expired): (Instant, error::Expired),
+) -> Result<(client::Head, Bytes), Failure> {
     let mut buf = Vec::new();
     // What a splicing caller's small reads leave of a large body goes on to the client in
     // [`ResponseBodyReader::splice_into`].
@@ -756,7 +774,54 @@ async fn exchange_head<B: BodySource>(
             let early = std::mem::take(&mut head.rest);
             Ok((head, early))
         }
-        None => Err(during(error::timeout(expired, Stage::ResponseHeader))),
+        None => Err(Failure {
+            error: error::timeout(expired, Stage::ResponseHeader),
+            is_before_response: false,
+        }),
+    }
+}
+
+/// A request without a body on plain TCP under io_uring (decision 124): its head is sent on the
+/// connection's second descriptor while the answer is read. The send is put on the ring when
+/// it is made and is not polled until the answer's head is in, so its completion wakes no task
+/// of its own: one wake-up per exchange fewer, and one limit (the answer's) for both.
+async fn head_with_answer(
+    conn: &mut Conn,
+    mut writer: Box<monoio::net::TcpStream>,
+    req: &StreamRequest<'_>,
+    head: &mut Vec<u8>,
+) -> Result<(client::Head, Bytes), Failure> {
+    use monoio::io::AsyncWriteRent as _;
+    let len = head.len();
+    let limit = header_limit(req);
+    let (answer, sent) = {
+        let mut send = std::pin::pin!(writer.write(std::mem::take(head)));
+        let answer = answer_head(conn, req, limit).await;
+        // Done by now but for a failure: the answer came, or the connection broke.
+        let sent = within(limit.0, send.as_mut()).await;
+        (answer, sent)
+    };
+    conn.put_writer(writer);
+    let broke = || Failure {
+        error: error::reset(
+            Stage::RequestWrite,
+            "the connection broke while the request was sent",
+        ),
+        is_before_response: true,
+    };
+    match sent {
+        Some((Ok(n), data)) if n == len => {
+            *head = data;
+            answer
+        }
+        // A head the socket did not take whole (its buffer was full), or a failed send: as
+        // when the send goes first, a failure before the answer.
+        Some((_, data)) => {
+            *head = data;
+            Err(broke())
+        }
+        // Not sent by the answer's limit: that limit's failure, or the answer's own.
+        None => answer.and_then(|_| Err(broke())),
     }
 }
 
