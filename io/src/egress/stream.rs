@@ -54,9 +54,13 @@ pub(crate) struct Conn {
     /// Whether the socket was switched to non-blocking mode for `splice`.
     is_nonblocking: bool,
     /// A plain connection's second descriptor of its socket, for a request head sent while the
-    /// answer's read waits (io_uring only, decision 124): made on first use, then kept. Boxed,
-    /// so that the connection, which moves between the pool and its exchanges, stays small.
+    /// answer's read waits (io_uring only, decision 124): made on the connection's second
+    /// exchange (a connection used once, as with a destination that closes after each answer,
+    /// would pay a descriptor made and closed for nothing), then kept. Boxed, so that the
+    /// connection, which moves between the pool and its exchanges, stays small.
     writer: Option<Box<TcpStream>>,
+    /// Whether an exchange asked for [`Conn::take_writer`] before.
+    has_asked_writer: bool,
 }
 
 impl Conn {
@@ -113,14 +117,18 @@ impl Conn {
             is_plaintext_drained: true,
             is_nonblocking: monoio::utils::is_legacy(),
             writer: None,
+            has_asked_writer: false,
         }
     }
 
     /// The second descriptor of a plain connection's socket, taken out for one send made
     /// while the connection reads (give it back with [`Conn::put_writer`]); `None` for TLS, on
-    /// the epoll driver (which makes a send when it is polled, not when it is created), or if
-    /// the descriptor cannot be duplicated.
+    /// the epoll driver (which makes a send when it is polled, not when it is created), on the
+    /// connection's first exchange, or if the descriptor cannot be duplicated.
     pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {
+        if !std::mem::replace(&mut self.has_asked_writer, true) {
+            return None;
+        }
         if self.writer.is_none() {
             let Transport::Plain(stream) = &self.transport else {
                 return None;
