@@ -640,12 +640,51 @@ fn a_version_2_worker_gets_a_version_2_welcome() {
     wait_worker(&gw, "older", "connected");
 }
 
+/// Writes one frame to a scripted lane.
+fn send_frame(s: &mut TcpStream, f: Frame) {
+    let mut out = Vec::new();
+    encode(&f, &mut out).unwrap();
+    s.write_all(&out).unwrap();
+}
+
+/// A scripted control's side of a worker's lane after its hello: the welcome at `version`
+/// (announcing `receipt_port`), the loopback configuration, and the wait for it to apply.
+fn configure_scripted_lane(s: &mut TcpStream, buf: &mut Vec<u8>, version: u16, receipt_port: u16) {
+    use sortie_core::bus::{ConfigPush, LaneSettings, Welcome};
+    send_frame(
+        s,
+        Frame::Welcome(Welcome {
+            version,
+            control_id: "scripted".into(),
+            core: 0,
+            cores: 1,
+            heartbeat_ms: 10_000,
+            settings: Some(LaneSettings {
+                receipt_port,
+                proxy_idle_ms: 60_000,
+            }),
+        }),
+    );
+    send_frame(
+        s,
+        Frame::ConfigPush(ConfigPush {
+            version: 1,
+            payload: LOOPBACK_SNAPSHOT.as_bytes().to_vec(),
+        }),
+    );
+    loop {
+        if let Frame::ConfigApplied { version: 1 } = next_frame(s, buf) {
+            break;
+        }
+    }
+}
+
 /// The worker side of decision 068, against a scripted control that misbehaves: a receipt URL
 /// on the dialled host but not on the receipt port the welcome announced is refused with
 /// `body_ref_unavailable`, and nothing connects to that port.
 #[test]
 fn a_worker_fetches_receipts_only_on_the_announced_port() {
-    use sortie_core::bus::{Assign, AssignRef, BodySource, ConfigPush, LaneSettings, Welcome};
+    use sortie_core::bus::{Assign, AssignRef, BodySource};
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = TcpListener::bind("127.0.0.1:0").unwrap();
     let other_port = other.local_addr().unwrap().port();
@@ -667,39 +706,9 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
         Frame::Hello(h) => assert_eq!(h.version_max, sortie_core::bus::PROTOCOL_VERSION),
         other => panic!("{other:?}"),
     }
-    let send = |s: &mut TcpStream, f: Frame| {
-        let mut out = Vec::new();
-        encode(&f, &mut out).unwrap();
-        s.write_all(&out).unwrap();
-    };
-    send(
-        &mut s,
-        Frame::Welcome(Welcome {
-            version: 3,
-            control_id: "scripted".into(),
-            core: 0,
-            cores: 1,
-            heartbeat_ms: 10_000,
-            settings: Some(LaneSettings {
-                // Not the port of the receipt URL below.
-                receipt_port: other_port.wrapping_add(1),
-                proxy_idle_ms: 60_000,
-            }),
-        }),
-    );
-    send(
-        &mut s,
-        Frame::ConfigPush(ConfigPush {
-            version: 1,
-            payload: LOOPBACK_SNAPSHOT.as_bytes().to_vec(),
-        }),
-    );
-    loop {
-        if let Frame::ConfigApplied { version: 1 } = next_frame(&mut s, &mut buf) {
-            break;
-        }
-    }
-    send(
+    // Not the port of the receipt URL below.
+    configure_scripted_lane(&mut s, &mut buf, 3, other_port.wrapping_add(1));
+    send_frame(
         &mut s,
         Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
             stream: 1,
@@ -744,7 +753,7 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
 /// What a real worker answers a scripted control that welcomed it at `version`, for a GET of
 /// `len` body bytes under a response window of `window`: the frames of the stream, in order.
 fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
-    use sortie_core::bus::{Assign, AssignRef, BodySource, ConfigPush, LaneSettings, Welcome};
+    use sortie_core::bus::{Assign, AssignRef, BodySource};
     let up = Upstream::start(upstream::large(len));
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
     let _w = start_worker("wv", bus.local_addr().unwrap(), None, "");
@@ -752,38 +761,8 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut buf = Vec::new();
     assert!(matches!(next_frame(&mut s, &mut buf), Frame::Hello(_)));
-    let send = |s: &mut TcpStream, f: Frame| {
-        let mut out = Vec::new();
-        encode(&f, &mut out).unwrap();
-        s.write_all(&out).unwrap();
-    };
-    send(
-        &mut s,
-        Frame::Welcome(Welcome {
-            version,
-            control_id: "scripted".into(),
-            core: 0,
-            cores: 1,
-            heartbeat_ms: 10_000,
-            settings: Some(LaneSettings {
-                receipt_port: 9,
-                proxy_idle_ms: 60_000,
-            }),
-        }),
-    );
-    send(
-        &mut s,
-        Frame::ConfigPush(ConfigPush {
-            version: 1,
-            payload: LOOPBACK_SNAPSHOT.as_bytes().to_vec(),
-        }),
-    );
-    loop {
-        if let Frame::ConfigApplied { version: 1 } = next_frame(&mut s, &mut buf) {
-            break;
-        }
-    }
-    send(
+    configure_scripted_lane(&mut s, &mut buf, version, 9);
+    send_frame(
         &mut s,
         Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
             stream: 1,
@@ -815,7 +794,7 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
                 got += bytes.len();
                 if !end && got >= window as usize {
                     // Room for the rest.
-                    send(
+                    send_frame(
                         &mut s,
                         Frame::Credit {
                             stream: 1,
