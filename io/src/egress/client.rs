@@ -18,7 +18,7 @@ use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 use super::connect::within;
 use super::error::{self, Expired, Stage};
 use super::fields::{FieldSpans, ResponseFields};
-use super::stream::{Conn, READ_BUF_BYTES};
+use super::stream::{Conn, SentWithAnswer, READ_BUF_BYTES};
 use super::Timeouts;
 
 /// Interim (1xx) responses skipped before the final one; an upstream that sends more is
@@ -144,38 +144,29 @@ pub(crate) async fn exchange(conn: &mut Conn, x: &Exchange<'_>) -> Result<Respon
 }
 
 /// [`exchange`] of a small request on plain TCP under io_uring (decision 124): the request is
-/// sent on the connection's second descriptor while the answer is read. The send is put on the
-/// ring when it is made and is not polled until the answer is in, so its completion wakes no
-/// task of its own.
+/// sent on the connection's second descriptor while the answer is read
+/// ([`Conn::send_with_answer`]).
 async fn exchange_with_writer(
     conn: &mut Conn,
-    mut writer: Box<monoio::net::TcpStream>,
+    writer: Box<monoio::net::TcpStream>,
     x: &Exchange<'_>,
 ) -> Result<Response, Failure> {
-    use monoio::io::AsyncWriteRent as _;
     let mut one = Vec::with_capacity(x.head.len() + x.body.len());
     one.extend_from_slice(x.head);
     one.extend_from_slice(x.body);
-    let len = one.len();
-    let (answer, sent) = {
-        let mut send = std::pin::pin!(writer.write(one));
-        let answer = read_response(conn, x).await;
-        // Done by now but for a failure: the answer came, or the connection broke.
-        let sent = within(x.deadline, send.as_mut()).await;
-        (answer, sent)
-    };
-    conn.put_writer(writer);
+    let (answer, sent) = conn
+        .send_with_answer(writer, one, x.deadline, async |c: &mut Conn| {
+            read_response(c, x).await
+        })
+        .await;
     match sent {
-        Some((Ok(n), _)) if n == len => answer,
-        // A failed or short send (the socket's buffer was full): as when the send goes first.
-        Some(_) => Err(Failure {
-            error: error::reset(
-                Stage::RequestWrite,
-                "the connection broke while the request was sent",
-            ),
+        SentWithAnswer::Whole(_) => answer,
+        // As when the send goes first: a failure before the answer.
+        SentWithAnswer::Broke(_) => Err(Failure {
+            error: error::request_write_broke(),
             is_before_response: true,
         }),
-        None => answer.and_then(|_| {
+        SentWithAnswer::NotDone => answer.and_then(|_| {
             Err(Failure::during_response(error::reset(
                 Stage::RequestWrite,
                 "the request was not sent by the deadline",
@@ -206,12 +197,7 @@ async fn send_request(conn: &mut Conn, x: &Exchange<'_>) -> Result<(), Failure> 
         match within(at, write).await {
             Some(Ok(())) => {}
             Some(Err(e)) if error::is_tls_error(&e) => return Err(before(error::tls_failure(&e))),
-            Some(Err(_)) => {
-                return Err(before(error::reset(
-                    Stage::RequestWrite,
-                    "the connection broke while the request was sent",
-                )))
-            }
+            Some(Err(_)) => return Err(before(error::request_write_broke())),
             None => {
                 return Err(Failure::during_response(error::timeout(
                     expired,

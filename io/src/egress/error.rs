@@ -227,6 +227,14 @@ pub(crate) fn reset(stage: Stage, what: &str) -> ApiError {
     ApiError::new(ErrorCode::UpstreamReset, what).with_detail("stage", stage.as_str())
 }
 
+/// `upstream_reset` at the request's write: the connection broke while the request was sent.
+pub(crate) fn request_write_broke() -> ApiError {
+    reset(
+        Stage::RequestWrite,
+        "the connection broke while the request was sent",
+    )
+}
+
 /// `protocol_error` (502) for a response that breaks HTTP/1.1; `side` says who broke it.
 pub(crate) fn protocol_error(e: H1Error) -> ApiError {
     ApiError::new(

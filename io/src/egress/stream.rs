@@ -63,6 +63,16 @@ pub(crate) struct Conn {
     has_asked_writer: bool,
 }
 
+/// What became of a request sent while its answer was read ([`Conn::send_with_answer`]).
+pub(crate) enum SentWithAnswer {
+    /// The socket took it whole; the buffer comes back.
+    Whole(Vec<u8>),
+    /// The send failed or was short; the buffer comes back.
+    Broke(Vec<u8>),
+    /// Not done by the limit.
+    NotDone,
+}
+
 impl Conn {
     /// Wraps a connected plain TCP stream.
     pub(crate) fn plain(stream: TcpStream, peer: SocketAddr) -> Conn {
@@ -141,9 +151,33 @@ impl Conn {
         self.writer.take()
     }
 
-    /// Gives back what [`Conn::take_writer`] lent.
-    pub(crate) fn put_writer(&mut self, writer: Box<TcpStream>) {
+    /// Sends `data` on `writer` (lent by [`Conn::take_writer`], given back here) while `answer`
+    /// reads on the connection (decision 124). The send is put on the ring when it is made and
+    /// polled only once `answer` is done, so its completion wakes no task of its own; it is
+    /// collected by `until`.
+    pub(crate) async fn send_with_answer<T>(
+        &mut self,
+        mut writer: Box<TcpStream>,
+        data: Vec<u8>,
+        until: std::time::Instant,
+        answer: impl AsyncFnOnce(&mut Conn) -> T,
+    ) -> (T, SentWithAnswer) {
+        let len = data.len();
+        let (answer, sent) = {
+            let mut send = std::pin::pin!(writer.write(data));
+            let answer = answer(self).await;
+            // Done by now but for a failure: the answer came, or the connection broke.
+            let sent = crate::timer::within(until, send.as_mut()).await;
+            (answer, sent)
+        };
         self.writer = Some(writer);
+        let sent = match sent {
+            Some((Ok(n), data)) if n == len => SentWithAnswer::Whole(data),
+            // A head the socket did not take whole (its buffer was full), or a failed send.
+            Some((_, data)) => SentWithAnswer::Broke(data),
+            None => SentWithAnswer::NotDone,
+        };
+        (answer, sent)
     }
 
     /// The address connected to.

@@ -33,7 +33,7 @@ use super::connect::within;
 use super::error::{self, Stage};
 use super::h2conn::{self, H2Body, H2Conn, H2Failure, H2Head, Retry};
 use super::pool::PoolKey;
-use super::stream::{Conn, READ_BUF_BYTES};
+use super::stream::{Conn, SentWithAnswer, READ_BUF_BYTES};
 use super::{Attempt, Dial, Egress, Inner, Obtained, ProxyRoute, Timeouts};
 use crate::dns::Tenant;
 use crate::splice;
@@ -782,46 +782,39 @@ async fn answer_head(
 }
 
 /// A request without a body on plain TCP under io_uring (decision 124): its head is sent on the
-/// connection's second descriptor while the answer is read. The send is put on the ring when
-/// it is made and is not polled until the answer's head is in, so its completion wakes no task
-/// of its own: one wake-up per exchange fewer, and one limit (the answer's) for both.
+/// connection's second descriptor while the answer is read ([`Conn::send_with_answer`]): one
+/// wake-up per exchange fewer, and one limit (the answer's) for both.
 async fn head_with_answer(
     conn: &mut Conn,
-    mut writer: Box<monoio::net::TcpStream>,
+    writer: Box<monoio::net::TcpStream>,
     req: &StreamRequest<'_>,
     head: &mut Vec<u8>,
 ) -> Result<(client::Head, Bytes), Failure> {
-    use monoio::io::AsyncWriteRent as _;
-    let len = head.len();
     let limit = header_limit(req);
-    let (answer, sent) = {
-        let mut send = std::pin::pin!(writer.write(std::mem::take(head)));
-        let answer = answer_head(conn, req, limit).await;
-        // Done by now but for a failure: the answer came, or the connection broke.
-        let sent = within(limit.0, send.as_mut()).await;
-        (answer, sent)
-    };
-    conn.put_writer(writer);
+    let (answer, sent) = conn
+        .send_with_answer(
+            writer,
+            std::mem::take(head),
+            limit.0,
+            async |c: &mut Conn| answer_head(c, req, limit).await,
+        )
+        .await;
     let broke = || Failure {
-        error: error::reset(
-            Stage::RequestWrite,
-            "the connection broke while the request was sent",
-        ),
+        error: error::request_write_broke(),
         is_before_response: true,
     };
     match sent {
-        Some((Ok(n), data)) if n == len => {
+        SentWithAnswer::Whole(data) => {
             *head = data;
             answer
         }
-        // A head the socket did not take whole (its buffer was full), or a failed send: as
-        // when the send goes first, a failure before the answer.
-        Some((_, data)) => {
+        // As when the send goes first: a failure before the answer.
+        SentWithAnswer::Broke(data) => {
             *head = data;
             Err(broke())
         }
         // Not sent by the answer's limit: that limit's failure, or the answer's own.
-        None => answer.and_then(|_| Err(broke())),
+        SentWithAnswer::NotDone => answer.and_then(|_| Err(broke())),
     }
 }
 
@@ -855,10 +848,7 @@ where
     let res = match res {
         Ok(()) => Ok(()),
         Err(e) if error::is_tls_error(&e) => Err(error::tls_failure(&e)),
-        Err(_) => Err(error::reset(
-            Stage::RequestWrite,
-            "the connection broke while the request was sent",
-        )),
+        Err(_) => Err(error::request_write_broke()),
     };
     (res, data)
 }
