@@ -17,6 +17,7 @@ use support::gate::Gate;
 use support::gateway::{
     http, temp_dir, wait_until, Gateway, ADMIN_TOKEN, DEPLOYMENT_TOKEN, LOOPBACK_SNAPSHOT,
 };
+use support::proxies::{free_port, free_ports};
 use support::upstream::{self, Upstream};
 
 /// How long a process gets to print its banner or to exit.
@@ -687,14 +688,6 @@ fn json_logs_are_one_object_per_line_without_secrets() {
     assert!(lines >= 3, "{}", p.output());
 }
 
-/// A free loopback port (bound, then released for the test to hand out).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// A tool of the systemd package, or a failure that says what to install.
 fn systemd_tool(name: &str) -> PathBuf {
     for dir in ["/usr/bin", "/bin", "/usr/local/bin"] {
@@ -773,7 +766,8 @@ fn serve_takes_its_listeners_from_socket_activation() {
     let up = Upstream::start(upstream::echo());
     let dir = temp_dir("activation");
     let config = write_config(&dir, "");
-    let (api_port, admin_port) = (free_port(), free_port());
+    let ports = free_ports(2);
+    let (api_port, admin_port) = (ports[0], ports[1]);
     let tool = systemd_tool("systemd-socket-activate");
     let api_arg = format!("127.0.0.1:{api_port}");
     let admin_arg = format!("127.0.0.1:{admin_port}");

@@ -5,11 +5,12 @@
 //! Debian's nginx (`scripts/ci-deps.sh` installs it) runs as one foreground process.
 
 use std::io::Read as _;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::proxies::free_ports;
 use super::tls::TestCa;
 
 /// The servers of the test configuration, one port each.
@@ -52,18 +53,28 @@ pub struct Nginx {
     ports: Vec<(Server, u16)>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 impl Nginx {
     /// Starts nginx with a leaf of `ca` for `localhost` and `127.0.0.1`, and waits until
     /// every server accepts connections. Fails the test, naming what to install, when nginx
     /// is missing.
+    ///
+    /// The servers' ports are all different and were free a moment before nginx binds them;
+    /// when another socket took one meanwhile, nginx exits saying so and is started again on
+    /// other ports, up to five times.
     pub fn start(ca: &TestCa) -> Nginx {
+        const ATTEMPTS: usize = 5;
+        let mut last = String::new();
+        for _ in 0..ATTEMPTS {
+            match Nginx::start_on(ca, free_ports(SERVERS.len())) {
+                Ok(nginx) => return nginx,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("nginx lost a port to another socket {ATTEMPTS} times; the last:\n{last}")
+    }
+
+    fn start_on(ca: &TestCa, free: Vec<u16>) -> Result<Nginx, String> {
         let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -75,7 +86,7 @@ impl Nginx {
         std::fs::create_dir(www.join("put")).expect("upload folder");
         std::fs::write(www.join("1k.bin"), super::upstream::pattern(1024)).expect("1k file");
         std::fs::write(www.join("8m.bin"), super::upstream::pattern(8 << 20)).expect("8m file");
-        let ports: Vec<(Server, u16)> = SERVERS.iter().map(|s| (*s, free_port())).collect();
+        let ports: Vec<(Server, u16)> = SERVERS.iter().copied().zip(free).collect();
         // A response header list of about 80 KiB, over the 64 KiB the egress accepts.
         let big_head: String = (0..20)
             .map(|i| format!("add_header X-Big-{i} {};", "b".repeat(4000)))
@@ -133,27 +144,33 @@ impl Nginx {
             .spawn()
             .expect("nginx starts");
         let mut nginx = Nginx { child, dir, ports };
-        nginx.wait_ready();
-        nginx
+        nginx.wait_ready()?;
+        Ok(nginx)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until every server accepts connections; `Err` with nginx's output and error log
+    /// when it exited first.
+    fn wait_ready(&mut self) -> Result<(), String> {
         for (_, port) in self.ports.clone() {
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
             super::wait::poll(Duration::from_secs(10), || {
                 if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                    return Ok(());
+                    return Ok(Ok(()));
                 }
                 if let Ok(Some(status)) = self.child.try_wait() {
                     let mut err = String::new();
                     if let Some(mut e) = self.child.stderr.take() {
                         let _ = e.read_to_string(&mut err);
                     }
-                    panic!("nginx exited ({status}): {err} {}", self.error_log());
+                    return Ok(Err(format!(
+                        "nginx exited ({status}): {err} {}",
+                        self.error_log()
+                    )));
                 }
                 Err(format!("nginx did not listen on {port}"))
-            });
+            })?;
         }
+        Ok(())
     }
 
     /// The port of `server`.

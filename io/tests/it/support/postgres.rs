@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use super::proxies::free_port;
+
 /// What to install when the server binaries are missing.
 pub const INSTALL: &str =
     "install the Debian package `postgresql` (scripts/ci-deps.sh does), or set SORTIE_PG_BIN to \
@@ -104,13 +106,6 @@ fn is_root() -> bool {
 }
 
 /// A port the kernel just handed out on loopback (free a moment ago).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 /// Writes a test CA (`ca.pem`) and a server certificate and key signed by it into `dir`,
 /// readable by the server's user only, and returns the CA's path.
 fn write_certificates(dir: &Path, user: Option<(u32, u32)>) -> PathBuf {

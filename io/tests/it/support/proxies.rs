@@ -16,10 +16,19 @@ const START_LIMIT: Duration = Duration::from_secs(20);
 
 /// A free loopback port (bound and released; the proxy binds it right after).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_ports(1)[0]
+}
+
+/// `n` free loopback ports, all different: each is held bound until all are chosen, since a
+/// port released at once may be handed out again by the next bind (two servers of one
+/// configuration on one port would then share it without an error).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free loopback port"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("bound address").port())
+        .collect()
 }
 
 fn require(program: &str, package: &str) -> PathBuf {
@@ -207,8 +216,16 @@ impl Squid {
         std::fs::write(d.join("squid.conf"), conf).expect("squid.conf");
         set_mode(&d.join("squid.conf"), 0o644);
         let out_log = d.join("out.txt");
+        // Squid names its shared-memory segments after its service name: squids started at the
+        // same time under the default name collide ("shm_open ... File exists") and one exits.
+        static SERVICE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let service = format!(
+            "sortietest{}x{}",
+            std::process::id(),
+            SERVICE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let mut child = Command::new(squid)
-            .args(["-N", "-f"])
+            .args(["-N", "-n", &service, "-f"])
             .arg(d.join("squid.conf"))
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out_log).expect("out file"))
