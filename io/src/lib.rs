@@ -14,6 +14,7 @@ pub mod ingress;
 pub mod metrics;
 pub mod remote;
 pub mod runtime;
+mod send_ahead;
 pub mod serve;
 mod splice;
 pub mod store;

@@ -18,7 +18,7 @@ use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 use super::connect::within;
 use super::error::{self, Expired, Stage};
 use super::fields::{FieldSpans, ResponseFields};
-use super::stream::{Conn, SentWithAnswer, READ_BUF_BYTES};
+use super::stream::{Conn, Sent, READ_BUF_BYTES};
 use super::Timeouts;
 
 /// Interim (1xx) responses skipped before the final one; an upstream that sends more is
@@ -127,14 +127,9 @@ pub(crate) fn limit(
     }
 }
 
-/// Most bytes of a request sent while its answer is read (decision 124): a send the socket's
-/// buffer takes whole (a short send would leave the destination waiting for the rest while
-/// nothing sends it).
-pub(crate) const MAX_SENT_WITH_ANSWER_BYTES: usize = 8 * 1024;
-
 /// Runs one exchange on `conn`.
 pub(crate) async fn exchange(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Failure> {
-    if x.head.len() + x.body.len() <= MAX_SENT_WITH_ANSWER_BYTES {
+    if x.head.len() + x.body.len() <= crate::send_ahead::MAX_SENT_AHEAD_BYTES {
         if let Some(writer) = conn.take_writer() {
             return exchange_with_writer(conn, writer, x).await;
         }
@@ -160,13 +155,14 @@ async fn exchange_with_writer(
         })
         .await;
     match sent {
-        SentWithAnswer::Whole(_) => answer,
-        // As when the send goes first: a failure before the answer.
-        SentWithAnswer::Broke(_) => Err(Failure {
+        Sent::Whole(_) => answer,
+        // As when the send goes first: a failure before the answer (a request the socket did
+        // not take whole, or a failed send).
+        Sent::Short(..) | Sent::Failed => Err(Failure {
             error: error::request_write_broke(),
             is_before_response: true,
         }),
-        SentWithAnswer::NotDone => answer.and_then(|_| {
+        Sent::NotDone => answer.and_then(|_| {
             Err(Failure::during_response(error::reset(
                 Stage::RequestWrite,
                 "the request was not sent by the deadline",

@@ -16,6 +16,8 @@ use monoio::net::TcpStream;
 use monoio_rustls::ClientTlsStream;
 
 use crate::fd::{self, PeerState};
+pub(crate) use crate::send_ahead::Sent;
+use crate::send_ahead::{send_during, SecondWriter};
 
 /// Bytes asked for by one read. A TLS record carries at most 16 KiB of plaintext; a larger
 /// buffer lets one read drain several records.
@@ -56,21 +58,8 @@ pub(crate) struct Conn {
     /// A plain connection's second descriptor of its socket, for a request head sent while the
     /// answer's read waits (io_uring only, decision 124): made on the connection's second
     /// exchange (a connection used once, as with a destination that closes after each answer,
-    /// would pay a descriptor made and closed for nothing), then kept. Boxed, so that the
-    /// connection, which moves between the pool and its exchanges, stays small.
-    writer: Option<Box<TcpStream>>,
-    /// Whether an exchange asked for [`Conn::take_writer`] before.
-    has_asked_writer: bool,
-}
-
-/// What became of a request sent while its answer was read ([`Conn::send_with_answer`]).
-pub(crate) enum SentWithAnswer {
-    /// The socket took it whole; the buffer comes back.
-    Whole(Vec<u8>),
-    /// The send failed or was short; the buffer comes back.
-    Broke(Vec<u8>),
-    /// Not done by the limit.
-    NotDone,
+    /// would pay a descriptor made and closed for nothing), then kept with the connection.
+    writer: SecondWriter,
 }
 
 impl Conn {
@@ -126,8 +115,7 @@ impl Conn {
             buf: Vec::new(),
             is_plaintext_drained: true,
             is_nonblocking: monoio::utils::is_legacy(),
-            writer: None,
-            has_asked_writer: false,
+            writer: SecondWriter::default(),
         }
     }
 
@@ -136,48 +124,26 @@ impl Conn {
     /// the epoll driver (which makes a send when it is polled, not when it is created), on the
     /// connection's first exchange, or if the descriptor cannot be duplicated.
     pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {
-        if !std::mem::replace(&mut self.has_asked_writer, true) {
+        let Transport::Plain(stream) = &self.transport else {
             return None;
-        }
-        if self.writer.is_none() {
-            let Transport::Plain(stream) = &self.transport else {
-                return None;
-            };
-            if monoio::utils::is_legacy() {
-                return None;
-            }
-            self.writer = fd::second_handle(stream).ok().map(Box::new);
-        }
-        self.writer.take()
+        };
+        self.writer.take(stream)
     }
 
     /// Sends `data` on `writer` (lent by [`Conn::take_writer`], given back here) while `answer`
-    /// reads on the connection (decision 124). The send is put on the ring when it is made and
-    /// polled only once `answer` is done, so its completion wakes no task of its own; it is
-    /// collected by `until`.
+    /// reads on the connection (decision 124, [`send_during`]): the send's completion wakes no
+    /// task of its own; it is collected by `until`. Done by then but for a failure: the answer
+    /// came, or the connection broke.
     pub(crate) async fn send_with_answer<T>(
         &mut self,
         mut writer: Box<TcpStream>,
         data: Vec<u8>,
         until: std::time::Instant,
         answer: impl AsyncFnOnce(&mut Conn) -> T,
-    ) -> (T, SentWithAnswer) {
-        let len = data.len();
-        let (answer, sent) = {
-            let mut send = std::pin::pin!(writer.write(data));
-            let answer = answer(self).await;
-            // Done by now but for a failure: the answer came, or the connection broke.
-            let sent = crate::timer::within(until, send.as_mut()).await;
-            (answer, sent)
-        };
-        self.writer = Some(writer);
-        let sent = match sent {
-            Some((Ok(n), data)) if n == len => SentWithAnswer::Whole(data),
-            // A head the socket did not take whole (its buffer was full), or a failed send.
-            Some((_, data)) => SentWithAnswer::Broke(data),
-            None => SentWithAnswer::NotDone,
-        };
-        (answer, sent)
+    ) -> (T, Sent) {
+        let out = send_during(&mut writer, data, until, answer(self)).await;
+        self.writer.put(writer);
+        out
     }
 
     /// The address connected to.

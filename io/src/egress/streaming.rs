@@ -33,7 +33,7 @@ use super::connect::within;
 use super::error::{self, Stage};
 use super::h2conn::{self, H2Body, H2Conn, H2Failure, H2Head, Retry};
 use super::pool::PoolKey;
-use super::stream::{Conn, SentWithAnswer, READ_BUF_BYTES};
+use super::stream::{Conn, Sent, READ_BUF_BYTES};
 use super::{Attempt, Dial, Egress, Inner, Obtained, ProxyRoute, Timeouts};
 use crate::dns::Tenant;
 use crate::splice;
@@ -708,7 +708,7 @@ async fn exchange_head<B: BodySource>(
     if head.is_empty() {
         *head = stream_head(req, length).map_err(before)?;
     }
-    if length == BodyLength::None && head.len() <= client::MAX_SENT_WITH_ANSWER_BYTES {
+    if length == BodyLength::None && head.len() <= crate::send_ahead::MAX_SENT_AHEAD_BYTES {
         if let Some(writer) = conn.take_writer() {
             return head_with_answer(conn, writer, req, head).await;
         }
@@ -804,17 +804,19 @@ async fn head_with_answer(
         is_before_response: true,
     };
     match sent {
-        SentWithAnswer::Whole(data) => {
+        Sent::Whole(data) => {
             *head = data;
             answer
         }
-        // As when the send goes first: a failure before the answer.
-        SentWithAnswer::Broke(data) => {
+        // As when the send goes first: a failure before the answer (a head the socket did not
+        // take whole, or a failed send).
+        Sent::Short(_, data) => {
             *head = data;
             Err(broke())
         }
+        Sent::Failed => Err(broke()),
         // Not sent by the answer's limit: that limit's failure, or the answer's own.
-        SentWithAnswer::NotDone => answer.and_then(|_| Err(broke())),
+        Sent::NotDone => answer.and_then(|_| Err(broke())),
     }
 }
 

@@ -29,6 +29,7 @@ use super::response::{
     encode_head, encode_head_for, ConnectionField, Response, ResponseBody, StreamBody, Tunnel,
 };
 use super::shutdown::ShutdownSignal;
+use crate::send_ahead::{send_during, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
 
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
@@ -73,6 +74,17 @@ pub(crate) struct ConnIo {
     pub(crate) cfg: Rc<ServerConfig>,
     /// Whether the socket was switched to non-blocking mode for `splice`.
     is_nonblocking: bool,
+    /// A second descriptor of the socket, for a response sent while the next head is read
+    /// (io_uring, decision 125): made on a busy period's second response, closed when the
+    /// connection goes idle.
+    writer: SecondWriter,
+}
+
+/// A keep-alive response to send while the next request's head is read (decision 125): its
+/// bytes, and the second descriptor they go out on.
+struct Ahead {
+    writer: Box<TcpStream>,
+    data: Vec<u8>,
 }
 
 impl ConnIo {
@@ -153,6 +165,7 @@ impl ConnIo {
     /// connection keeps none ([`IDLE_RELEASE`]); the next head read allocates it again.
     fn release_buffer(&mut self) {
         self.wbuf = Vec::new();
+        self.writer.release();
         if self.pos >= self.buf.len() {
             self.buf = Vec::new();
             self.pos = 0;
@@ -181,6 +194,42 @@ impl ConnIo {
         let buf = self.write_all_timed_from(buf, 0).await?;
         self.keep_write_buffer(buf);
         Ok(())
+    }
+
+    /// [`ConnIo::write_all_keeping`], or, when `may_send_ahead` and the response is small
+    /// enough, its bytes with the socket's second descriptor, to be sent while the next head is
+    /// read ([`Ahead`]; `None` on the epoll driver and on a busy period's first response).
+    async fn write_or_ahead(
+        &mut self,
+        buf: Vec<u8>,
+        may_send_ahead: bool,
+    ) -> io::Result<Option<Ahead>> {
+        if may_send_ahead && buf.len() <= MAX_SENT_AHEAD_BYTES {
+            if let Some(writer) = self.writer.take(&self.stream) {
+                return Ok(Some(Ahead { writer, data: buf }));
+            }
+        }
+        self.write_all_keeping(buf).await.map(|()| None)
+    }
+
+    /// Collects a response sent ahead: keeps its buffer, writes what a short send left (the
+    /// write timeout then applies as to any write), and fails when the send failed or made no
+    /// progress within the write timeout.
+    async fn finish_ahead(&mut self, writer: Box<TcpStream>, sent: Sent) -> io::Result<()> {
+        self.writer.put(writer);
+        match sent {
+            Sent::Whole(buf) => {
+                self.keep_write_buffer(buf);
+                Ok(())
+            }
+            Sent::Short(n, buf) => {
+                let buf = self.write_all_timed_from(buf, n).await?;
+                self.keep_write_buffer(buf);
+                Ok(())
+            }
+            Sent::Failed => Err(io::Error::from(io::ErrorKind::BrokenPipe)),
+            Sent::NotDone => Err(io::Error::from(io::ErrorKind::TimedOut)),
+        }
     }
 
     /// [`ConnIo::read_more`] that `c` can cancel without losing anything: the buffer comes back
@@ -330,7 +379,8 @@ fn is_cancelled(e: &io::Error) -> bool {
 
 /// Whether the connection goes on after an exchange.
 enum Flow {
-    KeepAlive,
+    /// With the response still to send when it is sent while the next head is read.
+    KeepAlive(Option<Ahead>),
     Close,
     /// HTTP ends: the connection belongs to the tunnel from here.
     Tunnel(Box<dyn Tunnel>),
@@ -406,6 +456,7 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
             wbuf: Vec::new(),
             cfg,
             is_nonblocking,
+            writer: SecondWriter::default(),
         },
         peer,
         handler,
@@ -468,8 +519,27 @@ impl<H: Handler> Connection<H> {
         // One per busy period too: each request's head is copied into the same parts, so that
         // only the first allocates; they go with the busy period, not with an idle connection.
         let mut parts = RequestParts::empty(self.peer);
+        let mut ahead: Option<Ahead> = None;
         loop {
-            match self.read_head(&mut canceller, &mut parts).await {
+            let next = match ahead.take() {
+                None => self.read_head(&mut canceller, &mut parts).await,
+                Some(Ahead { mut writer, data }) => {
+                    // The write timeout runs from the send, as for a response written before.
+                    let until = checked_deadline(
+                        Instant::from_std(crate::timer::now()),
+                        self.io.cfg.write_timeout,
+                    )
+                    .into_std();
+                    let read = self.read_head(&mut canceller, &mut parts);
+                    let (next, sent) = send_during(&mut writer, data, until, read).await;
+                    if let Err(e) = self.io.finish_ahead(writer, sent).await {
+                        tracing::debug!(peer = %self.peer, error = %e, "response send failed");
+                        return Busy::Close;
+                    }
+                    next
+                }
+            };
+            match next {
                 Next::Request => {}
                 Next::Close => return Busy::Close,
                 Next::Idle(deadline) => return Busy::Idle(deadline),
@@ -485,7 +555,8 @@ impl<H: Handler> Connection<H> {
             // allocation of its own; the quiet time it is held through is at most
             // IDLE_RELEASE, after which the connection parks and the box goes.
             match self.exchange(&parts).await {
-                Flow::KeepAlive => {
+                Flow::KeepAlive(sending) => {
+                    ahead = sending;
                     self.io.recycle();
                     // An unusually large head's buffers are not kept for the next request.
                     if parts.capacity_bytes() > MAX_KEPT_PARTS_BYTES {
@@ -689,13 +760,23 @@ impl<H: Handler> Connection<H> {
         } else {
             ConnectionField::Omit
         };
-        if self
-            .write_response(&mut response, is_head, connection, is_http10)
+        // A keep-alive response may go out while the next head is read; a closing one is
+        // followed by lingering, and a tunnel's head by the tunnel, on the connection's own
+        // descriptor.
+        let may_send_ahead = !should_close && !is_tunnel;
+        let ahead = match self
+            .write_response(
+                &mut response,
+                is_head,
+                connection,
+                is_http10,
+                may_send_ahead,
+            )
             .await
-            .is_err()
         {
-            return Flow::Close;
-        }
+            Ok(ahead) => ahead,
+            Err(_) => return Flow::Close,
+        };
         if let ResponseBody::Tunnel(tunnel) = std::mem::take(&mut response.body) {
             return Flow::Tunnel(tunnel);
         }
@@ -703,14 +784,14 @@ impl<H: Handler> Connection<H> {
             self.linger().await;
             return Flow::Close;
         }
-        Flow::KeepAlive
+        Flow::KeepAlive(ahead)
     }
 
     /// Answers an error the server detected itself, then closes.
     async fn reject(&mut self, status: u16, reason: &'static str, is_head: bool) {
         let mut response = self.handler.error_response(status, reason);
         if self
-            .write_response(&mut response, is_head, ConnectionField::Close, false)
+            .write_response(&mut response, is_head, ConnectionField::Close, false, false)
             .await
             .is_ok()
         {
@@ -720,14 +801,17 @@ impl<H: Handler> Connection<H> {
 
     /// Encodes and writes a response; a response that cannot be encoded (a 1xx status, a
     /// header value with CR or LF) is replaced by the handler's 500. A streamed body is written
-    /// as it is produced; the head of a tunnel is written alone.
+    /// as it is produced; the head of a tunnel is written alone. When `may_send_ahead`, a
+    /// response in one small buffer may instead come back unsent, to go out while the next
+    /// head is read ([`ConnIo::write_or_ahead`]).
     async fn write_response(
         &mut self,
         response: &mut Response,
         is_head: bool,
         connection: ConnectionField,
         is_http10: bool,
-    ) -> io::Result<()> {
+        may_send_ahead: bool,
+    ) -> io::Result<Option<Ahead>> {
         let mut out = self
             .io
             .take_write_buffer(response_capacity(response, is_head));
@@ -741,30 +825,41 @@ impl<H: Handler> Connection<H> {
                     fallback = self.handler.error_response(500, "invalid_response");
                     match encode_head(&mut out, &fallback, is_head, ConnectionField::Close) {
                         Ok(has_body) => (&mut fallback, has_body),
-                        Err(_) => return self.io.write_all_timed(INTERNAL_ERROR_RESPONSE).await,
+                        Err(_) => {
+                            return self
+                                .io
+                                .write_all_timed(INTERNAL_ERROR_RESPONSE)
+                                .await
+                                .map(|()| None)
+                        }
                     }
                 }
             };
         if !has_body {
-            return self.io.write_all_keeping(out).await;
+            return self.io.write_or_ahead(out, may_send_ahead).await;
         }
         match &mut response.body {
             ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => {
                 out.extend_from_slice(b);
-                self.io.write_all_keeping(out).await
+                self.io.write_or_ahead(out, may_send_ahead).await
             }
             ResponseBody::Full(b) => {
                 let out = self.io.write_head_and_body_timed(out, b.clone()).await?;
                 self.io.keep_write_buffer(out);
-                Ok(())
+                Ok(None)
             }
             ResponseBody::Stream(stream) => {
                 let is_chunked = stream.length().is_none() && !is_http10;
-                let out = write_stream(&mut self.io, stream.as_mut(), is_chunked, out).await?;
-                self.io.keep_write_buffer(out);
-                Ok(())
+                write_stream(
+                    &mut self.io,
+                    stream.as_mut(),
+                    is_chunked,
+                    out,
+                    may_send_ahead,
+                )
+                .await
             }
-            _ => self.io.write_all_keeping(out).await,
+            _ => self.io.write_or_ahead(out, may_send_ahead).await,
         }
     }
 
@@ -806,13 +901,16 @@ const STREAM_BUFFER_BYTES: usize = 64 * 1024;
 /// Writes the head `head` of a streamed response and its body: each piece as it comes,
 /// chunk-framed when `is_chunked`. The head goes out with the first piece, one write instead of
 /// two. An error of the stream or of the client fails the write; the caller then closes the
-/// connection. Gives the buffer back.
+/// connection. The buffer is kept for the next response; when `may_send_ahead`, the last write
+/// may instead come back unsent ([`ConnIo::write_or_ahead`]), as when the whole body came with
+/// the destination's head.
 async fn write_stream(
     io: &mut ConnIo,
     stream: &mut dyn StreamBody,
     is_chunked: bool,
     head: Vec<u8>,
-) -> io::Result<Vec<u8>> {
+    may_send_ahead: bool,
+) -> io::Result<Option<Ahead>> {
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
     let mut head_len = head.len();
     let mut buf = head;
@@ -831,6 +929,10 @@ async fn write_stream(
             buf = if first.len() <= COALESCE_BODY_BYTES {
                 // A small piece costs less to copy than a second write.
                 buf.extend_from_slice(&first);
+                if declared_left == Some(0) && stream.is_finished() {
+                    // The whole body came with the head: the response is this one write.
+                    return io.write_or_ahead(buf, may_send_ahead).await;
+                }
                 io.write_all_timed_from(buf, 0).await?
             } else {
                 io.write_head_and_body_timed(buf, first).await?
@@ -869,7 +971,7 @@ async fn write_stream(
             Ok(more) => more,
             // The head is still unsent (it goes out with the first piece): nothing reached
             // the client yet.
-            Err(e) if head_len > 0 => return write_failure(io, stream, e).await.map(|()| buf),
+            Err(e) if head_len > 0 => return write_failure(io, stream, e).await.map(|()| None),
             Err(e) => return Err(e),
         };
         if !more {
@@ -914,10 +1016,11 @@ async fn write_stream(
     if is_chunked {
         buf.extend_from_slice(LAST_CHUNK);
     }
-    if !buf.is_empty() {
-        buf = io.write_all_timed_from(buf, 0).await?;
+    if buf.is_empty() {
+        io.keep_write_buffer(buf);
+        return Ok(None);
     }
-    Ok(buf)
+    io.write_or_ahead(buf, may_send_ahead).await
 }
 
 /// Room for a streamed body's pieces: a known small body gets a small buffer.

@@ -49,6 +49,33 @@ fn requests_after_the_connection_went_idle_are_served() {
     assert_eq!(late.get("/late").text(), "GET /late");
 }
 
+/// A small keep-alive response goes out while the server reads the next head (on io_uring,
+/// from a connection's second response on). A client that sends its requests one by one and
+/// reads nothing fills its receive buffer and the server's send buffer: sends made that way
+/// are then short or wait, and what they left is written when the next head is in. Every
+/// response still arrives whole and in order once the client reads.
+#[test]
+fn responses_arrive_whole_and_in_order_to_a_client_that_reads_late() {
+    const REQUESTS: usize = 800;
+    const BODY: usize = 7000;
+    let server = TestServer::start(test_config());
+    let mut c = support::Client::connect_with_receive_buffer(server.addr, 4096);
+    for _ in 0..REQUESTS {
+        c.send(format!("GET /big/{BODY} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
+        // Each head on its own: the server reads each with the response before still going.
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    for i in 1..=REQUESTS {
+        let r = c.reply();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-served").as_deref(), Some(&*i.to_string()));
+        assert_eq!(r.body.len(), BODY, "response {i}");
+        assert!(r.body.iter().all(|&b| b == b'b'), "response {i}");
+    }
+    // The connection is still good.
+    assert_eq!(c.get("/after").text(), "GET /after");
+}
+
 #[test]
 fn pipelined_requests_in_one_write_are_answered_in_order() {
     let server = TestServer::start(test_config());

@@ -284,6 +284,24 @@ impl Client {
         }
     }
 
+    /// Connects with a receive buffer of about `bytes` (the kernel doubles what it is asked
+    /// for): a client that stops reading fills it, and the server's send buffer behind it,
+    /// after a few responses.
+    pub(crate) fn connect_with_receive_buffer(addr: SocketAddr, bytes: usize) -> Client {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        socket.connect(&addr.into()).unwrap();
+        let stream: TcpStream = socket.into();
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        stream.set_write_timeout(Some(WAIT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
     pub(crate) fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).unwrap();
     }
