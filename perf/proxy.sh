@@ -492,7 +492,8 @@ print_tables() {
       *) peer=squid peer_name=squid ;;
     esac
     for size in $SIZES; do
-      ratio_line "$mode" "$size" "$peer" "$peer_name"
+      # A peer left out of LABELS has no row to compare with.
+      [ -z "${RESULTS["$mode $size $peer"]:-}" ] || ratio_line "$mode" "$size" "$peer" "$peer_name"
       [ -z "$BASE_BIN" ] || [ -z "${RESULTS["$mode $size sortie-base"]:-}" ] ||
         ratio_line "$mode" "$size" sortie-base sortie-base
     done
