@@ -88,6 +88,18 @@ URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # of the task waiting on it, in the gateway) a request costs.
 SYSCALLS=${SYSCALLS:-0}
 
+# SPLIT_CPUS=1: the measured hops on HOP_CPUS, everything that makes or serves the load (wrk,
+# tunnelbench, the upstream nginx) on LOAD_CPUS. By default only the gateway's core threads are
+# pinned (to CPU 0, by the gateway itself) and the scheduler places the rest; on a small
+# virtual machine it then sometimes puts the load beside the hop and sometimes not, and the
+# same binary's CPU per request moves by a third between runs (perf/README.md, "A small
+# keep-alive response sent while the next head is read"). Split, every hop gets the same
+# treatment and rounds agree more closely; the figures are not comparable with unsplit runs.
+SPLIT_CPUS=${SPLIT_CPUS:-0}
+HOP_CPUS=${HOP_CPUS:-0}
+LOAD_CPUS=${LOAD_CPUS:-1-$(($(nproc) - 1))}
+LOAD_TASKSET=()
+
 # BASE_BIN=path: also measure a second gateway from that binary (the row `sortie-base`, on its own
 # ports, same configuration) in every mode, interleaved with the others, and print Sortie's
 # requests per CPU-second over its: a change against the build before it in the same run.
@@ -244,6 +256,34 @@ CONF
   wait_port "$HAPROXY_PORT" 10 "${PID_OF[haproxy]}" || { cat "$WORK_DIR/haproxy.log" >&2; die "haproxy did not start"; }
 }
 
+# SPLIT_CPUS=1: pins every thread of the process $2 and of its children to the CPU list $1.
+pin_tree() {
+  local cpus=$1 pid=$2 child
+  taskset -a -p -c "$cpus" "$pid" >/dev/null || die "taskset -p $cpus $pid failed"
+  for child in $(pgrep -P "$pid"); do
+    taskset -a -p -c "$cpus" "$child" >/dev/null || die "taskset -p $cpus $child failed"
+  done
+}
+
+# SPLIT_CPUS=1: the hops on HOP_CPUS, the upstream and the load generators on LOAD_CPUS. The
+# gateways' core threads stay where they pinned themselves; their other threads go to the
+# load's CPUs, out of the core's way.
+split_cpus() {
+  local label pid
+  LOAD_TASKSET=(taskset -c "$LOAD_CPUS")
+  pin_tree "$LOAD_CPUS" "${PID_OF[upstream]}"
+  for label in nginx-hop-master squid tinyproxy haproxy; do
+    pin_tree "$HOP_CPUS" "${PID_OF[$label]}"
+  done
+  for pid in $GATEWAY_PID $BASE_PID; do
+    local task
+    for task in /proc/"$pid"/task/*; do
+      grep -q '^sortie-core-' "$task/comm" 2>/dev/null ||
+        taskset -p -c "$LOAD_CPUS" "${task##*/}" >/dev/null || die "taskset of $task failed"
+    done
+  done
+}
+
 # Starts a gateway from binary $1 as process label $2 (sortie or sortie-base) on its proxy, API and
 # admin ports $3 $4 $5; sets START_PID.
 start_gateway() {
@@ -353,7 +393,7 @@ measure() {
       SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
         SORTIE_PERF_URL="http://$target/$size" SORTIE_PERF_TOKEN="$DEPLOYMENT_TOKEN" \
         SORTIE_PERF_PROXY_AUTH="$auth" SORTIE_PERF_DIR="$PERF_DIR" \
-        timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$script" "$url" \
+        "${LOAD_TASKSET[@]}" timeout 120 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$script" "$url" \
         >"$out" 2>&1 || { cat "$out" >&2; die "wrk $mode $size $label failed"; }
       line=$(grep '^WRK_RESULT ' "$out") || { cat "$out" >&2; die "wrk printed no result"; }
       ;;
@@ -361,11 +401,11 @@ measure() {
       local secs=${DURATION%s} tmode
       if [ "$label" = direct ]; then
         [ "$mode" = connect-new ] && tmode=direct-new || tmode=direct-keepalive
-        line=$(CONNECTIONS=$TUNNEL_CONNECTIONS SECONDS=$secs "$TUNNELBENCH" "$tmode" "$target" "/$size")
+        line=$(CONNECTIONS=$TUNNEL_CONNECTIONS SECONDS=$secs "${LOAD_TASKSET[@]}" "$TUNNELBENCH" "$tmode" "$target" "/$size")
       else
         [ "$mode" = connect-new ] && tmode=new-tunnel || tmode=in-tunnel
         line=$(CONNECTIONS=$TUNNEL_CONNECTIONS SECONDS=$secs PROXY_AUTH="${auth:+perf:$DEPLOYMENT_TOKEN}" \
-          "$TUNNELBENCH" "$tmode" "127.0.0.1:$port" "$target" "/$size")
+          "${LOAD_TASKSET[@]}" "$TUNNELBENCH" "$tmode" "127.0.0.1:$port" "$target" "/$size")
       fi
       ;;
   esac
@@ -437,7 +477,8 @@ main() {
   start_peers
   start_sortie "$bin"
   [ -z "$URINGLAB" ] || start_uringlab
-  say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES${GATEWAY_AFFINITY:+ (affinity $GATEWAY_AFFINITY)}, wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
+  [ "$SPLIT_CPUS" != 1 ] || split_cpus
+  say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES${GATEWAY_AFFINITY:+ (affinity $GATEWAY_AFFINITY)}$([ "$SPLIT_CPUS" != 1 ] || echo ", hops on CPU $HOP_CPUS, load on CPU $LOAD_CPUS"), wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
   local round mode size label
   for ((round = 1; round <= ROUNDS; round++)); do
     for mode in $MODES; do
