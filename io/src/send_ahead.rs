@@ -11,12 +11,13 @@
 //! send would wait for the read, so [`SecondWriter::take`] lends nothing and callers send first.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
-use monoio::io::AsyncWriteRent;
 use monoio::net::TcpStream;
+use monoio::BufResult;
 
-/// Most bytes of a send made with [`send_during`]: what the send buffer of a socket whose
+/// Most bytes of a send made ahead of a read ([`collect`]): what the send buffer of a socket whose
 /// earlier sends were acknowledged takes whole. A short send leaves its rest unsent until it is
 /// collected, while the peer may wait for that rest before it sends what the read waits for.
 pub(crate) const MAX_SENT_AHEAD_BYTES: usize = 8 * 1024;
@@ -56,7 +57,7 @@ impl SecondWriter {
     }
 }
 
-/// What became of a send made with [`send_during`].
+/// What became of a send made ahead of a read ([`collect`]).
 pub(crate) enum Sent {
     /// The socket took it whole; the buffer comes back.
     Whole(Vec<u8>),
@@ -68,23 +69,27 @@ pub(crate) enum Sent {
     NotDone,
 }
 
-/// Sends `data` on `writer` while `during` runs: the send is made (put on the ring) first,
-/// then `during` is polled to its end, then the send is collected, waiting for it until
-/// `until` if it is not done yet.
-pub(crate) async fn send_during<T>(
-    writer: &mut TcpStream,
-    data: Vec<u8>,
-    until: Instant,
-    during: impl Future<Output = T>,
-) -> (T, Sent) {
-    let len = data.len();
-    let mut send = std::pin::pin!(writer.write(data));
-    let out = during.await;
-    let sent = match crate::timer::within(until, send.as_mut()).await {
+/// Collects a send made with `writer.write(data)` (of `len` bytes) before another future ran to
+/// its end, waiting for it until `until` if it is not done yet. The caller pins the send where
+/// it makes it, then awaits its other future, then this:
+///
+/// ```ignore
+/// let len = data.len();
+/// let mut send = std::pin::pin!(writer.write(data)); // on the ring from here
+/// let answer = read_answer().await;                   // the only wake-up
+/// let sent = send_ahead::collect(send.as_mut(), len, until).await;
+/// ```
+///
+/// Not a function that takes the other future: that future would be moved into the function's
+/// own state, a copy of its whole size per call.
+pub(crate) async fn collect<F>(send: Pin<&mut F>, len: usize, until: Instant) -> Sent
+where
+    F: Future<Output = BufResult<usize, Vec<u8>>>,
+{
+    match crate::timer::within(until, send).await {
         Some((Ok(n), data)) if n == len => Sent::Whole(data),
         Some((Ok(n), data)) if n > 0 => Sent::Short(n, data),
         Some(_) => Sent::Failed,
         None => Sent::NotDone,
-    };
-    (out, sent)
+    }
 }

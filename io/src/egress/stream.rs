@@ -17,7 +17,7 @@ use monoio_rustls::ClientTlsStream;
 
 use crate::fd::{self, PeerState};
 pub(crate) use crate::send_ahead::Sent;
-use crate::send_ahead::{send_during, SecondWriter};
+use crate::send_ahead::{collect, SecondWriter};
 
 /// Bytes asked for by one read. A TLS record carries at most 16 KiB of plaintext; a larger
 /// buffer lets one read drain several records.
@@ -131,7 +131,7 @@ impl Conn {
     }
 
     /// Sends `data` on `writer` (lent by [`Conn::take_writer`], given back here) while `answer`
-    /// reads on the connection (decision 124, [`send_during`]): the send's completion wakes no
+    /// reads on the connection (decision 124, [`collect`]): the send's completion wakes no
     /// task of its own; it is collected by `until`. Done by then but for a failure: the answer
     /// came, or the connection broke.
     pub(crate) async fn send_with_answer<T>(
@@ -141,7 +141,12 @@ impl Conn {
         until: std::time::Instant,
         answer: impl AsyncFnOnce(&mut Conn) -> T,
     ) -> (T, Sent) {
-        let out = send_during(&mut writer, data, until, answer(self)).await;
+        let len = data.len();
+        let out = {
+            let mut send = std::pin::pin!(writer.write(data));
+            let answer = answer(self).await;
+            (answer, collect(send.as_mut(), len, until).await)
+        };
         self.writer.put(writer);
         out
     }

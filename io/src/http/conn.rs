@@ -29,7 +29,7 @@ use super::response::{
     encode_head, encode_head_for, ConnectionField, Response, ResponseBody, StreamBody, Tunnel,
 };
 use super::shutdown::ShutdownSignal;
-use crate::send_ahead::{send_during, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
+use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
 
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
@@ -530,8 +530,14 @@ impl<H: Handler> Connection<H> {
                         self.io.cfg.write_timeout,
                     )
                     .into_std();
-                    let read = self.read_head(&mut canceller, &mut parts);
-                    let (next, sent) = send_during(&mut writer, data, until, read).await;
+                    // Made (put on the ring) before the read, collected after it
+                    // (`send_ahead::collect`).
+                    let len = data.len();
+                    let (next, sent) = {
+                        let mut send = pin!(writer.write(data));
+                        let next = self.read_head(&mut canceller, &mut parts).await;
+                        (next, collect(send.as_mut(), len, until).await)
+                    };
                     if let Err(e) = self.io.finish_ahead(writer, sent).await {
                         tracing::debug!(peer = %self.peer, error = %e, "response send failed");
                         return Busy::Close;
