@@ -120,7 +120,7 @@ impl Conn {
     }
 
     /// The second descriptor of a plain connection's socket, taken out for one send made
-    /// while the connection reads (give it back with [`Conn::put_writer`]); `None` for TLS, on
+    /// while the connection reads ([`Conn::send_with_answer`] gives it back); `None` for TLS, on
     /// the epoll driver (which makes a send when it is polled, not when it is created), on the
     /// connection's first exchange, or if the descriptor cannot be duplicated.
     pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {

@@ -274,7 +274,11 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).unwrap();
+        Client::over(TcpStream::connect(addr).unwrap())
+    }
+
+    /// A client on a connected `stream`, with the tests' bounds on every read and write.
+    fn over(stream: TcpStream) -> Client {
         stream.set_read_timeout(Some(WAIT)).unwrap();
         stream.set_write_timeout(Some(WAIT)).unwrap();
         stream.set_nodelay(true).unwrap();
@@ -292,14 +296,7 @@ impl Client {
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         socket.set_recv_buffer_size(bytes).unwrap();
         socket.connect(&addr.into()).unwrap();
-        let stream: TcpStream = socket.into();
-        stream.set_read_timeout(Some(WAIT)).unwrap();
-        stream.set_write_timeout(Some(WAIT)).unwrap();
-        stream.set_nodelay(true).unwrap();
-        Client {
-            stream,
-            buf: Vec::new(),
-        }
+        Client::over(socket.into())
     }
 
     pub(crate) fn send(&mut self, bytes: &[u8]) {
