@@ -1,7 +1,7 @@
 //! Per-core control context: the requests this core is running (so the admin API can list and
 //! cancel them) and the core's mailbox, through which other threads reach them without a lock.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -63,21 +63,21 @@ pub fn mailbox() -> (CoreMailbox, MailboxReceiver) {
     (CoreMailbox { tx }, MailboxReceiver { rx })
 }
 
-/// The cancel signal of one request, shared by the request's future and the core's table: set
-/// once, it wakes the request. Per core, so plain cells suffice.
-#[derive(Default)]
-struct CancelSignal {
-    is_set: Cell<bool>,
-    waker: Cell<Option<Waker>>,
+/// Completes when an operator cancels the request. It names the request's place in its core's
+/// table (`ActiveRequests`), where the cancel mark and the waker live: starting a request
+/// allocates nothing for it. Once the request has left the table it never completes.
+pub struct Cancelled {
+    owner: Rc<ActiveRequests>,
+    index: usize,
+    generation: u32,
 }
-
-/// Completes when an operator cancels the request.
-pub struct Cancelled(Rc<CancelSignal>);
 
 impl Cancelled {
     /// Whether the request was cancelled, without waiting.
     pub fn is_set(&self) -> bool {
-        self.0.is_set.get()
+        let slab = self.owner.slab.borrow();
+        slab.entry(self.index, self.generation)
+            .is_some_and(|e| e.is_cancelled)
     }
 }
 
@@ -85,14 +85,22 @@ impl Future for Cancelled {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0.is_set.get() {
-            return Poll::Ready(());
-        }
-        let waker = match self.0.waker.take() {
-            Some(w) if w.will_wake(cx.waker()) => w,
-            _ => cx.waker().clone(),
+        let this = self.get_mut();
+        // A waker replaced is dropped after the borrow: a waker's drop runs foreign code.
+        let _replaced = {
+            let mut slab = this.owner.slab.borrow_mut();
+            let Some(e) = slab.entry_mut(this.index, this.generation) else {
+                // The request has ended: nothing can cancel it any more.
+                return Poll::Pending;
+            };
+            if e.is_cancelled {
+                return Poll::Ready(());
+            }
+            match &e.waker {
+                Some(w) if w.will_wake(cx.waker()) => None,
+                _ => e.waker.replace(cx.waker().clone()),
+            }
         };
-        self.0.waker.set(Some(waker));
         Poll::Pending
     }
 }
@@ -100,7 +108,9 @@ impl Future for Cancelled {
 struct Entry {
     request_id: RequestId,
     deployment_id: Arc<str>,
-    signal: Rc<CancelSignal>,
+    /// Set by an operator's cancel; read by the request's [`Cancelled`].
+    is_cancelled: bool,
+    waker: Option<Waker>,
 }
 
 /// Requests running on this core: a slab, so that starting and ending a request hashes
@@ -112,9 +122,37 @@ pub struct ActiveRequests {
 
 #[derive(Default)]
 struct Slab {
-    entries: Vec<Option<Entry>>,
+    slots: Vec<Slot>,
     free: Vec<usize>,
     len: usize,
+}
+
+/// One place of the slab. Its generation counts the requests it has held, so that a
+/// [`Cancelled`] of a request that has ended never reads the next one's.
+#[derive(Default)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+impl Slab {
+    fn entry(&self, index: usize, generation: u32) -> Option<&Entry> {
+        self.slots
+            .get(index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.entry.as_ref())
+    }
+
+    fn entry_mut(&mut self, index: usize, generation: u32) -> Option<&mut Entry> {
+        self.slots
+            .get_mut(index)
+            .filter(|s| s.generation == generation)
+            .and_then(|s| s.entry.as_mut())
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().filter_map(|s| s.entry.as_ref())
+    }
 }
 
 /// Removes the request from the active set when dropped (on completion, error or cancel).
@@ -125,13 +163,17 @@ pub struct ActiveGuard {
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        let mut slab = self.owner.slab.borrow_mut();
-        if let Some(slot) = slab.entries.get_mut(self.index) {
-            if slot.take().is_some() {
+        // Taken out under the borrow, dropped after it: a waker's drop runs foreign code.
+        let entry = {
+            let mut slab = self.owner.slab.borrow_mut();
+            let entry = slab.slots.get_mut(self.index).and_then(|s| s.entry.take());
+            if entry.is_some() {
                 slab.len -= 1;
                 slab.free.push(self.index);
             }
-        }
+            entry
+        };
+        drop(entry);
     }
 }
 
@@ -142,32 +184,40 @@ impl ActiveRequests {
         request_id: RequestId,
         deployment_id: Arc<str>,
     ) -> (ActiveGuard, Cancelled) {
-        let signal = Rc::new(CancelSignal::default());
         let entry = Entry {
             request_id,
             deployment_id,
-            signal: Rc::clone(&signal),
+            is_cancelled: false,
+            waker: None,
         };
         let mut slab = self.slab.borrow_mut();
         let index = match slab.free.pop() {
-            Some(i) => {
-                if let Some(slot) = slab.entries.get_mut(i) {
-                    *slot = Some(entry);
-                }
-                i
-            }
+            Some(i) => i,
             None => {
-                slab.entries.push(Some(entry));
-                slab.entries.len() - 1
+                slab.slots.push(Slot::default());
+                slab.slots.len() - 1
             }
         };
+        let generation = match slab.slots.get_mut(index) {
+            Some(slot) => {
+                slot.generation = slot.generation.wrapping_add(1);
+                slot.entry = Some(entry);
+                slot.generation
+            }
+            None => 0,
+        };
         slab.len += 1;
+        drop(slab);
         (
             ActiveGuard {
                 owner: Rc::clone(self),
                 index,
             },
-            Cancelled(signal),
+            Cancelled {
+                owner: Rc::clone(self),
+                index,
+                generation,
+            },
         )
     }
 
@@ -175,9 +225,7 @@ impl ActiveRequests {
     pub fn list(&self) -> Vec<ActiveItem> {
         self.slab
             .borrow()
-            .entries
-            .iter()
-            .flatten()
+            .entries()
             .map(|e| ActiveItem {
                 request_id: e.request_id.to_string(),
                 deployment_id: e.deployment_id.to_string(),
@@ -188,17 +236,21 @@ impl ActiveRequests {
     /// Fires the cancel signal of a request. Repeating it on a request still winding down
     /// answers true again.
     pub fn cancel(&self, request_id: &str) -> bool {
-        let slab = self.slab.borrow();
-        let Some(e) = slab
-            .entries
-            .iter()
-            .flatten()
-            .find(|e| e.request_id.as_str() == request_id)
-        else {
-            return false;
+        let waker = {
+            let mut slab = self.slab.borrow_mut();
+            let Some(e) = slab
+                .slots
+                .iter_mut()
+                .filter_map(|s| s.entry.as_mut())
+                .find(|e| e.request_id.as_str() == request_id)
+            else {
+                return false;
+            };
+            e.is_cancelled = true;
+            e.waker.take()
         };
-        e.signal.is_set.set(true);
-        if let Some(w) = e.signal.waker.take() {
+        // Woken outside the borrow: the task it wakes may be this one.
+        if let Some(w) = waker {
             w.wake();
         }
         true
@@ -312,5 +364,48 @@ mod tests {
         drop(c);
         assert!(active.is_empty());
         assert!(active.list().is_empty());
+    }
+
+    /// A request's `Cancelled` reads its own request only: once the request has ended and its
+    /// place went to the next one, cancelling the next one does not reach it, and it is never
+    /// set again.
+    #[test]
+    fn an_ended_request_does_not_see_the_cancel_of_the_one_in_its_place() {
+        let active = Rc::new(ActiveRequests::default());
+        let [id_a, id_b] = [1, 2].map(|n| sortie_core::ids::request_id([n; 16]));
+        let (a, mut a_cancelled) = active.track(id_a, "d1".into());
+        drop(a);
+        let (_b, mut b_cancelled) = active.track(id_b, "d1".into());
+        assert!(active.cancel(&id_b));
+
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut b_cancelled).poll(&mut cx).is_ready());
+        assert!(b_cancelled.is_set());
+        assert!(Pin::new(&mut a_cancelled).poll(&mut cx).is_pending());
+        assert!(!a_cancelled.is_set());
+    }
+
+    /// A cancel wakes the task that waits on it.
+    #[test]
+    fn a_cancel_wakes_the_waiting_request() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let active = Rc::new(ActiveRequests::default());
+        let id = sortie_core::ids::request_id([7; 16]);
+        let (_guard, mut cancelled) = active.track(id, "d1".into());
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut cancelled).poll(&mut cx).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert!(active.cancel(&id));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert!(Pin::new(&mut cancelled).poll(&mut cx).is_ready());
     }
 }
