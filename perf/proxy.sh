@@ -537,21 +537,28 @@ print_tables() {
       [ -z "${RESULTS["$mode $size $peer"]:-}" ] || ratio_line "$mode" "$size" "$peer" "$peer_name"
       [ -z "$BASE_BIN" ] || [ -z "${RESULTS["$mode $size sortie-base"]:-}" ] ||
         ratio_line "$mode" "$size" sortie-base sortie-base
+      # The lab relays beside the same peer: the floor any io_uring hop of this shape reaches
+      # in this run (decision 122).
+      local variant
+      for variant in $URINGLAB; do
+        [ -z "${RESULTS["$mode $size $peer"]:-}" ] || [ -z "${RESULTS["$mode $size uringlab-$variant"]:-}" ] ||
+          ratio_line "$mode" "$size" "$peer" "$peer_name" "uringlab-$variant"
+      done
     done
   done
 }
 
-# Prints Sortie's requests per CPU-second over those of row $3 (named $4) in mode $1, size $2:
-# of the median rounds, and round by round.
+# Prints the requests per CPU-second of row $5 (default sortie) over those of row $3 (named $4)
+# in mode $1, size $2: of the median rounds, and round by round.
 ratio_line() {
-  local mode=$1 size=$2 other=$3 name=$4 s_line o_line
-  s_line=$(median_line "${RESULTS["$mode $size sortie"]}")
+  local mode=$1 size=$2 other=$3 name=$4 row=${5:-sortie} s_line o_line
+  s_line=$(median_line "${RESULTS["$mode $size $row"]}")
   o_line=$(median_line "${RESULTS["$mode $size $other"]}")
-  say "$mode $size: sortie / $name requests per CPU-second = $(awk \
+  say "$mode $size: $row / $name requests per CPU-second = $(awk \
     -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
     -v on="$(field requests "$o_line")" -v oc="$(field cpu_s "$o_line")" \
     'BEGIN { if (sc > 0 && oc > 0 && on > 0) printf "%.2f", (sn / sc) / (on / oc); else printf "-" }')" \
-    "(medians; round by round: $(round_ratios "${RESULTS["$mode $size sortie"]}" "${RESULTS["$mode $size $other"]}"))"
+    "(medians; round by round: $(round_ratios "${RESULTS["$mode $size $row"]}" "${RESULTS["$mode $size $other"]}"))"
 }
 
 # One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
