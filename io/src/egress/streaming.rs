@@ -374,15 +374,27 @@ impl ResponseBodyReader {
     /// HTTP/1.1 connection and a `Content-Length` body with at least `SPLICE_MIN_BYTES` left,
     /// none of it held in user space (after [`ResponseBodyReader::take_early`]).
     pub fn can_splice(&self) -> bool {
+        self.early.is_empty() && self.splices_after_early()
+    }
+
+    /// What [`ResponseBodyReader::can_splice`] will say once the early bytes are taken
+    /// ([`ResponseBodyReader::take_early`]): whether the server need keep no room for the body.
+    pub fn expects_splice(&self) -> bool {
+        self.splices_after_early()
+    }
+
+    /// The rules of [`ResponseBodyReader::can_splice`] but the early bytes', which count as
+    /// taken: the body left beyond them is what would be spliced.
+    fn splices_after_early(&self) -> bool {
+        let early = self.early.len() as u64;
         !self.is_finished
             && self.h2.is_none()
-            && self.early.is_empty()
             && !self.has_leftover
             && matches!(self.framing, ResponseFraming::ContentLength(_))
             && self
                 .decoder
                 .remaining()
-                .is_some_and(|r| r >= SPLICE_MIN_BYTES)
+                .is_some_and(|r| r.saturating_sub(early) >= SPLICE_MIN_BYTES)
             && self.conn.as_ref().is_some_and(Conn::is_plain)
     }
 
@@ -1033,6 +1045,62 @@ mod tests {
                 format!("{name} /p?q=1 HTTP/1.1\r\n{prefix}{framing}\r\n")
             );
         }
+    }
+
+    /// Before the early bytes are taken, `expects_splice` says what `can_splice` will say after:
+    /// a plain `Content-Length` body whose rest beyond them is at least `SPLICE_MIN_BYTES`.
+    #[test]
+    fn a_splice_is_expected_from_the_body_left_past_the_early_bytes() {
+        let resolver = crate::dns::ResolverPool::start().unwrap();
+        crate::runtime::run_on(crate::runtime::Driver::detect(), async move {
+            let tls = crate::egress::client_config(None).unwrap();
+            let egress = Egress::new(crate::dns::Resolver::new(resolver), &tls);
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let reader = |len: u64, early: usize, conn: Conn| {
+                let framing = ResponseFraming::ContentLength(len);
+                ResponseBodyReader {
+                    conn: Some(conn),
+                    h2: None,
+                    decoder: BodyDecoder::for_response(
+                        framing,
+                        BodyLimits::with_max_body(u64::MAX),
+                    )
+                    .unwrap(),
+                    framing,
+                    early: Bytes::from(vec![b'x'; early]),
+                    is_keep_alive: true,
+                    has_leftover: false,
+                    is_finished: false,
+                    deadline: Instant::now(),
+                    idle: std::time::Duration::from_secs(1),
+                    home: egress.inner.clone(),
+                    key: None,
+                }
+            };
+            let min = SPLICE_MIN_BYTES as usize;
+            // (body length, early bytes, expected)
+            for (len, early, expected) in [
+                (64 * 1024, 4000, true),
+                (min + 4000, 4000, true),
+                (min + 3999, 4000, false),
+                (64 * 1024, 0, true),
+                (1024, 1024, false),
+            ] {
+                let stream = monoio::net::TcpStream::connect(addr).await.unwrap();
+                let (_server, _) = listener.accept().unwrap();
+                let mut r = reader(len as u64, early, Conn::plain(stream, addr));
+                assert_eq!(r.expects_splice(), expected, "{len} bytes, {early} early");
+                assert_eq!(
+                    r.can_splice(),
+                    expected && early == 0,
+                    "before the early bytes"
+                );
+                let _ = r.take_early();
+                assert_eq!(r.can_splice(), expected, "{len} bytes, {early} taken");
+                assert_eq!(r.expects_splice(), r.can_splice(), "after the early bytes");
+            }
+        });
     }
 
     #[test]

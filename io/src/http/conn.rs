@@ -920,8 +920,11 @@ async fn write_stream(
     let prefix = if is_chunked { CHUNK_PREFIX_BYTES } else { 0 };
     let mut head_len = head.len();
     let mut buf = head;
-    // Room the caller did not leave already (`response_capacity`).
-    buf.reserve(stream_room(stream.length()) + prefix + CHUNK_DATA_END.len());
+    // Room the caller did not leave already (`response_capacity`); none for a body that will
+    // be spliced, whose reads (should the splice not happen) reserve their own.
+    if is_chunked || !stream.expects_splice() {
+        buf.reserve(stream_room(stream.length()) + prefix + CHUNK_DATA_END.len());
+    }
     let mut declared_left = stream.length();
     if !is_chunked {
         // Body bytes the stream already holds (read with the destination's head): a large
@@ -1052,6 +1055,10 @@ fn response_capacity(response: &Response, is_head: bool) -> usize {
     let body = match &response.body {
         _ if is_head => 0,
         ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => b.len(),
+        // A body that will be spliced passes through no buffer but for the bytes that came
+        // with its head, copied behind it (a 64 KiB body's room would be allocated and freed
+        // with each response, never written).
+        ResponseBody::Stream(s) if s.expects_splice() => 0,
         ResponseBody::Stream(s) => {
             stream_room(s.length()) + CHUNK_PREFIX_BYTES + CHUNK_DATA_END.len()
         }

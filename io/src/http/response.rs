@@ -111,6 +111,14 @@ pub trait StreamBody {
         false
     }
 
+    /// Whether, before [`StreamBody::take_ready`], the rest of the body past the bytes it will
+    /// give is expected to go by [`StreamBody::splice_into`]: the buffer the head is written
+    /// from then gets no room for the body's pieces, which never pass through it. A wrong
+    /// guess costs only a larger buffer later. `false` (the default) keeps the room.
+    fn expects_splice(&self) -> bool {
+        false
+    }
+
     /// Moves the rest of the body straight to `client` with `splice(2)`, socket to socket, and
     /// returns the bytes moved; each wait for `client` lasts at most `write_timeout`. Called
     /// only when [`StreamBody::can_splice`] said so, after [`StreamBody::take_ready`], for a

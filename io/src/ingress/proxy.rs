@@ -637,6 +637,10 @@ impl StreamBody for RelayedBody {
         !self.cancelled.is_set() && self.reader.can_splice()
     }
 
+    fn expects_splice(&self) -> bool {
+        !self.cancelled.is_set() && self.reader.expects_splice()
+    }
+
     fn splice_into<'a>(
         &'a mut self,
         client: &'a TcpStream,
