@@ -374,18 +374,14 @@ impl ResponseBodyReader {
     /// HTTP/1.1 connection and a `Content-Length` body with at least `SPLICE_MIN_BYTES` left,
     /// none of it held in user space (after [`ResponseBodyReader::take_early`]).
     pub fn can_splice(&self) -> bool {
-        self.early.is_empty() && self.splices_after_early()
+        self.early.is_empty() && self.expects_splice()
     }
 
     /// What [`ResponseBodyReader::can_splice`] will say once the early bytes are taken
-    /// ([`ResponseBodyReader::take_early`]): whether the server need keep no room for the body.
+    /// ([`ResponseBodyReader::take_early`]), so whether the server need keep no room for the
+    /// body: its rules but the early bytes', which count as taken, the body left beyond them
+    /// being what would be spliced.
     pub fn expects_splice(&self) -> bool {
-        self.splices_after_early()
-    }
-
-    /// The rules of [`ResponseBodyReader::can_splice`] but the early bytes', which count as
-    /// taken: the body left beyond them is what would be spliced.
-    fn splices_after_early(&self) -> bool {
         let early = self.early.len() as u64;
         !self.is_finished
             && self.h2.is_none()
