@@ -19,6 +19,8 @@ pub mod serve;
 mod splice;
 pub mod store;
 pub mod systemd;
+#[cfg(test)]
+mod testing;
 pub(crate) mod timer;
 pub mod tokens;
 pub mod upgrade;

@@ -778,17 +778,11 @@ mod tests {
 
     #[test]
     fn a_cancelled_timers_waker_serves_the_same_task_only() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
+        use crate::testing::CountingWaker;
         use std::sync::Arc;
-        struct Count(AtomicUsize);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
         run_on(Driver::detect(), async {
-            let a = Arc::new(Count(AtomicUsize::new(0)));
-            let b = Arc::new(Count(AtomicUsize::new(0)));
+            let a = CountingWaker::new();
+            let b = CountingWaker::new();
             let wa = Waker::from(Arc::clone(&a));
             let wb = Waker::from(Arc::clone(&b));
             // Registered: the wheel holds a clone of A's waker.
@@ -807,8 +801,8 @@ mod tests {
             assert!(s3.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
             assert_eq!(Arc::strong_count(&b), 3);
             crate::timer::sleep(Duration::from_millis(60)).await;
-            assert_eq!(b.0.load(Ordering::SeqCst), 1);
-            assert_eq!(a.0.load(Ordering::SeqCst), 0);
+            assert_eq!(b.wakes(), 1);
+            assert_eq!(a.wakes(), 0);
             assert!(s3.as_mut().poll(&mut Context::from_waker(&wb)).is_ready());
             // A fired timer gave its waker to the wake: the spare is still A's.
             drop(s3);

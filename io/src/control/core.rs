@@ -389,23 +389,17 @@ mod tests {
     /// A cancel wakes the task that waits on it.
     #[test]
     fn a_cancel_wakes_the_waiting_request() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        struct Count(AtomicUsize);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
+        use crate::testing::CountingWaker;
         let active = Rc::new(ActiveRequests::default());
         let id = sortie_core::ids::request_id([7; 16]);
         let (_guard, mut cancelled) = active.track(id, "d1".into());
-        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let count = CountingWaker::new();
         let waker = Waker::from(Arc::clone(&count));
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut cancelled).poll(&mut cx).is_pending());
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(count.wakes(), 0);
         assert!(active.cancel(&id));
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(count.wakes(), 1);
         assert!(Pin::new(&mut cancelled).poll(&mut cx).is_ready());
     }
 }

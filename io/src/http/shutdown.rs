@@ -362,18 +362,12 @@ mod tests {
         crate::runtime::run_on(crate::runtime::Driver::detect(), fut);
     }
 
-    struct CountingWaker(std::sync::atomic::AtomicUsize);
-
-    impl std::task::Wake for CountingWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::testing::CountingWaker;
 
     #[test]
     fn latch_wakes_every_waiter_and_forgets_dropped_ones() {
         let latch = Rc::new(Latch::default());
-        let counter = Arc::new(CountingWaker(std::sync::atomic::AtomicUsize::new(0)));
+        let counter = CountingWaker::new();
         let waker = Waker::from(Arc::clone(&counter));
         let mut cx = Context::from_waker(&waker);
         let mut waits: Vec<_> = (0..3)
@@ -391,7 +385,7 @@ mod tests {
         assert_eq!(latch.waiter_count(), 3);
         latch.set();
         latch.set();
-        assert_eq!(counter.0.load(Ordering::SeqCst), 3);
+        assert_eq!(counter.wakes(), 3);
         for wait in &mut waits {
             assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(()));
         }
