@@ -67,6 +67,7 @@ fn result_json(data: &[u8]) -> Vec<u8> {
         request_id: "req_0123456789abcdef",
         status: 200,
         headers,
+        header_names_are_tokens: true,
         body: ResultBody::Inline(data),
         timing: Timing::default(),
     }

@@ -47,6 +47,10 @@ pub struct RequestResult<'a> {
     pub status: u16,
     /// Response headers in order, duplicates preserved: raw name and value bytes.
     pub headers: &'a [(&'a [u8], &'a [u8])],
+    /// Every name in `headers` is a token, as an HTTP/1.1 parser that accepts nothing else
+    /// read them: they are copied without a look at each byte. False: each is checked and,
+    /// when it is not a token, escaped.
+    pub header_names_are_tokens: bool,
     /// The body.
     pub body: ResultBody<'a>,
     /// Timing.
@@ -90,13 +94,18 @@ fn write_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(crate::decimal::Digits::of(v).as_bytes());
 }
 
+/// A token as a JSON string: nothing in it needs escaping.
+fn write_token(out: &mut Vec<u8>, token: &[u8]) {
+    out.push(b'"');
+    out.extend_from_slice(token);
+    out.push(b'"');
+}
+
 /// Header names are tokens on the wire, copied as they are (a token is ASCII with nothing JSON
 /// escapes); anything else is shown as lossy UTF-8.
 fn write_name(out: &mut Vec<u8>, name: &[u8]) {
     if name.iter().all(|&b| crate::request::is_tchar(b)) {
-        out.push(b'"');
-        out.extend_from_slice(name);
-        out.push(b'"');
+        write_token(out, name);
         return;
     }
     match std::str::from_utf8(name) {
@@ -144,7 +153,11 @@ impl RequestResult<'_> {
                 out.push(b',');
             }
             out.extend_from_slice(b"{\"name\":");
-            write_name(&mut out, n);
+            if self.header_names_are_tokens {
+                write_token(&mut out, n);
+            } else {
+                write_name(&mut out, n);
+            }
             out.extend_from_slice(b",\"value_base64\":");
             write_b64(&mut out, v);
             out.push(b'}');
@@ -222,6 +235,7 @@ mod tests {
                             request_id: id,
                             status: 200,
                             headers: &headers,
+                            header_names_are_tokens: true,
                             body,
                             timing: Timing {
                                 routing_ms: u64::MAX,
@@ -250,6 +264,7 @@ mod tests {
             request_id: "req_1",
             status: 404,
             headers,
+            header_names_are_tokens: false,
             body: ResultBody::Inline(b"hello"),
             timing: Timing {
                 routing_ms: 0,
@@ -270,6 +285,12 @@ mod tests {
         assert_eq!(v["body"]["truncated"], false);
         assert_eq!(v["timing"]["egress_ms"], 20);
         assert_eq!(v["timing"]["total_ms"], 21);
+        // Token names read the same whether they are looked at or taken as tokens.
+        let unchecked = RequestResult {
+            header_names_are_tokens: true,
+            ..r
+        };
+        assert_eq!(unchecked.to_json(), r.to_json());
     }
 
     #[test]
@@ -278,6 +299,7 @@ mod tests {
             request_id: "req_2",
             status: 200,
             headers: &[],
+            header_names_are_tokens: true,
             body: ResultBody::Receipt {
                 receipt_id: "rcpt_x",
                 size_bytes: u64::MAX,

@@ -103,6 +103,13 @@ impl ResponseFields {
         self.lines_end.is_some()
     }
 
+    /// Whether every name is known to be a token without a look at it: the fields are a
+    /// head's lines as the HTTP/1.1 parser accepted them, and it accepts no other names.
+    /// Fields from elsewhere (HTTP/2, the worker bus) answer false.
+    pub fn names_are_tokens(&self) -> bool {
+        self.has_lines()
+    }
+
     /// The value of the first field named `name`, ignoring ASCII case.
     pub fn value(&self, name: &[u8]) -> Option<&[u8]> {
         self.iter()

@@ -139,10 +139,12 @@ pub async fn handle(
     body: Vec<u8>,
 ) -> ApiAnswer {
     let deployment = ctx.state.auth.id(d);
-    let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    let id = sortie_core::ids::request_id(crate::tokens::random_bytes());
+    // The id's text, checked as UTF-8 once here rather than at each use.
+    let request_id: &str = &id;
     let mut pending = Unanswered {
         ctx,
-        request_id: &request_id,
+        request_id,
         deployment,
         is_answered: false,
     };
@@ -150,7 +152,8 @@ pub async fn handle(
     let mut target = None;
     let answer = handle_inner(
         ctx,
-        &request_id,
+        id,
+        request_id,
         d,
         deployment,
         content_type,
@@ -164,7 +167,7 @@ pub async fn handle(
         let (method, destination) = target.unwrap_or(("-", String::from("-")));
         super::access::Access {
             ingress: Ingress::Api,
-            request_id: &request_id,
+            request_id,
             deployment,
             method,
             destination: &destination,
@@ -216,7 +219,8 @@ impl Drop for Unanswered<'_> {
 #[allow(clippy::too_many_arguments)]
 async fn handle_inner(
     ctx: &Dispatcher,
-    request_id: &RequestId,
+    id: RequestId,
+    request_id: &str,
     d: DeploymentRef,
     deployment: &str,
     content_type: Option<&[u8]>,
@@ -291,7 +295,7 @@ async fn handle_inner(
             _ => BodyState::Whole,
         },
     };
-    let (_tracked, mut cancelled) = ctx.active.track(*request_id, ctx.state.auth.shared_id(d));
+    let (_tracked, mut cancelled) = ctx.active.track(id, ctx.state.auth.shared_id(d));
     // A request receipt held for remote attempts, kept across refusals; released (consumed
     // or verified again) before the answer goes out.
     let mut remote_hold: Option<RemoteHold<'_>> = None;
@@ -359,6 +363,7 @@ async fn handle_inner(
         request_id,
         status: resp.status,
         headers: &headers,
+        header_names_are_tokens: resp.headers.names_are_tokens(),
         body: match &resp.body {
             ExchangeBody::Inline { start, rest } => ResultBody::InlineParts(start, rest),
             ExchangeBody::Receipt {
