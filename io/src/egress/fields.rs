@@ -383,6 +383,10 @@ mod tests {
         assert!(!copied.has_lines());
         assert_eq!(copied.lines(0, 1), None);
         assert!(!ResponseFields::decoded(HeadFields::default()).has_lines());
+        // Only the parser's fields are taken for tokens unseen (the request API's envelope).
+        assert!(f.names_are_tokens());
+        assert!(!copied.names_are_tokens());
+        assert!(!ResponseFields::decoded(HeadFields::default()).names_are_tokens());
     }
 
     /// Fields laid out otherwise than a head's lines are fields only: a line between two
