@@ -548,17 +548,28 @@ print_tables() {
   done
 }
 
+# The median of space-separated numbers ("-" for none; of an even count, the mean of the middle
+# two).
+median_of() {
+  printf '%s\n' $1 | awk '$1 != "-"' | sort -g | awk '{ v[NR] = $1 }
+    END { if (NR == 0) print "-"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
+          else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
 # Prints the requests per CPU-second of row $5 (default sortie) over those of row $3 (named $4)
-# in mode $1, size $2: of the median rounds, and round by round.
+# in mode $1, size $2: of the median rounds, round by round, and the median of the rounds'
+# ratios. The two medians differ when the host's speed drifts between rounds; the rounds' own
+# ratios (each of two rows measured back to back) are the steadier figure.
 ratio_line() {
-  local mode=$1 size=$2 other=$3 name=$4 row=${5:-sortie} s_line o_line
+  local mode=$1 size=$2 other=$3 name=$4 row=${5:-sortie} s_line o_line rounds
   s_line=$(median_line "${RESULTS["$mode $size $row"]}")
   o_line=$(median_line "${RESULTS["$mode $size $other"]}")
+  rounds=$(round_ratios "${RESULTS["$mode $size $row"]}" "${RESULTS["$mode $size $other"]}")
   say "$mode $size: $row / $name requests per CPU-second = $(awk \
     -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
     -v on="$(field requests "$o_line")" -v oc="$(field cpu_s "$o_line")" \
     'BEGIN { if (sc > 0 && oc > 0 && on > 0) printf "%.2f", (sn / sc) / (on / oc); else printf "-" }')" \
-    "(medians; round by round: $(round_ratios "${RESULTS["$mode $size $row"]}" "${RESULTS["$mode $size $other"]}"))"
+    "(medians; round by round: $rounds; median of the rounds $(median_of "$rounds"))"
 }
 
 # One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
