@@ -284,8 +284,10 @@ async fn read_response(conn: &mut Conn, x: &Exchange<'_>) -> Result<Response, Fa
     }
     drop(early);
     // The rest of a declared length, and one byte over it: the read that completes the body
-    // may ask for one byte more than the rest (see below) without growing the buffer.
+    // may ask for one byte more than the rest (see below) without growing the buffer. A body
+    // that came whole with the head needs no room at all (no allocation).
     let reserve = match (is_plain, decoder.remaining()) {
+        (true, Some(0)) => 0,
         (true, Some(r)) => usize::try_from(r)
             .unwrap_or(usize::MAX)
             .min(MAX_BODY_RESERVE)
