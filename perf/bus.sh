@@ -275,8 +275,8 @@ main() {
     fi
   done
   local best cpu_best
-  best=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-  cpu_best=$(printf '%s\n' "${cpu_ratios[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  best=$(median_of "${ratios[*]}")
+  cpu_best=$(median_of "${cpu_ratios[*]}")
   [ "$ROUNDS" = 0 ] ||
     say "median ratio req/s: $best (target >= $TARGET_RATIO); median ratio requests per CPU-second: $cpu_best"
   [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"

@@ -548,14 +548,6 @@ print_tables() {
   done
 }
 
-# The median of space-separated numbers ("-" for none; of an even count, the mean of the middle
-# two).
-median_of() {
-  printf '%s\n' $1 | awk '$1 != "-"' | sort -g | awk '{ v[NR] = $1 }
-    END { if (NR == 0) print "-"; else if (NR % 2) printf "%.2f", v[(NR + 1) / 2];
-          else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-
 # Prints the requests per CPU-second of row $5 (default sortie) over those of row $3 (named $4)
 # in mode $1, size $2: of the median rounds, round by round, and the median of the rounds'
 # ratios. The two medians differ when the host's speed drifts between rounds; the rounds' own
