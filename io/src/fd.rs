@@ -170,6 +170,29 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
+/// One `recv(2)` that does not wait (`MSG_DONTWAIT`), into the spare capacity of `buf`, whose
+/// length grows by the bytes received; 0 means the peer closed its side, `WouldBlock` that
+/// nothing was there. For a socket that readiness said has bytes: they are taken at once,
+/// without a second trip through the ring.
+pub(crate) fn recv_now<S: AsRawFd>(socket: &S, buf: &mut Vec<u8>) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: the descriptor is open for the call (borrowed from `socket`), and the kernel
+    // writes at most `spare.len()` bytes into the buffer's spare capacity, which `buf` owns.
+    let n = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+    let len = buf.len().saturating_add(n).min(buf.capacity());
+    // SAFETY: the kernel initialized the `n` bytes after the old length, within the capacity.
+    unsafe { buf.set_len(len) };
+    Ok(n)
+}
+
 /// What a non-waiting poll found on a connection: a client's while its request is served, or
 /// an idle pooled upstream connection's before reuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

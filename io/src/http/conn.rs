@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncReadRent, AsyncWriteRent, CancelHandle, CancelableAsyncReadRent, Canceller};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
 use sortie_core::h1::{
@@ -34,8 +34,8 @@ use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
 pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
-/// How long a connection waits for its next request with a read buffer in the kernel's
-/// hands. After that the read is cancelled (safely: bytes it received are kept), the buffer
+/// How long a connection waits for its next request with its read buffer and its task. After
+/// that the wait (for readiness: no read holds the buffer) ends, the buffer
 /// and the boxed state of reading heads are freed, the task ends, and the connection is parked
 /// (`park.rs`): an idle keep-alive connection keeps its socket and a slot, nothing else. A
 /// connection whose requests come closer together than this never pays for the switch.
@@ -232,11 +232,13 @@ impl ConnIo {
         }
     }
 
-    /// [`ConnIo::read_more`] that `c` can cancel without losing anything: the buffer comes back
-    /// whatever happens, with the bytes a read that completed before the cancellation received.
-    /// A read cancelled before it received anything fails with `ECANCELED` ([`is_cancelled`]).
-    async fn read_more_cancelable(&mut self, c: CancelHandle) -> io::Result<usize> {
-        self.read_spare(Some(c)).await
+    /// Takes what the socket holds now into the buffer's spare capacity, without waiting
+    /// (`WouldBlock` when nothing is there); 0 means the peer closed its side.
+    fn read_now(&mut self) -> io::Result<usize> {
+        if self.buf.len() == self.buf.capacity() {
+            return Err(io::Error::other("read buffer has no room"));
+        }
+        crate::fd::recv_now(&self.stream, &mut self.buf)
     }
 
     /// Reads into the spare capacity of the buffer; 0 means the peer closed its side.
@@ -245,11 +247,6 @@ impl ConnIo {
     /// buffer goes with the cancelled operation and the connection is left with an empty one:
     /// every caller closes the connection in that case.
     pub(crate) async fn read_more(&mut self) -> io::Result<usize> {
-        self.read_spare(None).await
-    }
-
-    /// The one read into the buffer's spare capacity, cancelable through `cancel` when given.
-    async fn read_spare(&mut self, cancel: Option<CancelHandle>) -> io::Result<usize> {
         let pos = std::mem::take(&mut self.pos);
         let buf = std::mem::take(&mut self.buf);
         let (len, cap) = (buf.len(), buf.capacity());
@@ -259,10 +256,7 @@ impl ConnIo {
             return Err(io::Error::other("read buffer has no room"));
         }
         let spare = buf.slice_mut(len..cap);
-        let (res, slice) = match cancel {
-            Some(c) => self.stream.cancelable_read(spare, c).await,
-            None => self.stream.read(spare).await,
-        };
+        let (res, slice) = self.stream.read(spare).await;
         self.buf = slice.into_inner();
         self.pos = pos;
         res
@@ -370,11 +364,6 @@ enum End {
     Tunnel(Box<dyn Tunnel>),
     /// Idle until the deadline given: parked (see `park.rs`), or closed if it cannot be.
     Idle(Instant),
-}
-
-/// Whether a read ended because it was cancelled.
-fn is_cancelled(e: &io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ECANCELED)
 }
 
 /// Whether the connection goes on after an exchange.
@@ -500,7 +489,8 @@ impl<H: Handler> Connection<H> {
             match crate::runtime::boxed_in_place(|| self.busy()).await {
                 Busy::Idle(deadline) => {
                     self.io.release_buffer();
-                    // Bytes that came with the cancellation are served at once.
+                    // Bytes left in the buffer (none, when the wait for a next request went
+                    // quiet) are served at once.
                     if self.io.buffered().is_empty() {
                         return End::Idle(deadline);
                     }
@@ -514,15 +504,13 @@ impl<H: Handler> Connection<H> {
     /// Serves requests while they keep coming: until the connection closes, goes to a
     /// tunnel, or has been idle for [`IDLE_RELEASE`].
     async fn busy(&mut self) -> Busy {
-        // One per busy period: it lets the wait for the next request give its buffer back.
-        let mut canceller = Canceller::new();
         // One per busy period too: each request's head is copied into the same parts, so that
         // only the first allocates; they go with the busy period, not with an idle connection.
         let mut parts = RequestParts::empty(self.peer);
         let mut ahead: Option<Ahead> = None;
         loop {
             let next = match ahead.take() {
-                None => self.read_head(&mut canceller, &mut parts).await,
+                None => self.read_head(&mut parts).await,
                 Some(Ahead { mut writer, data }) => {
                     // The write timeout runs from the send, as for a response written before.
                     let until = checked_deadline(
@@ -535,7 +523,7 @@ impl<H: Handler> Connection<H> {
                     let len = data.len();
                     let (next, sent) = {
                         let mut send = pin!(writer.write(data));
-                        let next = self.read_head(&mut canceller, &mut parts).await;
+                        let next = self.read_head(&mut parts).await;
                         (next, collect(send.as_mut(), len, until).await)
                     };
                     if let Err(e) = self.io.finish_ahead(writer, sent).await {
@@ -576,7 +564,7 @@ impl<H: Handler> Connection<H> {
     }
 
     /// Reads until a complete head is buffered, and copies it into `parts`.
-    async fn read_head(&mut self, canceller: &mut Canceller, parts: &mut RequestParts) -> Next {
+    async fn read_head(&mut self, parts: &mut RequestParts) -> Next {
         let cfg = Rc::clone(&self.io.cfg);
         let limits = &cfg.head_limits;
         let mut head_deadline: Option<Instant> = None;
@@ -641,26 +629,33 @@ impl<H: Handler> Connection<H> {
                 }
                 continue;
             }
-            let mut read = pin!(self.io.read_more_cancelable(canceller.handle()));
-            let release = pin!(crate::timer::sleep_until(release_at.into_std()));
-            let stop = pin!(race(self.shutdown.idle_close(), release));
-            let res = match race(read.as_mut(), stop).await {
-                Either::Left(res) => res,
-                // Shutdown caught the connection idle: the read goes with it.
-                Either::Right(Either::Left(())) => return Next::Close,
-                Either::Right(Either::Right(())) => {
-                    // Quiet for IDLE_RELEASE: cancel the read and take the buffer back, with
-                    // whatever arrived before the cancellation took effect.
-                    *canceller = std::mem::take(canceller).cancel();
-                    match read.await {
-                        Err(e) if is_cancelled(&e) => return Next::Idle(idle_deadline),
-                        res => res,
-                    }
-                }
+            // Readiness first (a poll on the ring, which is safe to drop), then the bytes at
+            // once with a read that does not wait: no operation holds the buffer while the
+            // connection waits, so going quiet or shutting down has nothing to cancel.
+            let woke = {
+                let ready = pin!(self.io.stream.readable(false));
+                let release = pin!(crate::timer::sleep_until(release_at.into_std()));
+                let stop = pin!(race(self.shutdown.idle_close(), release));
+                race(ready, stop).await
             };
-            match res {
-                Ok(0) | Err(_) => return Next::Close,
+            match woke {
+                Either::Left(Ok(())) => {}
+                Either::Left(Err(_)) => return Next::Close,
+                // Shutdown caught the connection idle.
+                Either::Right(Either::Left(())) => return Next::Close,
+                // Quiet for IDLE_RELEASE: the buffer goes back as the connection parks.
+                Either::Right(Either::Right(())) => return Next::Idle(idle_deadline),
+            }
+            match self.io.read_now() {
+                Ok(0) => return Next::Close,
                 Ok(_) => {}
+                // Readiness that found nothing to read: wait again.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(_) => return Next::Close,
             }
         }
     }

@@ -49,6 +49,23 @@ fn requests_after_the_connection_went_idle_are_served() {
     assert_eq!(late.get("/late").text(), "GET /late");
 }
 
+/// Requests that arrive as the wait for the next one reaches the idle release (100 ms), a little
+/// before, at, or a little after it, are served all the same: the connection is either still
+/// waiting for readiness or parked, and neither loses what the client sent.
+#[test]
+fn requests_at_the_idle_release_are_served() {
+    let server = TestServer::start(test_config());
+    let mut c = server.client();
+    for (i, ms) in [90u64, 95, 98, 100, 102, 105, 110, 97, 101, 99]
+        .iter()
+        .enumerate()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(*ms));
+        let path = format!("/at-{i}");
+        assert_eq!(c.get(&path).text(), format!("GET {path}"), "after {ms} ms");
+    }
+}
+
 /// A small keep-alive response goes out while the server reads the next head (on io_uring,
 /// from a connection's second response on). A client that sends its requests one by one and
 /// reads nothing fills its receive buffer and the server's send buffer: sends made that way
