@@ -42,14 +42,13 @@ field() {
   done
   die "no $1 in result line: $2"
 }
-# Microseconds $1 as milliseconds with three decimals.
 # The median of whitespace-separated numbers, "-" entries left out ("-" when none is left); of
 # an even count, the lower of the middle two, as `proxy.sh` picks its median round.
 median_of() {
   printf '%s\n' $1 | awk 'NF && $1 != "-"' | sort -g | awk '{ v[NR] = $1 }
     END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }'
 }
-
+# Microseconds $1 as milliseconds with three decimals.
 us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.3f", us / 1000 }'; }
 die() {
   log "error: $*"

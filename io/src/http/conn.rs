@@ -35,10 +35,10 @@ use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
 pub const INITIAL_READ_BUFFER_BYTES: usize = 4 * 1024;
 /// How long a connection waits for its next request with its read buffer and its task. After
-/// that the wait (for readiness: no read holds the buffer) ends, the buffer
-/// and the boxed state of reading heads are freed, the task ends, and the connection is parked
-/// (`park.rs`): an idle keep-alive connection keeps its socket and a slot, nothing else. A
-/// connection whose requests come closer together than this never pays for the switch.
+/// that the wait (for readiness: no read holds the buffer) ends, the buffer and the boxed state
+/// of reading heads are freed, the task ends, and the connection is parked (`park.rs`): an
+/// idle keep-alive connection keeps its socket and a slot, nothing else. A connection whose
+/// requests come closer together than this never pays for the switch.
 pub(crate) const IDLE_RELEASE: std::time::Duration = std::time::Duration::from_millis(100);
 /// Capacity the read buffer grows to while a request body is read, so that uploads take few
 /// reads; it shrinks back after the request.
