@@ -77,8 +77,9 @@ GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 # features the gateway's runtime does not expose (multishot receive into provided buffers,
 # registered files, zero-copy sends) would save per request, and what splicing large bodies
 # does, beside the least any io_uring hop costs, (http) the least an HTTP-parsing hop costs and
-# (monoio-http) the same work on the gateway's runtime; with CALLGRIND=1, monoio-http's
-# instructions per request too. See perf/README.md.
+# (monoio-http) the same work on the gateway's runtime, (monoio-decisions) that with the
+# gateway's per-request decisions as plain calls into its core; with CALLGRIND=1, the monoio
+# variants' instructions per request too. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # SYSCALLS=1: after the measured rounds, one more (unrecorded) run of every measured process
@@ -346,7 +347,7 @@ start_uringlab() {
   local variant port=$URINGLAB_PORT
   for variant in $URINGLAB; do
     require_free_port "$port" URINGLAB_PORT
-    start_bg "uringlab-$variant" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" "$variant"
+    PROXY_TOKEN=$DEPLOYMENT_TOKEN start_bg "uringlab-$variant" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" "$variant"
     wait_port "$port" 10 "${PID_OF[uringlab-$variant]}" ||
       { cat "$WORK_DIR/uringlab-$variant.log" >&2; die "uringlab $variant did not start"; }
     PORT_OF[uringlab-$variant]=$port
@@ -378,7 +379,9 @@ measure() {
   label_process "$label"
   pid=$LABEL_PID port=$LABEL_PORT
   local target="127.0.0.1:$UPSTREAM_PORT" auth=""
-  [[ "$label" != sortie* ]] || auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
+  # The gateway and the lab relay that makes its decisions check the deployment's credentials.
+  [[ "$label" != sortie* && "$label" != uringlab-monoio-decisions ]] ||
+    auth=$(printf 'perf:%s' "$DEPLOYMENT_TOKEN" | base64 -w0)
   before=$( [ -z "$pid" ] || cpu_ticks "$pid")
   case $mode in
     absolute | api)
@@ -772,23 +775,26 @@ callgrind_all() {
   GATEWAY_PID=""
   # The lab relay on the gateway's runtime, when measured: the instructions of the runtime and
   # the least HTTP work, beside the gateway's.
-  case " $URINGLAB " in *" monoio-http "*) callgrind_monoio_relay ;; esac
+  case " $URINGLAB " in *" monoio-http "*) callgrind_monoio_relay monoio-http ;; esac
+  case " $URINGLAB " in *" monoio-decisions "*) callgrind_monoio_relay monoio-decisions ;; esac
 }
 
-# The `monoio-http` lab relay under callgrind (epoll driver) in absolute mode, each size.
+# The lab relay in variant $1 (monoio-http or monoio-decisions) under callgrind (epoll driver)
+# in absolute mode, each size.
 callgrind_monoio_relay() {
-  local size label=uringlab-monoio-http port=$((URINGLAB_PORT + 20))
+  local variant=$1 size label=uringlab-$1 port=$((URINGLAB_PORT + 20))
   local relay="${CARGO_TARGET_DIR:-$PERF_DIR/uringlab/target}/release/sortie-uringlab"
   local saved_pid=${PID_OF[$label]} saved_port=${PORT_OF[$label]}
   require_free_port "$port" "URINGLAB_PORT (+20)"
   export MONOIO_FORCE_LEGACY_DRIVER=1
-  start_callgrind relay "$port" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" monoio-http
-  unset MONOIO_FORCE_LEGACY_DRIVER
+  export PROXY_TOKEN=$DEPLOYMENT_TOKEN
+  start_callgrind "relay-$variant" "$port" "$relay" "127.0.0.1:$port" "127.0.0.1:$UPSTREAM_PORT" "$variant"
+  unset MONOIO_FORCE_LEGACY_DRIVER PROXY_TOKEN
   PID_OF[$label]=$CG_PID
   PORT_OF[$label]=$port
   for size in $SIZES; do
     callgrind_count "$CG_PID" absolute "$size" "$label"
-    say "relay on monoio (http) $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
+    say "relay on monoio ($variant) $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
     [ -z "$CG_CACHE" ] || say "$CG_CACHE"
   done
   kill "$CG_PID" 2>/dev/null || true

@@ -27,6 +27,10 @@
 //!   monoio task per client connection awaiting owned-buffer reads and writes, the ring set up
 //!   as the gateway's. Between this row and `http` is the runtime's cost; between this row and
 //!   the gateway, the gateway's own.
+//! - `monoio-decisions`: `monoio-http` with the gateway's per-request decisions made between
+//!   the operations as plain calls into `sortie-core` (`decisions.rs`): what the gateway's
+//!   request path could cost at least as one state machine per connection. Requests without
+//!   the deployment's proxy credentials (`PROXY_TOKEN`) are refused.
 //! - `http`: `oneshot`, plus the least HTTP a forward proxy does: the request head is parsed
 //!   with httparse (the gateway's parser), its absolute-form target split into authority and
 //!   path, and a new head written for the upstream (origin-form request line, `Host`, the other
@@ -45,6 +49,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+mod decisions;
 mod on_monoio;
 
 /// Bytes one receive may take by default: as many as the gateway's upstream reads take
@@ -829,7 +834,7 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc|monoio-http");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc|monoio-http|monoio-decisions");
         std::process::exit(2);
     };
     let read_bytes = std::env::var("READ_BYTES")
@@ -841,9 +846,9 @@ fn main() -> io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    if variant == "monoio-http" {
+    if variant == "monoio-http" || variant == "monoio-decisions" {
         pin(cpu);
-        return on_monoio::run(listen, upstream, read_bytes);
+        return on_monoio::run(listen, upstream, read_bytes, variant == "monoio-decisions");
     }
     let http = variant == "http";
     let zc = variant == "zc";

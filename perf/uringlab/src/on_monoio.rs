@@ -16,18 +16,32 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 
 /// Runs the relay on this thread until the process is killed.
-pub(crate) fn run(listen: &str, upstream: &str, read_bytes: usize) -> io::Result<()> {
+pub(crate) fn run(
+    listen: &str,
+    upstream: &str,
+    read_bytes: usize,
+    decisions: bool,
+) -> io::Result<()> {
     let listen: SocketAddr = listen.parse().map_err(io::Error::other)?;
     let upstream: SocketAddr = upstream.parse().map_err(io::Error::other)?;
+    let decided = decisions.then(crate::decisions::Decisions::new);
     let serve = async move {
         let listener = TcpListener::bind(listen).expect("bind the relay's address");
         loop {
             let Ok((client, _)) = listener.accept().await else {
                 continue;
             };
-            monoio::spawn(async move {
-                let _ = relay(client, upstream, read_bytes).await;
-            });
+            match &decided {
+                Some(d) => {
+                    let d = std::sync::Arc::clone(d);
+                    monoio::spawn(async move {
+                        let _ = crate::decisions::relay(d, client, upstream, read_bytes).await;
+                    })
+                }
+                None => monoio::spawn(async move {
+                    let _ = relay(client, upstream, read_bytes).await;
+                }),
+            };
         }
     };
     if std::env::var_os("MONOIO_FORCE_LEGACY_DRIVER").is_some() {
@@ -49,7 +63,7 @@ pub(crate) fn run(listen: &str, upstream: &str, read_bytes: usize) -> io::Result
 }
 
 /// Reads into `buf`'s spare capacity (growing it to `read_bytes` free first); `Ok(0)` at end.
-async fn read_more(
+pub(crate) async fn read_more(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,
     read_bytes: usize,

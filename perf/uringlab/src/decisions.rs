@@ -1,0 +1,277 @@
+//! The `monoio-decisions` variant: the `monoio-http` relay with the gateway's per-request
+//! decisions made between its four operations as plain calls into `sortie-core`, in one task
+//! per client connection: the request path written as one state machine per connection, with
+//! none of the gateway's machinery between the decisions (no handler, dispatch or exchange
+//! futures, no stage limits, no pool, no hand-over of the body).
+//!
+//! Per request, as the gateway's forward proxy decides it:
+//! - the request head parsed by the core's HTTP/1.1 codec (bare LF, framing, `Host`, limits);
+//! - the proxy credentials: `Proxy-Authorization` decoded as Basic, the password compared in
+//!   constant time with the deployment token (`PROXY_TOKEN`; a request without them is refused);
+//! - the method, the absolute-form target parsed by the strict URL parser, the refused ports,
+//!   the routing hints, the `Connection` tokens and the forwarded fields;
+//! - routing: the rule table of `perf/proxy.sh`'s snapshot and one local worker, routed per
+//!   request (`RoutingTable::route`);
+//! - the destination policy on the upstream's address (`127.0.0.0/8` allowed);
+//! - a request id (from a counter: the gateway's comes from a batch of random bytes);
+//! - the upstream request head written by the core's writer (origin form, `Host`, the fields);
+//! - the response head parsed into offsets with its framing rules, each field classified by
+//!   name for relaying, and the client's head written by the core's response writer.
+//!
+//! What it leaves out of the gateway's work: the timers, metrics, the active-request table,
+//! access logging and error answers (a refused request closes the connection here).
+//! So its CPU per request is what the gateway's request path could cost at least with its
+//! decisions as they are: a floor, measured.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use monoio::buf::IoBuf;
+use monoio::io::AsyncWriteRentExt;
+use monoio::net::TcpStream;
+use sortie_core::destination::{Cidr, DestinationPolicy};
+use sortie_core::h1::{
+    parse_request_head, parse_response_head_offsets, write_request_head, FieldOffsets, HeadLimits,
+    OutgoingBody, Parsed, ResponseFraming, ResponseHeadWriter,
+};
+use sortie_core::proxy::{
+    connection_tokens_of, is_forwarded_request_field, parse_basic, response_field_name,
+    route_hints, ResponseFieldName,
+};
+use sortie_core::request::{parse_target_url, Method};
+use sortie_core::routing::{Ingress, RouteRequest, RoutingTable, StickyPins};
+use sortie_core::snapshot::{decode_snapshot, ConfigId};
+use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRecord};
+
+/// `perf/proxy.sh`'s snapshot, as the gateway under test loads it.
+const SNAPSHOT: &str = r#"{"default_timeout_ms":60000,"routing":{"rules":[{"id":"default","priority":100,"constraints":{},"pools":["direct"],"sticky_session_ttl_seconds":0,"allow_sticky_fallback":true}]},"pools":[{"id":"direct"}],"destinations":{"allow":["127.0.0.0/8"],"deny":[]}}"#;
+
+/// Room before a response for the client's head, beyond the upstream head's own.
+const HEADROOM: usize = 512;
+
+/// Ports the gateway refuses by default (a sample of the same size of check).
+const DENIED_PORTS: &[u16] = &[25, 465, 587];
+
+/// What every connection shares: the rule table, the policy and the token.
+pub(crate) struct Decisions {
+    table: RoutingTable,
+    policy: DestinationPolicy,
+    token: Vec<u8>,
+}
+
+impl Decisions {
+    pub(crate) fn new() -> Arc<Decisions> {
+        let mut doc = SNAPSHOT.as_bytes().to_vec();
+        let snapshot = decode_snapshot(&mut doc).expect("the lab's snapshot is valid");
+        let caps = AdvertisedCapabilities {
+            capacity: 100_000,
+            ..Default::default()
+        }
+        .validate()
+        .expect("the lab worker's capabilities are valid");
+        let worker = WorkerRecord::connected(
+            ConfigId::parse("local").expect("a valid worker id"),
+            "session",
+            Executor::Local,
+            caps,
+        );
+        let table = RoutingTable::build(Arc::new(snapshot), [&worker]);
+        let allow: Cidr = "127.0.0.0/8".parse().expect("a valid prefix");
+        let token = std::env::var("PROXY_TOKEN")
+            .unwrap_or_default()
+            .into_bytes();
+        Arc::new(Decisions {
+            table,
+            policy: DestinationPolicy::new(vec![allow], Vec::new()),
+            token,
+        })
+    }
+}
+
+/// Constant-time equality of two byte strings of equal length (the length is not secret).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// The decisions on one request head at the start of `req`: `Some(length of the head)` with
+/// the upstream head written into `out` and the method kept in `method`, `None` while the head
+/// is incomplete; `Err` for a request the gateway would refuse.
+fn decide_request(
+    d: &Decisions,
+    req: &[u8],
+    out: &mut Vec<u8>,
+    upstream_ip: IpAddr,
+    pins: &mut StickyPins,
+    counter: &mut u64,
+    method: &mut Method,
+) -> io::Result<Option<usize>> {
+    let refused = |what: &str| io::Error::other(what.to_owned());
+    let (head, consumed_len) = match parse_request_head(req, &HeadLimits::REQUEST) {
+        Ok(Parsed::Complete { head, consumed_len }) => (head, consumed_len),
+        Ok(Parsed::Partial) => return Ok(None),
+        Err(_) => return Err(refused("bad request head")),
+    };
+    let fields = || head.headers().iter().map(|h| (h.name(), h.value()));
+    // The proxy credentials.
+    let credentials = fields()
+        .find(|(n, _)| n.eq_ignore_ascii_case("proxy-authorization"))
+        .and_then(|(_, v)| parse_basic(v))
+        .ok_or_else(|| refused("no proxy credentials"))?;
+    if !same_secret(credentials.password(), &d.token) {
+        return Err(refused("wrong proxy credentials"));
+    }
+    *method = Method::parse(head.method()).ok_or_else(|| refused("method"))?;
+    let url = parse_target_url(head.target()).map_err(|_| refused("target"))?;
+    if DENIED_PORTS.contains(&url.port) {
+        return Err(refused("port"));
+    }
+    let hints = route_hints(fields()).map_err(|_| refused("hints"))?;
+    let tokens = connection_tokens_of(fields().map(|(n, v)| (n.as_bytes(), v)));
+    let mut forwarded: Vec<(&str, &[u8])> = Vec::with_capacity(head.headers().len());
+    forwarded.extend(fields().filter(|(n, _)| is_forwarded_request_field(n, &tokens)));
+    let host = url.host_str();
+    *counter += 1;
+    let route = RouteRequest {
+        deployment_id: "perf",
+        hints: &hints,
+        ingress: Ingress::Proxy,
+        host: &host,
+        tie_break: *counter,
+    };
+    d.table
+        .route(&route, pins, 0, &|_| 0u32)
+        .map_err(|_| refused("no route"))?;
+    d.policy
+        .check(upstream_ip)
+        .map_err(|_| refused("destination"))?;
+    // The request id, as the gateway writes one per request.
+    let id = sortie_core::ids::request_id((*counter as u128).to_le_bytes());
+    std::hint::black_box(&id);
+    write_request_head(
+        out,
+        head.method(),
+        &url.path_and_query,
+        url.authority().as_bytes(),
+        forwarded,
+        OutgoingBody::None,
+    )
+    .map_err(|_| refused("request head"))?;
+    Ok(Some(consumed_len))
+}
+
+/// The decisions on a complete response head at the start of `resp`: the client's head written
+/// into `out`; returns the head's length and the body's.
+fn decide_response(
+    resp: &[u8],
+    method: Method,
+    fields: &mut Vec<FieldOffsets>,
+    out: &mut Vec<u8>,
+) -> io::Result<Option<(usize, usize)>> {
+    let method = if method == Method::Head {
+        "HEAD"
+    } else {
+        "GET"
+    };
+    let (start, head_len) =
+        match parse_response_head_offsets(resp, method, &HeadLimits::RESPONSE, fields) {
+            Ok(Parsed::Complete { head, consumed_len }) => (head, consumed_len),
+            Ok(Parsed::Partial) => return Ok(None),
+            Err(_) => return Err(io::Error::other("bad response head")),
+        };
+    let body_len = match start.framing() {
+        ResponseFraming::ContentLength(n) => n as usize,
+        ResponseFraming::None => 0,
+        _ => return Err(io::Error::other("the lab relays length-framed bodies only")),
+    };
+    let mut head =
+        ResponseHeadWriter::start(out, start.status()).map_err(|_| io::Error::other("status"))?;
+    for f in fields.iter() {
+        let (name, value) = f.read(resp);
+        match response_field_name(name) {
+            ResponseFieldName::Ordinary | ResponseFieldName::Date => head
+                .field(name, value)
+                .map_err(|_| io::Error::other("field"))?,
+            _ => {}
+        }
+    }
+    head.end(OutgoingBody::ContentLength(body_len as u64));
+    Ok(Some((head_len, body_len)))
+}
+
+/// One client connection: its own upstream connection, requests relayed one at a time with
+/// the decisions above between the operations.
+pub(crate) async fn relay(
+    d: Arc<Decisions>,
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    read_bytes: usize,
+) -> io::Result<()> {
+    client.set_nodelay(true)?;
+    let mut up = TcpStream::connect(upstream).await?;
+    up.set_nodelay(true)?;
+    let mut pins = StickyPins::new(1);
+    let mut counter = 0u64;
+    let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
+    let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        out.clear();
+        let mut method = Method::Get;
+        let len = loop {
+            if let Some(len) = decide_request(
+                &d,
+                &req,
+                &mut out,
+                upstream.ip(),
+                &mut pins,
+                &mut counter,
+                &mut method,
+            )? {
+                break len;
+            }
+            if crate::on_monoio::read_more(&mut client, &mut req, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        };
+        req.drain(..len);
+        let (res, back) = up.write_all(out).await;
+        out = back;
+        res?;
+        // The response is read after room for the client's head, which is written there in
+        // front of the body once decided: one send of head and body, no copy of the body.
+        resp.clear();
+        resp.resize(HEADROOM, 0);
+        out.clear();
+        let (head_len, body_len) = loop {
+            let received = &resp[HEADROOM..];
+            if let Some(lens) = decide_response(received, method, &mut fields, &mut out)? {
+                break lens;
+            }
+            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        };
+        let body_at = HEADROOM + head_len;
+        let end = body_at + body_len;
+        while resp.len() < end {
+            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        }
+        let Some(start) = body_at.checked_sub(out.len()) else {
+            return Err(io::Error::other(
+                "the client's head outgrew the room before the body",
+            ));
+        };
+        resp[start..body_at].copy_from_slice(&out);
+        let (res, back) = client.write_all(resp.slice(start..end)).await;
+        resp = back.into_inner();
+        res?;
+    }
+}
