@@ -78,8 +78,9 @@ GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
 # registered files, zero-copy sends) would save per request, and what splicing large bodies
 # does, beside the least any io_uring hop costs, (http) the least an HTTP-parsing hop costs and
 # (monoio-http) the same work on the gateway's runtime, (monoio-decisions) that with the
-# gateway's per-request decisions as plain calls into its core; with CALLGRIND=1, the monoio
-# variants' instructions per request too. See perf/README.md.
+# gateway's per-request decisions as plain calls into its core; (monoio-api, in the api rows)
+# the request API's decisions the same way; with CALLGRIND=1, the monoio variants'
+# instructions per request too. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # SYSCALLS=1: after the measured rounds, one more (unrecorded) run of every measured process
@@ -391,6 +392,7 @@ measure() {
         */nginx-hop | */haproxy) url="http://127.0.0.1:$port/$size" script="$PERF_DIR/report.lua" ;;
         # The request API: every request POSTs the envelope naming the target.
         api/sortie | api/sortie-base) url="http://127.0.0.1:$LABEL_API_PORT/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
+        api/uringlab-monoio-api) url="http://127.0.0.1:$port/api/v1/requests" script="$PERF_DIR/envelope.lua" ;;
         *) url="http://127.0.0.1:$port" script="$PERF_DIR/proxy.lua" ;;
       esac
       SORTIE_PERF_TARGET="http://$target/$size" SORTIE_PERF_TARGET_HOST="$target" \
@@ -432,12 +434,23 @@ labels_for() {
   done
 }
 
+# The lab relays of URINGLAB that mode $1 measures: `monoio-api` answers the request API's
+# calls, every other variant relays forward-proxy requests.
+relay_labels() {
+  local variant
+  for variant in $URINGLAB; do
+    case $1/$variant in
+      api/monoio-api | absolute/*) [ "$1/$variant" = absolute/monoio-api ] || printf 'uringlab-%s ' "$variant" ;;
+    esac
+  done
+}
+
 all_labels_for() {
   local base=${BASE_BIN:+ sortie-base}
   case $1 in
-    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie$base${URINGLAB:+ $(printf 'uringlab-%s ' $URINGLAB)}" ;;
+    absolute) echo "direct squid tinyproxy nginx-hop haproxy sortie$base $(relay_labels absolute)" ;;
     # The request API beside the best single hop (the target's own figure).
-    api) echo "direct nginx-hop sortie$base" ;;
+    api) echo "direct nginx-hop sortie$base $(relay_labels api)" ;;
     # Reverse hops cannot open tunnels.
     *) echo "direct squid tinyproxy sortie$base" ;;
   esac
@@ -775,14 +788,15 @@ callgrind_all() {
   GATEWAY_PID=""
   # The lab relay on the gateway's runtime, when measured: the instructions of the runtime and
   # the least HTTP work, beside the gateway's.
-  case " $URINGLAB " in *" monoio-http "*) callgrind_monoio_relay monoio-http ;; esac
-  case " $URINGLAB " in *" monoio-decisions "*) callgrind_monoio_relay monoio-decisions ;; esac
+  case " $URINGLAB " in *" monoio-http "*) callgrind_monoio_relay monoio-http absolute ;; esac
+  case " $URINGLAB " in *" monoio-decisions "*) callgrind_monoio_relay monoio-decisions absolute ;; esac
+  case " $URINGLAB " in *" monoio-api "*) callgrind_monoio_relay monoio-api api ;; esac
 }
 
-# The lab relay in variant $1 (monoio-http or monoio-decisions) under callgrind (epoll driver)
-# in absolute mode, each size.
+# The lab relay in variant $1 (monoio-http, monoio-decisions or monoio-api) under callgrind
+# (epoll driver) in mode $2, each size.
 callgrind_monoio_relay() {
-  local variant=$1 size label=uringlab-$1 port=$((URINGLAB_PORT + 20))
+  local variant=$1 mode=$2 size label=uringlab-$1 port=$((URINGLAB_PORT + 20))
   local relay="${CARGO_TARGET_DIR:-$PERF_DIR/uringlab/target}/release/sortie-uringlab"
   local saved_pid=${PID_OF[$label]} saved_port=${PORT_OF[$label]}
   require_free_port "$port" "URINGLAB_PORT (+20)"
@@ -793,7 +807,7 @@ callgrind_monoio_relay() {
   PID_OF[$label]=$CG_PID
   PORT_OF[$label]=$port
   for size in $SIZES; do
-    callgrind_count "$CG_PID" absolute "$size" "$label"
+    callgrind_count "$CG_PID" "$mode" "$size" "$label"
     say "relay on monoio ($variant) $size: $CG_PER_REQUEST instructions per request ($CG_REQUESTS requests)"
     [ -z "$CG_CACHE" ] || say "$CG_CACHE"
   done

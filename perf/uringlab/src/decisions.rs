@@ -26,20 +26,23 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Instant;
 
-use monoio::buf::IoBuf;
+use monoio::buf::{IoBuf, VecBuf};
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 use sortie_core::destination::{Cidr, DestinationPolicy};
+use sortie_core::fingerprint::BUILTIN_PROFILES;
 use sortie_core::h1::{
-    parse_request_head, parse_response_head_offsets, write_request_head, FieldOffsets, HeadLimits,
-    OutgoingBody, Parsed, ResponseFraming, ResponseHeadWriter,
+    parse_request_head, parse_response_head_offsets, write_request_head, BodyFraming, FieldOffsets,
+    HeadLimits, OutgoingBody, Parsed, ResponseFraming, ResponseHeadWriter,
 };
 use sortie_core::proxy::{
     connection_tokens_of, is_forwarded_request_field, parse_basic, response_field_name,
     route_hints, ResponseFieldName,
 };
-use sortie_core::request::{parse_target_url, Method};
+use sortie_core::request::{decode_request, parse_target_url, Method, ValidationContext};
+use sortie_core::result::{RequestResult, ResultBody, Timing};
 use sortie_core::routing::{Ingress, RouteRequest, RoutingTable, StickyPins};
 use sortie_core::snapshot::{decode_snapshot, ConfigId};
 use sortie_core::worker::{AdvertisedCapabilities, Executor, WorkerRecord};
@@ -272,6 +275,240 @@ pub(crate) async fn relay(
         resp[start..body_at].copy_from_slice(&out);
         let (res, back) = client.write_all(resp.slice(start..end)).await;
         resp = back.into_inner();
+        res?;
+    }
+}
+
+/// The request API's limits the gateway validates an envelope against (its defaults).
+const MAX_INLINE_REQUEST_BODY_BYTES: usize = 1024 * 1024;
+const MAX_TIMEOUT_MS: u64 = 300_000;
+
+/// The decisions on one request API call at the start of `req`, its envelope included:
+/// `Some(length of head and envelope)` with the upstream head written into `out`, `None` while
+/// the call is incomplete; `Err` for a call the gateway would refuse.
+fn decide_api_request(
+    d: &Decisions,
+    req: &mut [u8],
+    out: &mut Vec<u8>,
+    upstream_ip: IpAddr,
+    pins: &mut StickyPins,
+    counter: &mut u64,
+    method: &mut Method,
+) -> io::Result<Option<usize>> {
+    let refused = |what: &str| io::Error::other(what.to_owned());
+    let (head_len, body_len) = {
+        let (head, head_len) = match parse_request_head(req, &HeadLimits::REQUEST) {
+            Ok(Parsed::Complete { head, consumed_len }) => (head, consumed_len),
+            Ok(Parsed::Partial) => return Ok(None),
+            Err(_) => return Err(refused("bad request head")),
+        };
+        if head.method() != "POST" || head.target() != "/api/v1/requests" {
+            return Err(refused("not a request API call"));
+        }
+        let field = |name: &str| {
+            head.headers()
+                .iter()
+                .find(|h| h.name().eq_ignore_ascii_case(name))
+                .map(|h| h.value())
+        };
+        // The bearer token.
+        let token = field("authorization")
+            .and_then(|v| v.strip_prefix(b"Bearer "))
+            .ok_or_else(|| refused("no bearer token"))?;
+        if !same_secret(token, &d.token) {
+            return Err(refused("wrong token"));
+        }
+        if !field("content-type")
+            .is_some_and(|v| v.trim_ascii().eq_ignore_ascii_case(b"application/json"))
+        {
+            return Err(refused("content type"));
+        }
+        let body_len = match head.framing() {
+            BodyFraming::ContentLength(n) => n as usize,
+            _ => return Err(refused("the lab reads length-framed envelopes only")),
+        };
+        (head_len, body_len)
+    };
+    let end = head_len + body_len;
+    let Some(envelope) = req.get_mut(head_len..end) else {
+        return Ok(None);
+    };
+    // Decoded in place, as the gateway decodes the body it read.
+    let vctx = ValidationContext {
+        max_inline_request_body_bytes: MAX_INLINE_REQUEST_BODY_BYTES,
+        max_timeout_ms: MAX_TIMEOUT_MS,
+        default_timeout_ms: 60_000,
+        is_object_storage_enabled: false,
+        fingerprint_profiles: BUILTIN_PROFILES,
+    };
+    let r = decode_request(envelope, &vctx).map_err(|_| refused("envelope"))?;
+    if DENIED_PORTS.contains(&r.url.port) {
+        return Err(refused("port"));
+    }
+    *method = r.method;
+    let host = r.url.host_str();
+    *counter += 1;
+    let route = RouteRequest {
+        deployment_id: "perf",
+        hints: &r.routing,
+        ingress: Ingress::Api,
+        host: &host,
+        tie_break: *counter,
+    };
+    d.table
+        .route(&route, pins, 0, &|_| 0u32)
+        .map_err(|_| refused("no route"))?;
+    d.policy
+        .check(upstream_ip)
+        .map_err(|_| refused("destination"))?;
+    write_request_head(
+        out,
+        r.method.as_str(),
+        &r.url.path_and_query,
+        r.url.authority().as_bytes(),
+        r.headers.iter().map(|h| (h.name.as_bytes(), &h.value[..])),
+        OutgoingBody::None,
+    )
+    .map_err(|_| refused("request head"))?;
+    Ok(Some(end))
+}
+
+/// The result envelope of a complete response at the start of `resp` (its head's fields in
+/// `fields`), returned; the client's head for it written into `out`.
+fn answer_api(
+    resp: &[u8],
+    fields: &[FieldOffsets],
+    status: u16,
+    body: &[u8],
+    request_id: &str,
+    timing: Timing,
+    out: &mut Vec<u8>,
+) -> io::Result<Vec<u8>> {
+    let mut headers: Vec<(&[u8], &[u8])> = Vec::with_capacity(fields.len());
+    for f in fields {
+        let (name, value) = f.read(resp);
+        match response_field_name(name) {
+            ResponseFieldName::Connection | ResponseFieldName::HopByHop => {}
+            _ => headers.push((name, value)),
+        }
+    }
+    let json = RequestResult {
+        request_id,
+        status,
+        headers: &headers,
+        header_names_are_tokens: true,
+        body: ResultBody::Inline(body),
+        timing,
+    }
+    .to_json();
+    let mut head = ResponseHeadWriter::start(out, 200).map_err(|_| io::Error::other("status"))?;
+    head.field(b"content-type", b"application/json")
+        .map_err(|_| io::Error::other("field"))?;
+    head.end(OutgoingBody::ContentLength(json.len() as u64));
+    Ok(json)
+}
+
+/// One request API client connection: its own upstream connection, calls answered one at a
+/// time with the request API's decisions between the operations.
+pub(crate) async fn api_relay(
+    d: Arc<Decisions>,
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    read_bytes: usize,
+) -> io::Result<()> {
+    client.set_nodelay(true)?;
+    let mut up = TcpStream::connect(upstream).await?;
+    up.set_nodelay(true)?;
+    let mut pins = StickyPins::new(1);
+    let mut counter = 0u64;
+    let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
+    let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    loop {
+        out.clear();
+        let mut method = Method::Get;
+        let len = loop {
+            if let Some(len) = decide_api_request(
+                &d,
+                &mut req,
+                &mut out,
+                upstream.ip(),
+                &mut pins,
+                &mut counter,
+                &mut method,
+            )? {
+                break len;
+            }
+            if crate::on_monoio::read_more(&mut client, &mut req, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        };
+        let started = Instant::now();
+        let request_id = sortie_core::ids::request_id((counter as u128).to_le_bytes());
+        req.drain(..len);
+        let (res, back) = up.write_all(out).await;
+        out = back;
+        res?;
+        resp.clear();
+        let method_name = if method == Method::Head {
+            "HEAD"
+        } else {
+            "GET"
+        };
+        let (status, head_len, body_len) = loop {
+            match parse_response_head_offsets(
+                &resp,
+                method_name,
+                &HeadLimits::RESPONSE,
+                &mut fields,
+            ) {
+                Ok(Parsed::Complete { head, consumed_len }) => {
+                    let body_len = match head.framing() {
+                        ResponseFraming::ContentLength(n) => n as usize,
+                        ResponseFraming::None => 0,
+                        _ => return Err(io::Error::other("length-framed bodies only")),
+                    };
+                    break (head.status(), consumed_len, body_len);
+                }
+                Ok(Parsed::Partial) => {}
+                Err(_) => return Err(io::Error::other("bad response head")),
+            }
+            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        };
+        let end = head_len + body_len;
+        while resp.len() < end {
+            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
+                return Ok(());
+            }
+        }
+        let done = Instant::now();
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        let timing = Timing {
+            routing_ms: 0,
+            assignment_ms: 0,
+            egress_ms: ms(done - started),
+            total_ms: ms(done - started),
+        };
+        out.clear();
+        let json = answer_api(
+            &resp,
+            &fields,
+            status,
+            &resp[head_len..end],
+            request_id.as_str(),
+            timing,
+            &mut out,
+        )?;
+        // Head and envelope in one vectored send: the envelope is not copied behind the head.
+        let (res, back) = client
+            .write_vectored_all(VecBuf::from(vec![out, json]))
+            .await;
+        let mut back: Vec<Vec<u8>> = back.into();
+        back.truncate(1);
+        out = back.pop().unwrap_or_default();
         res?;
     }
 }

@@ -31,6 +31,11 @@
 //!   the operations as plain calls into `sortie-core` (`decisions.rs`): what the gateway's
 //!   request path could cost at least as one state machine per connection. Requests without
 //!   the deployment's proxy credentials (`PROXY_TOKEN`) are refused.
+//! - `monoio-api`: the request API's counterpart: it answers `POST /api/v1/requests` with the
+//!   bearer token `PROXY_TOKEN`, the envelope decoded and validated by `sortie-core`, routed,
+//!   the destination's answer returned as the result envelope (base64 body and header values),
+//!   all as plain calls between the four operations. Only `perf/proxy.sh`'s `api` mode sends
+//!   it requests.
 //! - `http`: `oneshot`, plus the least HTTP a forward proxy does: the request head is parsed
 //!   with httparse (the gateway's parser), its absolute-form target split into authority and
 //!   path, and a new head written for the upstream (origin-form request line, `Host`, the other
@@ -834,7 +839,7 @@ fn pin(cpu: usize) {
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let [_, listen, upstream, variant] = args.as_slice() else {
-        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc|monoio-http|monoio-decisions");
+        eprintln!("usage: sortie-uringlab LISTEN UPSTREAM oneshot|multishot|oneshot-fixed|multishot-fixed|splice|http|zc|monoio-http|monoio-decisions|monoio-api");
         std::process::exit(2);
     };
     let read_bytes = std::env::var("READ_BYTES")
@@ -846,9 +851,15 @@ fn main() -> io::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    if variant == "monoio-http" || variant == "monoio-decisions" {
+    let work = match variant.as_str() {
+        "monoio-http" => Some(on_monoio::Work::Relay),
+        "monoio-decisions" => Some(on_monoio::Work::Decisions),
+        "monoio-api" => Some(on_monoio::Work::Api),
+        _ => None,
+    };
+    if let Some(work) = work {
         pin(cpu);
-        return on_monoio::run(listen, upstream, read_bytes, variant == "monoio-decisions");
+        return on_monoio::run(listen, upstream, read_bytes, work);
     }
     let http = variant == "http";
     let zc = variant == "zc";
