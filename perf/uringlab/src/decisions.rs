@@ -25,11 +25,12 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
 use monoio::buf::{IoBuf, VecBuf};
-use monoio::io::AsyncWriteRentExt;
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use sortie_core::destination::{Cidr, DestinationPolicy};
 use sortie_core::fingerprint::BUILTIN_PROFILES;
@@ -206,8 +207,47 @@ fn decide_response(
     Ok(Some((head_len, body_len)))
 }
 
+/// A second descriptor of `stream`'s socket, for a send made while a read of it waits.
+fn second(stream: &TcpStream) -> io::Result<TcpStream> {
+    // SAFETY: `stream` owns the descriptor and is borrowed for the whole call; the duplicate
+    // owns its own.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    TcpStream::from_std(std::net::TcpStream::from(fd.try_clone_to_owned()?))
+}
+
+/// Most bytes sent ahead of a read, as the gateway's limit (a send the socket takes whole).
+const MAX_SENT_AHEAD_BYTES: usize = 8 * 1024;
+
+/// Reads until a request head is complete and decided: `Some(its length)` with the upstream
+/// head in `out`, `None` when the client closed.
+#[allow(clippy::too_many_arguments)]
+async fn read_request(
+    d: &Decisions,
+    client: &mut TcpStream,
+    req: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    upstream_ip: IpAddr,
+    pins: &mut StickyPins,
+    counter: &mut u64,
+    method: &mut Method,
+    read_bytes: usize,
+) -> io::Result<Option<usize>> {
+    out.clear();
+    loop {
+        if let Some(len) = decide_request(d, req, out, upstream_ip, pins, counter, method)? {
+            return Ok(Some(len));
+        }
+        if crate::on_monoio::read_more(client, req, read_bytes).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
 /// One client connection: its own upstream connection, requests relayed one at a time with
-/// the decisions above between the operations.
+/// the decisions above between the operations. On io_uring a small send goes on the socket's
+/// second descriptor before the read that follows it and is collected after that read, as the
+/// gateway sends (its decisions 124 and 125): the upstream request while its answer is read,
+/// the answer while the next request is read.
 pub(crate) async fn relay(
     d: Arc<Decisions>,
     mut client: TcpStream,
@@ -217,40 +257,47 @@ pub(crate) async fn relay(
     client.set_nodelay(true)?;
     let mut up = TcpStream::connect(upstream).await?;
     up.set_nodelay(true)?;
+    // The epoll driver makes a send only when it is polled: there, send first.
+    let ahead = !monoio::utils::is_legacy();
+    let mut client2 = second(&client)?;
+    let mut up2 = second(&up)?;
     let mut pins = StickyPins::new(1);
     let mut counter = 0u64;
     let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
     let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
     let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut up_out: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
-    loop {
-        out.clear();
-        let mut method = Method::Get;
-        let len = loop {
-            if let Some(len) = decide_request(
-                &d,
-                &req,
-                &mut out,
-                upstream.ip(),
-                &mut pins,
-                &mut counter,
-                &mut method,
-            )? {
-                break len;
-            }
-            if crate::on_monoio::read_more(&mut client, &mut req, read_bytes).await? == 0 {
-                return Ok(());
-            }
-        };
+    let mut method = Method::Get;
+    let ip = upstream.ip();
+    let mut next = read_request(
+        &d,
+        &mut client,
+        &mut req,
+        &mut up_out,
+        ip,
+        &mut pins,
+        &mut counter,
+        &mut method,
+        read_bytes,
+    )
+    .await?;
+    while let Some(len) = next {
         req.drain(..len);
-        let (res, back) = up.write_all(out).await;
-        out = back;
-        res?;
         // The response is read after room for the client's head, which is written there in
         // front of the body once decided: one send of head and body, no copy of the body.
         resp.clear();
         resp.resize(HEADROOM, 0);
         out.clear();
+        let request_len = up_out.len();
+        let mut sending = std::pin::pin!(up2.write(std::mem::take(&mut up_out)));
+        if !ahead {
+            let (res, back) = sending.as_mut().await;
+            up_out = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
         let (head_len, body_len) = loop {
             let received = &resp[HEADROOM..];
             if let Some(lens) = decide_response(received, method, &mut fields, &mut out)? {
@@ -260,6 +307,13 @@ pub(crate) async fn relay(
                 return Ok(());
             }
         };
+        if ahead {
+            let (res, back) = sending.as_mut().await;
+            up_out = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
         let body_at = HEADROOM + head_len;
         let end = body_at + body_len;
         while resp.len() < end {
@@ -273,10 +327,47 @@ pub(crate) async fn relay(
             ));
         };
         resp[start..body_at].copy_from_slice(&out);
-        let (res, back) = client.write_all(resp.slice(start..end)).await;
-        resp = back.into_inner();
-        res?;
+        if ahead && end - start <= MAX_SENT_AHEAD_BYTES {
+            let mut answer = std::pin::pin!(client2.write(resp.slice(start..end)));
+            next = read_request(
+                &d,
+                &mut client,
+                &mut req,
+                &mut up_out,
+                ip,
+                &mut pins,
+                &mut counter,
+                &mut method,
+                read_bytes,
+            )
+            .await?;
+            let (res, back) = answer.as_mut().await;
+            resp = back.into_inner();
+            let sent = res?;
+            if sent < end - start {
+                let (res, back) = client.write_all(resp.slice(start + sent..end)).await;
+                resp = back.into_inner();
+                res?;
+            }
+        } else {
+            let (res, back) = client.write_all(resp.slice(start..end)).await;
+            resp = back.into_inner();
+            res?;
+            next = read_request(
+                &d,
+                &mut client,
+                &mut req,
+                &mut up_out,
+                ip,
+                &mut pins,
+                &mut counter,
+                &mut method,
+                read_bytes,
+            )
+            .await?;
+        }
     }
+    Ok(())
 }
 
 /// The request API's limits the gateway validates an envelope against (its defaults).
@@ -408,8 +499,34 @@ fn answer_api(
     Ok(json)
 }
 
+/// Reads until a request API call (head and envelope) is complete and decided: `Some(its
+/// length)` with the upstream head in `out`, `None` when the client closed.
+#[allow(clippy::too_many_arguments)]
+async fn read_call(
+    d: &Decisions,
+    client: &mut TcpStream,
+    req: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    upstream_ip: IpAddr,
+    pins: &mut StickyPins,
+    counter: &mut u64,
+    method: &mut Method,
+    read_bytes: usize,
+) -> io::Result<Option<usize>> {
+    out.clear();
+    loop {
+        if let Some(len) = decide_api_request(d, req, out, upstream_ip, pins, counter, method)? {
+            return Ok(Some(len));
+        }
+        if crate::on_monoio::read_more(client, req, read_bytes).await? == 0 {
+            return Ok(None);
+        }
+    }
+}
+
 /// One request API client connection: its own upstream connection, calls answered one at a
-/// time with the request API's decisions between the operations.
+/// time with the request API's decisions between the operations, small sends made ahead of
+/// the read that follows them as in [`relay`].
 pub(crate) async fn api_relay(
     d: Arc<Decisions>,
     mut client: TcpStream,
@@ -419,38 +536,44 @@ pub(crate) async fn api_relay(
     client.set_nodelay(true)?;
     let mut up = TcpStream::connect(upstream).await?;
     up.set_nodelay(true)?;
+    let ahead = !monoio::utils::is_legacy();
+    let mut client2 = second(&client)?;
+    let mut up2 = second(&up)?;
     let mut pins = StickyPins::new(1);
     let mut counter = 0u64;
     let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
     let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
     let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
+    let mut up_out: Vec<u8> = Vec::with_capacity(4096);
     let mut out: Vec<u8> = Vec::with_capacity(4096);
-    loop {
-        out.clear();
-        let mut method = Method::Get;
-        let len = loop {
-            if let Some(len) = decide_api_request(
-                &d,
-                &mut req,
-                &mut out,
-                upstream.ip(),
-                &mut pins,
-                &mut counter,
-                &mut method,
-            )? {
-                break len;
-            }
-            if crate::on_monoio::read_more(&mut client, &mut req, read_bytes).await? == 0 {
-                return Ok(());
-            }
-        };
+    let mut method = Method::Get;
+    let ip = upstream.ip();
+    let mut next = read_call(
+        &d,
+        &mut client,
+        &mut req,
+        &mut up_out,
+        ip,
+        &mut pins,
+        &mut counter,
+        &mut method,
+        read_bytes,
+    )
+    .await?;
+    while let Some(len) = next {
         let started = Instant::now();
         let request_id = sortie_core::ids::request_id((counter as u128).to_le_bytes());
         req.drain(..len);
-        let (res, back) = up.write_all(out).await;
-        out = back;
-        res?;
         resp.clear();
+        let request_len = up_out.len();
+        let mut sending = std::pin::pin!(up2.write(std::mem::take(&mut up_out)));
+        if !ahead {
+            let (res, back) = sending.as_mut().await;
+            up_out = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
         let method_name = if method == Method::Head {
             "HEAD"
         } else {
@@ -478,6 +601,13 @@ pub(crate) async fn api_relay(
                 return Ok(());
             }
         };
+        if ahead {
+            let (res, back) = sending.as_mut().await;
+            up_out = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
         let end = head_len + body_len;
         while resp.len() < end {
             if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
@@ -502,13 +632,52 @@ pub(crate) async fn api_relay(
             timing,
             &mut out,
         )?;
+        let total = out.len() + json.len();
         // Head and envelope in one vectored send: the envelope is not copied behind the head.
-        let (res, back) = client
-            .write_vectored_all(VecBuf::from(vec![out, json]))
-            .await;
-        let mut back: Vec<Vec<u8>> = back.into();
-        back.truncate(1);
-        out = back.pop().unwrap_or_default();
-        res?;
+        let answer = VecBuf::from(vec![std::mem::take(&mut out), json]);
+        if ahead && total <= MAX_SENT_AHEAD_BYTES {
+            let mut sending = std::pin::pin!(client2.writev(answer));
+            next = read_call(
+                &d,
+                &mut client,
+                &mut req,
+                &mut up_out,
+                ip,
+                &mut pins,
+                &mut counter,
+                &mut method,
+                read_bytes,
+            )
+            .await?;
+            let (res, back) = sending.as_mut().await;
+            out = first_of(back);
+            if res? != total {
+                return Err(io::Error::other("short send of an answer"));
+            }
+        } else {
+            let (res, back) = client.write_vectored_all(answer).await;
+            out = first_of(back);
+            res?;
+            next = read_call(
+                &d,
+                &mut client,
+                &mut req,
+                &mut up_out,
+                ip,
+                &mut pins,
+                &mut counter,
+                &mut method,
+                read_bytes,
+            )
+            .await?;
+        }
     }
+    Ok(())
+}
+
+/// The first buffer of a vectored send, to be used again.
+fn first_of(sent: VecBuf) -> Vec<u8> {
+    let mut bufs: Vec<Vec<u8>> = sent.into();
+    bufs.truncate(1);
+    bufs.pop().unwrap_or_default()
 }
