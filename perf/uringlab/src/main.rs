@@ -54,6 +54,10 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+/// The gateway's allocator (mimalloc): the decision relays allocate as it does, at its price.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod decisions;
 mod on_monoio;
 
