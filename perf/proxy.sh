@@ -71,16 +71,16 @@ ALLOC_SITES=${ALLOC_SITES:-0}
 # A CPU list for every thread of the gateway after it started (see start_sortie); empty keeps
 # the gateway's own pinning (one CPU per core thread).
 GATEWAY_AFFINITY=${GATEWAY_AFFINITY:-}
-# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice zc http monoio-http" (any of
-# them): also measure the io_uring lab relay (perf/uringlab) in those variants in the absolute
-# rows, each on its own port from URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring
-# features the gateway's runtime does not expose (multishot receive into provided buffers,
-# registered files, zero-copy sends) would save per request, and what splicing large bodies
-# does, beside the least any io_uring hop costs, (http) the least an HTTP-parsing hop costs and
-# (monoio-http) the same work on the gateway's runtime, (monoio-decisions) that with the
-# gateway's per-request decisions as plain calls into its core; (monoio-api, in the api rows)
-# the request API's decisions the same way; with CALLGRIND=1, the monoio variants'
-# instructions per request too. See perf/README.md.
+# URINGLAB="oneshot multishot oneshot-fixed multishot-fixed splice zc http monoio-http
+# monoio-decisions monoio-api" (any of them): also measure the io_uring lab relay (perf/uringlab)
+# in those variants in the absolute rows (monoio-api in the api rows), each on its own port from
+# URINGLAB_PORT, on CPU 0 as the gateway's first core: what ring features the gateway's runtime
+# does not expose (multishot receive into provided buffers, registered files, zero-copy sends)
+# would save per request, and what splicing large bodies does, beside the least any io_uring
+# hop costs, (http) the least an HTTP-parsing hop costs and (monoio-http) the same work on the
+# gateway's runtime, (monoio-decisions) that with the gateway's per-request decisions as plain
+# calls into its core; (monoio-api) the request API's decisions the same way; with
+# CALLGRIND=1, the monoio variants' instructions per request too. See perf/README.md.
 URINGLAB=${URINGLAB:-}
 URINGLAB_PORT=${URINGLAB_PORT:-19135}
 # SYSCALLS=1: after the measured rounds, one more (unrecorded) run of every measured process
