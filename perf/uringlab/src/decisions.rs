@@ -110,10 +110,12 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 
 /// The decisions on one request head at the start of `req`: `Some(length of the head)` with
 /// the upstream head written into `out` and the method kept in `method`, `None` while the head
-/// is incomplete; `Err` for a request the gateway would refuse.
+/// is incomplete; `Err` for a request the gateway would refuse. `req` is only read; it is
+/// lent mutably as to [`decide_api_request`], which decodes the envelope in place, so that one
+/// read loop ([`Client::read_next`]) serves both.
 fn decide_request(
     d: &Decisions,
-    req: &[u8],
+    req: &mut [u8],
     out: &mut Vec<u8>,
     upstream_ip: IpAddr,
     pins: &mut StickyPins,
@@ -224,29 +226,155 @@ fn second(stream: &TcpStream) -> io::Result<TcpStream> {
 /// Most bytes sent ahead of a read, as the gateway's limit (a send the socket takes whole).
 const MAX_SENT_AHEAD_BYTES: usize = 8 * 1024;
 
-/// Reads until a request head is complete and decided: `Some(its length)` with the upstream
-/// head in `out`, `None` when the client closed.
-#[allow(clippy::too_many_arguments)]
-async fn read_request(
-    d: &Decisions,
-    client: &mut TcpStream,
-    req: &mut Vec<u8>,
-    out: &mut Vec<u8>,
+/// A client connection's side of a relay: its socket, the bytes it sent, and the decisions'
+/// state across its requests.
+struct Client {
+    d: Arc<Decisions>,
+    stream: TcpStream,
+    req: Vec<u8>,
+    /// The upstream head the last decided request is sent as.
+    up_out: Vec<u8>,
     upstream_ip: IpAddr,
-    pins: &mut StickyPins,
-    counter: &mut u64,
-    method: &mut Method,
+    pins: StickyPins,
+    counter: u64,
+    method: Method,
     read_bytes: usize,
-) -> io::Result<Option<usize>> {
-    out.clear();
-    loop {
-        if let Some(len) = decide_request(d, req, out, upstream_ip, pins, counter, method)? {
-            return Ok(Some(len));
-        }
-        if crate::on_monoio::read_more(client, req, read_bytes).await? == 0 {
-            return Ok(None);
+}
+
+impl Client {
+    /// Reads until a request is complete and decided by `decide` ([`decide_request`] or
+    /// [`decide_api_request`]): `Some(its length)` with the upstream head in `up_out`, `None` when
+    /// the client closed.
+    async fn read_next(
+        &mut self,
+        decide: impl Fn(
+            &Decisions,
+            &mut [u8],
+            &mut Vec<u8>,
+            IpAddr,
+            &mut StickyPins,
+            &mut u64,
+            &mut Method,
+        ) -> io::Result<Option<usize>>,
+    ) -> io::Result<Option<usize>> {
+        self.up_out.clear();
+        loop {
+            if let Some(len) = decide(
+                &self.d,
+                &mut self.req,
+                &mut self.up_out,
+                self.upstream_ip,
+                &mut self.pins,
+                &mut self.counter,
+                &mut self.method,
+            )? {
+                return Ok(Some(len));
+            }
+            if crate::on_monoio::read_more(&mut self.stream, &mut self.req, self.read_bytes).await?
+                == 0
+            {
+                return Ok(None);
+            }
         }
     }
+}
+
+/// A relay's upstream connection: one per client connection, with a second descriptor for the
+/// request sent while its answer is read.
+struct Upstream {
+    stream: TcpStream,
+    second: TcpStream,
+    resp: Vec<u8>,
+    fields: Vec<FieldOffsets>,
+    read_bytes: usize,
+}
+
+impl Upstream {
+    /// Sends `request` and reads the answer into `resp` from `at` on, until `head` finds its head
+    /// complete (`Some((head length, body length))`, given the bytes from `at` and the fields'
+    /// offsets to fill) and its body is whole. On io_uring (`ahead`) the request goes on the
+    /// second descriptor and is collected after the head is read; otherwise it is sent first.
+    /// `None` when the upstream closed.
+    async fn exchange(
+        &mut self,
+        request: &mut Vec<u8>,
+        ahead: bool,
+        at: usize,
+        mut head: impl FnMut(&[u8], &mut Vec<FieldOffsets>) -> io::Result<Option<(usize, usize)>>,
+    ) -> io::Result<Option<(usize, usize)>> {
+        let request_len = request.len();
+        let mut sending = std::pin::pin!(self.second.write(std::mem::take(request)));
+        if !ahead {
+            let (res, back) = sending.as_mut().await;
+            *request = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
+        let (head_len, body_len) = loop {
+            if let Some(lens) = head(self.resp.get(at..).unwrap_or_default(), &mut self.fields)? {
+                break lens;
+            }
+            if crate::on_monoio::read_more(&mut self.stream, &mut self.resp, self.read_bytes)
+                .await?
+                == 0
+            {
+                return Ok(None);
+            }
+        };
+        if ahead {
+            let (res, back) = sending.as_mut().await;
+            *request = back;
+            if res? != request_len {
+                return Err(io::Error::other("short send of a request head"));
+            }
+        }
+        let end = at + head_len + body_len;
+        while self.resp.len() < end {
+            if crate::on_monoio::read_more(&mut self.stream, &mut self.resp, self.read_bytes)
+                .await?
+                == 0
+            {
+                return Ok(None);
+            }
+        }
+        Ok(Some((head_len, body_len)))
+    }
+}
+
+/// A client connection accepted by a relay, its upstream connection opened, and a second
+/// descriptor of the client's socket for answers sent while the next request is read. Whether
+/// sends go ahead of reads: on io_uring only (the epoll driver makes a send when it is polled,
+/// so there it is sent first).
+async fn open(
+    d: Arc<Decisions>,
+    client: TcpStream,
+    upstream: SocketAddr,
+    read_bytes: usize,
+) -> io::Result<(Client, TcpStream, Upstream, bool)> {
+    client.set_nodelay(true)?;
+    let up = TcpStream::connect(upstream).await?;
+    up.set_nodelay(true)?;
+    let client2 = second(&client)?;
+    let up = Upstream {
+        second: second(&up)?,
+        stream: up,
+        resp: Vec::with_capacity(read_bytes),
+        fields: Vec::with_capacity(32),
+        read_bytes,
+    };
+    let client = Client {
+        d,
+        stream: client,
+        req: Vec::with_capacity(read_bytes),
+        up_out: Vec::with_capacity(4096),
+        upstream_ip: upstream.ip(),
+        pins: StickyPins::new(1),
+        counter: 0,
+        method: Method::Get,
+        read_bytes,
+    };
+    Ok((client, client2, up, !monoio::utils::is_legacy()))
 }
 
 /// One client connection: its own upstream connection, requests relayed one at a time with
@@ -256,122 +384,56 @@ async fn read_request(
 /// the answer while the next request is read.
 pub(crate) async fn relay(
     d: Arc<Decisions>,
-    mut client: TcpStream,
+    client: TcpStream,
     upstream: SocketAddr,
     read_bytes: usize,
 ) -> io::Result<()> {
-    client.set_nodelay(true)?;
-    let mut up = TcpStream::connect(upstream).await?;
-    up.set_nodelay(true)?;
-    // The epoll driver makes a send only when it is polled: there, send first.
-    let ahead = !monoio::utils::is_legacy();
-    let mut client2 = second(&client)?;
-    let mut up2 = second(&up)?;
-    let mut pins = StickyPins::new(1);
-    let mut counter = 0u64;
-    let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
-    let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
-    let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
-    let mut up_out: Vec<u8> = Vec::with_capacity(4096);
+    let (mut client, mut client2, mut up, ahead) = open(d, client, upstream, read_bytes).await?;
     let mut out: Vec<u8> = Vec::with_capacity(4096);
-    let mut method = Method::Get;
-    let ip = upstream.ip();
-    let mut next = read_request(
-        &d,
-        &mut client,
-        &mut req,
-        &mut up_out,
-        ip,
-        &mut pins,
-        &mut counter,
-        &mut method,
-        read_bytes,
-    )
-    .await?;
+    let mut next = client.read_next(decide_request).await?;
     while let Some(len) = next {
-        req.drain(..len);
+        client.req.drain(..len);
         // The response is read after room for the client's head, which is written there in
         // front of the body once decided: one send of head and body, no copy of the body.
-        resp.clear();
-        resp.resize(HEADROOM, 0);
+        up.resp.clear();
+        up.resp.resize(HEADROOM, 0);
         out.clear();
-        let request_len = up_out.len();
-        let mut sending = std::pin::pin!(up2.write(std::mem::take(&mut up_out)));
-        if !ahead {
-            let (res, back) = sending.as_mut().await;
-            up_out = back;
-            if res? != request_len {
-                return Err(io::Error::other("short send of a request head"));
-            }
-        }
-        let (head_len, body_len) = loop {
-            let received = &resp[HEADROOM..];
-            if let Some(lens) = decide_response(received, method, &mut fields, &mut out)? {
-                break lens;
-            }
-            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
-                return Ok(());
-            }
+        let method = client.method;
+        let answered = up
+            .exchange(&mut client.up_out, ahead, HEADROOM, |received, fields| {
+                decide_response(received, method, fields, &mut out)
+            })
+            .await?;
+        let Some((head_len, body_len)) = answered else {
+            return Ok(());
         };
-        if ahead {
-            let (res, back) = sending.as_mut().await;
-            up_out = back;
-            if res? != request_len {
-                return Err(io::Error::other("short send of a request head"));
-            }
-        }
         let body_at = HEADROOM + head_len;
         let end = body_at + body_len;
-        while resp.len() < end {
-            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
-                return Ok(());
-            }
-        }
         let Some(start) = body_at.checked_sub(out.len()) else {
             return Err(io::Error::other(
                 "the client's head outgrew the room before the body",
             ));
         };
+        let mut resp = std::mem::take(&mut up.resp);
         resp[start..body_at].copy_from_slice(&out);
         if ahead && end - start <= MAX_SENT_AHEAD_BYTES {
             let mut answer = std::pin::pin!(client2.write(resp.slice(start..end)));
-            next = read_request(
-                &d,
-                &mut client,
-                &mut req,
-                &mut up_out,
-                ip,
-                &mut pins,
-                &mut counter,
-                &mut method,
-                read_bytes,
-            )
-            .await?;
+            next = client.read_next(decide_request).await?;
             let (res, back) = answer.as_mut().await;
             resp = back.into_inner();
             let sent = res?;
             if sent < end - start {
-                let (res, back) = client.write_all(resp.slice(start + sent..end)).await;
+                let (res, back) = client.stream.write_all(resp.slice(start + sent..end)).await;
                 resp = back.into_inner();
                 res?;
             }
         } else {
-            let (res, back) = client.write_all(resp.slice(start..end)).await;
+            let (res, back) = client.stream.write_all(resp.slice(start..end)).await;
             resp = back.into_inner();
             res?;
-            next = read_request(
-                &d,
-                &mut client,
-                &mut req,
-                &mut up_out,
-                ip,
-                &mut pins,
-                &mut counter,
-                &mut method,
-                read_bytes,
-            )
-            .await?;
+            next = client.read_next(decide_request).await?;
         }
+        up.resp = resp;
     }
     Ok(())
 }
@@ -505,121 +567,55 @@ fn answer_api(
     Ok(json)
 }
 
-/// Reads until a request API call (head and envelope) is complete and decided: `Some(its
-/// length)` with the upstream head in `out`, `None` when the client closed.
-#[allow(clippy::too_many_arguments)]
-async fn read_call(
-    d: &Decisions,
-    client: &mut TcpStream,
-    req: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-    upstream_ip: IpAddr,
-    pins: &mut StickyPins,
-    counter: &mut u64,
-    method: &mut Method,
-    read_bytes: usize,
-) -> io::Result<Option<usize>> {
-    out.clear();
-    loop {
-        if let Some(len) = decide_api_request(d, req, out, upstream_ip, pins, counter, method)? {
-            return Ok(Some(len));
-        }
-        if crate::on_monoio::read_more(client, req, read_bytes).await? == 0 {
-            return Ok(None);
-        }
-    }
-}
-
 /// One request API client connection: its own upstream connection, calls answered one at a
 /// time with the request API's decisions between the operations, small sends made ahead of
 /// the read that follows them as in [`relay`].
 pub(crate) async fn api_relay(
     d: Arc<Decisions>,
-    mut client: TcpStream,
+    client: TcpStream,
     upstream: SocketAddr,
     read_bytes: usize,
 ) -> io::Result<()> {
-    client.set_nodelay(true)?;
-    let mut up = TcpStream::connect(upstream).await?;
-    up.set_nodelay(true)?;
-    let ahead = !monoio::utils::is_legacy();
-    let mut client2 = second(&client)?;
-    let mut up2 = second(&up)?;
-    let mut pins = StickyPins::new(1);
-    let mut counter = 0u64;
-    let mut fields: Vec<FieldOffsets> = Vec::with_capacity(32);
-    let mut req: Vec<u8> = Vec::with_capacity(read_bytes);
-    let mut resp: Vec<u8> = Vec::with_capacity(read_bytes);
-    let mut up_out: Vec<u8> = Vec::with_capacity(4096);
+    let (mut client, mut client2, mut up, ahead) = open(d, client, upstream, read_bytes).await?;
     let mut out: Vec<u8> = Vec::with_capacity(4096);
-    let mut method = Method::Get;
-    let ip = upstream.ip();
-    let mut next = read_call(
-        &d,
-        &mut client,
-        &mut req,
-        &mut up_out,
-        ip,
-        &mut pins,
-        &mut counter,
-        &mut method,
-        read_bytes,
-    )
-    .await?;
+    let mut next = client.read_next(decide_api_request).await?;
     while let Some(len) = next {
         let started = Instant::now();
-        let request_id = sortie_core::ids::request_id((counter as u128).to_le_bytes());
-        req.drain(..len);
-        resp.clear();
-        let request_len = up_out.len();
-        let mut sending = std::pin::pin!(up2.write(std::mem::take(&mut up_out)));
-        if !ahead {
-            let (res, back) = sending.as_mut().await;
-            up_out = back;
-            if res? != request_len {
-                return Err(io::Error::other("short send of a request head"));
-            }
-        }
-        let method_name = if method == Method::Head {
+        let request_id = sortie_core::ids::request_id((client.counter as u128).to_le_bytes());
+        client.req.drain(..len);
+        up.resp.clear();
+        let method_name = if client.method == Method::Head {
             "HEAD"
         } else {
             "GET"
         };
-        let (status, head_len, body_len) = loop {
-            match parse_response_head_offsets(
-                &resp,
-                method_name,
-                &HeadLimits::RESPONSE,
-                &mut fields,
-            ) {
-                Ok(Parsed::Complete { head, consumed_len }) => {
-                    let body_len = match head.framing() {
-                        ResponseFraming::ContentLength(n) => n as usize,
-                        ResponseFraming::None => 0,
-                        _ => return Err(io::Error::other("length-framed bodies only")),
-                    };
-                    break (head.status(), consumed_len, body_len);
+        let mut status = 0;
+        let answered = up
+            .exchange(&mut client.up_out, ahead, 0, |received, fields| {
+                match parse_response_head_offsets(
+                    received,
+                    method_name,
+                    &HeadLimits::RESPONSE,
+                    fields,
+                ) {
+                    Ok(Parsed::Complete { head, consumed_len }) => {
+                        let body_len = match head.framing() {
+                            ResponseFraming::ContentLength(n) => n as usize,
+                            ResponseFraming::None => 0,
+                            _ => return Err(io::Error::other("length-framed bodies only")),
+                        };
+                        status = head.status();
+                        Ok(Some((consumed_len, body_len)))
+                    }
+                    Ok(Parsed::Partial) => Ok(None),
+                    Err(_) => Err(io::Error::other("bad response head")),
                 }
-                Ok(Parsed::Partial) => {}
-                Err(_) => return Err(io::Error::other("bad response head")),
-            }
-            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
-                return Ok(());
-            }
+            })
+            .await?;
+        let Some((head_len, body_len)) = answered else {
+            return Ok(());
         };
-        if ahead {
-            let (res, back) = sending.as_mut().await;
-            up_out = back;
-            if res? != request_len {
-                return Err(io::Error::other("short send of a request head"));
-            }
-        }
         let end = head_len + body_len;
-        while resp.len() < end {
-            if crate::on_monoio::read_more(&mut up, &mut resp, read_bytes).await? == 0 {
-                return Ok(());
-            }
-        }
         let done = Instant::now();
         let ms = |d: std::time::Duration| d.as_millis() as u64;
         let timing = Timing {
@@ -630,10 +626,10 @@ pub(crate) async fn api_relay(
         };
         out.clear();
         let json = answer_api(
-            &resp,
-            &fields,
+            &up.resp,
+            &up.fields,
             status,
-            &resp[head_len..end],
+            &up.resp[head_len..end],
             request_id.as_str(),
             timing,
             &mut out,
@@ -643,39 +639,17 @@ pub(crate) async fn api_relay(
         let answer = VecBuf::from(vec![std::mem::take(&mut out), json]);
         if ahead && total <= MAX_SENT_AHEAD_BYTES {
             let mut sending = std::pin::pin!(client2.writev(answer));
-            next = read_call(
-                &d,
-                &mut client,
-                &mut req,
-                &mut up_out,
-                ip,
-                &mut pins,
-                &mut counter,
-                &mut method,
-                read_bytes,
-            )
-            .await?;
+            next = client.read_next(decide_api_request).await?;
             let (res, back) = sending.as_mut().await;
             out = first_of(back);
             if res? != total {
                 return Err(io::Error::other("short send of an answer"));
             }
         } else {
-            let (res, back) = client.write_vectored_all(answer).await;
+            let (res, back) = client.stream.write_vectored_all(answer).await;
             out = first_of(back);
             res?;
-            next = read_call(
-                &d,
-                &mut client,
-                &mut req,
-                &mut up_out,
-                ip,
-                &mut pins,
-                &mut counter,
-                &mut method,
-                read_bytes,
-            )
-            .await?;
+            next = client.read_next(decide_api_request).await?;
         }
     }
     Ok(())
