@@ -857,8 +857,8 @@ fn main() -> io::Result<()> {
         .unwrap_or(0);
     let work = match variant.as_str() {
         "monoio-http" => Some(on_monoio::Work::Relay),
-        "monoio-decisions" => Some(on_monoio::Work::Decisions),
-        "monoio-api" => Some(on_monoio::Work::Api),
+        "monoio-decisions" => Some(on_monoio::Work::Decisions(decisions::Decisions::new())),
+        "monoio-api" => Some(on_monoio::Work::Api(decisions::Decisions::new())),
         _ => None,
     };
     if let Some(work) = work {

@@ -10,49 +10,50 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use monoio::buf::{IoBufMut, SliceMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 
+use crate::decisions::Decisions;
+
 /// What each client connection's task does.
-#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Work {
     /// `monoio-http`: relay, parsing only what framing needs.
     Relay,
     /// `monoio-decisions`: relay with the forward proxy's decisions.
-    Decisions,
+    Decisions(Arc<Decisions>),
     /// `monoio-api`: answer request API calls with the request API's decisions.
-    Api,
+    Api(Arc<Decisions>),
 }
 
 /// Runs the relay on this thread until the process is killed.
 pub(crate) fn run(listen: &str, upstream: &str, read_bytes: usize, work: Work) -> io::Result<()> {
     let listen: SocketAddr = listen.parse().map_err(io::Error::other)?;
     let upstream: SocketAddr = upstream.parse().map_err(io::Error::other)?;
-    let decided = (work != Work::Relay).then(crate::decisions::Decisions::new);
     let serve = async move {
         let listener = TcpListener::bind(listen).expect("bind the relay's address");
         loop {
             let Ok((client, _)) = listener.accept().await else {
                 continue;
             };
-            match (&decided, work) {
-                (Some(d), Work::Decisions) => {
-                    let d = std::sync::Arc::clone(d);
+            match &work {
+                Work::Relay => monoio::spawn(async move {
+                    let _ = relay(client, upstream, read_bytes).await;
+                }),
+                Work::Decisions(d) => {
+                    let d = Arc::clone(d);
                     monoio::spawn(async move {
                         let _ = crate::decisions::relay(d, client, upstream, read_bytes).await;
                     })
                 }
-                (Some(d), Work::Api) => {
-                    let d = std::sync::Arc::clone(d);
+                Work::Api(d) => {
+                    let d = Arc::clone(d);
                     monoio::spawn(async move {
                         let _ = crate::decisions::api_relay(d, client, upstream, read_bytes).await;
                     })
                 }
-                _ => monoio::spawn(async move {
-                    let _ = relay(client, upstream, read_bytes).await;
-                }),
             };
         }
     };
