@@ -440,7 +440,8 @@ relay_labels() {
   local variant
   for variant in $URINGLAB; do
     case $1/$variant in
-      api/monoio-api | absolute/*) [ "$1/$variant" = absolute/monoio-api ] || printf 'uringlab-%s ' "$variant" ;;
+      absolute/monoio-api) ;;
+      api/monoio-api | absolute/*) printf 'uringlab-%s ' "$variant" ;;
     esac
   done
 }
