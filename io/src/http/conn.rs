@@ -51,11 +51,6 @@ const COALESCE_BODY_BYTES: usize = 16 * 1024;
 const MAX_KEPT_PARTS_BYTES: usize = INITIAL_READ_BUFFER_BYTES;
 /// Room reserved for a response head.
 const HEAD_CAPACITY: usize = 256;
-/// Most bytes of write buffer a busy connection keeps between responses: each response is
-/// encoded into the buffer the one before it was written from (memory the core touched a
-/// moment ago, and no allocation); a larger one is freed after its response. Freed with the
-/// read buffer when the connection goes idle.
-const MAX_KEPT_WRITE_BUFFER_BYTES: usize = COALESCE_BODY_BYTES + INITIAL_READ_BUFFER_BYTES;
 /// Most bytes discarded while lingering after a closing response.
 pub const MAX_LINGER_BYTES: usize = 64 * 1024;
 /// Sent when neither the handler's response nor its 500 can be encoded.
@@ -68,9 +63,6 @@ pub(crate) struct ConnIo {
     /// Bytes read and not yet handed out live in `buf[pos..]`.
     buf: Vec<u8>,
     pos: usize,
-    /// The buffer the last response was written from, kept for the next one while the
-    /// connection is busy ([`MAX_KEPT_WRITE_BUFFER_BYTES`]).
-    wbuf: Vec<u8>,
     pub(crate) cfg: Rc<ServerConfig>,
     /// Whether the socket was switched to non-blocking mode for `splice`.
     is_nonblocking: bool,
@@ -164,7 +156,6 @@ impl ConnIo {
     /// Frees the read buffer of a connection that holds no unconsumed bytes: an idle
     /// connection keeps none ([`IDLE_RELEASE`]); the next head read allocates it again.
     fn release_buffer(&mut self) {
-        self.wbuf = Vec::new();
         self.writer.release();
         if self.pos >= self.buf.len() {
             self.buf = Vec::new();
@@ -172,31 +163,7 @@ impl ConnIo {
         }
     }
 
-    /// An empty buffer of at least `capacity` to encode a response into: the one kept from
-    /// the response before, when there is one.
-    fn take_write_buffer(&mut self, capacity: usize) -> Vec<u8> {
-        let mut out = std::mem::take(&mut self.wbuf);
-        out.clear();
-        out.reserve(capacity);
-        out
-    }
-
-    /// Keeps `buf` for the next response, unless it grew past [`MAX_KEPT_WRITE_BUFFER_BYTES`].
-    fn keep_write_buffer(&mut self, buf: Vec<u8>) {
-        if buf.capacity() <= MAX_KEPT_WRITE_BUFFER_BYTES {
-            self.wbuf = buf;
-        }
-    }
-
-    /// [`ConnIo::write_all_timed`] of a response's buffer, kept for the next response once
-    /// written.
-    async fn write_all_keeping(&mut self, buf: Vec<u8>) -> io::Result<()> {
-        let buf = self.write_all_timed_from(buf, 0).await?;
-        self.keep_write_buffer(buf);
-        Ok(())
-    }
-
-    /// [`ConnIo::write_all_keeping`], or, when `may_send_ahead` and the response is small
+    /// [`ConnIo::write_all_timed`] of a response's buffer, or, when `may_send_ahead` and the response is small
     /// enough, its bytes with the socket's second descriptor, to be sent while the next head is
     /// read ([`Ahead`]; `None` on the epoll driver and on a busy period's first response).
     async fn write_or_ahead(
@@ -209,24 +176,17 @@ impl ConnIo {
                 return Ok(Some(Ahead { writer, data: buf }));
             }
         }
-        self.write_all_keeping(buf).await.map(|()| None)
+        self.write_all_timed(buf).await.map(|()| None)
     }
 
-    /// Collects a response sent ahead: keeps its buffer, writes what a short send left (the
-    /// write timeout then applies as to any write), and fails when the send failed or made no
-    /// progress within the write timeout.
+    /// Collects a response sent ahead: writes what a short send left (the write timeout then
+    /// applies as to any write), and fails when the send failed or made no progress within the
+    /// write timeout.
     async fn finish_ahead(&mut self, writer: Box<TcpStream>, sent: Sent) -> io::Result<()> {
         self.writer.put(writer);
         match sent {
-            Sent::Whole(buf) => {
-                self.keep_write_buffer(buf);
-                Ok(())
-            }
-            Sent::Short(n, buf) => {
-                let buf = self.write_all_timed_from(buf, n).await?;
-                self.keep_write_buffer(buf);
-                Ok(())
-            }
+            Sent::Whole(_) => Ok(()),
+            Sent::Short(n, buf) => self.write_all_timed_from(buf, n).await.map(drop),
             Sent::Failed => Err(io::Error::from(io::ErrorKind::BrokenPipe)),
             Sent::NotDone => Err(io::Error::from(io::ErrorKind::TimedOut)),
         }
@@ -442,7 +402,6 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
             stream,
             buf: Vec::new(),
             pos: 0,
-            wbuf: Vec::new(),
             cfg,
             is_nonblocking,
             writer: SecondWriter::default(),
@@ -813,9 +772,10 @@ impl<H: Handler> Connection<H> {
         is_http10: bool,
         may_send_ahead: bool,
     ) -> io::Result<Option<Ahead>> {
-        let mut out = self
-            .io
-            .take_write_buffer(response_capacity(response, is_head));
+        // A new buffer for each response, not one kept by the connection: the allocator gives
+        // back the block of this size freed last, which the core touched a moment ago, where
+        // the connection's own was last touched a whole round of the other connections ago.
+        let mut out = Vec::with_capacity(response_capacity(response, is_head));
         let mut fallback;
         let (response, has_body) =
             match encode_head_for(&mut out, response, is_head, connection, is_http10) {
@@ -845,8 +805,7 @@ impl<H: Handler> Connection<H> {
                 self.io.write_or_ahead(out, may_send_ahead).await
             }
             ResponseBody::Full(b) => {
-                let out = self.io.write_head_and_body_timed(out, b.clone()).await?;
-                self.io.keep_write_buffer(out);
+                self.io.write_head_and_body_timed(out, b.clone()).await?;
                 Ok(None)
             }
             ResponseBody::Stream(stream) => {
@@ -902,9 +861,8 @@ const STREAM_BUFFER_BYTES: usize = 64 * 1024;
 /// Writes the head `head` of a streamed response and its body: each piece as it comes,
 /// chunk-framed when `is_chunked`. The head goes out with the first piece, one write instead of
 /// two. An error of the stream or of the client fails the write; the caller then closes the
-/// connection. The buffer is kept for the next response; when `may_send_ahead`, the last write
-/// may instead come back unsent ([`ConnIo::write_or_ahead`]), as when the whole body came with
-/// the destination's head.
+/// connection. When `may_send_ahead`, the last write may instead come back unsent
+/// ([`ConnIo::write_or_ahead`]), as when the whole body came with the destination's head.
 async fn write_stream(
     io: &mut ConnIo,
     stream: &mut dyn StreamBody,
@@ -1021,7 +979,6 @@ async fn write_stream(
         buf.extend_from_slice(LAST_CHUNK);
     }
     if buf.is_empty() {
-        io.keep_write_buffer(buf);
         return Ok(None);
     }
     io.write_or_ahead(buf, may_send_ahead).await
