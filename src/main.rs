@@ -331,9 +331,15 @@ fn fingerprints(verify: bool) -> ExitCode {
         let verdict = if r.is_pass() { "pass" } else { "FAIL" };
         println!("{}\t{verdict}", r.profile.name);
         if let Some(c) = &r.capture {
-            println!("  JA4     {}", c.tls.ja4);
-            println!("  JA4_r   {}", c.tls.ja4_r);
-            println!("  JA3N    {}", c.tls.ja3n);
+            // The strings as compared: a profile whose padding extension comes and goes
+            // between connections is stated, and printed, without it.
+            let tls = fingerprint::tls_strings(r.profile, c);
+            println!("  JA4     {}", tls.ja4);
+            println!("  JA4_r   {}", tls.ja4_r);
+            println!("  JA3N    {}", tls.ja3n);
+            if r.profile.tls.padding_varies {
+                println!("  (TLS strings without the padding extension: it comes and goes)");
+            }
             println!(
                 "  Akamai  {}",
                 c.akamai().unwrap_or_else(|| "no HTTP/2".into())
