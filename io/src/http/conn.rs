@@ -163,9 +163,10 @@ impl ConnIo {
         }
     }
 
-    /// [`ConnIo::write_all_timed`] of a response's buffer, or, when `may_send_ahead` and the response is small
-    /// enough, its bytes with the socket's second descriptor, to be sent while the next head is
-    /// read ([`Ahead`]; `None` on the epoll driver and on a busy period's first response).
+    /// [`ConnIo::write_all_timed`] of a response's buffer, or, when `may_send_ahead` and the
+    /// response is small enough, its bytes with the socket's second descriptor, to be sent while
+    /// the next head is read ([`Ahead`]; `None` on the epoll driver and on a busy period's first
+    /// response).
     async fn write_or_ahead(
         &mut self,
         buf: Vec<u8>,
