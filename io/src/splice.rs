@@ -117,7 +117,9 @@ impl From<MoveError> for io::Error {
 /// Splices `from` → `pipe` → `to`: exactly `len` bytes when given (never a byte past them:
 /// what follows on `from` is the next message; an end of `from` before them is an error),
 /// otherwise until `from` ends. Adds each byte that reached `to` to `moved`. Both sockets must
-/// be non-blocking.
+/// be non-blocking. With `len`, `at_source_end` is called once the last of those bytes has been
+/// read from `from` and before it is written to `to`, so what it releases is released before
+/// the reader of `to` can have the whole.
 ///
 /// Each wait for `from` ends at `read_until()` when it gives an instant (asked before every
 /// wait, so an idle limit restarts with each piece); each wait for `to` lasts at most
@@ -125,6 +127,7 @@ impl From<MoveError> for io::Error {
 /// likely queued); after that, a fill that took all it asked for is followed by another at
 /// once, and otherwise the next one waits for readiness first, which spares the system call
 /// that would only find the socket empty.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn pump(
     from: &TcpStream,
     to: &TcpStream,
@@ -133,6 +136,7 @@ pub(crate) async fn pump(
     read_until: impl Fn() -> Option<Instant>,
     write_timeout: Option<Duration>,
     moved: &Cell<u64>,
+    at_source_end: &mut dyn FnMut(),
 ) -> Result<(), MoveError> {
     let PooledPipe { pipe: slot, held } = pipe;
     let p = slot
@@ -182,6 +186,9 @@ pub(crate) async fn pump(
         };
         wait_first = n < want;
         left = left.map(|l| l.saturating_sub(n as u64));
+        if left == Some(0) {
+            at_source_end();
+        }
         since_yield = since_yield.saturating_add(n as u64);
         *held = held.saturating_add(n);
         while *held > 0 {

@@ -433,7 +433,9 @@ fn a_refused_proxy_assignment_goes_to_the_next_eligible_worker() {
 
     // On a, wa has the most room (2 against 1), is chosen first and refuses: the request goes
     // to the other candidate with its whole body, past the first upload window; with tag `r`
-    // that is the remote wb, with tag `l` the local wl. A CONNECT tunnel goes the same way.
+    // that is the remote wb, with tag `l` the local wl. A CONNECT tunnel goes the same way,
+    // right after: a client with the whole answer finds the one-place worker free (decision
+    // 127).
     let echo = Upstream::start(upstream::echo());
     let body = upstream::pattern(300 * 1024 + 1);
     let file = dir.join("body.bin");
@@ -971,4 +973,55 @@ fn a_tls_bus_without_an_api_base_url_refuses_remote_receipt_bodies() {
                 "body": {"mode": "inline_base64", "data_base64": "aGVsbG8="}}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A forward-proxy request gives its worker capacity back once the destination's body was read
+/// whole, before the body's last bytes go to the client (decision 127): a client that has the
+/// whole answer and at once opens a new connection for its next request finds the capacity of a
+/// one-place worker free, local or remote, whether the body was spliced (a plain length), copied
+/// (chunked) or came with the head.
+#[test]
+fn a_client_with_the_whole_answer_finds_the_capacity_free() {
+    let a = support::bus::serve_with_bus()
+        .workers("[[workers]]\nid = \"wl\"\ncapacity = 1\ntags = [\"l\"]\n")
+        .start();
+    let _wr = start_worker("wr", a.bus.unwrap(), None, "capacity = 1\ntags = [\"r\"]");
+    wait_worker(&a, "wr", "connected");
+    let len = 256 * 1024;
+    let spliced = Upstream::start(upstream::large(len));
+    let chunked = Upstream::start(upstream::large_chunked(len));
+    let small = Upstream::start(upstream::fixed(upstream::response(200, &[], b"small")));
+    let auth = support::proxy::base64_basic(&proxy_user());
+    let mut refused = Vec::new();
+    for tag in ["l", "r"] {
+        for (kind, up) in [
+            ("spliced", &spliced),
+            ("chunked", &chunked),
+            ("small", &small),
+        ] {
+            for i in 0..40 {
+                let mut s = std::net::TcpStream::connect(a.proxy.unwrap()).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                write!(
+                    s,
+                    "GET {} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\
+                     {ROUTE_TAGS}: {tag}\r\nConnection: close\r\n\r\n",
+                    up.url(&format!("/{kind}-{i}"))
+                )
+                .unwrap();
+                let mut out = Vec::new();
+                s.read_to_end(&mut out).unwrap();
+                if !out.starts_with(b"HTTP/1.1 200") {
+                    let head = &out[..find(&out, b"\r\n\r\n").unwrap_or(out.len())];
+                    refused.push(format!(
+                        "{tag} {kind} {i}: {}",
+                        String::from_utf8_lossy(head)
+                    ));
+                } else if kind != "small" {
+                    assert!(out.len() > len, "{tag} {kind} {i}: {} bytes", out.len());
+                }
+            }
+        }
+    }
+    assert!(refused.is_empty(), "{} refused: {refused:?}", refused.len());
 }

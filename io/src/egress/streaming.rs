@@ -401,12 +401,15 @@ impl ResponseBodyReader {
     /// goes back to the pool, as after [`ResponseBodyReader::read_into`]; on an error it is
     /// closed. Only when [`ResponseBodyReader::can_splice`] says so; `Ok(0)` otherwise. The
     /// bytes that reached `client` are also counted in `moved` as they go, so that a splice
-    /// that fails or is dropped halfway still tells how much it moved.
+    /// that fails or is dropped halfway still tells how much it moved. `at_body_end` is called
+    /// once the body's last byte has been read from the destination, before it is written to
+    /// `client`.
     pub async fn splice_into(
         &mut self,
         client: &TcpStream,
         write_timeout: std::time::Duration,
         moved: &std::cell::Cell<u64>,
+        at_body_end: &mut dyn FnMut(),
     ) -> std::io::Result<u64> {
         if !self.can_splice() {
             return Ok(0);
@@ -438,6 +441,7 @@ impl ResponseBodyReader {
             read_until,
             Some(write_timeout),
             moved,
+            at_body_end,
         )
         .await;
         let moved = moved.get().saturating_sub(before);

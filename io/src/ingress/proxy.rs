@@ -477,7 +477,7 @@ impl ProxyHandler {
                 cancelled,
                 metrics: Arc::clone(&ctx.metrics),
                 core: ctx.core,
-                _holding: holding,
+                holding: Some(holding),
             },
         );
         out.body = ResponseBody::Stream(relayed);
@@ -565,7 +565,8 @@ async fn remote_relay<B: BodySource>(
 }
 
 /// A destination's response body on its way to the client. It holds the request's place in
-/// the active list and its worker capacity until the body ends or the client leaves.
+/// the active list and its worker capacity until the destination's body ends (before its last
+/// bytes go to the client, decision 127) or the client leaves.
 struct RelayedBody {
     reader: Box<ResponseBodyReader>,
     /// The destination's fields the client gets.
@@ -579,8 +580,20 @@ struct RelayedBody {
     /// Where spliced bytes are counted.
     metrics: Arc<crate::metrics::Metrics>,
     core: usize,
-    /// The request's place in the active list and its capacity, until the body ends.
-    _holding: Holding,
+    /// The request's place in the active list and its capacity, until the destination's body
+    /// ends.
+    holding: Option<Holding>,
+}
+
+impl RelayedBody {
+    /// Lets go of the request's capacity and place in the active list once the destination's
+    /// body was read whole: the worker's part is done, and a client that has the last byte
+    /// may start its next request on the freed capacity at once (decision 127).
+    fn release_if_ended(&mut self) {
+        if self.reader.is_end() {
+            self.holding = None;
+        }
+    }
 }
 
 impl StreamBody for RelayedBody {
@@ -600,13 +613,18 @@ impl StreamBody for RelayedBody {
             if self.cancelled.is_set() {
                 return Err(std::io::Error::other("cancelled by operator"));
             }
-            let read = pin!(self.reader.read_into(out));
-            let read = match race(read, &mut self.cancelled).await {
-                Either::Left(r) => Some(r),
-                Either::Right(()) => None,
+            let read = {
+                let read = pin!(self.reader.read_into(out));
+                match race(read, &mut self.cancelled).await {
+                    Either::Left(r) => Some(r),
+                    Either::Right(()) => None,
+                }
             };
             match read {
-                Some(Ok(more)) => Ok(more),
+                Some(Ok(more)) => {
+                    self.release_if_ended();
+                    Ok(more)
+                }
                 Some(Err(e)) => {
                     let err = std::io::Error::other(e.message.clone());
                     self.failure = Some(e);
@@ -626,7 +644,9 @@ impl StreamBody for RelayedBody {
     }
 
     fn take_ready(&mut self) -> Option<Bytes> {
-        self.reader.take_early()
+        let early = self.reader.take_early();
+        self.release_if_ended();
+        early
     }
 
     fn is_finished(&self) -> bool {
@@ -650,7 +670,11 @@ impl StreamBody for RelayedBody {
             // Counted as they go: a body cut by the destination, the client or a cancel still
             // counts the bytes that reached the client.
             let moved = Cell::new(0u64);
-            let splice = pin!(self.reader.splice_into(client, write_timeout, &moved));
+            let holding = &mut self.holding;
+            let mut release = || *holding = None;
+            let splice = pin!(self
+                .reader
+                .splice_into(client, write_timeout, &moved, &mut release));
             let outcome = match race(splice, &mut self.cancelled).await {
                 Either::Left(r) => r.map(drop),
                 Either::Right(()) => Err(std::io::Error::other("cancelled by operator")),

@@ -296,6 +296,7 @@ impl Spliced {
             || None,
             None,
             counter,
+            &mut || {},
         )
         .await
         .map_err(io::Error::from)

@@ -183,8 +183,8 @@ pub(crate) struct Opened {
 
 impl Opened {
     /// The client's response: the head's fields without hop-by-hop ones, the body relayed as
-    /// it arrives. `keep` is held until the response body ends (the request's capacity and
-    /// place in the active list).
+    /// it arrives. `keep` is held until the worker's body ends, before its last piece goes to
+    /// the client (the request's capacity and place in the active list, decision 127).
     pub(crate) fn into_response<K: 'static>(
         self,
         method: &str,
@@ -218,7 +218,7 @@ impl Opened {
             cancelled,
             is_ended: false,
             is_upload_done: self.is_upload_done,
-            _keep: keep,
+            keep: Some(keep),
         }));
         out
     }
@@ -394,8 +394,9 @@ struct RemoteBody<K> {
     /// Whether the request body was sent whole; if not, the stream is cancelled at the end
     /// (the worker stops waiting for the rest).
     is_upload_done: bool,
-    /// What the request holds until its body ends (its capacity, its place in the active list).
-    _keep: K,
+    /// What the request holds until the worker's body ends (its capacity, its place in the
+    /// active list).
+    keep: Option<K>,
 }
 
 impl<K> StreamBody for RemoteBody<K> {
@@ -430,6 +431,9 @@ impl<K> StreamBody for RemoteBody<K> {
                     if end {
                         self.is_ended = true;
                         self.guard.is_done = self.is_upload_done;
+                        // The worker's part is done: released before the last piece goes out,
+                        // so a client that has it finds the capacity free (decision 127).
+                        self.keep = None;
                         return Ok(n > 0);
                     }
                     if n > 0 {
