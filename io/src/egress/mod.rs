@@ -205,8 +205,6 @@ pub struct EgressResponse {
     pub peer_addr: SocketAddr,
     /// Milliseconds spent on DNS, TCP and TLS for this request; 0 on a reused connection.
     pub connect_ms: u64,
-    /// Milliseconds from the start of [`Egress::execute`] to the end of the body.
-    pub egress_ms: u64,
     /// Whether the response came over a pooled connection.
     pub is_connection_reused: bool,
 }
@@ -280,7 +278,8 @@ impl Egress {
     /// [`EgressResponse::body`]. Saves copying the start behind the head into the body buffer,
     /// most of a body of some kilobytes; for a caller that can use the body in two pieces.
     pub async fn execute_split(&self, req: &EgressRequest) -> Result<EgressResponse, ApiError> {
-        let started = Instant::now();
+        // For the pool's idle ages and the proxy endpoints' health: the coarse clock serves.
+        let started = crate::timer::now();
         let via = req.via.as_ref().map(|r| (r, r.choose(started)));
         let key = PoolKey {
             worker_id: req.worker_id.clone(),
@@ -310,7 +309,6 @@ impl Egress {
             headers,
             key: &key,
             head: None,
-            started,
         };
         self.run_attempts(
             &key,
@@ -652,7 +650,6 @@ struct Buffered<'a> {
     key: &'a PoolKey,
     /// The HTTP/1.1 request head, encoded on the first HTTP/1.1 attempt.
     head: Option<Vec<u8>>,
-    started: Instant,
 }
 
 impl Attempt for Buffered<'_> {
@@ -671,7 +668,6 @@ impl Attempt for Buffered<'_> {
             body,
             peer_addr: c.peer(),
             connect_ms: got.connect_ms,
-            egress_ms: millis(self.started.elapsed()),
             is_connection_reused: got.is_reused,
         })
     }
@@ -699,9 +695,12 @@ impl Attempt for Buffered<'_> {
         };
         let resp = client::exchange(&mut conn, &x).await?;
         let peer_addr = conn.peer();
-        let finished = Instant::now();
         if resp.is_reusable {
-            self.egress.inner.pool.put(self.key.clone(), conn, finished);
+            // The pool's idle ages are deadlines' business: the coarse clock.
+            self.egress
+                .inner
+                .pool
+                .put(self.key.clone(), conn, crate::timer::now());
         }
         Ok(EgressResponse {
             status: resp.status,
@@ -710,7 +709,6 @@ impl Attempt for Buffered<'_> {
             body: resp.body,
             peer_addr,
             connect_ms: got.connect_ms,
-            egress_ms: millis(finished - self.started),
             is_connection_reused: got.is_reused,
         })
     }
