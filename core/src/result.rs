@@ -6,14 +6,17 @@
 
 use crate::json::write_str;
 
-/// Stage timings of a request, in whole milliseconds.
+/// Stage timings of a request, in whole milliseconds, each rounded down on its own (decision
+/// 128).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Timing {
-    /// Rule and worker selection.
+    /// From admission (the envelope decoded and checked) to the choice of the worker that
+    /// answered, attempts refused before it included.
     pub routing_ms: u64,
-    /// Hand-over to the worker until it started the upstream request.
+    /// From that choice until the worker took the request over and started the upstream
+    /// request: a remote worker's `Accept` reaching the control; 0 on a local worker.
     pub assignment_ms: u64,
-    /// The upstream request, first byte out to last byte in.
+    /// From the hand-over to the whole answer (for a remote worker, the bus hop included).
     pub egress_ms: u64,
     /// The whole request as the gateway saw it.
     pub total_ms: u64,

@@ -395,6 +395,14 @@ fn cancel_reaches_the_worker_and_aborts_the_upstream_request() {
 
 use sortie_core::bus::{decode, encode, Decoded, Frame, Hello};
 
+/// A fake worker's lane to `gw`'s bus, its hello (as `id`) sent.
+fn fake_worker(gw: &support::gateway::Gateway, id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello(id)).unwrap();
+    s
+}
+
 /// A fake worker: the next frame from the control.
 fn next_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> Frame {
     loop {
@@ -414,9 +422,7 @@ fn next_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> Frame {
 #[test]
 fn a_silent_worker_is_disconnected_after_the_heartbeat_bound() {
     let gw = control_with("127.0.0.1:0", None, 200).cores(1).start();
-    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(&hello("silent")).unwrap();
+    let mut s = fake_worker(&gw, "silent");
     let mut buf = Vec::new();
     // Version 3: the welcome announces the receipt port (the API listener's here) and the
     // forward proxy's idle limit (decision 068).
@@ -894,9 +900,7 @@ fn hello_lane(id: &str, capacity: u32, lane: u16, lanes: u16, version_max: u16) 
 #[test]
 fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() {
     let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
-    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(&hello("fake")).unwrap();
+    let mut s = fake_worker(&gw, "fake");
     let mut buf = Vec::new();
     let mut next = |s: &mut TcpStream| next_frame(s, &mut buf);
     assert!(matches!(next(&mut s), Frame::Welcome(w) if w.cores == 1));
@@ -951,6 +955,54 @@ fn malformed_frame_from_a_worker_is_a_protocol_error_and_the_control_survives() 
     assert_eq!(r.json()["code"], "route_unavailable", "{}", r.text());
 }
 
+/// The request API's timing through a remote worker (decision 128): `assignment_ms` runs from
+/// the worker's choice to its `Accept`, `egress_ms` from there to the whole answer. A fake
+/// worker accepts 400 ms after its assignment and answers 300 ms after that.
+#[test]
+fn assignment_ms_runs_until_the_worker_accepts() {
+    use sortie_core::bus::{HeadFields, ResponseHead};
+    let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
+    let mut s = fake_worker(&gw, "slow");
+    let mut buf = Vec::new();
+    wait_worker(&gw, "slow", "connected");
+    let api = gw.api;
+    let t = std::thread::spawn(move || request_at(api, &get("http://127.0.0.1:9/")));
+    let stream = loop {
+        if let Frame::Assign(a) = next_frame(&mut s, &mut buf) {
+            break a.stream;
+        }
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    send_frame(&mut s, Frame::Accept { stream });
+    std::thread::sleep(Duration::from_millis(300));
+    send_frame(
+        &mut s,
+        Frame::Response {
+            head: ResponseHead {
+                stream,
+                status: 200,
+                headers: HeadFields::copied([("Content-Length", "2")]),
+            },
+            bytes: b"ok".to_vec(),
+        },
+    );
+    let r = t.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(unb64(&v["body"]["data_base64"]), b"ok");
+    let ms = |k: &str| v["timing"][k].as_u64().unwrap_or(u64::MAX);
+    let (routing, assignment, egress, total) = (
+        ms("routing_ms"),
+        ms("assignment_ms"),
+        ms("egress_ms"),
+        ms("total_ms"),
+    );
+    assert!((400..700).contains(&assignment), "{v}");
+    assert!((300..600).contains(&egress), "{v}");
+    assert!(routing + assignment + egress <= total + 3, "{v}");
+    assert!(total >= 700, "{v}");
+}
+
 /// A fake worker that never answers its assignment: `assignment_timeout` after
 /// `control.bus.assignment_timeout_ms`, and the control cancels the stream.
 #[test]
@@ -964,9 +1016,7 @@ fn an_assignment_not_accepted_in_time_is_an_assignment_timeout() {
         ))
         .cores(1)
         .start();
-    let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(&hello("mute")).unwrap();
+    let mut s = fake_worker(&gw, "mute");
     let mut buf = Vec::new();
     wait_worker(&gw, "mute", "connected");
     let api = gw.api;

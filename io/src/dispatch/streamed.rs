@@ -35,6 +35,9 @@ pub(crate) struct Exchange {
     pub(crate) status: u16,
     pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) body: ExchangeBody,
+    /// When a remote worker's `Accept` reached the control, the end of the hand-over (decision
+    /// 128); `None` on a local worker, whose hand-over is the call itself.
+    pub(crate) accepted_at: Option<Instant>,
 }
 
 /// Where the exchange runs.
@@ -360,6 +363,7 @@ async fn attempt<'a>(
         status: resp.status,
         headers: resp.headers,
         body,
+        accepted_at: None,
     })
 }
 

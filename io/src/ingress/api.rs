@@ -303,14 +303,10 @@ async fn handle_inner(
     // A request receipt held for remote attempts, kept across refusals; released (consumed
     // or verified again) before the answer goes out.
     let mut remote_hold: Option<RemoteHold<'_>> = None;
-    let mut assigned_at = started;
     // A remote attempt borrows the request; a local one takes it (and its body), and nothing
     // follows a local attempt.
     let mut req = Some(req);
     let outcome = dispatch::run(ctx, &route, resend, async |assigned: &Assigned| {
-        // The attempt starts as routing placed it: nothing waits in between, so the instant
-        // routing read serves (a precise clock read costs more than the rest of this line).
-        assigned_at = assigned.routed.unwrap_or_else(Instant::now);
         // Pinned where it is built, raced with the cancel by reference: the attempt's state is
         // not copied; and the attempt is polled first, with no random pick of a branch as
         // `select!` makes on every poll.
@@ -358,12 +354,16 @@ async fn handle_inner(
     };
     let done = Instant::now();
     let headers = envelope_fields(&resp.headers);
-    let routed = assigned.routed.unwrap_or(assigned_at);
+    // The stages end where routing chose the worker, where the worker took the request over
+    // (its `Accept` for a remote one; at once for a local one: the same instant, no clock
+    // read) and where the answer was whole (decision 128).
+    let routed = assigned.routed.unwrap_or(started);
+    let handed_over = resp.accepted_at.map_or(routed, |at| at.max(routed));
     let timing = Timing {
         routing_ms: millis(routed.saturating_duration_since(started)),
-        assignment_ms: millis(assigned_at.saturating_duration_since(routed)),
-        egress_ms: millis(done - assigned_at),
-        total_ms: millis(done - started),
+        assignment_ms: millis(handed_over.saturating_duration_since(routed)),
+        egress_ms: millis(done.saturating_duration_since(handed_over)),
+        total_ms: millis(done.saturating_duration_since(started)),
     };
     let out = RequestResult {
         request_id,
@@ -532,6 +532,7 @@ async fn remote_attempt<'r>(
                 status: h.status,
                 headers: crate::egress::ResponseFields::decoded(h.headers),
                 body,
+                accepted_at: reader.accepted_at(),
             })
         }
         _ => bus.execute(worker_id, &remote).await.map(|resp| Exchange {
@@ -541,6 +542,7 @@ async fn remote_attempt<'r>(
                 start: bytes::Bytes::new(),
                 rest: resp.body,
             },
+            accepted_at: resp.accepted_at,
         }),
     }
 }
@@ -617,6 +619,7 @@ async fn local_attempt(
             start: resp.body_start,
             rest: resp.body,
         },
+        accepted_at: None,
     })
 }
 

@@ -448,8 +448,9 @@ pub(super) struct StreamSlot {
     pub(super) credit_ready: crate::bus::Notify,
     /// The stream ended (refused, failed, lane lost): nothing more may be sent on it.
     pub(super) is_over: Cell<bool>,
-    /// The worker's `Accept` came.
-    pub(super) is_accepted: Cell<bool>,
+    /// When the worker's `Accept` (or, without one, its answer) reached this core: the end of
+    /// the request's hand-over, which the request API reports as `assignment_ms`.
+    pub(super) accepted_at: Cell<Option<Instant>>,
     /// Whether `Accept` is also an event that wakes the stream's task, for a task that waits
     /// for it before it sends a streamed body ([`BusCore::accepted`]). Otherwise it only
     /// marks the stream accepted, and the task wakes once, for the head ([`BusCore::answer`]).
@@ -902,7 +903,7 @@ impl BusCore {
             }
             Frame::Accept { stream } => {
                 if let Some(q) = queue(stream) {
-                    q.is_accepted.set(true);
+                    q.accepted_at.set(Some(Instant::now()));
                     if q.accept_wakes.get() {
                         q.events.push(Event::Accepted);
                     }
@@ -930,7 +931,9 @@ impl BusCore {
                     remove(stream)
                 };
                 if let Some(q) = q {
-                    q.is_accepted.set(true);
+                    if q.accepted_at.get().is_none() {
+                        q.accepted_at.set(Some(Instant::now()));
+                    }
                     q.events.push(Event::Head(head));
                     q.events.push(Event::Data(bytes, true));
                 }
@@ -1192,7 +1195,9 @@ impl BusCore {
                     guard.is_done = true;
                     return Err(fail(other, worker_id, false));
                 }
-                None if !slot.is_accepted.get() => return Err(assignment_timeout(worker_id)),
+                None if slot.accepted_at.get().is_none() => {
+                    return Err(assignment_timeout(worker_id))
+                }
                 None if by >= until => return Err(expired()),
                 // Accepted in time: the rest of the wait is the head's.
                 None => by = until,
@@ -1283,6 +1288,7 @@ impl BusCore {
             }
         }
         Ok(RemoteResponse {
+            accepted_at: reader.accepted_at(),
             status: h.status,
             // Slices of the one buffer the head was decoded into.
             headers: crate::egress::ResponseFields::decoded(h.headers),
@@ -1391,6 +1397,12 @@ pub(crate) struct RemoteReader {
 }
 
 impl RemoteReader {
+    /// When the worker's `Accept` reached this core: the worker started the upstream request
+    /// then.
+    pub(crate) fn accepted_at(&self) -> Option<Instant> {
+        self.slot.accepted_at.get()
+    }
+
     /// Appends the next piece of the body to `out`; `false` at its end.
     pub(crate) async fn next(&mut self, out: &mut Vec<u8>) -> Result<bool, RemoteFailure> {
         Ok(match self.next_piece().await? {
@@ -1562,6 +1574,8 @@ pub(crate) struct RemoteJob<'a> {
 
 /// A remote worker's whole response.
 pub(crate) struct RemoteResponse {
+    /// When the worker's `Accept` reached this core.
+    pub(crate) accepted_at: Option<Instant>,
     pub(crate) status: u16,
     pub(crate) headers: crate::egress::ResponseFields,
     pub(crate) body: Vec<u8>,
