@@ -145,7 +145,15 @@ impl RequestResult<'_> {
 
     /// Encodes the envelope as JSON.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.json_len_bound());
+        self.to_json_behind(0)
+    }
+
+    /// [`RequestResult::to_json`] written behind `room` zero bytes, left for what goes before
+    /// the document in the same buffer (an HTTP head), so that the document is not copied
+    /// behind it.
+    pub fn to_json_behind(&self, room: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(room + self.json_len_bound());
+        out.resize(room, 0);
         out.extend_from_slice(b"{\"request_id\":");
         write_str(&mut out, self.request_id);
         out.extend_from_slice(b",\"status\":");
@@ -288,6 +296,12 @@ mod tests {
         assert_eq!(v["body"]["truncated"], false);
         assert_eq!(v["timing"]["egress_ms"], 20);
         assert_eq!(v["timing"]["total_ms"], 21);
+        // Behind room for a head: the same document after that many zero bytes, in one
+        // allocation.
+        let behind = r.to_json_behind(256);
+        assert_eq!(behind.get(..256), Some(&[0u8; 256][..]));
+        assert_eq!(behind.get(256..), Some(&r.to_json()[..]));
+        assert!(behind.capacity() <= 256 + r.json_len_bound());
         // Token names read the same whether they are looked at or taken as tokens.
         let unchecked = RequestResult {
             header_names_are_tokens: true,

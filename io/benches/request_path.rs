@@ -225,7 +225,7 @@ fn bench_request_path(c: &mut Criterion) {
             answer.status,
             200,
             "{}",
-            String::from_utf8_lossy(&answer.body)
+            String::from_utf8_lossy(answer.document())
         );
     };
     // One bare exchange: the head out, the whole response in.

@@ -57,12 +57,12 @@ impl SecondWriter {
     }
 }
 
-/// What became of a send made ahead of a read ([`collect`]).
-pub(crate) enum Sent {
+/// What became of a send made ahead of a read ([`collect`]), of a buffer of type `T`.
+pub(crate) enum Sent<T = Vec<u8>> {
     /// The socket took it whole; the buffer comes back.
-    Whole(Vec<u8>),
+    Whole(T),
     /// The socket took the first `.0` bytes only (its buffer was full); the buffer comes back.
-    Short(usize, Vec<u8>),
+    Short(usize, T),
     /// The send failed.
     Failed,
     /// Not done by the limit.
@@ -82,9 +82,9 @@ pub(crate) enum Sent {
 ///
 /// Not a function that takes the other future: that future would be moved into the function's
 /// own state, a copy of its whole size per call.
-pub(crate) async fn collect<F>(send: Pin<&mut F>, len: usize, until: Instant) -> Sent
+pub(crate) async fn collect<F, T>(send: Pin<&mut F>, len: usize, until: Instant) -> Sent<T>
 where
-    F: Future<Output = BufResult<usize, Vec<u8>>>,
+    F: Future<Output = BufResult<usize, T>>,
 {
     match crate::timer::within(until, send).await {
         Some((Ok(n), data)) if n == len => Sent::Whole(data),

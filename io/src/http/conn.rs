@@ -10,7 +10,7 @@ use std::pin::pin;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use monoio::buf::{IoBuf, IoBufMut};
+use monoio::buf::{IoBuf, IoBufMut, Slice};
 use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Instant;
@@ -73,10 +73,11 @@ pub(crate) struct ConnIo {
 }
 
 /// A keep-alive response to send while the next request's head is read (decision 125): its
-/// bytes, and the second descriptor they go out on.
+/// bytes (a buffer from an offset: a body written behind room for its head), and the second
+/// descriptor they go out on.
 struct Ahead {
     writer: Box<TcpStream>,
-    data: Vec<u8>,
+    data: Slice<Vec<u8>>,
 }
 
 impl ConnIo {
@@ -172,22 +173,43 @@ impl ConnIo {
         buf: Vec<u8>,
         may_send_ahead: bool,
     ) -> io::Result<Option<Ahead>> {
-        if may_send_ahead && buf.len() <= MAX_SENT_AHEAD_BYTES {
+        self.write_or_ahead_from(buf, 0, may_send_ahead).await
+    }
+
+    /// [`ConnIo::write_or_ahead`] of `buf[from..]`.
+    async fn write_or_ahead_from(
+        &mut self,
+        buf: Vec<u8>,
+        from: usize,
+        may_send_ahead: bool,
+    ) -> io::Result<Option<Ahead>> {
+        let from = from.min(buf.len());
+        if may_send_ahead && buf.len() - from <= MAX_SENT_AHEAD_BYTES {
             if let Some(writer) = self.writer.take(&self.stream) {
-                return Ok(Some(Ahead { writer, data: buf }));
+                let data = buf.slice(from..);
+                return Ok(Some(Ahead { writer, data }));
             }
         }
-        self.write_all_timed(buf).await.map(|()| None)
+        self.write_all_timed_from(buf, from).await.map(|_| None)
     }
 
     /// Collects a response sent ahead: writes what a short send left (the write timeout then
     /// applies as to any write), and fails when the send failed or made no progress within the
     /// write timeout.
-    async fn finish_ahead(&mut self, writer: Box<TcpStream>, sent: Sent) -> io::Result<()> {
+    async fn finish_ahead(
+        &mut self,
+        writer: Box<TcpStream>,
+        sent: Sent<Slice<Vec<u8>>>,
+    ) -> io::Result<()> {
         self.writer.put(writer);
         match sent {
             Sent::Whole(_) => Ok(()),
-            Sent::Short(n, buf) => self.write_all_timed_from(buf, n).await.map(drop),
+            Sent::Short(n, data) => {
+                let from = data.begin().saturating_add(n);
+                self.write_all_timed_from(data.into_inner(), from)
+                    .await
+                    .map(drop)
+            }
             Sent::Failed => Err(io::Error::from(io::ErrorKind::BrokenPipe)),
             Sent::NotDone => Err(io::Error::from(io::ErrorKind::TimedOut)),
         }
@@ -480,7 +502,7 @@ impl<H: Handler> Connection<H> {
                     .into_std();
                     // Made (put on the ring) before the read, collected after it
                     // (`send_ahead::collect`).
-                    let len = data.len();
+                    let len = data.bytes_init();
                     let (next, sent) = {
                         let mut send = pin!(writer.write(data));
                         let next = self.read_head(&mut parts).await;
@@ -810,6 +832,23 @@ impl<H: Handler> Connection<H> {
                 self.io.write_head_and_body_timed(out, b.clone()).await?;
                 Ok(None)
             }
+            ResponseBody::BehindRoom { buf, start } => {
+                let (mut buf, start) = (std::mem::take(buf), *start);
+                match start
+                    .checked_sub(out.len())
+                    .and_then(|at| Some((at, buf.get_mut(at..start)?)))
+                {
+                    // The head goes into the room before the body: one send, no copy of it.
+                    Some((at, room)) => {
+                        room.copy_from_slice(&out);
+                        self.io.write_or_ahead_from(buf, at, may_send_ahead).await
+                    }
+                    None => {
+                        out.extend_from_slice(buf.get(start..).unwrap_or_default());
+                        self.io.write_or_ahead(out, may_send_ahead).await
+                    }
+                }
+            }
             ResponseBody::Stream(stream) => {
                 let is_chunked = stream.length().is_none() && !is_http10;
                 write_stream(
@@ -1032,7 +1071,7 @@ async fn write_failure(
     if let Some(resp) = stream.failure_response(&error) {
         let mut out = Vec::with_capacity(256);
         if let Ok(has_body) = encode_head(&mut out, &resp, false, ConnectionField::Close) {
-            if let (true, ResponseBody::Full(b)) = (has_body, &resp.body) {
+            if let (true, Some(b)) = (has_body, resp.body.whole()) {
                 out.extend_from_slice(b);
             }
             io.write_all_timed(out).await?;

@@ -128,7 +128,7 @@ pub use handler::{Admitted, Handler};
 pub use request::RequestParts;
 pub use response::{
     HeaderName, RelayedFields, Response, ResponseBody, StreamBody, Tunnel, CONTENT_TYPE_JSON,
-    CONTENT_TYPE_TEXT,
+    CONTENT_TYPE_TEXT, RESPONSE_HEAD_ROOM,
 };
 pub use server::{
     serve, serve_live, ACCEPT_ERROR_BACKOFF, MAX_PENDING_REJECTIONS, REJECTION_TIMEOUT,

@@ -152,6 +152,10 @@ pub enum ResponseBody {
     Empty,
     /// The whole body, sent with `Content-Length`.
     Full(Bytes),
+    /// The whole body in `buf[start..]`, sent with `Content-Length`; the `start` bytes before
+    /// it are free for the head, which is written into them so that head and body go out in
+    /// one send without a copy of the body (a head longer than the room is sent with a copy).
+    BehindRoom { buf: Vec<u8>, start: usize },
     /// A body produced while it is sent.
     Stream(Box<dyn StreamBody>),
     /// No body: the head (without framing fields) ends HTTP on the connection, which is handed
@@ -164,6 +168,10 @@ impl std::fmt::Debug for ResponseBody {
         match self {
             ResponseBody::Empty => f.write_str("Empty"),
             ResponseBody::Full(b) => f.debug_tuple("Full").field(b).finish(),
+            ResponseBody::BehindRoom { buf, start } => f
+                .debug_tuple("BehindRoom")
+                .field(&buf.get(*start..).unwrap_or_default())
+                .finish(),
             ResponseBody::Stream(s) => f
                 .debug_struct("Stream")
                 .field("length", &s.length())
@@ -178,8 +186,10 @@ impl PartialEq for ResponseBody {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (ResponseBody::Empty, ResponseBody::Empty) => true,
-            (ResponseBody::Full(a), ResponseBody::Full(b)) => a == b,
-            _ => false,
+            (a, b) => match (a.whole(), b.whole()) {
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            },
         }
     }
 }
@@ -190,7 +200,9 @@ impl ResponseBody {
     pub fn len(&self) -> usize {
         match self {
             ResponseBody::Empty | ResponseBody::Tunnel(_) => 0,
-            ResponseBody::Full(b) => b.len(),
+            ResponseBody::Full(_) | ResponseBody::BehindRoom { .. } => {
+                self.whole().map_or(0, <[u8]>::len)
+            }
             ResponseBody::Stream(s) => s
                 .length()
                 .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX)),
@@ -201,7 +213,21 @@ impl ResponseBody {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The bytes of a whole body (`Full` or `BehindRoom`); `None` for the others.
+    pub fn whole(&self) -> Option<&[u8]> {
+        match self {
+            ResponseBody::Full(b) => Some(b),
+            ResponseBody::BehindRoom { buf, start } => buf.get(*start..),
+            _ => None,
+        }
+    }
 }
+
+/// The room a handler leaves before a whole body for the head ([`ResponseBody::BehindRoom`]):
+/// more than the heads of the answers written that way take (status line, content type, date,
+/// length, connection: under 160 bytes).
+pub const RESPONSE_HEAD_ROOM: usize = 256;
 
 /// A final response to one request.
 #[derive(Debug, PartialEq)]
@@ -399,6 +425,14 @@ impl Response {
     pub fn with_header(mut self, name: impl Into<HeaderName>, value: impl Into<Bytes>) -> Response {
         self.headers.push((name.into(), value.into()));
         self
+    }
+
+    /// A JSON response whose document is `buf[start..]`, the `start` bytes before it left for
+    /// the head ([`ResponseBody::BehindRoom`]).
+    pub fn json_behind_room(status: u16, buf: Vec<u8>, start: usize) -> Response {
+        let mut r = Response::new(status).with_header("content-type", CONTENT_TYPE_JSON);
+        r.body = ResponseBody::BehindRoom { buf, start };
+        r
     }
 
     /// Replaces the body.

@@ -345,7 +345,7 @@ fn overload_response<H: Handler>(handler: &H) -> Bytes {
     match encode_head(&mut out, &response, false, ConnectionField::Close) {
         Ok(has_body) => {
             if has_body {
-                if let super::response::ResponseBody::Full(b) = &response.body {
+                if let Some(b) = response.body.whole() {
                     out.extend_from_slice(b);
                 }
             }

@@ -30,12 +30,22 @@ use crate::tokens::{bearer, DeploymentRef};
 pub struct ApiAnswer {
     /// HTTP status.
     pub status: u16,
-    /// JSON body.
+    /// The JSON document in `body[body_start..]`: a transported request's result is written
+    /// behind room for the HTTP head ([`crate::http::ResponseBody::BehindRoom`]).
     pub body: Vec<u8>,
+    /// Where the document starts in `body`.
+    pub body_start: usize,
     /// `ok` or the error code, for metrics.
     outcome: &'static str,
     /// Stage timings of a transported request, for metrics.
     stages: Option<[u64; 4]>,
+}
+
+impl ApiAnswer {
+    /// The JSON document.
+    pub fn document(&self) -> &[u8] {
+        self.body.get(self.body_start..).unwrap_or_default()
+    }
 }
 
 /// The destination's fields the envelope carries, in order: the body in the envelope is
@@ -69,6 +79,7 @@ fn error_answer(e: &ApiError, request_id: &str) -> ApiAnswer {
     ApiAnswer {
         status: e.http_status(),
         body: e.to_json(request_id),
+        body_start: 0,
         outcome: e.code.as_str(),
         stages: None,
     }
@@ -398,7 +409,8 @@ async fn handle_inner(
     );
     ApiAnswer {
         status: 200,
-        body: out.to_json(),
+        body: out.to_json_behind(crate::http::RESPONSE_HEAD_ROOM),
+        body_start: crate::http::RESPONSE_HEAD_ROOM,
         outcome: "ok",
         stages: Some([
             timing.routing_ms,

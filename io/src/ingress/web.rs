@@ -169,7 +169,7 @@ impl Handler for ApiHandler {
             }
         };
         let answer = api::handle(&self.ctx, deployment, req.header("content-type"), bytes).await;
-        Response::json(answer.status, answer.body)
+        Response::json_behind_room(answer.status, answer.body, answer.body_start)
     }
 
     fn error_response(&self, status: u16, reason: &'static str) -> Response {

@@ -93,6 +93,42 @@ fn responses_arrive_whole_and_in_order_to_a_client_that_reads_late() {
     assert_eq!(c.get("/after").text(), "GET /after");
 }
 
+/// A body written behind room for its head (`ResponseBody::BehindRoom`) goes out with the
+/// head written into that room: small ones sent while the next head is read, to a client that
+/// reads late (so that those sends come up short and are finished from where they stopped),
+/// large ones written at once; a head longer than the room is sent with the body copied behind
+/// it. Every response arrives whole, framed by its length, and in order.
+#[test]
+fn bodies_behind_room_for_the_head_arrive_whole() {
+    const REQUESTS: usize = 400;
+    let server = TestServer::start(test_config());
+    let mut c = support::Client::connect_with_receive_buffer(server.addr, 4096);
+    let paths = [
+        "/room/256/7000",
+        "/room/4/300",
+        "/room/256/100000",
+        "/room/256/0",
+    ];
+    for i in 0..REQUESTS {
+        let path = paths[i % paths.len()];
+        c.send(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    for i in 0..REQUESTS {
+        let path = paths[i % paths.len()];
+        let n: usize = path.rsplit('/').next().unwrap().parse().unwrap();
+        let r = c.reply();
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/json")
+        );
+        assert_eq!(r.body.len(), n, "response {i} of {path}");
+        assert!(r.body.iter().all(|&b| b == b'r'), "response {i} of {path}");
+    }
+    assert_eq!(c.get("/after").text(), "GET /after");
+}
+
 #[test]
 fn pipelined_requests_in_one_write_are_answered_in_order() {
     let server = TestServer::start(test_config());

@@ -201,6 +201,15 @@ impl Handler for TestHandler {
                 Ok(None) => Response::text(200, "0").closing(),
                 Err(e) => return error_reply(e),
             },
+            // `/room/R/N`: N bytes `r` written behind R bytes of room for the head.
+            p if p.starts_with("/room/") => {
+                let mut it = p.trim_start_matches("/room/").split('/');
+                let mut next = || it.next().and_then(|n| n.parse().ok()).unwrap_or(0usize);
+                let (room, n) = (next(), next());
+                let mut buf = vec![0u8; room];
+                buf.resize(room + n, b'r');
+                Response::json_behind_room(200, buf, room)
+            }
             p if p.starts_with("/big/") => {
                 let n: usize = p.trim_start_matches("/big/").parse().unwrap_or(0);
                 Response::text(200, vec![b'b'; n])
