@@ -1044,6 +1044,9 @@ fn response_capacity(response: &Response, is_head: bool) -> usize {
         .iter()
         .map(|(n, v)| n.as_bytes().len() + v.len() + 4)
         .sum::<usize>()
+        + response
+            .content_type
+            .map_or(0, |v| "content-type".len() + v.len() + 4)
         + response.relayed().map_or(0, |r| r.bytes() + 4 * r.len());
     let body = match &response.body {
         _ if is_head => 0,
