@@ -743,7 +743,7 @@ impl Receipts {
             Err(e) => return storage_error(&e),
         };
         let mut resp = Response::new(200)
-            .with_header("content-type", "application/octet-stream")
+            .with_content_type("application/octet-stream")
             .with_header("x-service-sha256", r.sha256_hex.clone());
         resp.body = ResponseBody::Stream(Box::new(ObjectBody {
             left: r.size_bytes,

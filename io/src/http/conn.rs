@@ -27,6 +27,7 @@ use super::race::{race, Either};
 use super::request::RequestParts;
 use super::response::{
     encode_head, encode_head_for, ConnectionField, Response, ResponseBody, StreamBody, Tunnel,
+    CONTENT_TYPE_FIELD,
 };
 use super::shutdown::ShutdownSignal;
 use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
@@ -1046,7 +1047,7 @@ fn response_capacity(response: &Response, is_head: bool) -> usize {
         .sum::<usize>()
         + response
             .content_type
-            .map_or(0, |v| "content-type".len() + v.len() + 4)
+            .map_or(0, |v| CONTENT_TYPE_FIELD.len() + v.len() + 4)
         + response.relayed().map_or(0, |r| r.bytes() + 4 * r.len());
     let body = match &response.body {
         _ if is_head => 0,

@@ -224,6 +224,9 @@ impl ResponseBody {
     }
 }
 
+/// The name [`Response::content_type`] is written under.
+pub(crate) const CONTENT_TYPE_FIELD: &str = "content-type";
+
 /// The room a handler leaves before a whole body for the head ([`ResponseBody::BehindRoom`]):
 /// more than the heads of the answers written that way take (status line, content type, date,
 /// length, connection: under 160 bytes).
@@ -468,7 +471,7 @@ impl Response {
     /// relayed ones.
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
         self.content_type
-            .map(|v| (&b"content-type"[..], v.as_bytes()))
+            .map(|v| (CONTENT_TYPE_FIELD.as_bytes(), v.as_bytes()))
             .into_iter()
             .chain(self.headers.iter().map(|(n, v)| (n.as_bytes(), v.as_ref())))
             .chain(self.relayed().into_iter().flat_map(RelayedFields::iter))
@@ -560,7 +563,7 @@ pub(crate) fn encode_head_for(
     // server's.
     let mut head = ResponseHeadWriter::start(out, resp.status)?;
     if let Some(v) = resp.content_type {
-        head.field(b"content-type", v.as_bytes())?;
+        head.field(CONTENT_TYPE_FIELD.as_bytes(), v.as_bytes())?;
     }
     for (n, v) in &resp.headers {
         if !n.eq_ignore_ascii_case("connection") {

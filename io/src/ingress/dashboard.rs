@@ -122,7 +122,7 @@ pub fn serve(method: &str, path: &str, if_none_match: Option<&[u8]>) -> Response
         Response::new(304)
     } else {
         Response::new(200)
-            .with_header("content-type", asset.content_type)
+            .with_content_type(asset.content_type)
             .with_body(asset.bytes)
     };
     hardened(base)

@@ -261,7 +261,7 @@ fn is_receipt_path(path: &str) -> bool {
 fn openapi_document(method: &str, document: &'static [u8]) -> Response {
     match method {
         "GET" | "HEAD" => Response::new(200)
-            .with_header("content-type", "application/json")
+            .with_content_type(crate::http::CONTENT_TYPE_JSON)
             .with_header("cache-control", "no-cache")
             .with_body(bytes::Bytes::from_static(document)),
         _ => admin_error(AdminErrorKind::MethodNotAllowed).with_header("allow", "GET, HEAD"),
@@ -366,7 +366,7 @@ impl Handler for AdminHandler {
         )
         .await;
         let mut r = Response::new(answer.status)
-            .with_header("content-type", answer.content_type)
+            .with_content_type(answer.content_type)
             .with_body(answer.body);
         if let Some(tag) = answer.etag {
             r = r.with_header("etag", tag);
