@@ -5,8 +5,11 @@
 //! other control byte, so nothing a caller passes through can split a head. Framing fields
 //! (Host, Content-Length, Transfer-Encoding) are written by the writer alone; copies in the
 //! caller's list are dropped so that framing cannot disagree with the body that follows. The
-//! one exception is [`HeadPart::ParsedLines`]: field lines of a head this crate's parser
-//! accepted, which a relay copies as they arrived and whose caller answers for them.
+//! exceptions are [`HeadPart::ParsedLines`], field lines of a head this crate's parser
+//! accepted, which a relay copies as they arrived, and the writer's own fields
+//! ([`ResponseHeadWriter::own_field`], [`write_request_head_with`]): names and values the
+//! caller's code spells as constants or formats itself (a content type it names, the date),
+//! never bytes it received. Their callers answer for them.
 //!
 //! On the per-request path: appends only, no logging.
 
@@ -50,6 +53,27 @@ where
     N: AsRef<[u8]>,
     V: AsRef<[u8]>,
 {
+    write_request_head_with(out, method, target, host, headers, &[], body)
+}
+
+/// [`write_request_head`] with the writer's own field lines after the caller's fields:
+/// `own_lines` is whole lines (`name ": " value CRLF` each) of constants the caller's code spells
+/// (such as `Connection: keep-alive`), written as they are, without the byte checks a field from
+/// elsewhere gets. Never a framing field, never received bytes.
+pub fn write_request_head_with<I, N, V>(
+    out: &mut Vec<u8>,
+    method: &str,
+    target: &str,
+    host: &[u8],
+    headers: I,
+    own_lines: &[u8],
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
     if !is_token(method.as_bytes()) {
         return Err(H1Error::InvalidMethod);
     }
@@ -67,7 +91,7 @@ where
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(host);
     out.extend_from_slice(b"\r\n");
-    finish_head(out, start, headers, body)
+    finish_head(out, start, headers, own_lines, body)
 }
 
 /// One piece of a response head's field section ([`write_response_head`]).
@@ -150,6 +174,27 @@ impl<'o> ResponseHeadWriter<'o> {
         push_field(self.out, self.start, name, value)
     }
 
+    /// Appends a field of the writer's own: a name and value the caller's code spells as
+    /// constants or formats itself (a content type it names, the date it formatted), never
+    /// bytes it received or a framing field. Written as given, without the byte checks of
+    /// [`ResponseHeadWriter::field`]: the server writes these on every response.
+    #[inline]
+    pub fn own_field(&mut self, name: &'static str, value: &[u8]) {
+        self.out
+            .reserve(name.len().saturating_add(value.len()).saturating_add(4));
+        self.out.extend_from_slice(name.as_bytes());
+        self.out.extend_from_slice(b": ");
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    /// Appends whole field lines of the writer's own (`name ": " value CRLF` each), constants
+    /// of the caller's code, as they are ([`ResponseHeadWriter::own_field`]).
+    #[inline]
+    pub fn own_lines(&mut self, lines: &'static [u8]) {
+        self.out.extend_from_slice(lines);
+    }
+
     /// Appends the framing field and the empty line that end the head.
     pub fn end(self, body: OutgoingBody) {
         end_head(self.out, body);
@@ -182,6 +227,7 @@ fn finish_head<I, N, V>(
     out: &mut Vec<u8>,
     start: usize,
     headers: I,
+    own_lines: &[u8],
     body: OutgoingBody,
 ) -> Result<(), H1Error>
 where
@@ -192,6 +238,7 @@ where
     for (name, value) in headers {
         push_field(out, start, name.as_ref(), value.as_ref())?;
     }
+    out.extend_from_slice(own_lines);
     end_head(out, body);
     Ok(())
 }
@@ -358,6 +405,48 @@ mod tests {
 
     const NO_HEADERS: [(&str, &str); 0] = [];
     const NO_PARTS: [HeadPart<'static>; 0] = [];
+
+    /// The writer's own lines and fields go where the checked ones would, and the heads they
+    /// make parse back with the same fields.
+    #[test]
+    fn own_fields_are_written_in_place() {
+        let mut out = Vec::new();
+        write_request_head_with(
+            &mut out,
+            "GET",
+            "/",
+            b"a.example",
+            [("Accept", "*/*")],
+            b"Connection: keep-alive\r\n",
+            OutgoingBody::ContentLength(0),
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            b"GET / HTTP/1.1\r\nHost: a.example\r\nAccept: */*\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        );
+        let Ok(Parsed::Complete { .. }) = parse_request_head(&out, &HeadLimits::REQUEST) else {
+            panic!("the request head does not parse back");
+        };
+
+        let mut out = Vec::new();
+        let mut head = ResponseHeadWriter::start(&mut out, 200).unwrap();
+        head.own_field("content-type", b"application/json");
+        head.field(b"X-A", b"1").unwrap();
+        head.own_field("Date", b"Sun, 06 Nov 1994 08:49:37 GMT");
+        head.own_lines(b"Connection: close\r\n");
+        head.end(OutgoingBody::ContentLength(2));
+        assert_eq!(
+            out,
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nX-A: 1\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nConnection: close\r\nContent-Length: 2\r\n\r\n"
+        );
+        let Ok(Parsed::Complete { head: parsed, .. }) =
+            parse_response_head(&out, "GET", &HeadLimits::RESPONSE)
+        else {
+            panic!("the response head does not parse back");
+        };
+        assert_eq!(parsed.headers().len(), 5);
+    }
 
     #[test]
     fn request_head_round_trips() {

@@ -10,8 +10,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use sortie_core::h1::{
-    parse_response_head_offsets, write_request_head, BodyDecoder, BodyLimits, H1Error, HeadLimits,
-    OutgoingBody, Parsed, ResponseFraming,
+    parse_response_head_offsets, write_request_head_with, BodyDecoder, BodyLimits, H1Error,
+    HeadLimits, OutgoingBody, Parsed, ResponseFraming,
 };
 use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 
@@ -55,15 +55,15 @@ pub(crate) fn request_head(
     let fields = headers
         .iter()
         .filter(|h| rejection_reason(&h.name).is_none())
-        .map(|h| (h.name.as_bytes(), h.value.as_slice()))
-        .chain(std::iter::once((&b"Connection"[..], &b"keep-alive"[..])));
+        .map(|h| (h.name.as_bytes(), h.value.as_slice()));
     let mut out = Vec::with_capacity(256);
-    write_request_head(
+    write_request_head_with(
         &mut out,
         method.as_str(),
         &url.path_and_query,
         url.authority().as_bytes(),
         fields,
+        b"Connection: keep-alive\r\n",
         framing,
     )
     .map_err(|e| {

@@ -239,7 +239,9 @@ pub struct Response {
     /// responses are the server's business.
     pub status: u16,
     /// The `Content-Type` field, written first: a field of its own, so that the JSON and text
-    /// answers that carry no other field allocate no list for it.
+    /// answers that carry no other field allocate no list for it. A constant of the handler's
+    /// code, written without byte checks (`ResponseHeadWriter::own_field`); a content type that
+    /// came from elsewhere goes in `headers`, which are checked.
     pub content_type: Option<&'static str>,
     /// Header fields in order, after `content_type`. `Content-Length`, `Transfer-Encoding` and
     /// `Connection` are dropped (the server writes them); a `Date` here replaces the server's.
@@ -562,8 +564,11 @@ pub(crate) fn encode_head_for(
     // Each source of fields written in turn: the handler's own, the relayed ones, then the
     // server's.
     let mut head = ResponseHeadWriter::start(out, resp.status)?;
+    // The server's own fields (the content type a handler named from its constants, the date,
+    // the connection's fate) are written without the byte checks of the fields that come from
+    // elsewhere: every response carries them.
     if let Some(v) = resp.content_type {
-        head.field(CONTENT_TYPE_FIELD.as_bytes(), v.as_bytes())?;
+        head.own_field(CONTENT_TYPE_FIELD, v.as_bytes());
     }
     for (n, v) in &resp.headers {
         if !n.eq_ignore_ascii_case("connection") {
@@ -576,12 +581,12 @@ pub(crate) fn encode_head_for(
         }
     }
     if !has_date {
-        head.field(b"Date", &date[..])?;
+        head.own_field("Date", &date[..]);
     }
     match connection {
         ConnectionField::Omit => {}
-        ConnectionField::Close => head.field(b"Connection", b"close")?,
-        ConnectionField::KeepAlive => head.field(b"Connection", b"keep-alive")?,
+        ConnectionField::Close => head.own_lines(b"Connection: close\r\n"),
+        ConnectionField::KeepAlive => head.own_lines(b"Connection: keep-alive\r\n"),
     }
     head.end(framing);
     let has_bytes = match &resp.body {
