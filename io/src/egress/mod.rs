@@ -700,7 +700,7 @@ impl Attempt for Buffered<'_> {
             self.egress
                 .inner
                 .pool
-                .put(self.key.clone(), conn, crate::timer::now());
+                .put(self.key, conn, crate::timer::now());
         }
         Ok(EgressResponse {
             status: resp.status,

@@ -13,7 +13,6 @@
 //! core runs on a timer every [`PoolLimits::sweep_interval`] (see `Egress`).
 
 use std::cell::RefCell;
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -151,9 +150,8 @@ impl Pool {
             }
         }
         *total = total.saturating_sub(before - list.len());
-        if list.is_empty() {
-            by_key.remove(key);
-        }
+        // An emptied list stays for the connection that comes back to it (the sweep removes
+        // lists that stay empty): no key copied, no list made again, on the request path.
         found
     }
 
@@ -161,34 +159,36 @@ impl Pool {
     /// connection to keep this one; a core at its cap closes this one (making room would mean
     /// looking through the whole pool on the request path; the sweep timer makes room instead).
     /// Returns whether it was kept.
-    pub(crate) fn put(&self, key: PoolKey, mut conn: Conn, now: Instant) -> bool {
+    /// The key is copied only for a key the pool has no list for.
+    pub(crate) fn put(&self, key: &PoolKey, mut conn: Conn, now: Instant) -> bool {
         if self.limits.max_idle_per_key == 0 || self.limits.max_idle_total == 0 {
             return false;
         }
         let mut inner = self.inner.borrow_mut();
         let Inner { by_key, total } = &mut *inner;
         let is_core_full = *total >= self.limits.max_idle_total;
-        let list = match by_key.entry(key) {
-            Entry::Occupied(e) => {
-                let list = e.into_mut();
-                if list.len() >= self.limits.max_idle_per_key {
-                    // Keep the newest: close the oldest of this key; the total stays.
-                    list.pop_front();
-                } else if is_core_full {
-                    return false;
-                } else {
-                    *total += 1;
-                }
-                list
-            }
-            Entry::Vacant(_) if is_core_full => return false,
-            Entry::Vacant(e) => {
+        if let Some(list) = by_key.get_mut(key) {
+            if list.len() >= self.limits.max_idle_per_key {
+                // Keep the newest: close the oldest of this key; the total stays.
+                list.pop_front();
+            } else if is_core_full {
+                return false;
+            } else {
                 *total += 1;
-                e.insert(VecDeque::new())
             }
-        };
+            conn.release_read_buffer();
+            list.push_back(Idle { conn, since: now });
+            return true;
+        }
+        if is_core_full {
+            return false;
+        }
+        *total += 1;
         conn.release_read_buffer();
-        list.push_back(Idle { conn, since: now });
+        by_key
+            .entry(key.clone())
+            .or_default()
+            .push_back(Idle { conn, since: now });
         true
     }
 
@@ -275,9 +275,9 @@ mod tests {
             let (b, _sb) = conn(&l);
             let (c, mut sc) = conn(&l);
             let (b_local, c_local): (SocketAddr, SocketAddr) = (monoio_local(&b), monoio_local(&c));
-            assert!(pool.put(key("w1"), a, now));
-            assert!(pool.put(key("w1"), b, now));
-            assert!(pool.put(key("w2"), c, now));
+            assert!(pool.put(&key("w1"), a, now));
+            assert!(pool.put(&key("w1"), b, now));
+            assert!(pool.put(&key("w2"), c, now));
             assert_eq!(pool.len(), 3);
             // Another worker's connections are not shared.
             assert!(pool.checkout(&key("w3"), &policy, now).is_none());
@@ -315,7 +315,7 @@ mod tests {
             assert!(a.read_buffer_capacity() > 0);
             sa.write_all(b"y").unwrap();
             settle(&a);
-            assert!(pool.put(key("w1"), a, now));
+            assert!(pool.put(&key("w1"), a, now));
             let just_after = now + POOL_PEEK_AFTER / 2;
             let a = pool.checkout(&key("w1"), &policy, just_after).unwrap();
             assert_eq!(a.read_buffer_capacity(), 0);
@@ -344,7 +344,7 @@ mod tests {
             for worker in ["a", "a", "a", "b", "c"] {
                 let (c, s) = conn(&l);
                 servers.push(s);
-                pool.put(key(worker), c, t0);
+                pool.put(&key(worker), c, t0);
             }
             // Per key 2 ("a" dropped its oldest), per core 3 ("c" refused).
             assert_eq!(pool.len(), 3);
@@ -358,7 +358,7 @@ mod tests {
             assert!(pool.checkout(&key("a"), &policy, later).is_none());
             assert_eq!(pool.len(), 0);
             let (c, _s) = conn(&l);
-            pool.put(key("a"), c, t0);
+            pool.put(&key("a"), c, t0);
             assert_eq!(pool.sweep(t0 + Duration::from_secs(1)), 0);
             assert_eq!(pool.sweep(later), 1);
             assert_eq!(pool.len(), 0);
@@ -366,7 +366,7 @@ mod tests {
             let (c, s) = conn(&l);
             drop(s);
             settle(&c);
-            pool.put(key("a"), c, t0);
+            pool.put(&key("a"), c, t0);
             assert_eq!(pool.sweep(t0), 1);
         });
     }
@@ -388,14 +388,14 @@ mod tests {
                 let (c, s) = conn(&l);
                 drop(s);
                 settle(&c);
-                assert!(pool.put(key(worker), c, t0));
+                assert!(pool.put(&key(worker), c, t0));
             }
             let (c, _s) = conn(&l);
-            assert!(!pool.put(key("c"), c, t0));
+            assert!(!pool.put(&key("c"), c, t0));
             assert_eq!(pool.len(), 2);
             // A key at its own cap still trades its oldest for the newest.
             let (c, _t) = conn(&l);
-            assert!(pool.put(key("a"), c, t0 + Duration::from_millis(1)));
+            assert!(pool.put(&key("a"), c, t0 + Duration::from_millis(1)));
             assert_eq!(pool.len(), 2);
             assert_eq!(pool.sweep(t0), 1);
         });

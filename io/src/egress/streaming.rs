@@ -484,7 +484,7 @@ impl ResponseBodyReader {
             && self.framing != ResponseFraming::CloseDelimited
             && conn.is_plaintext_drained();
         if let (true, Some(key)) = (is_reusable, self.key.take()) {
-            self.home.pool.put(key, conn, crate::timer::now());
+            self.home.pool.put(&key, conn, crate::timer::now());
         }
     }
 }
