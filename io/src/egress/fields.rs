@@ -10,6 +10,7 @@
 //! An HTTP/1.1 head's fields are also its field lines: where they were checked to lie as the
 //! parser accepted them, a relay copies a run of them in one piece ([`ResponseFields::lines`]).
 
+use std::cell::Cell;
 #[cfg(test)]
 use std::ops::Range;
 
@@ -22,23 +23,50 @@ use sortie_core::proxy::{connection_tokens_of, ConnectionTokens};
 /// the offsets its parser gave, kept as they are.
 type Span = FieldOffsets;
 
-/// A response head's fields in order: they lie in one buffer; with `lines_end`, they are the
-/// head's field lines, the last ending there ([`FieldSpans::as_lines`]).
+/// A response head's fields in order: they lie in one buffer, and for a head the HTTP/1.1
+/// parser read, they may be the head's field lines ([`ResponseFields::lines`]).
 #[derive(Clone, Debug, Default)]
 pub struct ResponseFields {
     buf: Bytes,
     spans: Vec<Span>,
-    lines_end: Option<u32>,
+    /// Whether the fields are the parser's, in the buffer it parsed: their names are tokens.
+    is_parsed: bool,
+    /// Whether they are the head's lines: checked when first asked, since only a relay asks
+    /// (the request API reads fields one by one and never does).
+    lines: Cell<Lines>,
+}
+
+/// What is known of whether [`ResponseFields`] are a head's field lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Lines {
+    /// Not a parsed head's fields, or fields found not to be laid out as its lines.
+    #[default]
+    No,
+    /// A parsed head's fields whose field section ends here, not yet checked.
+    Unchecked(u32),
+    /// Checked: the head's lines, the last ending here.
+    EndAt(u32),
 }
 
 impl ResponseFields {
     /// Fields whose names and values lie in `buf` at `spans`; `None` when `buf` is shorter than
     /// the buffer the spans were checked against.
     pub fn in_buffer(buf: Bytes, spans: FieldSpans) -> Option<ResponseFields> {
-        (spans.len <= buf.len()).then_some(ResponseFields {
+        if spans.len > buf.len() {
+            return None;
+        }
+        // Lines and tokens only in the very buffer the parser's offsets were checked against.
+        let is_same = spans.len == buf.len();
+        let lines = match (spans.lines_end, spans.section_end) {
+            (Some(end), _) if is_same => Lines::EndAt(end),
+            (None, Some(end)) if is_same => Lines::Unchecked(end),
+            _ => Lines::No,
+        };
+        Some(ResponseFields {
             buf,
             spans: spans.spans,
-            lines_end: spans.lines_end,
+            is_parsed: is_same && spans.section_end.is_some(),
+            lines: Cell::new(lines),
         })
     }
 
@@ -55,7 +83,8 @@ impl ResponseFields {
         ResponseFields {
             buf,
             spans,
-            lines_end: None,
+            is_parsed: false,
+            lines: Cell::new(Lines::No),
         }
     }
 
@@ -86,7 +115,7 @@ impl ResponseFields {
     /// each), when these fields are a head's lines ([`FieldSpans::as_lines`]); `None`
     /// otherwise, or for an empty or out-of-range run.
     pub fn lines(&self, first: usize, past: usize) -> Option<&[u8]> {
-        let end = self.lines_end?;
+        let end = self.lines_end()?;
         let start = self.spans.get(first)?.name.0;
         let end = match self.spans.get(past) {
             Some(next) => next.name.0,
@@ -100,14 +129,29 @@ impl ResponseFields {
 
     /// Whether [`ResponseFields::lines`] answers.
     pub fn has_lines(&self) -> bool {
-        self.lines_end.is_some()
+        self.lines_end().is_some()
     }
 
-    /// Whether every name is known to be a token without a look at it: the fields are a
-    /// head's lines as the HTTP/1.1 parser accepted them, and it accepts no other names.
-    /// Fields from elsewhere (HTTP/2, the worker bus) answer false.
+    /// Where the last field line ends, when the fields are the head's lines: checked on the
+    /// first call ([`FieldSpans::as_lines`]), remembered after.
+    fn lines_end(&self) -> Option<u32> {
+        match self.lines.get() {
+            Lines::No => None,
+            Lines::EndAt(end) => Some(end),
+            Lines::Unchecked(end) => {
+                let found = are_lines(&self.buf, &self.spans, end as usize);
+                self.lines
+                    .set(if found { Lines::EndAt(end) } else { Lines::No });
+                found.then_some(end)
+            }
+        }
+    }
+
+    /// Whether every name is known to be a token without a look at it: the fields are the
+    /// HTTP/1.1 parser's, which accepts no other names. Fields from elsewhere (HTTP/2, the
+    /// worker bus) answer false.
     pub fn names_are_tokens(&self) -> bool {
-        self.has_lines()
+        self.is_parsed
     }
 
     /// The value of the first field named `name`, ignoring ASCII case.
@@ -151,6 +195,9 @@ pub struct FieldSpans {
     len: usize,
     /// Where the last field line ends, when the fields were checked to be the head's lines.
     lines_end: Option<u32>,
+    /// For the parser's fields: where the head's field section ends (its lines checked later,
+    /// if ever asked for).
+    section_end: Option<u32>,
 }
 
 impl FieldSpans {
@@ -177,24 +224,25 @@ impl FieldSpans {
             spans,
             len,
             lines_end: None,
+            section_end: None,
         })
     }
 
     /// The fields the parser found in the head at the start of `buf` (`head_len` bytes long,
-    /// [`sortie_core::h1::parse_response_head_offsets`]), checked against `buf` and marked as
-    /// its lines where they are ([`FieldSpans::as_lines`]); `None` when one lies outside `buf`
-    /// or is reversed.
+    /// [`sortie_core::h1::parse_response_head_offsets`]), checked against `buf`; whether they
+    /// lie as its lines ([`FieldSpans::as_lines`]) is checked when a relay first asks
+    /// ([`ResponseFields::lines`]). `None` when one lies outside `buf` or is reversed.
     pub fn parsed(buf: &[u8], fields: Vec<FieldOffsets>, head_len: usize) -> Option<FieldSpans> {
         if !are_within(&fields, buf.len()) {
             return None;
         }
-        let spans = FieldSpans {
+        Some(FieldSpans {
             spans: fields,
             len: buf.len(),
             lines_end: None,
-        };
-        // The field lines end before the empty line (the head's last two bytes).
-        Some(spans.as_lines(buf, head_len.saturating_sub(2)))
+            // The field lines end before the empty line (the head's last two bytes).
+            section_end: u32::try_from(head_len.saturating_sub(2)).ok(),
+        })
     }
 
     /// Marks the fields as the field lines of the head in `buf` whose last line ends at `end`
@@ -365,7 +413,11 @@ mod tests {
     #[test]
     fn a_parsed_heads_fields_are_its_lines() {
         let f = parsed(b"HTTP/1.1 200 OK\r\nServer: x\r\nA:1\r\nB: \t2 \r\nC:\r\n\r\nbody");
+        // Tokens at once; the layout only when asked, then remembered.
+        assert!(f.names_are_tokens());
+        assert_eq!(f.lines.get(), Lines::Unchecked(45));
         assert!(f.has_lines());
+        assert_eq!(f.lines.get(), Lines::EndAt(45));
         assert_eq!(f.len(), 4);
         assert_eq!(f.lines(0, 1), Some(&b"Server: x\r\n"[..]));
         assert_eq!(f.lines(1, 3), Some(&b"A:1\r\nB: \t2 \r\n"[..]));
