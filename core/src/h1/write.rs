@@ -9,7 +9,7 @@
 //! accepted, which a relay copies as they arrived, and the writer's own fields
 //! ([`ResponseHeadWriter::own_field`], [`write_request_head_with`]): names and values the
 //! caller's code spells as constants or formats itself (a content type it names, the date),
-//! never bytes it received. Their callers answer for them.
+//! never bytes it received (decision 129). Their callers answer for them.
 //!
 //! On the per-request path: appends only, no logging.
 
