@@ -57,9 +57,8 @@ impl ResponseFields {
         }
         // Lines and tokens only in the very buffer the parser's offsets were checked against.
         let is_same = spans.len == buf.len();
-        let lines = match (spans.lines_end, spans.section_end) {
-            (Some(end), _) if is_same => Lines::EndAt(end),
-            (None, Some(end)) if is_same => Lines::Unchecked(end),
+        let lines = match spans.section_end {
+            Some(end) if is_same => Lines::Unchecked(end),
             _ => Lines::No,
         };
         Some(ResponseFields {
@@ -112,7 +111,7 @@ impl ResponseFields {
     }
 
     /// The field lines of fields `first..past`, as received (`name ":" OWS value OWS CRLF`
-    /// each), when these fields are a head's lines ([`FieldSpans::as_lines`]); `None`
+    /// each), when these fields are a head's lines (`are_lines`); `None`
     /// otherwise, or for an empty or out-of-range run.
     pub fn lines(&self, first: usize, past: usize) -> Option<&[u8]> {
         let end = self.lines_end()?;
@@ -133,7 +132,7 @@ impl ResponseFields {
     }
 
     /// Where the last field line ends, when the fields are the head's lines: checked on the
-    /// first call ([`FieldSpans::as_lines`]), remembered after.
+    /// first call (`are_lines`), remembered after.
     fn lines_end(&self) -> Option<u32> {
         match self.lines.get() {
             Lines::No => None,
@@ -193,8 +192,6 @@ pub struct FieldSpans {
     spans: Vec<Span>,
     /// The length of the buffer the ranges were checked against.
     len: usize,
-    /// Where the last field line ends, when the fields were checked to be the head's lines.
-    lines_end: Option<u32>,
     /// For the parser's fields: where the head's field section ends (its lines checked later,
     /// if ever asked for).
     section_end: Option<u32>,
@@ -223,14 +220,13 @@ impl FieldSpans {
         are_within(&spans, len).then_some(FieldSpans {
             spans,
             len,
-            lines_end: None,
             section_end: None,
         })
     }
 
     /// The fields the parser found in the head at the start of `buf` (`head_len` bytes long,
     /// [`sortie_core::h1::parse_response_head_offsets`]), checked against `buf`; whether they
-    /// lie as its lines ([`FieldSpans::as_lines`]) is checked when a relay first asks
+    /// lie as its lines (`are_lines`) is checked when a relay first asks
     /// ([`ResponseFields::lines`]). `None` when one lies outside `buf` or is reversed.
     pub fn parsed(buf: &[u8], fields: Vec<FieldOffsets>, head_len: usize) -> Option<FieldSpans> {
         if !are_within(&fields, buf.len()) {
@@ -239,23 +235,9 @@ impl FieldSpans {
         Some(FieldSpans {
             spans: fields,
             len: buf.len(),
-            lines_end: None,
             // The field lines end before the empty line (the head's last two bytes).
             section_end: u32::try_from(head_len.saturating_sub(2)).ok(),
         })
-    }
-
-    /// Marks the fields as the field lines of the head in `buf` whose last line ends at `end`
-    /// (before the empty line), when each is laid out as the parser accepted it: the line
-    /// starts with the name, a colon follows it, only SP or HTAB stand between the colon and
-    /// the value and between the value and the CRLF that ends the line, and the next line
-    /// starts with the next field's name. Otherwise, or for a buffer other than the one the
-    /// ranges were checked against, the fields stay fields only.
-    pub fn as_lines(mut self, buf: &[u8], end: usize) -> FieldSpans {
-        if buf.len() == self.len && !self.spans.is_empty() && are_lines(buf, &self.spans, end) {
-            self.lines_end = u32::try_from(end).ok();
-        }
-        self
     }
 }
 
@@ -264,7 +246,11 @@ fn are_within(spans: &[Span], len: usize) -> bool {
     spans.iter().all(|s| s.is_within(len))
 }
 
-/// See [`FieldSpans::as_lines`].
+/// Whether `spans` are the field lines of the head in `buf` whose last line ends at `end`
+/// (before the empty line), each laid out as the parser accepted it: the line starts with the
+/// name, a colon follows it, only SP or HTAB stand between the colon and the value and between
+/// the value and the CRLF that ends the line, and the next line starts with the next field's
+/// name. No fields are no lines.
 fn are_lines(buf: &[u8], spans: &[Span], end: usize) -> bool {
     let is_ows = |b: &u8| *b == b' ' || *b == b'\t';
     // One line: the name, its colon and the OWS before the value (`": "` the common case), the
@@ -446,12 +432,18 @@ mod tests {
     /// different buffer.
     #[test]
     fn fields_off_the_line_layout_are_not_lines() {
-        let lines = |buf: &[u8], ranges: &[(Range<usize>, Range<usize>)], end: usize| {
-            FieldSpans::within(buf.len(), ranges.iter().cloned())
-                .expect("within")
-                .as_lines(buf, end)
-                .lines_end
-                .is_some()
+        // Spans checked against `within` bytes, as the parser's fields of a head whose field
+        // section ends at `end`, laid over `buf`.
+        let laid = |buf: &[u8], within: usize, ranges: &[(Range<usize>, Range<usize>)], end| {
+            let spans = FieldSpans {
+                section_end: Some(end),
+                ..FieldSpans::within(within, ranges.iter().cloned()).expect("within")
+            };
+            let fields = ResponseFields::in_buffer(Bytes::copy_from_slice(buf), spans);
+            fields.expect("the buffer is long enough").has_lines()
+        };
+        let lines = |buf: &[u8], ranges: &[(Range<usize>, Range<usize>)], end| {
+            laid(buf, buf.len(), ranges, end)
         };
         let buf = b"A: 1\r\nX: y\r\nB: 2\r\n";
         assert!(lines(
@@ -487,8 +479,8 @@ mod tests {
         let bare = b"A: 1\nB: 2\r\n";
         assert!(!lines(bare, &[(0..1, 3..4), (5..6, 8..9)], 11));
         // Spans checked against another buffer's length.
-        let spans = FieldSpans::within(8, [(0..1, 3..4)].into_iter()).expect("within 8");
-        assert!(spans.as_lines(b"A: 1\r\n", 6).lines_end.is_none());
+        assert!(laid(b"A: 1\r\n", 6, &[(0..1, 3..4)], 6));
+        assert!(!laid(b"A: 1\r\n..", 6, &[(0..1, 3..4)], 6));
     }
 
     /// A range outside the buffer, or reversed, is refused rather than read as something else.
