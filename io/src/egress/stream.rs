@@ -37,8 +37,27 @@ pub(crate) enum Transport {
     Boring(Box<super::fingerprint::BoringStream>),
 }
 
-/// An upstream connection.
-pub(crate) struct Conn {
+/// An upstream connection: its state in a box of its own, so that the pool, the retry loop and
+/// each exchange move a pointer rather than the socket, its addresses and its buffers (a
+/// connection changes hands several times per request). Its operations are [`ConnState`]'s.
+pub(crate) struct Conn(Box<ConnState>);
+
+impl std::ops::Deref for Conn {
+    type Target = ConnState;
+
+    fn deref(&self) -> &ConnState {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut ConnState {
+        &mut self.0
+    }
+}
+
+/// What an upstream connection holds.
+pub(crate) struct ConnState {
     transport: Transport,
     /// The descriptor of the TCP stream inside `transport`, which owns it; kept because the TLS
     /// wrapper does not lend out its inner stream.
@@ -100,13 +119,8 @@ impl Conn {
         self
     }
 
-    /// The address the destination policy is checked against before reuse, if any.
-    pub(crate) fn policy_ip(&self) -> Option<IpAddr> {
-        self.policy_ip
-    }
-
     fn new(transport: Transport, fd: RawFd, peer: SocketAddr) -> Conn {
-        Conn {
+        Conn(Box::new(ConnState {
             transport,
             fd,
             peer,
@@ -116,21 +130,10 @@ impl Conn {
             is_plaintext_drained: true,
             is_nonblocking: monoio::utils::is_legacy(),
             writer: SecondWriter::default(),
-        }
+        }))
     }
 
-    /// The second descriptor of a plain connection's socket, taken out for one send made
-    /// while the connection reads ([`Conn::send_with_answer`] gives it back); `None` for TLS, on
-    /// the epoll driver (which makes a send when it is polled, not when it is created), on the
-    /// connection's first exchange, or if the descriptor cannot be duplicated.
-    pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {
-        let Transport::Plain(stream) = &self.transport else {
-            return None;
-        };
-        self.writer.take(stream)
-    }
-
-    /// Sends `data` on `writer` (lent by [`Conn::take_writer`], given back here) while `answer`
+    /// Sends `data` on `writer` (lent by [`ConnState::take_writer`], given back here) while `answer`
     /// reads on the connection (decision 124, [`collect`]): the send's completion wakes no
     /// task of its own; it is collected by `until`. Done by then but for a failure: the answer
     /// came, or the connection broke.
@@ -149,6 +152,24 @@ impl Conn {
         };
         self.writer.put(writer);
         out
+    }
+}
+
+impl ConnState {
+    /// The address the destination policy is checked against before reuse, if any.
+    pub(crate) fn policy_ip(&self) -> Option<IpAddr> {
+        self.policy_ip
+    }
+
+    /// The second descriptor of a plain connection's socket, taken out for one send made
+    /// while the connection reads ([`Conn::send_with_answer`] gives it back); `None` for TLS, on
+    /// the epoll driver (which makes a send when it is polled, not when it is created), on the
+    /// connection's first exchange, or if the descriptor cannot be duplicated.
+    pub(crate) fn take_writer(&mut self) -> Option<Box<TcpStream>> {
+        let Transport::Plain(stream) = &self.transport else {
+            return None;
+        };
+        self.writer.take(stream)
     }
 
     /// The address connected to.
@@ -204,7 +225,7 @@ impl Conn {
         Ok(self.buf.get(..n).unwrap_or_default())
     }
 
-    /// [`Conn::read_some`] on a TLS transport: how many bytes `self.buf` received.
+    /// [`ConnState::read_some`] on a TLS transport: how many bytes `self.buf` received.
     async fn read_some_secured(&mut self, buf: Vec<u8>) -> io::Result<usize> {
         let asked = buf.capacity();
         let (res, buf) = match &mut self.transport {
@@ -237,7 +258,7 @@ impl Conn {
 
     /// Reads what is available (waiting for at least one byte, at most `max`) straight into
     /// the spare capacity of `out`, appending; returns how many bytes came, 0 at EOF (as
-    /// [`Conn::read_some`]). Saves the copy out of the connection's own buffer when the caller
+    /// [`ConnState::read_some`]). Saves the copy out of the connection's own buffer when the caller
     /// relays the bytes as they are. If the future is dropped, `out` is left empty.
     pub(crate) async fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> io::Result<usize> {
         let mut buf = std::mem::take(out);
@@ -266,7 +287,7 @@ impl Conn {
         Box::pin(self.read_append_secured(buf, len, end, out)).await
     }
 
-    /// [`Conn::read_append`] on a TLS transport, into `buf[len..end]`, left in `out`.
+    /// [`ConnState::read_append`] on a TLS transport, into `buf[len..end]`, left in `out`.
     async fn read_append_secured(
         &mut self,
         buf: Vec<u8>,
@@ -326,7 +347,7 @@ impl Conn {
         self.write_all_from(data).await.0
     }
 
-    /// [`Conn::write_all`] that gives the buffer back, written or not, for a caller that may
+    /// [`ConnState::write_all`] that gives the buffer back, written or not, for a caller that may
     /// send it again (a request head retried on another connection). A dropped write loses it.
     pub(crate) async fn write_all_from<T>(&mut self, data: T) -> (io::Result<()>, T)
     where
@@ -340,7 +361,7 @@ impl Conn {
         Box::pin(self.write_all_secured(data)).await
     }
 
-    /// [`Conn::write_all_from`] on a TLS transport, flushed.
+    /// [`ConnState::write_all_from`] on a TLS transport, flushed.
     async fn write_all_secured<T>(&mut self, data: T) -> (io::Result<()>, T)
     where
         T: monoio::buf::IoBuf + AsRef<[u8]> + 'static,

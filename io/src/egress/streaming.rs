@@ -391,7 +391,7 @@ impl ResponseBodyReader {
                 .decoder
                 .remaining()
                 .is_some_and(|r| r.saturating_sub(early) >= SPLICE_MIN_BYTES)
-            && self.conn.as_ref().is_some_and(Conn::is_plain)
+            && self.conn.as_ref().is_some_and(|c| c.is_plain())
     }
 
     /// Moves the rest of the body straight from the destination's socket to `client` with
@@ -966,7 +966,10 @@ impl<B: BodySource> Attempt for Streamed<'_, '_, B> {
             // the pool right away.
             reader.finish(false);
         }
-        let peer_addr = reader.conn.as_ref().map_or(dial_peer(self.req), Conn::peer);
+        let peer_addr = reader
+            .conn
+            .as_ref()
+            .map_or(dial_peer(self.req), |c| c.peer());
         Ok(StreamedResponse {
             status: head.status,
             headers: head.headers,
