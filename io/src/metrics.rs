@@ -3,10 +3,11 @@
 //! requests, worker capacity and the config revision. Each core writes only its own shard (no
 //! cross-core contention on the hot path); `/metrics` sums the shards.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sortie_core::routing::Ingress;
 
@@ -41,8 +42,13 @@ impl Histogram {
     }
 }
 
+/// One request count of one core's shard: a (deployment, ingress, outcome) as
+/// [`Metrics::counter`] finds it, shared with the core that counts into it
+/// ([`CoreRecorder`]).
+pub type Counter = Arc<AtomicU64>;
+
 /// One deployment's request counts by (ingress, outcome).
-type ByOutcome = sortie_core::FastMap<(Ingress, &'static str), u64>;
+type ByOutcome = sortie_core::FastMap<(Ingress, &'static str), Counter>;
 
 struct Shard {
     /// Deployment → (ingress, outcome) → count; looked up by `&str`, so a known deployment
@@ -99,34 +105,31 @@ impl Metrics {
         }
     }
 
-    /// Records one finished request on `core`: the ingress it came by, its outcome (`ok` or
-    /// the error code) and, for transported requests, the stage timings in ms (`[routing,
-    /// assignment, egress, total]`).
-    pub fn record(
+    /// The count of requests of `deployment` by `ingress` with `outcome` on `core`'s shard,
+    /// made at zero when there is none yet.
+    pub fn counter(
         &self,
         core: usize,
         ingress: Ingress,
         deployment: &str,
         outcome: &'static str,
-        stages: Option<[u64; 4]>,
-    ) {
-        let Some(shard) = self.shards.get(core % self.shards.len()) else {
-            return;
+    ) -> Option<Counter> {
+        let shard = self.shards.get(core % self.shards.len())?;
+        let mut m = shard.requests.lock().unwrap_or_else(|p| p.into_inner());
+        let by_outcome = match m.get_mut(deployment) {
+            Some(by_outcome) => by_outcome,
+            None => m.entry(deployment.to_string()).or_default(),
         };
-        {
-            let mut m = shard.requests.lock().unwrap_or_else(|p| p.into_inner());
-            match m.get_mut(deployment) {
-                Some(by_outcome) => *by_outcome.entry((ingress, outcome)).or_default() += 1,
-                None => {
-                    m.insert(
-                        deployment.to_string(),
-                        ByOutcome::from_iter([((ingress, outcome), 1)]),
-                    );
-                }
-            }
-        }
-        if let Some(s) = stages {
-            for (h, v) in shard.stages.iter().zip(s) {
+        Some(Arc::clone(
+            by_outcome.entry((ingress, outcome)).or_default(),
+        ))
+    }
+
+    /// Adds one request's stage timings in ms (`[routing, assignment, egress, total]`) to
+    /// `core`'s histograms.
+    fn observe_stages(&self, core: usize, stages: [u64; 4]) {
+        if let Some(shard) = self.shards.get(core % self.shards.len()) {
+            for (h, v) in shard.stages.iter().zip(stages) {
                 h.observe(v);
             }
         }
@@ -158,7 +161,7 @@ impl Metrics {
                 for ((ingress, outcome), v) in by_outcome {
                     *totals
                         .entry((dep.clone(), ingress.as_str(), *outcome))
-                        .or_default() += v;
+                        .or_default() += v.load(Ordering::Relaxed);
                 }
             }
         }
@@ -273,6 +276,85 @@ impl Metrics {
     }
 }
 
+/// One core's way to record its finished requests: the ingress each came by, its outcome (`ok`
+/// or the error code) and, for transported requests, the stage timings in ms (`[routing,
+/// assignment, egress, total]`). It keeps the counter of the
+/// (deployment, ingress, outcome) it counted last, so that a core serving one deployment's
+/// requests counts each with one atomic add, without the shard's lock and its two hash
+/// look-ups. Any other request looks its counter up as before and becomes the one kept.
+pub struct CoreRecorder {
+    metrics: Arc<Metrics>,
+    core: usize,
+    last: RefCell<Option<Last>>,
+}
+
+/// The counter a [`CoreRecorder`] counted into last, with what it counts.
+struct Last {
+    deployment: String,
+    ingress: Ingress,
+    outcome: &'static str,
+    counter: Counter,
+}
+
+impl CoreRecorder {
+    /// The recorder of `core`.
+    pub fn new(metrics: Arc<Metrics>, core: usize) -> CoreRecorder {
+        CoreRecorder {
+            metrics,
+            core,
+            last: RefCell::new(None),
+        }
+    }
+
+    /// Records one finished request on this recorder's core.
+    pub fn record(
+        &self,
+        ingress: Ingress,
+        deployment: &str,
+        outcome: &'static str,
+        stages: Option<[u64; 4]>,
+    ) {
+        let mut last = self.last.borrow_mut();
+        match &mut *last {
+            Some(l)
+                if l.ingress == ingress && l.outcome == outcome && l.deployment == deployment =>
+            {
+                l.counter.fetch_add(1, Ordering::Relaxed);
+            }
+            other => {
+                if let Some(counter) = self
+                    .metrics
+                    .counter(self.core, ingress, deployment, outcome)
+                {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    match other {
+                        // The name's buffer is kept: no allocation for a deployment that fits.
+                        Some(l) => {
+                            l.deployment.clear();
+                            l.deployment.push_str(deployment);
+                            l.ingress = ingress;
+                            l.outcome = outcome;
+                            l.counter = counter;
+                        }
+                        None => {
+                            *other = Some(Last {
+                                deployment: deployment.to_string(),
+                                ingress,
+                                outcome,
+                                counter,
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        drop(last);
+        if let Some(s) = stages {
+            self.metrics.observe_stages(self.core, s);
+        }
+    }
+}
+
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -315,5 +397,47 @@ fn render_proxy_endpoints(out: &mut String, endpoints: &[crate::egress::Endpoint
                 value(e)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(text: &str, deployment: &str, outcome: &str, ingress: &str) -> u64 {
+        let series = format!(
+            "sortie_requests_total{{deployment=\"{deployment}\",outcome=\"{outcome}\",ingress=\"{ingress}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    /// A core's recorder counts each request into its own (deployment, ingress, outcome), the
+    /// one it kept or another, and the counts of every core add up.
+    #[test]
+    fn a_core_counts_each_request_where_it_belongs() {
+        let metrics = Arc::new(Metrics::new(2));
+        let first = CoreRecorder::new(Arc::clone(&metrics), 0);
+        let second = CoreRecorder::new(Arc::clone(&metrics), 1);
+        for _ in 0..3 {
+            first.record(Ingress::Api, "alpha", "ok", Some([0, 1, 2, 3]));
+        }
+        first.record(Ingress::Api, "alphabet", "ok", None);
+        first.record(Ingress::Api, "alpha", "route_no_match", None);
+        first.record(Ingress::Proxy, "alpha", "ok", None);
+        first.record(Ingress::Api, "alpha", "ok", None);
+        second.record(Ingress::Api, "alpha", "ok", None);
+        second.record(Ingress::Api, "beta", "ok", None);
+        let text = metrics.render(&Gauges::default());
+        assert_eq!(count(&text, "alpha", "ok", "api"), 5);
+        assert_eq!(count(&text, "alphabet", "ok", "api"), 1);
+        assert_eq!(count(&text, "alpha", "route_no_match", "api"), 1);
+        assert_eq!(count(&text, "alpha", "ok", "proxy"), 1);
+        assert_eq!(count(&text, "beta", "ok", "api"), 1);
+        assert!(
+            text.contains("sortie_request_stage_seconds_count{stage=\"total\"} 3"),
+            "{text}"
+        );
     }
 }

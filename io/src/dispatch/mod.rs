@@ -47,6 +47,8 @@ pub struct Dispatcher {
     pub metrics: Arc<Metrics>,
     /// This core's index.
     pub core: usize,
+    /// Counts this core's finished requests into `metrics`.
+    pub(crate) recorder: crate::metrics::CoreRecorder,
     /// Pins used for requests without a sticky id (never touched by routing then).
     no_pins: std::cell::RefCell<StickyPins>,
     /// The last token this core authenticated, with its deployment: clients send the same
@@ -82,6 +84,7 @@ impl Dispatcher {
             state,
             active,
             egress,
+            recorder: crate::metrics::CoreRecorder::new(Arc::clone(&metrics), core),
             metrics,
             core,
             no_pins: std::cell::RefCell::new(StickyPins::new(1)),

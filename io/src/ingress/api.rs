@@ -124,16 +124,16 @@ pub fn authenticate(
     }
     let request_id = sortie_core::ids::request_id(crate::tokens::random_bytes());
     let answer = auth_failure(&request_id);
-    ctx.metrics
-        .record(ctx.core, Ingress::Api, "-", answer.outcome, answer.stages);
+    ctx.recorder
+        .record(Ingress::Api, "-", answer.outcome, answer.stages);
     Err(answer)
 }
 
 /// Counts a request refused at admission (decision 043) in the metrics, as any answer is.
 pub fn record_refusal(ctx: &Dispatcher, deployment: DeploymentRef, e: &ApiError) {
     let deployment = ctx.state.auth.id(deployment);
-    ctx.metrics
-        .record(ctx.core, Ingress::Api, deployment, e.code.as_str(), None);
+    ctx.recorder
+        .record(Ingress::Api, deployment, e.code.as_str(), None);
     tracing::debug!(
         target: "sortie::request",
         deployment = %deployment,
@@ -188,13 +188,8 @@ pub async fn handle(
         }
         .log();
     }
-    ctx.metrics.record(
-        ctx.core,
-        Ingress::Api,
-        deployment,
-        answer.outcome,
-        answer.stages,
-    );
+    ctx.recorder
+        .record(Ingress::Api, deployment, answer.outcome, answer.stages);
     answer
 }
 
@@ -215,8 +210,8 @@ impl Drop for Unanswered<'_> {
         }
         let outcome = ErrorCode::Cancelled.as_str();
         self.ctx
-            .metrics
-            .record(self.ctx.core, Ingress::Api, self.deployment, outcome, None);
+            .recorder
+            .record(Ingress::Api, self.deployment, outcome, None);
         tracing::debug!(
             target: "sortie::request",
             request_id = %self.request_id,

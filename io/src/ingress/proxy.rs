@@ -121,8 +121,8 @@ impl ProxyHandler {
         req: &RequestParts,
     ) -> Response {
         self.ctx
-            .metrics
-            .record(self.ctx.core, ingress, deployment, e.code.as_str(), None);
+            .recorder
+            .record(ingress, deployment, e.code.as_str(), None);
         let request_id = new_request_id();
         let response = proxy_error(e, &request_id);
         self.access(
@@ -250,9 +250,7 @@ impl Handler for ProxyHandler {
                 (proxy_error(&e, &request_id), e.code.as_str())
             }
         };
-        self.ctx
-            .metrics
-            .record(self.ctx.core, a.ingress, deployment, code, None);
+        self.ctx.recorder.record(a.ingress, deployment, code, None);
         self.access(
             a.ingress,
             &request_id,
@@ -288,8 +286,7 @@ impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if !self.is_answered {
             let ctx = &self.handler.ctx;
-            ctx.metrics.record(
-                ctx.core,
+            ctx.recorder.record(
                 self.ingress,
                 self.deployment,
                 ErrorCode::Cancelled.as_str(),
