@@ -40,6 +40,9 @@ struct Base {
     /// How far the coarse clock may lag the true time: its resolution plus the gap between the
     /// two reads that made the pairing.
     lag_ns: u64,
+    /// The coarse clock at the last [`now`] and the instant it gave: the clock moves once per
+    /// scheduler tick, and every request between two ticks asks again.
+    last: std::cell::Cell<(u64, Instant)>,
 }
 
 impl Base {
@@ -48,12 +51,14 @@ impl Base {
         let instant = Instant::now();
         let res_ns =
             read(libc::CLOCK_MONOTONIC_COARSE, Read::Resolution).clamp(1_000_000, 100_000_000);
+        // The coarse read is at most a resolution behind the `Instant` read beside it; the
+        // margin covers the time between the two reads.
+        let lag_ns = res_ns.saturating_add(100_000);
         Base {
             instant,
             coarse_ns,
-            // The coarse read is at most a resolution behind the `Instant` read beside it; the
-            // margin covers the time between the two reads.
-            lag_ns: res_ns.saturating_add(100_000),
+            lag_ns,
+            last: std::cell::Cell::new((coarse_ns, instant + Duration::from_nanos(lag_ns))),
         }
     }
 }
@@ -104,10 +109,15 @@ fn current_tick() -> u64 {
 /// clock's resolution later. Cheaper than [`Instant::now`]; for deadlines, not for durations.
 pub(crate) fn now() -> Instant {
     BASE.with(|b| {
-        let ahead = coarse_ns()
-            .saturating_sub(b.coarse_ns)
-            .saturating_add(b.lag_ns);
-        b.instant + Duration::from_nanos(ahead)
+        let coarse = coarse_ns();
+        let (at, last) = b.last.get();
+        if at == coarse {
+            return last;
+        }
+        let ahead = coarse.saturating_sub(b.coarse_ns).saturating_add(b.lag_ns);
+        let now = b.instant + Duration::from_nanos(ahead);
+        b.last.set((coarse, now));
+        now
     })
 }
 

@@ -365,11 +365,14 @@ async fn handle_inner(
     // read) and where the answer was whole (decision 128).
     let routed = assigned.routed.unwrap_or(started);
     let handed_over = resp.accepted_at.map_or(routed, |at| at.max(routed));
+    // Each instant from the start once; the stages are the differences of those durations.
+    let since = |at: Instant| at.saturating_duration_since(started);
+    let (to_routed, to_handed_over, to_done) = (since(routed), since(handed_over), since(done));
     let timing = Timing {
-        routing_ms: millis(routed.saturating_duration_since(started)),
-        assignment_ms: millis(handed_over.saturating_duration_since(routed)),
-        egress_ms: millis(done.saturating_duration_since(handed_over)),
-        total_ms: millis(done.saturating_duration_since(started)),
+        routing_ms: millis(to_routed),
+        assignment_ms: millis(to_handed_over.saturating_sub(to_routed)),
+        egress_ms: millis(to_done.saturating_sub(to_handed_over)),
+        total_ms: millis(to_done),
     };
     let out = RequestResult {
         request_id,
