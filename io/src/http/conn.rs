@@ -29,7 +29,7 @@ use super::response::{
     encode_head, encode_head_for, ConnectionField, Response, ResponseBody, StreamBody, Tunnel,
     CONTENT_TYPE_FIELD,
 };
-use super::shutdown::ShutdownSignal;
+use super::shutdown::{LatchSlot, ShutdownSignal};
 use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
 
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
@@ -395,6 +395,9 @@ struct Connection<H> {
     peer: SocketAddr,
     handler: Rc<H>,
     shutdown: ShutdownSignal,
+    /// The connection's place among the waiters for the idle close, taken by its first wait
+    /// between requests and kept for the rest of the busy period.
+    idle_close: LatchSlot,
     accepted_at: Instant,
     requests: u64,
 }
@@ -432,6 +435,7 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
         },
         peer,
         handler,
+        idle_close: shutdown.idle_close_slot(),
         shutdown,
         accepted_at,
         requests,
@@ -604,7 +608,7 @@ impl<H: Handler> Connection<H> {
                     idle_deadline.into_std(),
                     self.io.read_more()
                 ));
-                match race(self.shutdown.idle_close(), read).await {
+                match race(self.idle_close.wait(), read).await {
                     Either::Left(()) => return Next::Close,
                     Either::Right(None) => return Next::Close,
                     Either::Right(Some(Ok(0) | Err(_))) => return Next::Close,
@@ -618,7 +622,7 @@ impl<H: Handler> Connection<H> {
             let woke = {
                 let ready = pin!(self.io.stream.readable(false));
                 let release = pin!(crate::timer::sleep_until(release_at.into_std()));
-                let stop = pin!(race(self.shutdown.idle_close(), release));
+                let stop = pin!(race(self.idle_close.wait(), release));
                 race(ready, stop).await
             };
             match woke {

@@ -133,6 +133,45 @@ impl Drop for LatchWait {
     }
 }
 
+/// A waiter's place among a [`Latch`]'s wakers, kept across waits ([`LatchSlot::wait`]): a
+/// connection waits for the idle close before each of its requests, and registers once for its
+/// busy period instead of once per wait; each later wait of the same task finds its own waker
+/// in place. Between waits the latch may wake the task for nothing (a task takes a spurious
+/// wake-up in its stride); the place is given back when the slot is dropped.
+pub(crate) struct LatchSlot {
+    latch: Rc<Latch>,
+    slot: Option<usize>,
+}
+
+impl LatchSlot {
+    /// A future that completes when the latch is set.
+    pub(crate) fn wait(&mut self) -> SlotWait<'_> {
+        SlotWait { slot: self }
+    }
+}
+
+impl Drop for LatchSlot {
+    fn drop(&mut self) {
+        if let Some(index) = self.slot.take() {
+            self.latch.deregister(index);
+        }
+    }
+}
+
+/// [`LatchSlot::wait`]'s future.
+pub(crate) struct SlotWait<'a> {
+    slot: &'a mut LatchSlot,
+}
+
+impl Future for SlotWait<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let s = &mut *self.get_mut().slot;
+        s.latch.poll_set(&mut s.slot, cx)
+    }
+}
+
 /// The cross-thread half: fired once by whoever handles SIGTERM/SIGINT, it shuts down every
 /// core that derived a [`ShutdownSignal`] from it.
 #[derive(Clone, Default)]
@@ -332,6 +371,17 @@ impl ShutdownSignal {
             wait: LatchWait::new(Rc::clone(&self.inner.idle)),
         }
     }
+
+    /// A place among the waiters for the moment connections idle between requests must close
+    /// ([`ShutdownSignal::is_closing_idle`]), for a connection's every wait between its requests
+    /// ([`LatchSlot`]). Must be made inside a monoio runtime.
+    pub(crate) fn idle_close_slot(&self) -> LatchSlot {
+        self.follow_trigger();
+        LatchSlot {
+            latch: Rc::clone(&self.inner.idle),
+            slot: None,
+        }
+    }
 }
 
 /// Completes when a [`ShutdownSignal`] is set.
@@ -356,6 +406,7 @@ impl Future for ShutdownWait {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::pin::pin;
     use std::time::Duration;
 
     fn block_on<F: Future<Output = ()>>(fut: F) {
@@ -390,6 +441,40 @@ mod tests {
             assert_eq!(wait.as_mut().poll(&mut cx), Poll::Ready(()));
         }
         assert!(latch.is_set());
+        assert_eq!(latch.waiter_count(), 0);
+    }
+
+    /// A slot registers on its first wait and keeps its place across later ones; the latch
+    /// completes a wait in progress and every one after; a dropped slot gives its place back.
+    #[test]
+    fn a_slot_keeps_its_place_across_waits() {
+        let latch = Rc::new(Latch::default());
+        let counter = CountingWaker::new();
+        let waker = Waker::from(Arc::clone(&counter));
+        let mut cx = Context::from_waker(&waker);
+        let mut slot = LatchSlot {
+            latch: Rc::clone(&latch),
+            slot: None,
+        };
+        for _ in 0..3 {
+            let mut wait = pin!(slot.wait());
+            assert_eq!(wait.as_mut().poll(&mut cx), Poll::Pending);
+            assert_eq!(latch.waiter_count(), 1);
+        }
+        let mut other = LatchSlot {
+            latch: Rc::clone(&latch),
+            slot: None,
+        };
+        assert_eq!(pin!(other.wait()).poll(&mut cx), Poll::Pending);
+        assert_eq!(latch.waiter_count(), 2);
+        drop(other);
+        assert_eq!(latch.waiter_count(), 1);
+        latch.set();
+        assert_eq!(counter.wakes(), 1);
+        for _ in 0..2 {
+            assert_eq!(pin!(slot.wait()).poll(&mut cx), Poll::Ready(()));
+        }
+        drop(slot);
         assert_eq!(latch.waiter_count(), 0);
     }
 
