@@ -93,8 +93,13 @@ fn write_b64_parts(out: &mut Vec<u8>, first: &[u8], second: &[u8]) {
     out.push(b'"');
 }
 
+/// A number in decimal. The stage timings are mostly a single digit (0 ms on a quick answer):
+/// pushed as one byte.
 fn write_u64(out: &mut Vec<u8>, v: u64) {
-    out.extend_from_slice(crate::decimal::Digits::of(v).as_bytes());
+    match u8::try_from(v) {
+        Ok(d @ 0..=9) => out.push(b'0' + d),
+        _ => out.extend_from_slice(crate::decimal::Digits::of(v).as_bytes()),
+    }
 }
 
 /// A token as a JSON string: nothing in it needs escaping.
@@ -308,6 +313,18 @@ mod tests {
             ..r
         };
         assert_eq!(unchecked.to_json(), r.to_json());
+    }
+
+    /// Numbers are written in decimal whatever their size: the single digits pushed as one
+    /// byte read as the rest do.
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        let mut out = Vec::new();
+        for n in [0u64, 1, 9, 10, 11, 99, 100, 255, 256, 1_000, u64::MAX] {
+            out.clear();
+            write_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
     }
 
     #[test]
