@@ -61,11 +61,11 @@ pub struct RequestResult<'a> {
 }
 
 /// Appends `data` as a quoted base64 string. SIMD encoding straight into the spare capacity
-/// of `out`: no zero-filled room to encode into, no second buffer (`core/benches/base64.rs`
-/// measures it against the `base64` crate).
+/// of `out` (AVX-512 VBMI where the CPU has it, `sortie-b64`): no zero-filled room to encode
+/// into, no second buffer (`core/benches/base64.rs` measures the encoders).
 fn write_b64(out: &mut Vec<u8>, data: &[u8]) {
     out.push(b'"');
-    base64_simd::STANDARD.encode_append(data, out);
+    sortie_b64::encode_append(data, out);
     out.push(b'"');
 }
 
@@ -75,7 +75,7 @@ fn write_b64_parts(out: &mut Vec<u8>, first: &[u8], second: &[u8]) {
     out.push(b'"');
     let whole = first.len() - first.len() % 3;
     let (aligned, carry) = first.split_at(whole);
-    base64_simd::STANDARD.encode_append(aligned, out);
+    sortie_b64::encode_append(aligned, out);
     let take = (3 - carry.len()).min(second.len());
     let (head, rest) = second.split_at(if carry.is_empty() { 0 } else { take });
     // At most three bytes: a carry of one or two and the head that completes it.
@@ -88,8 +88,8 @@ fn write_b64_parts(out: &mut Vec<u8>, first: &[u8], second: &[u8]) {
         dst.copy_from_slice(head);
     }
     // Padded only when `second` ran out, which is then the end of the data.
-    base64_simd::STANDARD.encode_append(joint.get(..joint_len).unwrap_or_default(), out);
-    base64_simd::STANDARD.encode_append(rest, out);
+    sortie_b64::encode_append(joint.get(..joint_len).unwrap_or_default(), out);
+    sortie_b64::encode_append(rest, out);
     out.push(b'"');
 }
 
