@@ -72,8 +72,9 @@ mod vbmi {
     /// Whether the CPU has the instructions the block encoder uses (the detection is cached
     /// by the standard library: an atomic load after the first call).
     pub(crate) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512vbmi")
+        std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
     }
 
     pub(crate) fn encode_append(data: &[u8], out: &mut Vec<u8>) {
