@@ -30,7 +30,7 @@ pub fn encode_append(data: &[u8], out: &mut Vec<u8>) {
         vbmi::encode_append(data, out);
         return;
     }
-    base64_simd::STANDARD.encode_append(data, out);
+    encode_append_portable(data, out);
 }
 
 /// Whether [`encode_append`] uses the AVX-512 VBMI encoder on this CPU.
