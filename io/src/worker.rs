@@ -1206,7 +1206,8 @@ async fn exchange(
     policy: &DestinationPolicy,
     via: Option<&ProxyRoute>,
 ) -> Result<(), ApiError> {
-    let started = Instant::now();
+    // Deadlines only, so the coarse clock (decision 121).
+    let started = crate::timer::now();
     let deadline = started + Duration::from_millis(u64::from(a.deadline_ms));
     let invalid = |m: &str| ApiError::new(ErrorCode::ExecutorInternalError, m.to_string());
     let method = Method::parse(a.method()).ok_or_else(|| invalid("assignment: unknown method"))?;

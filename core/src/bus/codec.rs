@@ -312,6 +312,12 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
     Ok(Decoded::Frame(frame, total))
 }
 
+/// The `N` bytes of `buf` at `at`, when they are all there.
+#[inline(always)]
+fn array_at<const N: usize>(buf: &[u8], at: usize) -> Option<[u8; N]> {
+    buf.get(at..at.checked_add(N)?)?.try_into().ok()
+}
+
 struct Reader<'a> {
     buf: &'a [u8],
     at: usize,
@@ -456,22 +462,43 @@ impl<'a> Reader<'a> {
     /// [`Self::fields`].
     fn head_fields(&mut self, field: &'static str, max: usize) -> Result<HeadFields, FrameError> {
         let n = self.count(field, max)?;
-        let from = self.at;
-        // Where a slice just read lies in the copy of the fields' bytes, which starts at `from`
-        // (a frame is far shorter than 4 GiB).
-        let span = |r: &Reader<'_>, len: usize| {
-            let end = u32::try_from(r.at - from).map_err(|_| FrameError::FieldTooLong(field))?;
-            Ok::<_, FrameError>((end.saturating_sub(len as u32), end))
-        };
-        let mut spans = Vec::with_capacity(n);
-        for _ in 0..n {
-            let name = self.short_slice(field, MAX_FIELD_NAME_BYTES)?.len();
-            let name = span(self, name)?;
-            let value = self.long_slice(field, MAX_FIELD_VALUE_BYTES)?.len();
-            let value = span(self, value)?;
-            spans.push(FieldOffsets { name, value });
+        // The fields are walked in a slice of their own, with a local offset: one bounds check
+        // per length and per field, where `short_slice` and `long_slice` went through the
+        // reader's position and an `Option` per step. Offsets are relative to the fields'
+        // start, where the copy of their bytes starts.
+        let rest = self.buf.get(self.at..).unwrap_or_default();
+        // A frame is far shorter than 4 GiB; a longer one is refused, never wrapped.
+        if u32::try_from(rest.len()).is_err() {
+            return Err(FrameError::FieldTooLong(field));
         }
-        let all = bytes::Bytes::copy_from_slice(self.buf.get(from..self.at).unwrap_or_default());
+        let mut spans = Vec::with_capacity(n);
+        let mut at = 0usize;
+        for _ in 0..n {
+            let [a, b] = array_at(rest, at).ok_or(FrameError::Truncated(field))?;
+            let name_len = usize::from(u16::from_be_bytes([a, b]));
+            if name_len > MAX_FIELD_NAME_BYTES {
+                return Err(FrameError::FieldTooLong(field));
+            }
+            let name_at = at + 2;
+            let [a, b, c, d] =
+                array_at(rest, name_at + name_len).ok_or(FrameError::Truncated(field))?;
+            let value_len = u32::from_be_bytes([a, b, c, d]) as usize;
+            if value_len > MAX_FIELD_VALUE_BYTES {
+                return Err(FrameError::FieldTooLong(field));
+            }
+            let value_at = name_at + name_len + 4;
+            at = value_at + value_len;
+            if at > rest.len() {
+                return Err(FrameError::Truncated(field));
+            }
+            // Each offset is at most `rest.len()`, which fits in 32 bits (checked above).
+            spans.push(FieldOffsets {
+                name: (name_at as u32, (name_at + name_len) as u32),
+                value: (value_at as u32, at as u32),
+            });
+        }
+        let all = bytes::Bytes::copy_from_slice(rest.get(..at).unwrap_or_default());
+        self.at += at;
         HeadFields::in_buffer(all, spans).ok_or(FrameError::Truncated(field))
     }
 

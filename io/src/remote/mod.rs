@@ -1183,7 +1183,8 @@ impl BusCore {
         until: Instant,
         expired: fn() -> RemoteFailure,
     ) -> Result<ResponseHead, RemoteFailure> {
-        let mut by = (Instant::now() + self.shared.settings.assignment_timeout).min(deadline);
+        // A deadline, so from the coarse clock (decision 121).
+        let mut by = (crate::timer::now() + self.shared.settings.assignment_timeout).min(deadline);
         loop {
             match crate::timer::within(by, slot.events.next()).await {
                 Some(Event::Head(h)) => return Ok(h),
@@ -1213,7 +1214,8 @@ impl BusCore {
         slot: &StreamSlot,
         deadline: Instant,
     ) -> Result<(), RemoteFailure> {
-        let accept_by = (Instant::now() + self.shared.settings.assignment_timeout).min(deadline);
+        let accept_by =
+            (crate::timer::now() + self.shared.settings.assignment_timeout).min(deadline);
         // The coarse per-core timers (decision 121): a runtime timer would make every
         // request future that holds this wait 128-byte aligned, and so its box.
         match crate::timer::within(accept_by, slot.events.next()).await {
@@ -1537,9 +1539,11 @@ impl Drop for StreamGuard {
     }
 }
 
-/// Milliseconds from now until `deadline`, as an assignment carries its deadline.
+/// Milliseconds from now until `deadline`, as an assignment carries its deadline. The coarse
+/// clock reads at most a few milliseconds late, so the worker's deadline is never later than
+/// this core's.
 fn millis_left(deadline: Instant) -> u32 {
-    let left = deadline.saturating_duration_since(Instant::now());
+    let left = deadline.saturating_duration_since(crate::timer::now());
     u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
 }
 
