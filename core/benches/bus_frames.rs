@@ -105,6 +105,7 @@ fn assign_ref(p: &Parts) -> AssignRef<'_, &'static [u8], &'static [u8]> {
         ingress: 0,
         method: "GET",
         url: &p.url,
+        target: None,
         headers: &p.headers,
         body: &p.body,
         pool: "residential",

@@ -1211,7 +1211,16 @@ async fn exchange(
     let deadline = started + Duration::from_millis(u64::from(a.deadline_ms));
     let invalid = |m: &str| ApiError::new(ErrorCode::ExecutorInternalError, m.to_string());
     let method = Method::parse(a.method()).ok_or_else(|| invalid("assignment: unknown method"))?;
-    let url = parse_target_url(a.url()).map_err(|_| invalid("assignment: invalid url"))?;
+    // A control of version 6 sends the URL as parts it parsed, checked as they were decoded
+    // (decision 131); an older one sends text.
+    let parsed;
+    let url = match &a.target {
+        Some(t) => t,
+        None => {
+            parsed = parse_target_url(a.url()).map_err(|_| invalid("assignment: invalid url"))?;
+            &parsed
+        }
+    };
     let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(a.headers.len());
     for (n, v) in &a.headers {
         let n = std::str::from_utf8(n).map_err(|_| invalid("assignment: header name"))?;
@@ -1242,7 +1251,7 @@ async fn exchange(
             fetch_receipt(shared, egress, wl, receipt_url, *len, deadline, tenant).await?;
         let req = StreamRequest {
             method,
-            url: &url,
+            url,
             headers: &headers,
             deadline,
             timeouts: shared.timeouts,
@@ -1278,7 +1287,7 @@ async fn exchange(
     };
     let req = StreamRequest {
         method,
-        url: &url,
+        url,
         headers: &headers,
         deadline,
         timeouts: shared.timeouts,

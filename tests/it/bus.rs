@@ -725,6 +725,7 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
             ingress: 0,
             method: "POST",
             url: "http://127.0.0.1:9/x",
+            target: None,
             headers: &[],
             body: &BodySource::Receipt {
                 url: format!(
@@ -779,6 +780,7 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
             ingress: 0,
             method: "GET",
             url: &up.url("/whole"),
+            target: None,
             headers: &[],
             body: &BodySource::Empty,
             pool: "direct",
@@ -1001,6 +1003,54 @@ fn assignment_ms_runs_until_the_worker_accepts() {
     assert!((300..600).contains(&egress), "{v}");
     assert!(routing + assignment + egress <= total + 3, "{v}");
     assert!(total >= 700, "{v}");
+}
+
+/// Decision 131: a control sends a version 6 worker the target URL as the parts it parsed (the
+/// worker does not parse it again), and a version 5 worker the URL as text; both answer.
+#[test]
+fn the_target_url_goes_as_parts_from_version_6_and_as_text_before() {
+    use sortie_core::bus::{HeadFields, ResponseHead};
+    let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
+    for version in [5, 6] {
+        let id = format!("v{version}");
+        let mut s = TcpStream::connect(gw.bus.unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(&hello_lane(&id, 4, 0, 0, version)).unwrap();
+        let mut buf = Vec::new();
+        wait_worker(&gw, &id, "connected");
+        let api = gw.api;
+        // One worker is connected at a time: the request goes to this one.
+        let t = std::thread::spawn(move || request_at(api, &get("http://127.0.0.1:9/a/b?c=d%20e")));
+        let a = loop {
+            if let Frame::Assign(a) = next_frame(&mut s, &mut buf) {
+                break a;
+            }
+        };
+        let url = "http://127.0.0.1:9/a/b?c=d%20e";
+        if version >= 6 {
+            let parsed = sortie_core::request::parse_target_url(url).unwrap();
+            assert_eq!((a.target.as_ref(), a.url()), (Some(&parsed), ""));
+        } else {
+            assert_eq!((a.target.as_ref(), a.url()), (None, url));
+        }
+        send_frame(&mut s, Frame::Accept { stream: a.stream });
+        send_frame(
+            &mut s,
+            Frame::Response {
+                head: ResponseHead {
+                    stream: a.stream,
+                    status: 200,
+                    headers: HeadFields::copied([("Content-Length", "2")]),
+                },
+                bytes: b"ok".to_vec(),
+            },
+        );
+        let r = t.join().unwrap();
+        assert_eq!(r.status, 200, "version {version}: {}", r.text());
+        assert_eq!(unb64(&r.json()["body"]["data_base64"]), b"ok");
+        drop(s);
+        wait_worker(&gw, &format!("v{version}"), "disconnected");
+    }
 }
 
 /// A fake worker that never answers its assignment: `assignment_timeout` after

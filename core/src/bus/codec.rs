@@ -17,6 +17,7 @@ use super::frame::*;
 use super::{MAX_DATA_BYTES, MAX_FRAME_BYTES};
 use crate::h1::FieldOffsets;
 use crate::limits;
+use crate::request::{Host, Scheme, TargetUrl};
 use crate::worker::{
     AdvertisedCapabilities, MAX_SESSION_BYTES, MAX_WORKER_POOLS, MAX_WORKER_PROFILES,
     MAX_WORKER_TAGS,
@@ -74,6 +75,9 @@ pub enum FrameError {
     /// A boolean, option or enum tag has a value outside its range.
     #[error("{0}: invalid tag")]
     InvalidTag(&'static str),
+    /// A target URL's parts do not make a URL that would pass as text.
+    #[error("{0}: not a valid target URL")]
+    InvalidUrl(&'static str),
     /// A connection's first frame is not a `Hello`.
     #[error("first frame of type 0x{0:02x} is not a hello")]
     NotHello(u8),
@@ -246,7 +250,8 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
         0x06 => Frame::ConfigApplied {
             version: r.u64("config_applied.version")?,
         },
-        ASSIGN_TYPE => Frame::Assign(Box::new(r.assign()?)),
+        ASSIGN_TYPE => Frame::Assign(Box::new(r.assign(false)?)),
+        ASSIGN_TARGET_TYPE => Frame::Assign(Box::new(r.assign(true)?)),
         0x11 => Frame::Accept {
             stream: r.u32("accept.stream")?,
         },
@@ -538,7 +543,8 @@ impl<'a> Reader<'a> {
         })
     }
 
-    fn assign(&mut self) -> Result<Assign, FrameError> {
+    /// An `Assign`; `parts`: its URL comes as parts (version 6).
+    fn assign(&mut self, parts: bool) -> Result<Assign, FrameError> {
         // The strings go into one buffer, sized for what is left of the frame (at most the
         // longest URL and a little more): one allocation for all of them.
         let room = self
@@ -559,7 +565,13 @@ impl<'a> Reader<'a> {
             _ => return Err(FrameError::InvalidTag("assign.ingress")),
         };
         text.push(Some(self.short_slice("assign.method", MAX_NAME_BYTES)?));
-        text.push(Some(self.short_slice("assign.url", MAX_URL_BYTES)?));
+        let target = if parts {
+            text.push(Some(b""));
+            Some(self.target()?)
+        } else {
+            text.push(Some(self.short_slice("assign.url", MAX_URL_BYTES)?));
+            None
+        };
         let headers = self.fields("assign.headers", MAX_FIELDS)?;
         let body = match self.u8("assign.body")? {
             0 => BodySource::Empty,
@@ -591,7 +603,31 @@ impl<'a> Reader<'a> {
         let text = text.into_text().map_err(|i| {
             FrameError::InvalidUtf8(ASSIGN_TEXT_FIELDS.get(i).copied().unwrap_or("assign"))
         })?;
-        Ok(Assign::from_parts(numbers, headers, body, text))
+        Ok(Assign::from_parts(numbers, headers, body, target, text))
+    }
+
+    /// A target URL written by `write_target`, each part checked as a URL's would be.
+    fn target(&mut self) -> Result<TargetUrl, FrameError> {
+        const FIELD: &str = "assign.target";
+        let scheme = match self.u8(FIELD)? {
+            0 => Scheme::Http,
+            1 => Scheme::Https,
+            _ => return Err(FrameError::InvalidTag(FIELD)),
+        };
+        let host = match self.u8(FIELD)? {
+            0 => {
+                let name = self.short_slice(FIELD, MAX_NAME_BYTES)?;
+                let name = std::str::from_utf8(name).map_err(|_| FrameError::InvalidUtf8(FIELD))?;
+                Host::Domain(name.into())
+            }
+            1 => Host::V4(self.array::<4>(FIELD)?.into()),
+            2 => Host::V6(self.array::<16>(FIELD)?.into()),
+            _ => return Err(FrameError::InvalidTag(FIELD)),
+        };
+        let port = self.u16(FIELD)?;
+        let path = self.short_slice(FIELD, MAX_URL_BYTES)?;
+        let path = std::str::from_utf8(path).map_err(|_| FrameError::InvalidUtf8(FIELD))?;
+        TargetUrl::from_parts(scheme, host, port, path).map_err(|_| FrameError::InvalidUrl(FIELD))
     }
 }
 
@@ -655,7 +691,11 @@ pub fn encode_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     a: &AssignRef<'_, N, V>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    framed(out, ASSIGN_TYPE, "assign", |w| write_assign(w, a))
+    let type_byte = match a.target {
+        Some(_) => ASSIGN_TARGET_TYPE,
+        None => ASSIGN_TYPE,
+    };
+    framed(out, type_byte, "assign", |w| write_assign(w, a))
 }
 
 fn write_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
@@ -672,7 +712,10 @@ fn write_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     }
     w.u8(a.ingress);
     w.str(a.method, MAX_NAME_BYTES, "assign.method")?;
-    w.str(a.url, MAX_URL_BYTES, "assign.url")?;
+    match a.target {
+        Some(t) => write_target(w, t)?,
+        None => w.str(a.url, MAX_URL_BYTES, "assign.url")?,
+    }
     w.fields(a.headers, MAX_FIELDS, "assign.headers")?;
     match a.body {
         BodySource::Empty => w.u8(0),
@@ -704,6 +747,32 @@ fn write_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     w.u64(a.max_response_bytes);
     w.u32(a.window);
     Ok(())
+}
+
+/// A target URL as parts (version 6, decision 131): the scheme (0 `http`, 1 `https`), the
+/// host (0 and a name, 1 and four bytes of IPv4, 2 and sixteen bytes of IPv6), the port, and
+/// the path and query.
+fn write_target(w: &mut Writer<'_>, t: &TargetUrl) -> Result<(), EncodeError> {
+    w.u8(match t.scheme {
+        Scheme::Http => 0,
+        Scheme::Https => 1,
+    });
+    match &t.host {
+        Host::Domain(name) => {
+            w.u8(0);
+            w.str(name, MAX_NAME_BYTES, "assign.target.host")?;
+        }
+        Host::V4(a) => {
+            w.u8(1);
+            w.out.extend_from_slice(&a.octets());
+        }
+        Host::V6(a) => {
+            w.u8(2);
+            w.out.extend_from_slice(&a.octets());
+        }
+    }
+    w.u16(t.port);
+    w.str(&t.path_and_query, MAX_URL_BYTES, "assign.target.path")
 }
 
 /// Encodes a `ResponseHead` frame from borrowed fields: the same bytes as [`encode`] of

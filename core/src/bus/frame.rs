@@ -4,6 +4,7 @@
 use bytes::Bytes;
 
 use crate::h1::FieldOffsets;
+use crate::request::TargetUrl;
 use crate::worker::AdvertisedCapabilities;
 
 /// Identifies one request (or tunnel) on one lane. Chosen by the control, never reused on the
@@ -143,6 +144,9 @@ pub struct Assign {
     pub max_response_bytes: u64,
     /// Bytes of response body the worker may send before it waits for [`Frame::Credit`].
     pub window: u32,
+    /// The destination URL as the control parsed it (version 6, decision 131): the worker
+    /// takes it as it is and [`Assign::url`] is empty. `None`: the URL is text.
+    pub target: Option<TargetUrl>,
     /// The request id, deployment, method, URL, pool, provider session, proxy username and
     /// fingerprint profile, in that order.
     text: AssignText,
@@ -269,7 +273,8 @@ impl Assign {
             Some(a.request_id),
             Some(a.deployment_id),
             Some(a.method),
-            Some(a.url),
+            // A URL sent as parts is not sent as text as well.
+            Some(if a.target.is_some() { "" } else { a.url }),
             Some(a.pool),
             a.provider_session,
             a.proxy_username,
@@ -295,6 +300,7 @@ impl Assign {
                 .map(|(n, v)| (n.as_ref().to_vec(), v.as_ref().to_vec()))
                 .collect(),
             a.body.clone(),
+            a.target.cloned(),
             text,
         )
     }
@@ -304,9 +310,11 @@ impl Assign {
         n: AssignNumbers,
         headers: Vec<Field>,
         body: BodySource,
+        target: Option<TargetUrl>,
         text: AssignText,
     ) -> Assign {
         Assign {
+            target,
             stream: n.stream,
             deadline_ms: n.deadline_ms,
             is_replayable: n.is_replayable,
@@ -334,7 +342,8 @@ impl Assign {
         self.text.text(METHOD)
     }
 
-    /// Absolute destination URL (for a tunnel: `https://host:port`).
+    /// Absolute destination URL (for a tunnel: `https://host:port`); empty when it came as
+    /// parts ([`Assign::target`]).
     pub fn url(&self) -> &str {
         self.text.text(URL)
     }
@@ -388,6 +397,8 @@ pub struct AssignRef<'a, N, V> {
     pub ingress: u8,
     pub method: &'a str,
     pub url: &'a str,
+    /// When set, the URL is sent as these parts (version 6) and `url` is not sent.
+    pub target: Option<&'a TargetUrl>,
     pub headers: &'a [(N, V)],
     pub body: &'a BodySource,
     pub pool: &'a str,
@@ -410,6 +421,7 @@ impl Assign {
             ingress: self.ingress,
             method: self.method(),
             url: self.url(),
+            target: self.target.as_ref(),
             headers: &self.headers,
             body: &self.body,
             pool: self.pool(),
@@ -430,6 +442,8 @@ pub(crate) const DATA_TYPE: u8 = 0x14;
 pub(crate) const RESPONSE_TYPE: u8 = 0x18;
 /// The type byte of [`Frame::Assign`], which the codec also writes without a `Frame`.
 pub(crate) const ASSIGN_TYPE: u8 = 0x10;
+/// The type byte of [`Frame::Assign`] with its target URL as parts (version 6).
+pub(crate) const ASSIGN_TARGET_TYPE: u8 = 0x19;
 
 /// Worker → control: the response head of a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -639,6 +653,7 @@ impl Frame {
             Frame::Heartbeat(_) => 0x04,
             Frame::ConfigPush(_) => 0x05,
             Frame::ConfigApplied { .. } => 0x06,
+            Frame::Assign(a) if a.target.is_some() => ASSIGN_TARGET_TYPE,
             Frame::Assign(_) => ASSIGN_TYPE,
             Frame::Accept { .. } => 0x11,
             Frame::Refuse { .. } => 0x12,

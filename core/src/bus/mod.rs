@@ -27,9 +27,13 @@ pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
 /// The protocol version this build speaks best. Version 3 adds the lane settings of
 /// `Welcome` (decision 068). Version 4 changes no frame: heartbeats go on lane 0 only, and
 /// the other lanes' liveness is the kernel's TCP keepalive (decision 118). Version 5 adds the
-/// `Response` frame, a whole small answer in one frame (decision 123). A build also speaks
-/// versions 2 to 4 with a peer that knows no better.
-pub const PROTOCOL_VERSION: u16 = 5;
+/// `Response` frame, a whole small answer in one frame (decision 123). Version 6 adds the
+/// `Assign` whose target URL comes as parts, so that the worker does not parse it again
+/// (decision 131). A build also speaks versions 2 to 5 with a peer that knows no better.
+pub const PROTOCOL_VERSION: u16 = 6;
+/// The first version whose control may send an `Assign` with its target URL as parts
+/// ([`Assign::target`]; decision 131).
+pub const TARGET_PARTS_VERSION: u16 = 6;
 /// The first version whose worker may answer with [`Frame::Response`] (decision 123).
 pub const RESPONSE_FRAME_VERSION: u16 = 5;
 /// The first version in which only lane 0 carries heartbeats (decision 118).

@@ -122,6 +122,7 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
                 ingress,
                 method: &method,
                 url: &url,
+                target: None,
                 headers: &headers,
                 body: &body,
                 pool: &pool,
@@ -299,7 +300,8 @@ fn version_negotiation_picks_the_highest_common_version() {
     assert_eq!(negotiate(2, 5), Some(5));
     assert_eq!(negotiate(1, 9), Some(PROTOCOL_VERSION));
     assert_eq!(negotiate(1, 1), None, "version 1 is no longer spoken");
-    assert_eq!(negotiate(6, 9), None);
+    assert_eq!(negotiate(6, 9), Some(6));
+    assert_eq!(negotiate(7, 9), None);
     assert_eq!(negotiate(0, 0), None);
     assert_eq!(negotiate(3, 1), None);
 }
@@ -327,6 +329,7 @@ fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
         ingress: 0,
         method: "GET",
         url: "http://a/",
+        target: None,
         headers: &[],
         body: &body,
         pool: "direct",
@@ -1111,6 +1114,7 @@ fn assignment_text_is_utf8_string_by_string() {
         ingress: 0,
         method: "GET",
         url: "http://a/",
+        target: None,
         headers: &[],
         body: &BodySource::Empty,
         pool: "p",
@@ -1149,5 +1153,173 @@ fn assignment_text_is_utf8_string_by_string() {
     assert_eq!(
         decode(&frame).err(),
         Some(FrameError::InvalidUtf8("assign.url"))
+    );
+}
+
+/// An assignment whose target URL is sent as parts (version 6): its own frame type, no URL
+/// text, and the worker decodes the same `TargetUrl` the control parsed.
+#[test]
+fn assignment_target_as_parts_round_trips() {
+    use crate::request::parse_target_url;
+    for url in [
+        "http://example.com/",
+        "https://api.example.com:8443/a/b?c=d%20e",
+        "http://127.0.0.1:18090/1k",
+        "https://10.0.0.1/",
+        "http://[2001:db8::1]:8080/x?y",
+        "https://[::1]/",
+        "http://under_score.example/?q",
+    ] {
+        let target = parse_target_url(url).expect(url);
+        let body = BodySource::Inline { len: 3 };
+        let a = AssignRef {
+            stream: 7,
+            request_id: "req_1",
+            deployment_id: "d",
+            deadline_ms: 1000,
+            is_replayable: true,
+            ingress: 0,
+            method: "POST",
+            url: "",
+            target: Some(&target),
+            headers: &[(b"x-a".to_vec(), b"1".to_vec())],
+            body: &body,
+            pool: "direct",
+            provider_session: None,
+            proxy_username: None,
+            fingerprint_profile: None,
+            max_response_bytes: 1 << 20,
+            window: 1 << 16,
+        };
+        let mut borrowed = Vec::new();
+        encode_assign(&a, &mut borrowed).expect("encodes");
+        let owned = Frame::Assign(Box::new(Assign::new(a)));
+        let mut whole = Vec::new();
+        encode(&owned, &mut whole).expect("encodes");
+        assert_eq!(borrowed, whole, "{url}: the same bytes either way");
+        assert_eq!(borrowed.get(4), Some(&0x19), "{url}: the parts frame type");
+        let Ok(Decoded::Frame(Frame::Assign(got), used)) = decode(&borrowed) else {
+            panic!("{url}: does not decode");
+        };
+        assert_eq!(used, borrowed.len());
+        assert_eq!(got.target.as_ref(), Some(&target), "{url}");
+        assert_eq!(got.url(), "", "{url}: no text beside the parts");
+        assert_eq!(Frame::Assign(got), owned);
+    }
+    // Without parts the frame is the text form, as before.
+    let mut text = Vec::new();
+    encode(&assign(1, BodySource::Empty, 1), &mut text).expect("encodes");
+    assert_eq!(text.get(4), Some(&0x10));
+    let Ok(Decoded::Frame(Frame::Assign(got), _)) = decode(&text) else {
+        panic!("does not decode");
+    };
+    assert_eq!((got.target.is_none(), got.url()), (true, "http://a/"));
+}
+
+/// Parts that no URL text could have parsed into are refused as the frame is decoded, never
+/// handed to the egress: a name that is not a host, port 0, a path that does not start with
+/// `/`, holds a space, a control byte, a fragment or a bad escape, and unknown tags.
+#[test]
+fn assignment_target_parts_are_checked() {
+    // An Assign of the parts frame with `url` as its target, its bytes after the URL given.
+    let frame_with = |target: &[u8]| {
+        let t = crate::request::parse_target_url("http://a/").expect("url");
+        let mut good = Vec::new();
+        let a = AssignRef::<Vec<u8>, Vec<u8>> {
+            stream: 1,
+            request_id: "r",
+            deployment_id: "d",
+            deadline_ms: 1,
+            is_replayable: false,
+            ingress: 0,
+            method: "GET",
+            url: "",
+            target: Some(&t),
+            headers: &[],
+            body: &BodySource::Empty,
+            pool: "p",
+            provider_session: None,
+            proxy_username: None,
+            fingerprint_profile: None,
+            max_response_bytes: 1,
+            window: 1,
+        };
+        encode_assign(&a, &mut good).expect("encodes");
+        // The target of "http://a/": scheme 0, name "a", port 80, path "/".
+        let written: &[u8] = &[0, 0, 0, 1, b'a', 0, 80, 0, 1, b'/'];
+        let at = good
+            .windows(written.len())
+            .position(|w| w == written)
+            .expect("the target's bytes");
+        let mut out = good.get(..at).expect("head").to_vec();
+        out.extend_from_slice(target);
+        out.extend_from_slice(good.get(at + written.len()..).expect("tail"));
+        let len = u32::try_from(out.len() - 4).expect("short");
+        out.splice(..4, len.to_be_bytes());
+        decode(&out)
+    };
+    let ok = frame_with(&[0, 0, 0, 1, b'a', 0, 80, 0, 1, b'/']);
+    assert!(
+        matches!(ok, Ok(Decoded::Frame(Frame::Assign(_), _))),
+        "{ok:?}"
+    );
+    let name = |n: &[u8], port: u16, path: &[u8]| {
+        let mut t = vec![1, 0];
+        t.extend_from_slice(&u16::try_from(n.len()).expect("short").to_be_bytes());
+        t.extend_from_slice(n);
+        t.extend_from_slice(&port.to_be_bytes());
+        t.extend_from_slice(&u16::try_from(path.len()).expect("short").to_be_bytes());
+        t.extend_from_slice(path);
+        t
+    };
+    let invalid = Err(FrameError::InvalidUrl("assign.target"));
+    for (case, bytes) in [
+        ("a space in the name", name(b"a b", 443, b"/")),
+        ("an empty name", name(b"", 443, b"/")),
+        (
+            "a label starting with a hyphen",
+            name(b"-a.example", 443, b"/"),
+        ),
+        (
+            "an obfuscated address as a name",
+            name(b"0x7f.1", 443, b"/"),
+        ),
+        ("a dotted address as a name", name(b"127.0.0.1", 443, b"/")),
+        ("port 0", name(b"a", 0, b"/")),
+        ("an empty path", name(b"a", 443, b"")),
+        ("a relative path", name(b"a", 443, b"x")),
+        ("a space in the path", name(b"a", 443, b"/a b")),
+        ("CRLF in the path", name(b"a", 443, b"/a\r\nX: y")),
+        ("a fragment", name(b"a", 443, b"/a#b")),
+        ("a bad escape", name(b"a", 443, b"/%zz")),
+        ("a non-ASCII byte", name(b"a", 443, "/é".as_bytes())),
+    ] {
+        assert_eq!(frame_with(&bytes), invalid, "{case}");
+    }
+    assert_eq!(
+        frame_with(&[2, 0, 0, 1, b'a', 0, 80, 0, 1, b'/']),
+        Err(FrameError::InvalidTag("assign.target")),
+        "scheme tag"
+    );
+    assert_eq!(
+        frame_with(&[0, 3, 0, 0, 0, 1, 0, 80, 0, 1, b'/']),
+        Err(FrameError::InvalidTag("assign.target")),
+        "host tag"
+    );
+    assert_eq!(
+        frame_with(&[0, 0, 0, 1, 0xff, 0, 80, 0, 1, b'/']),
+        Err(FrameError::InvalidUtf8("assign.target")),
+        "a name that is not UTF-8"
+    );
+    // An address comes as its bytes and needs no check; its port follows from the scheme.
+    let Ok(Decoded::Frame(Frame::Assign(a), _)) =
+        frame_with(&[1, 1, 10, 0, 0, 1, 1, 187, 0, 1, b'/'])
+    else {
+        panic!("an address decodes");
+    };
+    let t = a.target.expect("parts");
+    assert_eq!(
+        (t.to_text().as_str(), t.has_explicit_port),
+        ("https://10.0.0.1/", false)
     );
 }

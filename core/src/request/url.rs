@@ -322,18 +322,7 @@ pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
     if b.len() > MAX_URL_BYTES {
         return Err(UrlError::TooLong);
     }
-    // Only visible ASCII: a space or control byte could split the request line upstream, and
-    // non-ASCII hosts must be sent as A-labels (decision 001). One branchless fold finds the
-    // fragment's `#` in the same pass.
-    let (invisible, hash) = b.iter().fold((false, false), |(bad, hash), &c| {
-        (bad | !(0x21..=0x7e).contains(&c), hash | (c == b'#'))
-    });
-    if invisible {
-        return Err(UrlError::BadCharacter);
-    }
-    if hash {
-        return Err(UrlError::Fragment);
-    }
+    check_visible(b)?;
     let (scheme, rest) = if let Some(r) = strip_prefix_ci(url, "https://") {
         (Scheme::Https, r)
     } else if let Some(r) = strip_prefix_ci(url, "http://") {
@@ -374,6 +363,64 @@ pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
         has_explicit_port,
         path_and_query,
     })
+}
+
+impl TargetUrl {
+    /// A target URL from parts that were parsed before, as the worker bus carries them: each
+    /// part passes the checks [`parse_target_url`] makes of it, so a peer's bytes never make a
+    /// URL that text could not have. A name is checked as a host (and kept lowercase); an
+    /// address needs no check. `has_explicit_port` follows from the port.
+    pub fn from_parts(
+        scheme: Scheme,
+        host: Host,
+        port: u16,
+        path_and_query: &str,
+    ) -> Result<TargetUrl, UrlError> {
+        let host = match host {
+            Host::Domain(name) => match parse_host(&name)? {
+                // An unchanged name keeps its shared text.
+                Host::Domain(checked) if *checked == *name => Host::Domain(name),
+                Host::Domain(checked) => Host::Domain(checked),
+                Host::V4(_) | Host::V6(_) => return Err(UrlError::BadHost),
+            },
+            address => address,
+        };
+        if port == 0 {
+            return Err(UrlError::BadPort);
+        }
+        let b = path_and_query.as_bytes();
+        if b.len() > MAX_URL_BYTES {
+            return Err(UrlError::TooLong);
+        }
+        if b.first() != Some(&b'/') {
+            return Err(UrlError::BadCharacter);
+        }
+        check_visible(b)?;
+        check_escapes(b)?;
+        Ok(TargetUrl {
+            scheme,
+            host,
+            port,
+            has_explicit_port: port != scheme.default_port(),
+            path_and_query: path_and_query.to_string(),
+        })
+    }
+}
+
+/// Only visible ASCII: a space or control byte could split the request line upstream, and
+/// non-ASCII hosts must be sent as A-labels (decision 001). One branchless fold finds a
+/// fragment's `#` in the same pass.
+fn check_visible(b: &[u8]) -> Result<(), UrlError> {
+    let (invisible, hash) = b.iter().fold((false, false), |(bad, hash), &c| {
+        (bad | !(0x21..=0x7e).contains(&c), hash | (c == b'#'))
+    });
+    if invisible {
+        return Err(UrlError::BadCharacter);
+    }
+    if hash {
+        return Err(UrlError::Fragment);
+    }
+    Ok(())
 }
 
 /// What one pass over the bytes after `scheme://` finds.

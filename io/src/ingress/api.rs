@@ -514,7 +514,7 @@ async fn remote_attempt<'r>(
         request_id: job.request_id,
         deployment_id: job.deployment,
         method: req.method.as_str(),
-        url: req.url.to_text(),
+        target: &req.url,
         headers: req
             .headers
             .iter()

@@ -494,6 +494,8 @@ pub(crate) struct Lane {
     /// version before 4 (decision 118). Other lanes are kept by TCP keepalive.
     needs_heartbeats: bool,
     index: u16,
+    /// Whether the worker takes an assignment's target URL as parts (version 6, decision 131).
+    takes_target_parts: bool,
     /// The control's address on this connection, as the worker dialled it.
     local: Option<std::net::SocketAddr>,
     /// Set while the lane belongs to a standby session (decision 115).
@@ -509,6 +511,19 @@ impl Lane {
         if self.is_closed.get() {
             return false;
         }
+        // A worker before version 6 takes the URL as text only.
+        let text;
+        let a = match a.target {
+            Some(t) if !self.takes_target_parts => {
+                text = t.to_text();
+                &AssignRef {
+                    url: &text,
+                    target: None,
+                    ..*a
+                }
+            }
+            _ => a,
+        };
         if self
             .out
             .push_with(|out| sortie_core::bus::encode_assign(a, out))
@@ -788,6 +803,7 @@ impl BusCore {
             slot: std::cell::OnceCell::new(),
             session_tag: crate::control::state::session_tag(&hello.session),
             index: hello.lane,
+            takes_target_parts: version >= sortie_core::bus::TARGET_PARTS_VERSION,
             local: conn.local_addr(),
             standby_since: Cell::new(None),
         });
@@ -1326,7 +1342,8 @@ impl BusCore {
                 is_replayable: job.is_replayable,
                 ingress: 0,
                 method: job.method,
-                url: &job.url,
+                url: "",
+                target: Some(job.target),
                 headers: &job.headers,
                 body: &body,
                 pool: job.pool,
@@ -1558,7 +1575,8 @@ pub(crate) struct RemoteJob<'a> {
     pub(crate) request_id: &'a str,
     pub(crate) deployment_id: &'a str,
     pub(crate) method: &'a str,
-    pub(crate) url: String,
+    /// The destination, sent as parts to a worker of version 6 (decision 131).
+    pub(crate) target: &'a sortie_core::request::TargetUrl,
     /// (name, value) of each request header field, borrowed from the validated request.
     pub(crate) headers: Vec<(&'a [u8], &'a [u8])>,
     pub(crate) body: Bytes,

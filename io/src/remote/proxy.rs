@@ -70,6 +70,7 @@ impl BusCore {
                 ingress,
                 method,
                 url,
+                target: None,
                 headers,
                 body,
                 pool: &a.pool,
