@@ -26,8 +26,8 @@ use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 use sortie_core::bus::{
     Assign, BodySource, EncodeError, Frame, FrameBuf, HeadFields, Heartbeat, Hello, ResponseHead,
-    StreamError, StreamId, Verdict, WorkerLane, MAX_DATA_BYTES, PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN, RESPONSE_FRAME_VERSION,
+    StreamError, StreamId, Verdict, WorkerLane, FIELD_BLOCK_VERSION, MAX_DATA_BYTES,
+    PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESPONSE_FRAME_VERSION,
 };
 use sortie_core::config::WorkerFile;
 use sortie_core::destination::DestinationPolicy;
@@ -1355,13 +1355,26 @@ async fn send_response(
         if len <= s.credit.get() && whole.len() <= MAX_DATA_BYTES {
             wl.out
                 .push_with(|out| {
-                    sortie_core::bus::encode_response_of(
-                        a.stream,
-                        resp.status,
-                        resp.headers.iter(),
-                        whole,
-                        out,
-                    )
+                    if wl.version >= FIELD_BLOCK_VERSION {
+                        // The parsed head's fields as one block (decision 131).
+                        let (buf, spans) = resp.headers.block();
+                        sortie_core::bus::encode_response_block(
+                            a.stream,
+                            resp.status,
+                            buf,
+                            spans,
+                            whole,
+                            out,
+                        )
+                    } else {
+                        sortie_core::bus::encode_response_of(
+                            a.stream,
+                            resp.status,
+                            resp.headers.iter(),
+                            whole,
+                            out,
+                        )
+                    }
                 })
                 .map_err(unsendable_head)?;
             wl.proto.borrow_mut().sent_data(a.stream, whole.len(), true);

@@ -272,6 +272,14 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
             },
             bytes: r.bytes("response.bytes", MAX_DATA_BYTES)?,
         },
+        RESPONSE_BLOCK_TYPE => Frame::Response {
+            head: ResponseHead {
+                stream: r.u32("response.stream")?,
+                status: r.u16("response.status")?,
+                headers: r.field_block("response.headers")?,
+            },
+            bytes: r.bytes("response.bytes", MAX_DATA_BYTES)?,
+        },
         DATA_TYPE => Frame::Data {
             stream: r.u32("data.stream")?,
             end: r.bool("data.end")?,
@@ -505,6 +513,37 @@ impl<'a> Reader<'a> {
         let all = bytes::Bytes::copy_from_slice(rest.get(..at).unwrap_or_default());
         self.at += at;
         HeadFields::in_buffer(all, spans).ok_or(FrameError::Truncated(field))
+    }
+
+    /// Fields written by `write_field_block`: their count, the offsets of each name and value
+    /// in the block, and the block. One copy of the block; each offset pair checked to lie in
+    /// it and to hold no more than a field's bound.
+    fn field_block(&mut self, field: &'static str) -> Result<HeadFields, FrameError> {
+        let n = self.count(field, MAX_FIELDS)?;
+        let offsets = self.take(n.saturating_mul(16), field)?;
+        let block = self.long_slice(field, MAX_FRAME_BYTES)?;
+        let word = |i: usize| {
+            array_at(offsets, i * 4)
+                .map(u32::from_be_bytes)
+                .unwrap_or_default()
+        };
+        let mut spans = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = FieldOffsets {
+                name: (word(4 * i), word(4 * i + 1)),
+                value: (word(4 * i + 2), word(4 * i + 3)),
+            };
+            let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
+            if !s.is_within(block.len()) {
+                return Err(FrameError::Truncated(field));
+            }
+            if len(s.name) > MAX_FIELD_NAME_BYTES || len(s.value) > MAX_FIELD_VALUE_BYTES {
+                return Err(FrameError::FieldTooLong(field));
+            }
+            spans.push(s);
+        }
+        HeadFields::in_buffer(bytes::Bytes::copy_from_slice(block), spans)
+            .ok_or(FrameError::Truncated(field))
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
@@ -821,6 +860,63 @@ pub fn encode_response_of<'a>(
         w.fields_of(headers, MAX_FIELDS, "response.headers")?;
         w.bytes(bytes, MAX_DATA_BYTES, "response.bytes")
     })
+}
+
+/// Encodes a `Response` frame (version 6, decision 131) whose fields go as one block: the
+/// bytes of `buf` from the first field to the last, once, and the offsets of each name and
+/// value in it. Decodes to the same [`Frame::Response`] as [`encode_response_of`] of those
+/// fields; the worker writes a head it parsed without a length and a copy per name and
+/// value. Every span must lie in `buf`. On error `out` is as it was.
+pub fn encode_response_block(
+    stream: StreamId,
+    status: u16,
+    buf: &[u8],
+    spans: &[FieldOffsets],
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
+    framed(out, RESPONSE_BLOCK_TYPE, "response", |w| {
+        w.u32(stream);
+        w.u16(status);
+        write_field_block(w, buf, spans, "response.headers")?;
+        w.bytes(bytes, MAX_DATA_BYTES, "response.bytes")
+    })
+}
+
+fn write_field_block(
+    w: &mut Writer<'_>,
+    buf: &[u8],
+    spans: &[FieldOffsets],
+    field: &'static str,
+) -> Result<(), EncodeError> {
+    if spans.len() > MAX_FIELDS {
+        return Err(EncodeError(field));
+    }
+    let (mut lo, mut hi) = (u32::MAX, 0u32);
+    for s in spans {
+        let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
+        if !s.is_within(buf.len())
+            || len(s.name) > MAX_FIELD_NAME_BYTES
+            || len(s.value) > MAX_FIELD_VALUE_BYTES
+        {
+            return Err(EncodeError(field));
+        }
+        lo = lo.min(s.name.0).min(s.value.0);
+        hi = hi.max(s.name.1).max(s.value.1);
+    }
+    let lo = lo.min(hi);
+    let block = buf
+        .get(lo as usize..hi as usize)
+        .ok_or(EncodeError(field))?;
+    w.u16(spans.len() as u16);
+    w.out.reserve(spans.len() * 16 + 4 + block.len());
+    for s in spans {
+        // Within `lo..=hi` (checked above): no offset wraps.
+        for at in [s.name.0, s.name.1, s.value.0, s.value.1] {
+            w.u32(at.saturating_sub(lo));
+        }
+    }
+    w.bytes(block, MAX_FRAME_BYTES, field)
 }
 
 /// Encodes a `Data` frame of borrowed bytes: the same bytes as [`encode`] of `Frame::Data`,

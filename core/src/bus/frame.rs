@@ -442,6 +442,9 @@ pub(crate) const DATA_TYPE: u8 = 0x14;
 pub(crate) const RESPONSE_TYPE: u8 = 0x18;
 /// The type byte of [`Frame::Assign`], which the codec also writes without a `Frame`.
 pub(crate) const ASSIGN_TYPE: u8 = 0x10;
+/// The type byte of [`Frame::Response`] whose fields come as one block and their offsets in
+/// it (version 6), which the codec writes without a `Frame`.
+pub(crate) const RESPONSE_BLOCK_TYPE: u8 = 0x1a;
 /// The type byte of [`Frame::Assign`] with its target URL as parts (version 6).
 pub(crate) const ASSIGN_TARGET_TYPE: u8 = 0x19;
 

@@ -9,8 +9,8 @@ mod lane;
 
 pub use codec::{
     check_first_frame, check_request_head, decode, encode, encode_assign, encode_data,
-    encode_response_head, encode_response_head_of, encode_response_of, Decoded, EncodeError,
-    FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
+    encode_response_block, encode_response_head, encode_response_head_of, encode_response_of,
+    Decoded, EncodeError, FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
     Assign, AssignRef, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat, Hello,
@@ -28,9 +28,12 @@ pub const MAX_WINDOW: u64 = 16 * 1024 * 1024;
 /// `Welcome` (decision 068). Version 4 changes no frame: heartbeats go on lane 0 only, and
 /// the other lanes' liveness is the kernel's TCP keepalive (decision 118). Version 5 adds the
 /// `Response` frame, a whole small answer in one frame (decision 123). Version 6 adds the
-/// `Assign` whose target URL comes as parts, so that the worker does not parse it again
-/// (decision 131). A build also speaks versions 2 to 5 with a peer that knows no better.
+/// `Assign` whose target URL comes as parts, so that the worker does not parse it again, and
+/// the `Response` whose fields come as one block (decision 131). A build also speaks versions 2 to 5 with a peer that knows no better.
 pub const PROTOCOL_VERSION: u16 = 6;
+/// The first version whose worker may send a [`Frame::Response`] with its fields as one block
+/// (`encode_response_block`; decision 131).
+pub const FIELD_BLOCK_VERSION: u16 = 6;
 /// The first version whose control may send an `Assign` with its target URL as parts
 /// ([`Assign::target`]; decision 131).
 pub const TARGET_PARTS_VERSION: u16 = 6;

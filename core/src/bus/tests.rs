@@ -1323,3 +1323,113 @@ fn assignment_target_parts_are_checked() {
         ("https://10.0.0.1/", false)
     );
 }
+
+/// A `Response` whose fields go as one block (version 6) decodes to the same frame as one
+/// written field by field, from a buffer laid out as a parsed head is (status line, field
+/// lines, then body bytes around them).
+#[test]
+fn response_fields_as_one_block_round_trip() {
+    let raw = b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 2\r\nX-Empty: \r\n\r\nok";
+    let span = |s: &str, from: usize| {
+        let at = raw
+            .windows(s.len())
+            .enumerate()
+            .position(|(i, w)| i >= from && w == s.as_bytes())
+            .expect("in the head");
+        (at as u32, (at + s.len()) as u32)
+    };
+    let spans = [
+        crate::h1::FieldOffsets {
+            name: span("Server", 0),
+            value: span("x", 25),
+        },
+        crate::h1::FieldOffsets {
+            name: span("Content-Length", 0),
+            value: span("2", 40),
+        },
+        crate::h1::FieldOffsets {
+            name: span("X-Empty", 0),
+            value: (span("X-Empty", 0).1 + 2, span("X-Empty", 0).1 + 2),
+        },
+    ];
+    let fields = [("Server", "x"), ("Content-Length", "2"), ("X-Empty", "")];
+    for (body, spans, fields) in [
+        (&b"ok"[..], &spans[..], &fields[..]),
+        (&b""[..], &[][..], &[][..]),
+    ] {
+        let mut block = Vec::new();
+        encode_response_block(9, 200, raw, spans, body, &mut block).expect("encodes");
+        assert_eq!(block.get(4), Some(&0x1a));
+        let mut by_field = Vec::new();
+        let iter = fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
+        encode_response_of(9, 200, iter, body, &mut by_field).expect("encodes");
+        let (Ok(Decoded::Frame(a, n)), Ok(Decoded::Frame(b, _))) =
+            (decode(&block), decode(&by_field))
+        else {
+            panic!("both decode");
+        };
+        assert_eq!(n, block.len());
+        assert_eq!(a, b);
+        // Only the bytes from the first field to the last travel, not the status line.
+        assert!(!block.windows(8).any(|w| w == b"HTTP/1.1"));
+    }
+}
+
+/// Offsets that do not lie in their block, a reversed pair, a name or value over its bound,
+/// more fields than the bound, or a block cut short are refused; spans that do not lie in the
+/// encoder's buffer are not written.
+#[test]
+fn response_field_blocks_are_checked() {
+    let frame = |count: u16, offsets: &[u32], block: &[u8]| {
+        // The type byte of a `Response` with its fields as one block.
+        let mut body = vec![0x1a];
+        body.extend_from_slice(&1u32.to_be_bytes());
+        body.extend_from_slice(&200u16.to_be_bytes());
+        body.extend_from_slice(&count.to_be_bytes());
+        for o in offsets {
+            body.extend_from_slice(&o.to_be_bytes());
+        }
+        body.extend_from_slice(&u32::try_from(block.len()).expect("short").to_be_bytes());
+        body.extend_from_slice(block);
+        body.extend_from_slice(&0u32.to_be_bytes());
+        let mut out = u32::try_from(body.len())
+            .expect("short")
+            .to_be_bytes()
+            .to_vec();
+        out.extend_from_slice(&body);
+        decode(&out)
+    };
+    let f = "response.headers";
+    assert!(matches!(
+        frame(1, &[0, 1, 3, 4], b"a: b"),
+        Ok(Decoded::Frame(Frame::Response { .. }, _))
+    ));
+    assert_eq!(
+        frame(1, &[0, 1, 3, 5], b"a: b"),
+        Err(FrameError::Truncated(f))
+    );
+    assert_eq!(
+        frame(1, &[1, 0, 3, 4], b"a: b"),
+        Err(FrameError::Truncated(f))
+    );
+    assert!(frame(1, &[0, 1, 3], b"a: b").is_err());
+    assert!(frame(2, &[0, 1, 3, 4], b"a: b").is_err());
+    // A name one byte over the bus's 256.
+    let long = vec![b'a'; 257];
+    let end = long.len() as u32;
+    assert_eq!(
+        frame(1, &[0, end, end, end], &long),
+        Err(FrameError::FieldTooLong(f))
+    );
+    // One field over the bus's 512.
+    let many = 513;
+    assert_eq!(frame(many, &[], b""), Err(FrameError::TooMany(f)));
+    // The encoder refuses spans outside its buffer and writes nothing.
+    let mut out = vec![7];
+    let bad = [crate::h1::FieldOffsets {
+        name: (0, 1),
+        value: (3, 9),
+    }];
+    assert!(encode_response_block(1, 200, b"a: b", &bad, b"", &mut out).is_err());
+    assert_eq!(out, [7]);
+}

@@ -105,6 +105,12 @@ impl ResponseFields {
         }
     }
 
+    /// The buffer the fields lie in and where each lies: what the worker bus writes as one
+    /// block (`sortie_core::bus::encode_response_block`).
+    pub fn block(&self) -> (&[u8], &[Span]) {
+        (&self.buf, &self.spans)
+    }
+
     /// The field at `index`.
     pub fn get(&self, index: usize) -> Option<(&[u8], &[u8])> {
         self.spans.get(index).map(|s| s.read(&self.buf))
