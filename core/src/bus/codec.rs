@@ -516,34 +516,38 @@ impl<'a> Reader<'a> {
     }
 
     /// Fields written by `write_field_block`: their count, the offsets of each name and value
-    /// in the block, and the block. One copy of the block; each offset pair checked to lie in
-    /// it and to hold no more than a field's bound.
+    /// in the buffer they were written from, where the block starts in it, and the block. One
+    /// copy of the block; each offset pair checked to lie in it and to hold no more than a
+    /// field's bound.
     fn field_block(&mut self, field: &'static str) -> Result<HeadFields, FrameError> {
         let n = self.count(field, MAX_FIELDS)?;
-        let offsets = self.take(n.saturating_mul(16), field)?;
+        let records = self.take(n.saturating_mul(16), field)?;
+        let base = self.u32(field)?;
         let block = self.long_slice(field, MAX_FRAME_BYTES)?;
-        let word = |i: usize| {
-            array_at(offsets, i * 4)
-                .map(u32::from_be_bytes)
-                .unwrap_or_default()
-        };
         let mut spans = Vec::with_capacity(n);
-        for i in 0..n {
+        for record in records.chunks_exact(16) {
+            let r = u128::from_be_bytes(record.try_into().unwrap_or_default());
+            // Each offset as it lies in the block; one before the block wraps to far past it
+            // and is refused below.
+            let at = |shift: u32| ((r >> shift) as u32).wrapping_sub(base);
             let s = FieldOffsets {
-                name: (word(4 * i), word(4 * i + 1)),
-                value: (word(4 * i + 2), word(4 * i + 3)),
+                name: (at(96), at(64)),
+                value: (at(32), at(0)),
             };
-            let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
             if !s.is_within(block.len()) {
                 return Err(FrameError::Truncated(field));
             }
+            let len = |(start, end): (u32, u32)| (end - start) as usize;
             if len(s.name) > MAX_FIELD_NAME_BYTES || len(s.value) > MAX_FIELD_VALUE_BYTES {
                 return Err(FrameError::FieldTooLong(field));
             }
             spans.push(s);
         }
-        HeadFields::in_buffer(bytes::Bytes::copy_from_slice(block), spans)
-            .ok_or(FrameError::Truncated(field))
+        // Each span was checked against the block's length above.
+        Ok(HeadFields::checked(
+            bytes::Bytes::copy_from_slice(block),
+            spans,
+        ))
     }
 
     fn short_bytes(&mut self, field: &'static str, max: usize) -> Result<Vec<u8>, FrameError> {
@@ -892,6 +896,10 @@ fn write_field_block(
     if spans.len() > MAX_FIELDS {
         return Err(EncodeError(field));
     }
+    w.u16(spans.len() as u16);
+    // One pass: each span checked and written as it lies in `buf` (16 bytes, one store),
+    // then where the block starts in `buf`, then the block.
+    w.out.reserve(spans.len() * 16);
     let (mut lo, mut hi) = (u32::MAX, 0u32);
     for s in spans {
         let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
@@ -903,19 +911,17 @@ fn write_field_block(
         }
         lo = lo.min(s.name.0).min(s.value.0);
         hi = hi.max(s.name.1).max(s.value.1);
+        let record = u128::from(s.name.0) << 96
+            | u128::from(s.name.1) << 64
+            | u128::from(s.value.0) << 32
+            | u128::from(s.value.1);
+        w.out.extend_from_slice(&record.to_be_bytes());
     }
     let lo = lo.min(hi);
     let block = buf
         .get(lo as usize..hi as usize)
         .ok_or(EncodeError(field))?;
-    w.u16(spans.len() as u16);
-    w.out.reserve(spans.len() * 16 + 4 + block.len());
-    for s in spans {
-        // Within `lo..=hi` (checked above): no offset wraps.
-        for at in [s.name.0, s.name.1, s.value.0, s.value.1] {
-            w.u32(at.saturating_sub(lo));
-        }
-    }
+    w.u32(lo);
     w.bytes(block, MAX_FRAME_BYTES, field)
 }
 

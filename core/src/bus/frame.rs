@@ -495,6 +495,12 @@ impl HeadFields {
         }
     }
 
+    /// Fields whose spans the caller checked against `buf` one by one as it read them.
+    pub(crate) fn checked(buf: Bytes, spans: Vec<FieldOffsets>) -> HeadFields {
+        debug_assert!(spans.iter().all(|s| s.is_within(buf.len())));
+        HeadFields { buf, spans }
+    }
+
     /// Fields whose names and values lie in `buf` at `spans`; `None` when a range does not.
     pub fn in_buffer(buf: Bytes, spans: Vec<FieldOffsets>) -> Option<HeadFields> {
         spans
