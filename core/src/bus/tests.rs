@@ -1275,6 +1275,7 @@ fn assignment_target_parts_are_checked() {
     let invalid = Err(FrameError::InvalidUrl("assign.target"));
     for (case, bytes) in [
         ("a space in the name", name(b"a b", 443, b"/")),
+        ("an uppercase name", name(b"A", 443, b"/")),
         ("an empty name", name(b"", 443, b"/")),
         (
             "a label starting with a hyphen",

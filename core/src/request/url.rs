@@ -368,8 +368,9 @@ pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
 impl TargetUrl {
     /// A target URL from parts that were parsed before, as the worker bus carries them: each
     /// part passes the checks [`parse_target_url`] makes of it, so a peer's bytes never make a
-    /// URL that text could not have. A name is checked as a host (and kept lowercase); an
-    /// address needs no check. `has_explicit_port` follows from the port.
+    /// URL that text could not have. A name is checked as a host and must be in the form the
+    /// parser keeps it (lowercase); an address needs no check. `has_explicit_port` follows
+    /// from the port.
     pub fn from_parts(
         scheme: Scheme,
         host: Host,
@@ -377,11 +378,11 @@ impl TargetUrl {
         path_and_query: &str,
     ) -> Result<TargetUrl, UrlError> {
         let host = match host {
+            // A name as the parser keeps it (lowercase): one form per URL, so that the parts
+            // of a decoded frame write back to the same bytes.
             Host::Domain(name) => match parse_host(&name)? {
-                // An unchanged name keeps its shared text.
                 Host::Domain(checked) if *checked == *name => Host::Domain(name),
-                Host::Domain(checked) => Host::Domain(checked),
-                Host::V4(_) | Host::V6(_) => return Err(UrlError::BadHost),
+                _ => return Err(UrlError::BadHost),
             },
             address => address,
         };
