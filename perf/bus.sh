@@ -33,12 +33,19 @@ CALLGRIND_SECONDS=${CALLGRIND_SECONDS:-10}
 # (uprobes on monoio's task poll): on io_uring about one per ring completion. The probes slow
 # the run; compare counts, not CPU.
 COUNT_POLLS=${COUNT_POLLS:-0}
+# BASE_BIN=<binary>: every round also measures that build (in process and over the bus) beside
+# the one under test, the two in alternating order from round to round; each build's median
+# ratio is printed, and the builds' bus CPU per request against each other. A change to the
+# remote path moves its ratio by less than the spread of runs minutes apart; within a round the
+# two builds see the same host.
+BASE_BIN=${BASE_BIN:-}
 # PROFILE=1: each measured run also under `perf record` (the measured processes, 999 Hz); the
 # top symbols by self time, kernel included, are printed after each round.
 PROFILE=${PROFILE:-0}
 PROFILE_TOP=${PROFILE_TOP:-25}
 OPS_EVENTS=io_uring:io_uring_submit_req,context-switches
 TARGET_RATIO=0.70
+TARGET_CPU_RATIO=0.77
 WORKER_PID=""
 WORKER_TOKEN=perf-worker-token-0123456789
 
@@ -223,6 +230,62 @@ callgrind_all() {
   unset MONOIO_FORCE_LEGACY_DRIVER
 }
 
+# Per build ("test" the build under test, "base" BASE_BIN): each round's ratios; the bus's
+# requests per CPU-second of the round's first build, until the second compares with it.
+declare -A RATIOS CPU_RATIOS BUS_PER_CPU
+BUS_CPU_VS_BASE=()
+
+# One round of build $1 ("test" or "base", $2) as round $3: the in-process gateway, then the
+# control and its worker; prints the round (the base's lines say so) and records its ratios.
+bus_round() {
+  local bin=$1 tag=$2 round=$3 name="" suffix="" local_r remote_r ratio cpu_ratio bus_cpu
+  [ "$tag" = test ] || { name="$tag "; suffix="-$tag"; }
+  start_gateway "$bin" "$CORES"
+  probe
+  local_r=$(measure "local-$round$suffix" "$GATEWAY_PID")
+  stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+  start_control "$bin"
+  probe
+  remote_r=$(measure "remote-$round$suffix" "$GATEWAY_PID" "$WORKER_PID")
+  stop_pid "$WORKER_PID"; WORKER_PID=""
+  stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
+  ratio=$(awk -v a="$(field rps " $remote_r")" -v b="$(field rps " $local_r")" 'BEGIN { printf "%.2f", a / b }')
+  bus_cpu=$(field req_per_cpu_s " $remote_r")
+  cpu_ratio=$(awk -v a="$bus_cpu" -v b="$(field req_per_cpu_s " $local_r")" 'BEGIN { printf "%.2f", a / b }')
+  RATIOS[$tag]="${RATIOS[$tag]:-} $ratio"
+  CPU_RATIOS[$tag]="${CPU_RATIOS[$tag]:-} $cpu_ratio"
+  say "round $round  ${name}in-process: $local_r"
+  say "round $round  ${name}bus:        $remote_r  (CPU of control + worker)"
+  say "round $round  ${name}ratio bus/in-process: req/s $ratio, requests per CPU-second $cpu_ratio"
+  # The build under test's bus CPU per request against the base's in the same round (each
+  # round measures the base too when BASE_BIN is set; the later of the two compares).
+  if [ -n "$BASE_BIN" ]; then
+    if [ -n "${BUS_PER_CPU[other]:-}" ]; then
+      if [ "$tag" = test ]; then
+        BUS_CPU_VS_BASE+=("$(awk -v t="$bus_cpu" -v b="${BUS_PER_CPU[other]}" 'BEGIN { printf "%.3f", b / t }')")
+      else
+        BUS_CPU_VS_BASE+=("$(awk -v t="${BUS_PER_CPU[other]}" -v b="$bus_cpu" 'BEGIN { printf "%.3f", b / t }')")
+      fi
+      BUS_PER_CPU[other]=""
+    else
+      BUS_PER_CPU[other]=$bus_cpu
+    fi
+  fi
+  if [ "$PROFILE" = 1 ]; then
+    say "--- profile, ${name}in process (round $round, top $PROFILE_TOP by self time)"
+    tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-local-$round$suffix.txt"
+    say "--- profile, ${name}control + worker (round $round)"
+    tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-remote-$round$suffix.txt"
+  fi
+}
+
+# The medians of build $1's rounds ("test" or "base").
+report_medians() {
+  local tag=$1 name=""
+  [ "$tag" = test ] || name="$tag "
+  say "${name}median ratio req/s: $(median_of "${RATIOS[$tag]}") (target >= $TARGET_RATIO); median ratio requests per CPU-second: $(median_of "${CPU_RATIOS[$tag]}") (target >= $TARGET_CPU_RATIO, 1.3x the in-process CPU)"
+}
+
 main() {
   init_run
   RESULTS_FILE="$RESULTS_DIR/$(date +%F)-bus.txt"
@@ -249,36 +312,23 @@ main() {
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
   say "knobs: DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS CORES=$CORES WORKER_CORES=$WORKER_CORES body=1 KiB"
-  local round local_r remote_r local_rps remote_rps ratios=() cpu_ratios=()
+  [ -z "$BASE_BIN" ] || [ -x "$BASE_BIN" ] || die "BASE_BIN=$BASE_BIN is not an executable"
+  [ -z "$BASE_BIN" ] || say "base: $BASE_BIN (alternating with the build under test in every round)"
+  local round order which
   for round in $(seq 1 "$ROUNDS"); do
-    start_gateway "$bin" "$CORES"
-    probe
-    local_r=$(measure "local-$round" "$GATEWAY_PID")
-    stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
-    start_control "$bin"
-    probe
-    remote_r=$(measure "remote-$round" "$GATEWAY_PID" "$WORKER_PID")
-    stop_pid "$WORKER_PID"; WORKER_PID=""
-    stop_pid "$GATEWAY_PID"; GATEWAY_PID=""
-    local_rps=$(field rps " $local_r")
-    remote_rps=$(field rps " $remote_r")
-    ratios+=("$(awk -v a="$remote_rps" -v b="$local_rps" 'BEGIN { printf "%.2f", a / b }')")
-    say "round $round  in-process: $local_r"
-    say "round $round  bus:        $remote_r  (CPU of control + worker)"
-    cpu_ratios+=("$(awk -v a="$(field req_per_cpu_s " $remote_r")" -v b="$(field req_per_cpu_s " $local_r")" 'BEGIN { printf "%.2f", a / b }')")
-    say "round $round  ratio bus/in-process: req/s ${ratios[-1]}, requests per CPU-second ${cpu_ratios[-1]}"
-    if [ "$PROFILE" = 1 ]; then
-      say "--- profile, in process (round $round, top $PROFILE_TOP by self time)"
-      tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-local-$round.txt"
-      say "--- profile, control + worker (round $round)"
-      tee -a "$RESULTS_FILE" <"$WORK_DIR/profile-remote-$round.txt"
+    order="test"
+    if [ -n "$BASE_BIN" ]; then
+      if [ $((round % 2)) = 1 ]; then order="base test"; else order="test base"; fi
     fi
+    for which in $order; do
+      if [ "$which" = base ]; then bus_round "$BASE_BIN" base "$round"; else bus_round "$bin" test "$round"; fi
+    done
   done
-  local best cpu_best
-  best=$(median_of "${ratios[*]}")
-  cpu_best=$(median_of "${cpu_ratios[*]}")
-  [ "$ROUNDS" = 0 ] ||
-    say "median ratio req/s: $best (target >= $TARGET_RATIO); median ratio requests per CPU-second: $cpu_best"
+  [ "$ROUNDS" = 0 ] || report_medians test
+  if [ "$ROUNDS" != 0 ] && [ -n "$BASE_BIN" ]; then
+    report_medians base
+    say "bus CPU per request, test over base, by round: ${BUS_CPU_VS_BASE[*]}; median $(median_of "${BUS_CPU_VS_BASE[*]}")"
+  fi
   [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
 }
 
