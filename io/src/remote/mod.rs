@@ -1557,8 +1557,7 @@ impl Drop for StreamGuard {
 }
 
 /// Milliseconds from now until `deadline`, as an assignment carries its deadline. The coarse
-/// clock reads at most a few milliseconds late, so the worker's deadline is never later than
-/// this core's.
+/// clock never reads earlier than the true time, so this is never more than is left.
 fn millis_left(deadline: Instant) -> u32 {
     let left = deadline.saturating_duration_since(crate::timer::now());
     u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
