@@ -760,6 +760,15 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
 /// What a real worker answers a scripted control that welcomed it at `version`, for a GET of
 /// `len` body bytes under a response window of `window`: the frames of the stream, in order.
 fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
+    worker_answer_typed(version, window, len)
+        .into_iter()
+        .map(|(f, _)| f)
+        .collect()
+}
+
+/// `worker_answer`, each frame with the type byte it came with; from version 6 the assignment
+/// carries its target as parts (decision 131).
+fn worker_answer_typed(version: u16, window: u32, len: usize) -> Vec<(Frame, u8)> {
     use sortie_core::bus::{Assign, AssignRef, BodySource};
     let up = Upstream::start(upstream::large(len));
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -769,6 +778,8 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
     let mut buf = Vec::new();
     assert!(matches!(next_frame(&mut s, &mut buf), Frame::Hello(_)));
     configure_scripted_lane(&mut s, &mut buf, version, 9);
+    let url = up.url("/whole");
+    let target = sortie_core::request::parse_target_url(&url).unwrap();
     send_frame(
         &mut s,
         Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
@@ -779,8 +790,8 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
             is_replayable: false,
             ingress: 0,
             method: "GET",
-            url: &up.url("/whole"),
-            target: None,
+            url: if version >= 6 { "" } else { &url },
+            target: (version >= 6).then_some(&target),
             headers: &[],
             body: &BodySource::Empty,
             pool: "direct",
@@ -794,6 +805,14 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
     let mut frames = Vec::new();
     let mut got = 0usize;
     loop {
+        // The type byte of the next frame, once its first five bytes are in.
+        while buf.len() < 5 {
+            let mut chunk = [0u8; 4096];
+            let n = s.read(&mut chunk).expect("worker frame");
+            assert!(n > 0, "worker closed");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let type_byte = buf[4];
         let f = next_frame(&mut s, &mut buf);
         let is_last = match &f {
             Frame::Heartbeat(_) => continue,
@@ -814,7 +833,7 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
             }
             _ => false,
         };
-        frames.push(f);
+        frames.push((f, type_byte));
         if is_last {
             return frames;
         }
@@ -823,26 +842,16 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
 
 /// Version 5 (decision 123): a body that came whole with the head, within the window, is
 /// answered with one `Response` frame after the `Accept`; a version 4 lane gets the head and
-/// the data apart, and so does a body over the window.
+/// the data apart, and so does a body over the window. Version 6 (decision 131): the worker
+/// takes an assignment whose target comes as parts, and its `Response` carries the fields as
+/// one block (0x1a), where a version 5 lane gets them one by one (0x18).
 #[test]
 fn a_whole_small_answer_is_one_response_frame_from_version_5() {
-    let frames = worker_answer(5, 1 << 16, 1024);
-    assert_eq!(frames.len(), 2, "{frames:?}");
-    assert!(
-        matches!(frames[0], Frame::Accept { stream: 1 }),
-        "{frames:?}"
-    );
-    match &frames[1] {
-        Frame::Response { head, bytes } => {
-            assert_eq!((head.stream, head.status), (1, 200));
-            assert_eq!(bytes, &upstream::pattern(1024));
-            let length = head
-                .headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"));
-            assert_eq!(length.map(|(_, v)| v), Some(&b"1024"[..]));
-        }
-        other => panic!("{other:?}"),
+    for (version, type_byte) in [(5, 0x18), (6, 0x1a)] {
+        let typed = worker_answer_typed(version, 1 << 16, 1024);
+        assert_eq!(typed.get(1).map(|(_, t)| *t), Some(type_byte), "{typed:?}");
+        let frames: Vec<Frame> = typed.into_iter().map(|(f, _)| f).collect();
+        assert_whole_answer(&frames);
     }
     let names = |frames: &[Frame]| frames.iter().map(|f| f.name()).collect::<Vec<_>>();
     let frames = worker_answer(4, 1 << 16, 1024);
@@ -866,6 +875,27 @@ fn a_whole_small_answer_is_one_response_frame_from_version_5() {
         })
         .collect();
     assert_eq!(body, upstream::pattern(1024));
+}
+
+/// The `Accept` and one whole `Response` of 1 KiB, status 200, with its `Content-Length`.
+fn assert_whole_answer(frames: &[Frame]) {
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        matches!(frames[0], Frame::Accept { stream: 1 }),
+        "{frames:?}"
+    );
+    match &frames[1] {
+        Frame::Response { head, bytes } => {
+            assert_eq!((head.stream, head.status), (1, 200));
+            assert_eq!(bytes, &upstream::pattern(1024));
+            let length = head
+                .headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(b"content-length"));
+            assert_eq!(length.map(|(_, v)| v), Some(&b"1024"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 fn hello_with_capacity(id: &str, capacity: u32) -> Vec<u8> {
