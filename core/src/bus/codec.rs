@@ -683,7 +683,11 @@ pub struct EncodeError(pub &'static str);
 /// Checks that a request head fits the bounds of an `Assign` before anything is assigned: the
 /// error names the first field over its bound and the bound, as a message for the client
 /// (the forward proxy relays heads that HTTP/1.1 itself does not bound).
-pub fn check_request_head(method: &str, url: &str, headers: &[Field]) -> Result<(), String> {
+pub fn check_request_head<N: AsRef<[u8]>, V: AsRef<[u8]>>(
+    method: &str,
+    url: &str,
+    headers: &[(N, V)],
+) -> Result<(), String> {
     if method.len() > MAX_NAME_BYTES {
         return Err(format!(
             "the method exceeds the worker bus limit of {MAX_NAME_BYTES} bytes"
@@ -701,6 +705,7 @@ pub fn check_request_head(method: &str, url: &str, headers: &[Field]) -> Result<
         ));
     }
     for (name, value) in headers {
+        let (name, value) = (name.as_ref(), value.as_ref());
         if name.len() > MAX_FIELD_NAME_BYTES {
             return Err(format!(
                 "a header field name of {} bytes exceeds the worker bus limit of \

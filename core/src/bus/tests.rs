@@ -867,7 +867,7 @@ fn request_heads_beyond_the_bus_bounds_are_named_before_encoding() {
     let why = check_request_head("GET", "http://a/", &many).unwrap_err();
     assert!(why.contains("limit of 512 fields"), "{why}");
     let long_url = format!("http://a/{}", "p".repeat(16 * 1024));
-    let why = check_request_head("GET", &long_url, &[]).unwrap_err();
+    let why = check_request_head::<&str, &[u8]>("GET", &long_url, &[]).unwrap_err();
     assert!(why.contains("request target"), "{why}");
 }
 

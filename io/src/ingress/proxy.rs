@@ -46,8 +46,8 @@ use crate::http::{
 use crate::remote::proxy::ProxyAssignment;
 use crate::remote::BusCore;
 use crate::tokens::DeploymentRef;
-use sortie_core::bus::Field;
 use sortie_core::dispatch::{BodyState, Failure};
+use sortie_core::request::TargetUrl;
 
 /// The proxy listener's handler on one core.
 pub struct ProxyHandler {
@@ -390,6 +390,7 @@ impl ProxyHandler {
             deadline,
             method: req.method(),
             target: req.target(),
+            url: Some(&url),
             forwarded: &forwarded,
         };
         let (upstream, assigned) = dispatch::run(ctx, &route, resend, async |a: &Assigned| {
@@ -490,6 +491,8 @@ struct ProxyJob<'a> {
     deadline: Instant,
     method: &'a str,
     target: &'a str,
+    /// The target as parsed, for an absolute-form request (none for a tunnel).
+    url: Option<&'a TargetUrl>,
     /// The request's fields without hop-by-hop ones.
     forwarded: &'a [(&'a str, &'a [u8])],
 }
@@ -539,22 +542,20 @@ async fn remote_relay<B: BodySource>(
     cancelled: &mut Cancelled,
 ) -> Result<crate::remote::proxy::Opened, Failure> {
     let bus = bus_of(ctx)?;
-    let headers: Vec<Field> = job
-        .forwarded
-        .iter()
-        .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
-        .collect();
     // A head the bus cannot carry is the client's error.
-    if let Err(why) = sortie_core::bus::check_request_head(job.method, job.target, &headers) {
+    if let Err(why) = sortie_core::bus::check_request_head(job.method, job.target, job.forwarded) {
         return Err(ApiError::new(ErrorCode::InvalidRequest, why).into());
     }
     let worker_id = a.decision.worker_id.as_str();
+    // The fields go to the assignment as borrowed; the URL as the parts parsed here, to a
+    // worker of version 6 (decision 131).
     bus.relay(
         worker_id,
         &proxy_assignment(job, a),
         job.method,
         job.target,
-        &headers,
+        job.url,
+        job.forwarded,
         body,
         cancelled,
     )
@@ -723,6 +724,7 @@ impl ProxyHandler {
             deadline,
             method: "CONNECT",
             target: req.target(),
+            url: None,
             forwarded: &[],
         };
         let tenant = Some(d.index());
@@ -742,7 +744,9 @@ impl ProxyHandler {
             }
             if a.is_remote {
                 let bus = bus_of(ctx)?;
-                if let Err(why) = sortie_core::bus::check_request_head("CONNECT", job.target, &[]) {
+                if let Err(why) =
+                    sortie_core::bus::check_request_head::<&str, &[u8]>("CONNECT", job.target, &[])
+                {
                     return Err(ApiError::new(ErrorCode::InvalidRequest, why).into());
                 }
                 return bus

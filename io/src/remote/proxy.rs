@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
-use sortie_core::bus::{AssignRef, BodySource as Body, Field, Frame, StreamId, MAX_DATA_BYTES};
+use sortie_core::bus::{AssignRef, BodySource as Body, Frame, StreamId, MAX_DATA_BYTES};
 use sortie_core::error::{ApiError, ErrorCode};
+use sortie_core::request::TargetUrl;
 
 use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
@@ -53,7 +54,8 @@ impl BusCore {
         ingress: u8,
         method: &str,
         url: &str,
-        headers: &[Field],
+        target: Option<&TargetUrl>,
+        headers: &[(&str, &[u8])],
         body: &Body,
     ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
         let session = a.provider_session.map(|s| s.to_hex());
@@ -70,7 +72,7 @@ impl BusCore {
                 ingress,
                 method,
                 url,
-                target: None,
+                target,
                 headers,
                 body,
                 pool: &a.pool,
@@ -236,7 +238,8 @@ impl BusCore {
         a: &ProxyAssignment<'_>,
         method: &str,
         url: &str,
-        headers: &[Field],
+        target: Option<&TargetUrl>,
+        headers: &[(&str, &[u8])],
         body: &mut B,
         cancelled: &mut Cancelled,
     ) -> Result<Opened, RemoteFailure> {
@@ -246,7 +249,8 @@ impl BusCore {
             BodyLength::Chunked => Body::Stream { len: None },
         };
         let has_body = !matches!(kind, Body::Empty);
-        let (mut guard, slot) = self.open_proxied(worker_id, a, 1, method, url, headers, &kind)?;
+        let (mut guard, slot) =
+            self.open_proxied(worker_id, a, 1, method, url, target, headers, &kind)?;
         let (lane, stream) = (guard.lane.clone(), guard.stream);
         let deadline = a.deadline;
         if !has_body {
@@ -322,8 +326,16 @@ impl BusCore {
         authority: &str,
         cancelled: &mut Cancelled,
     ) -> Result<OpenTunnel, RemoteFailure> {
-        let (mut guard, slot) =
-            self.open_proxied(worker_id, a, 2, "CONNECT", authority, &[], &Body::Tunnel)?;
+        let (mut guard, slot) = self.open_proxied(
+            worker_id,
+            a,
+            2,
+            "CONNECT",
+            authority,
+            None,
+            &[],
+            &Body::Tunnel,
+        )?;
         let h = {
             let answer = pin!(self.answer(
                 worker_id,
