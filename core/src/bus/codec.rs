@@ -325,6 +325,13 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, FrameError> {
     Ok(Decoded::Frame(frame, total))
 }
 
+/// Whether a field's name and value are within the bus's bounds for them: the one check a
+/// field block's writer and reader both make of each span.
+fn fits_field_bounds(s: &FieldOffsets) -> bool {
+    let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
+    len(s.name) <= MAX_FIELD_NAME_BYTES && len(s.value) <= MAX_FIELD_VALUE_BYTES
+}
+
 /// The `N` bytes of `buf` at `at`, when they are all there.
 #[inline(always)]
 fn array_at<const N: usize>(buf: &[u8], at: usize) -> Option<[u8; N]> {
@@ -537,8 +544,7 @@ impl<'a> Reader<'a> {
             if !s.is_within(block.len()) {
                 return Err(FrameError::Truncated(field));
             }
-            let len = |(start, end): (u32, u32)| (end - start) as usize;
-            if len(s.name) > MAX_FIELD_NAME_BYTES || len(s.value) > MAX_FIELD_VALUE_BYTES {
+            if !fits_field_bounds(&s) {
                 return Err(FrameError::FieldTooLong(field));
             }
             spans.push(s);
@@ -907,11 +913,7 @@ fn write_field_block(
     w.out.reserve(spans.len() * 16);
     let (mut lo, mut hi) = (u32::MAX, 0u32);
     for s in spans {
-        let len = |(start, end): (u32, u32)| end.saturating_sub(start) as usize;
-        if !s.is_within(buf.len())
-            || len(s.name) > MAX_FIELD_NAME_BYTES
-            || len(s.value) > MAX_FIELD_VALUE_BYTES
-        {
+        if !s.is_within(buf.len()) || !fits_field_bounds(s) {
             return Err(EncodeError(field));
         }
         lo = lo.min(s.name.0).min(s.value.0);

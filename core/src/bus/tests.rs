@@ -1171,25 +1171,14 @@ fn assignment_target_as_parts_round_trips() {
         "http://under_score.example/?q",
     ] {
         let target = parse_target_url(url).expect(url);
-        let body = BodySource::Inline { len: 3 };
+        let Frame::Assign(base) = assign(7, BodySource::Inline { len: 3 }, 1 << 16) else {
+            panic!("an assignment");
+        };
+        let headers = [(b"x-a".to_vec(), b"1".to_vec())];
         let a = AssignRef {
-            stream: 7,
-            request_id: "req_1",
-            deployment_id: "d",
-            deadline_ms: 1000,
-            is_replayable: true,
-            ingress: 0,
-            method: "POST",
-            url: "",
             target: Some(&target),
-            headers: &[(b"x-a".to_vec(), b"1".to_vec())],
-            body: &body,
-            pool: "direct",
-            provider_session: None,
-            proxy_username: None,
-            fingerprint_profile: None,
-            max_response_bytes: 1 << 20,
-            window: 1 << 16,
+            headers: &headers,
+            ..base.borrowed()
         };
         let mut borrowed = Vec::new();
         encode_assign(&a, &mut borrowed).expect("encodes");
@@ -1224,26 +1213,14 @@ fn assignment_target_parts_are_checked() {
     // An Assign of the parts frame with `url` as its target, its bytes after the URL given.
     let frame_with = |target: &[u8]| {
         let t = crate::request::parse_target_url("http://a/").expect("url");
-        let mut good = Vec::new();
-        let a = AssignRef::<Vec<u8>, Vec<u8>> {
-            stream: 1,
-            request_id: "r",
-            deployment_id: "d",
-            deadline_ms: 1,
-            is_replayable: false,
-            ingress: 0,
-            method: "GET",
-            url: "",
-            target: Some(&t),
-            headers: &[],
-            body: &BodySource::Empty,
-            pool: "p",
-            provider_session: None,
-            proxy_username: None,
-            fingerprint_profile: None,
-            max_response_bytes: 1,
-            window: 1,
+        let Frame::Assign(base) = assign(1, BodySource::Empty, 1) else {
+            panic!("an assignment");
         };
+        let a = AssignRef {
+            target: Some(&t),
+            ..base.borrowed()
+        };
+        let mut good = Vec::new();
         encode_assign(&a, &mut good).expect("encodes");
         // The target of "http://a/": scheme 0, name "a", port 80, path "/".
         let written: &[u8] = &[0, 0, 0, 1, b'a', 0, 80, 0, 1, b'/'];
