@@ -82,11 +82,16 @@ pub(crate) enum Sent<T = Vec<u8>> {
 ///
 /// Not a function that takes the other future: that future would be moved into the function's
 /// own state, a copy of its whole size per call.
-pub(crate) async fn collect<F, T>(send: Pin<&mut F>, len: usize, until: Instant) -> Sent<T>
+pub(crate) async fn collect<F, T>(
+    send: Pin<&mut F>,
+    len: usize,
+    until: Instant,
+    timer: &mut crate::timer::Timer,
+) -> Sent<T>
 where
     F: Future<Output = BufResult<usize, T>>,
 {
-    match crate::timer::within(until, send).await {
+    match timer.within(until, send).await {
         Some((Ok(n), data)) if n == len => Sent::Whole(data),
         Some((Ok(n), data)) if n > 0 => Sent::Short(n, data),
         Some(_) => Sent::Failed,

@@ -547,18 +547,28 @@ impl Future for Tick {
 }
 
 pin_project_lite::pin_project! {
-    /// [`within`]'s future.
-    pub(crate) struct Within<F> {
+    /// [`within`]'s future, and [`Timer::within`]'s (`T` a connection's timer, borrowed).
+    pub(crate) struct Within<F, T = Timer> {
         #[pin]
         fut: F,
-        timer: Timer,
+        timer: T,
     }
 }
 
 /// A timer's registration, freed when dropped.
-struct Timer {
+///
+/// Either one limit's ([`within`], [`sleep`]: made for one wait, dropped with it), or the
+/// timer of a connection for one kind of limit, set again for each wait ([`Timer::within`],
+/// [`Timer::sleep`]). The second kind keeps its registration when a wait ends: the next wait
+/// of the same limit starts later, so its deadline is later, and the registration of the wait
+/// before fires first; only then, if the wait still runs, is it moved to the later tick. A
+/// connection serving requests back to back thus registers once per span of the limit rather
+/// than once per request, at the cost of one early wake-up of its task per span.
+pub(crate) struct Timer {
+    /// The tick the current wait ends at.
     tick: u64,
-    handle: Option<Handle>,
+    /// The registration and the tick it is for: the tick of this wait or of one before.
+    handle: Option<(Handle, u64)>,
 }
 
 impl Timer {
@@ -570,26 +580,90 @@ impl Timer {
         Timer { tick, handle: None }
     }
 
-    /// Whether the deadline passed; registers on the first call.
-    fn is_due(&mut self, waker: &Waker) -> bool {
-        match self.handle {
-            Some(h) => check(h, waker),
-            None => match register(self.tick, waker) {
-                Registered::Waiting(h) => {
-                    self.handle = Some(h);
-                    false
-                }
-                Registered::Due => true,
-            },
+    /// A timer to be set by each wait that uses it.
+    pub(crate) const fn unset() -> Timer {
+        Timer {
+            tick: 0,
+            handle: None,
         }
+    }
+
+    /// Whether the deadline passed; registers on the first call, and moves a registration
+    /// for an earlier tick (of a wait before) to this wait's once it fires.
+    fn is_due(&mut self, waker: &Waker) -> bool {
+        if let Some((h, at)) = self.handle {
+            if at <= self.tick && !check(h, waker) {
+                return false;
+            }
+            // Fired (or for a later tick than this wait's): the registration is done with.
+            self.handle = None;
+            cancel(h);
+            if at == self.tick {
+                return true;
+            }
+        }
+        match register(self.tick, waker) {
+            Registered::Waiting(h) => {
+                self.handle = Some((h, self.tick));
+                false
+            }
+            Registered::Due => true,
+        }
+    }
+
+    /// Runs `fut` for at most `limit` from now, on this timer.
+    #[inline(always)]
+    pub(crate) fn within_for<F: Future>(
+        &mut self,
+        limit: Duration,
+        fut: F,
+    ) -> Within<F, &mut Timer> {
+        self.tick = tick_after(limit);
+        Within { fut, timer: self }
+    }
+
+    /// Runs `fut` until `at`, on this timer.
+    #[inline(always)]
+    pub(crate) fn within<F: Future>(&mut self, at: Instant, fut: F) -> Within<F, &mut Timer> {
+        self.tick = tick_of(at);
+        Within { fut, timer: self }
+    }
+
+    /// Completes once `limit` from now has passed, on this timer.
+    pub(crate) fn sleep(&mut self, limit: Duration) -> Sleep<&mut Timer> {
+        self.tick = tick_after(limit);
+        Sleep { timer: self }
+    }
+
+    /// Completes once `at` has passed, on this timer.
+    pub(crate) fn sleep_until(&mut self, at: Instant) -> Sleep<&mut Timer> {
+        self.tick = tick_of(at);
+        Sleep { timer: self }
     }
 }
 
 impl Drop for Timer {
     fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
+        if let Some((h, _)) = self.handle.take() {
             cancel(h);
         }
+    }
+}
+
+/// A timer owned or borrowed by the future that waits on it.
+pub(crate) trait TimerRef {
+    fn timer(&mut self) -> &mut Timer;
+}
+
+impl TimerRef for Timer {
+    fn timer(&mut self) -> &mut Timer {
+        self
+    }
+}
+
+impl TimerRef for &mut Timer {
+    fn timer(&mut self) -> &mut Timer {
+        self
     }
 }
 
@@ -611,7 +685,7 @@ pub(crate) fn within_for<F: Future>(limit: Duration, fut: F) -> Within<F> {
     }
 }
 
-impl<F: Future> Future for Within<F> {
+impl<F: Future, T: TimerRef> Future for Within<F, T> {
     type Output = Option<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -619,19 +693,20 @@ impl<F: Future> Future for Within<F> {
         if let Poll::Ready(v) = this.fut.poll(cx) {
             return Poll::Ready(Some(v));
         }
-        if this.timer.is_due(cx.waker()) {
+        if this.timer.timer().is_due(cx.waker()) {
             return Poll::Ready(None);
         }
         Poll::Pending
     }
 }
 
-/// [`sleep_until`]'s future.
-pub(crate) struct Sleep {
-    timer: Timer,
+/// [`sleep`]'s future, and [`Timer::sleep`]'s.
+pub(crate) struct Sleep<T = Timer> {
+    timer: T,
 }
 
 /// Completes once `at` has passed.
+#[cfg(test)]
 pub(crate) fn sleep_until(at: Instant) -> Sleep {
     Sleep {
         timer: Timer::new(at),
@@ -645,11 +720,11 @@ pub(crate) fn sleep(limit: Duration) -> Sleep {
     }
 }
 
-impl Future for Sleep {
+impl<T: TimerRef + Unpin> Future for Sleep<T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.get_mut().timer.is_due(cx.waker()) {
+        if self.get_mut().timer.timer().is_due(cx.waker()) {
             Poll::Ready(())
         } else {
             Poll::Pending
@@ -722,6 +797,62 @@ mod tests {
                     assert!(late < Duration::from_millis(200), "fired {late:?} late");
                 }
                 assert_eq!(*order.borrow(), vec![5, 30, 70, 120, 300]);
+            });
+        }
+    }
+
+    /// A connection's timer keeps one registration across waits whose deadlines move later,
+    /// and still ends every wait at its own deadline: after the registration of a wait before
+    /// fired, and when a wait's deadline is earlier than the registration's.
+    #[test]
+    fn a_timer_set_again_keeps_its_registration_and_ends_each_wait_on_time() {
+        for driver in [Driver::detect(), Driver::Legacy] {
+            run_on(driver, async {
+                let waiting = || WHEEL.with(|w| w.borrow().waiting);
+                let limit = Duration::from_millis(150);
+                let mut timer = Timer::unset();
+                let first = {
+                    let quick = monoio::time::sleep(Duration::from_millis(5));
+                    assert!(timer.within_for(limit, quick).await.is_some());
+                    timer.handle.map(|(_, at)| at)
+                };
+                assert!(first.is_some());
+                // Later waits of the same limit, each finished first: no new registration.
+                for _ in 0..5 {
+                    let quick = monoio::time::sleep(Duration::from_millis(5));
+                    assert!(timer.within_for(limit, quick).await.is_some());
+                    assert_eq!(timer.handle.map(|(_, at)| at), first);
+                    assert_eq!(waiting(), 1);
+                }
+                // A wait that runs out: the first registration fires before its deadline, and
+                // the wait goes on to its own.
+                let start = Instant::now();
+                let cut = timer.within_for(limit, std::future::pending::<()>()).await;
+                assert!(cut.is_none());
+                let took = start.elapsed();
+                assert!(took >= limit, "ended after {took:?}");
+                assert!(
+                    took < limit + Duration::from_millis(200),
+                    "ended after {took:?}"
+                );
+                assert!(timer.handle.is_none());
+                // A shorter limit than the one registered: the registration moves earlier.
+                let quick = monoio::time::sleep(Duration::from_millis(5));
+                assert!(timer
+                    .within_for(Duration::from_secs(30), quick)
+                    .await
+                    .is_some());
+                let start = Instant::now();
+                timer.sleep(Duration::from_millis(40)).await;
+                let took = start.elapsed();
+                assert!(took >= Duration::from_millis(40), "ended after {took:?}");
+                assert!(took < Duration::from_millis(500), "ended after {took:?}");
+                // Dropped, it leaves nothing in the wheel.
+                let quick = monoio::time::sleep(Duration::from_millis(5));
+                assert!(timer.within_for(limit, quick).await.is_some());
+                assert_eq!(waiting(), 1);
+                drop(timer);
+                assert_eq!(waiting(), 0);
             });
         }
     }

@@ -148,7 +148,10 @@ impl Conn {
         let out = {
             let mut send = std::pin::pin!(writer.write(data));
             let answer = answer(self).await;
-            (answer, collect(send.as_mut(), len, until).await)
+            (
+                answer,
+                collect(send.as_mut(), len, until, &mut crate::timer::Timer::unset()).await,
+            )
         };
         self.writer.put(writer);
         out

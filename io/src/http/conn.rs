@@ -31,6 +31,7 @@ use super::response::{
 };
 use super::shutdown::{LatchSlot, ShutdownSignal};
 use crate::send_ahead::{collect, SecondWriter, Sent, MAX_SENT_AHEAD_BYTES};
+use crate::timer::Timer;
 
 /// Capacity of a connection's read buffer when it starts and after every request: enough for
 /// the heads of ordinary API requests, small enough for many idle keep-alive connections.
@@ -71,6 +72,8 @@ pub(crate) struct ConnIo {
     /// (io_uring, decision 125): made on a busy period's second response, closed when the
     /// connection goes idle.
     writer: SecondWriter,
+    /// The write timeout's timer, set by each write to the client (see [`Timer`]).
+    write_timer: Timer,
 }
 
 /// A keep-alive response to send while the next request's head is read (decision 125): its
@@ -263,9 +266,10 @@ impl ConnIo {
         let len = data.bytes_init();
         let mut buf = data;
         let mut written = start.min(len);
+        let limit = self.cfg.write_timeout;
         while written < len {
             let write = self.stream.write(buf.slice(written..len));
-            let (res, slice) = match crate::timer::within_for(self.cfg.write_timeout, write).await {
+            let (res, slice) = match self.write_timer.within_for(limit, write).await {
                 Some(done) => done,
                 None => return Err(io::Error::from(io::ErrorKind::TimedOut)),
             };
@@ -291,8 +295,9 @@ impl ConnIo {
     ) -> io::Result<Vec<u8>> {
         let pair = crate::fd::HeadAndBody::new(head, body);
         let total = pair.len();
+        let limit = self.cfg.write_timeout;
         let write = self.stream.writev(pair);
-        let (res, pair) = match crate::timer::within_for(self.cfg.write_timeout, write).await {
+        let (res, pair) = match self.write_timer.within_for(limit, write).await {
             Some(done) => done,
             None => return Err(io::Error::from(io::ErrorKind::TimedOut)),
         };
@@ -400,6 +405,10 @@ struct Connection<H> {
     idle_close: LatchSlot,
     accepted_at: Instant,
     requests: u64,
+    /// The timers of the waits every request makes: for its next request's first bytes (for
+    /// [`IDLE_RELEASE`]) and its client's departure. Set again by each wait (see [`Timer`]).
+    release_timer: Timer,
+    departure_timer: Timer,
 }
 
 /// Serves one connection until it closes or goes idle: requests in order (pipelined ones from
@@ -432,6 +441,7 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
             cfg,
             is_nonblocking,
             writer: SecondWriter::default(),
+            write_timer: Timer::unset(),
         },
         peer,
         handler,
@@ -439,9 +449,16 @@ pub fn serve_connection<H: Handler, P: FnOnce(Parked, Instant)>(
         shutdown,
         accepted_at,
         requests,
+        release_timer: Timer::unset(),
+        departure_timer: Timer::unset(),
     };
     async move {
-        match conn.run().await {
+        let end = conn.run().await;
+        // Their registrations go now, not with the parked connection or the tunnel.
+        drop(std::mem::replace(&mut conn.release_timer, Timer::unset()));
+        drop(std::mem::replace(&mut conn.departure_timer, Timer::unset()));
+        drop(std::mem::replace(&mut conn.io.write_timer, Timer::unset()));
+        match end {
             End::Close => {}
             End::Idle(deadline) => {
                 let io = conn.io;
@@ -511,7 +528,10 @@ impl<H: Handler> Connection<H> {
                     let (next, sent) = {
                         let mut send = pin!(writer.write(data));
                         let next = self.read_head(&mut parts).await;
-                        (next, collect(send.as_mut(), len, until).await)
+                        (
+                            next,
+                            collect(send.as_mut(), len, until, &mut self.io.write_timer).await,
+                        )
                     };
                     if let Err(e) = self.io.finish_ahead(writer, sent).await {
                         tracing::debug!(peer = %self.peer, error = %e, "response send failed");
@@ -621,7 +641,7 @@ impl<H: Handler> Connection<H> {
             // connection waits, so going quiet or shutting down has nothing to cancel.
             let woke = {
                 let ready = pin!(self.io.stream.readable(false));
-                let release = pin!(crate::timer::sleep_until(release_at.into_std()));
+                let release = pin!(self.release_timer.sleep_until(release_at.into_std()));
                 let stop = pin!(race(self.idle_close.wait(), release));
                 race(ready, stop).await
             };
@@ -677,7 +697,8 @@ impl<H: Handler> Connection<H> {
                 let outcome = {
                     let handling = pin!(handler.handle(parts, admitted.admission, &mut body));
                     // The connection outlives the watch, which keeps `fd` open for it.
-                    let departure = pin!(client_departure(fd, watch_after));
+                    let departure =
+                        pin!(client_departure(fd, watch_after, &mut self.departure_timer));
                     race(handling, departure).await
                 };
                 let response = match outcome {

@@ -21,9 +21,10 @@ pub const RECHECK_WITH_UNREAD_BYTES: Duration = Duration::from_millis(100);
 /// Completes when the client behind `fd` has left; pending forever while it stays.
 ///
 /// `fd` must stay open for as long as this future lives: the connection that owns it drops the
-/// watch before closing.
-pub(crate) async fn client_departure(fd: RawFd, after: Duration) {
-    crate::timer::sleep(after).await;
+/// watch before closing. The first wait is on the connection's `timer`, set again by each
+/// request (see [`crate::timer::Timer`]).
+pub(crate) async fn client_departure(fd: RawFd, after: Duration, timer: &mut crate::timer::Timer) {
+    timer.sleep(after).await;
     let watch = match fd::duplicate_stream(fd) {
         Ok(s) => s,
         Err(e) => {
