@@ -7,9 +7,10 @@
 //! group's three bytes where its four characters take their bits from, one multishift that
 //! takes the four six-bit fields of each group, one permutation that looks the characters up
 //! in the alphabet), and the bytes after the last whole block in the same way through masked
-//! loads and stores. Elsewhere it is `base64-simd` (AVX2, SSE4.1, NEON or scalar).
+//! loads and stores. With AVX2 only (Zen 2 and 3, Skylake and Cascade Lake), the same steps in
+//! 24-byte blocks. Elsewhere it is `base64-simd` (SSE4.1, NEON or scalar).
 //!
-//! The one `unsafe` of this crate is that block encoder: the intrinsics, behind the CPU's
+//! The `unsafe` of this crate is in those block encoders: the intrinsics, behind the CPU's
 //! features checked at run time, and the writes into the vector's spare capacity, reserved
 //! for the exact encoded length first.
 
@@ -26,27 +27,40 @@ pub fn encoded_len(n: usize) -> Option<usize> {
 /// quarters of the address space) or the allocation fails.
 pub fn encode_append(data: &[u8], out: &mut Vec<u8>) {
     #[cfg(target_arch = "x86_64")]
-    if vbmi::available() {
-        vbmi::encode_append(data, out);
-        return;
+    {
+        if vbmi::available() {
+            vbmi::encode_append(data, out);
+            return;
+        }
+        if avx2::available() {
+            avx2::encode_append(data, out);
+            return;
+        }
     }
     encode_append_portable(data, out);
 }
 
-/// Whether [`encode_append`] uses the AVX-512 VBMI encoder on this CPU.
-pub fn uses_avx512_vbmi() -> bool {
+/// An encoder with the contract of [`encode_append`].
+pub type Encoder = fn(&[u8], &mut Vec<u8>);
+
+/// Every encoder this CPU can run, by name, the portable one first: what the tests, the fuzz
+/// target and the benchmark compare. [`encode_append`] uses the last.
+pub fn encoders() -> Vec<(&'static str, Encoder)> {
+    let mut all: Vec<(&'static str, Encoder)> = vec![("base64-simd", encode_append_portable)];
     #[cfg(target_arch = "x86_64")]
     {
-        vbmi::available()
+        if avx2::available() {
+            all.push(("avx2", avx2::encode_append));
+        }
+        if vbmi::available() {
+            all.push(("avx512-vbmi", vbmi::encode_append));
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    all
 }
 
-/// The encoder of [`encode_append`] when the CPU does not have AVX-512 VBMI (and the reference
-/// the tests and the benchmark compare with).
+/// The encoder of [`encode_append`] when the CPU has neither AVX-512 VBMI nor AVX2 (and the
+/// reference the tests and the benchmark compare with).
 pub fn encode_append_portable(data: &[u8], out: &mut Vec<u8>) {
     base64_simd::STANDARD.encode_append(data, out);
 }
@@ -78,19 +92,8 @@ mod vbmi {
     }
 
     pub(crate) fn encode_append(data: &[u8], out: &mut Vec<u8>) {
-        let Some(len) = super::encoded_len(data.len()) else {
-            // Not representable: let the vector report it as any oversized request does.
-            out.reserve(usize::MAX);
-            return;
-        };
-        out.reserve(len);
-        let start = out.len();
-        // SAFETY: `available()` found the features `encode` is compiled for (the caller checks
-        // it before calling this function), and `reserve` left at least `len` bytes of spare
-        // capacity after `start`, which `encode` writes and nothing past.
-        unsafe { encode(data, out.as_mut_ptr().add(start)) };
-        // SAFETY: `encode` initialised the `len` bytes after `start`, within the capacity.
-        unsafe { out.set_len(start + len) };
+        // `available()` is checked by the callers (`encode_append`, `encoders`).
+        super::append_with(data, out, encode);
     }
 
     /// Four characters from each group of three bytes in the low 48 bytes of `input`.
@@ -174,6 +177,283 @@ mod vbmi {
     }
 }
 
+/// Reserves the encoded length of `data` in `out` and runs `encode` into it; `encode` must
+/// initialise exactly `encoded_len(data.len())` bytes at the pointer it is given.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn append_with(data: &[u8], out: &mut Vec<u8>, encode: unsafe fn(&[u8], *mut u8)) {
+    let Some(len) = encoded_len(data.len()) else {
+        // Not representable: let the vector report it as any oversized request does.
+        out.reserve(usize::MAX);
+        return;
+    };
+    out.reserve(len);
+    let start = out.len();
+    // SAFETY: the caller checked the CPU features `encode` needs, and `reserve` left at least
+    // `len` bytes of spare capacity after `start`, which `encode` writes and nothing past.
+    unsafe { encode(data, out.as_mut_ptr().add(start)) };
+    // SAFETY: `encode` initialised the `len` bytes after `start`, within the capacity.
+    unsafe { out.set_len(start + len) };
+}
+
+/// AVX2: 24 bytes into 32 characters per block, for the CPUs without AVX-512 VBMI (Zen 2 and 3,
+/// Skylake and Cascade Lake). The steps of the AVX-512 block done with the instructions AVX2
+/// has: a byte shuffle within each 128-bit half puts each group's three bytes where its four
+/// characters take their bits from; two multiplications of 16-bit lanes move each six-bit field
+/// to its own byte; a saturating subtraction and a comparison sort the fields into the
+/// alphabet's five ranges, and a shuffle looks up what to add to a field of each range to make
+/// its character. A block reads its 24 bytes as two overlapping 16-byte loads, so nothing past
+/// the input is read; the last 1 to 23 bytes are gathered into a block in registers, zeros
+/// after them, and only their characters are stored.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2 {
+    use std::arch::x86_64::{
+        __m256i, _mm256_castsi256_si128, _mm256_extracti128_si256, _mm256_set1_epi32,
+        _mm256_set1_epi8, _mm256_set_epi64x, _mm256_set_m128i, _mm256_setr_epi8,
+        _mm256_storeu_si256, _mm_cvtsi128_si32, _mm_loadu_si128, _mm_srli_si128, _mm_storel_epi64,
+        _mm_storeu_si128,
+    };
+
+    /// Input bytes of a block: 24.
+    const BLOCK_IN: usize = 24;
+    /// Characters of a block: 32.
+    const BLOCK_OUT: usize = 32;
+
+    /// Whether the CPU has AVX2 (cached by the standard library after the first call).
+    pub(crate) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+
+    pub(crate) fn encode_append(data: &[u8], out: &mut Vec<u8>) {
+        // `available()` is checked by the callers (`encode_append`, `encoders`).
+        super::append_with(data, out, encode);
+    }
+
+    /// The constants of a block, made once per call and kept in registers.
+    #[derive(Clone, Copy)]
+    struct Constants {
+        gather: __m256i,
+        high_mask: __m256i,
+        high_mul: __m256i,
+        low_mask: __m256i,
+        low_mul: __m256i,
+        letters_end: __m256i,
+        upper_end: __m256i,
+        upper_range: __m256i,
+        offsets: __m256i,
+    }
+
+    impl Constants {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn new() -> Constants {
+            Constants {
+                // Each 32-bit lane i gets the bytes (3i + 1, 3i, 3i + 2, 3i + 1) of its group:
+                // the low half holds bytes 0..12 at 0..12, the high half bytes 12..24 at 4..16.
+                gather: _mm256_setr_epi8(
+                    1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10, //
+                    5, 4, 6, 5, 8, 7, 9, 8, 11, 10, 12, 11, 14, 13, 15, 14,
+                ),
+                high_mask: _mm256_set1_epi32(0x0fc0_fc00),
+                high_mul: _mm256_set1_epi32(0x0400_0040),
+                low_mask: _mm256_set1_epi32(0x003f_03f0),
+                low_mul: _mm256_set1_epi32(0x0100_0010),
+                letters_end: _mm256_set1_epi8(51),
+                upper_end: _mm256_set1_epi8(26),
+                upper_range: _mm256_set1_epi8(13),
+                // What to add to a field of each range (see `block`) to make its character.
+                offsets: _mm256_setr_epi8(
+                    71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 65, 0, 0, //
+                    71, -4, -4, -4, -4, -4, -4, -4, -4, -4, -4, -19, -16, 65, 0, 0,
+                ),
+            }
+        }
+    }
+
+    /// The 32 characters of 24 bytes.
+    ///
+    /// Written as instructions rather than intrinsics: the compiler rewrites a multiplication of
+    /// 16-bit lanes by powers of two into shifts, and AVX2 has no shift of 16-bit lanes by a
+    /// different count each, so each of the two multiplications became five or six instructions
+    /// (`base64-simd`'s loop, built by the same compiler, has them too).
+    ///
+    /// `input` holds the 24 bytes as [`load`] lays them out.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn block(input: __m256i, k: &Constants) -> __m256i {
+        let mut chars = input;
+        // SAFETY: registers only; AVX2 is enabled for this function.
+        unsafe {
+            std::arch::asm!(
+                "vpshufb {x}, {x}, {gather}",
+                // In a lane's low 16 bits (bytes 3i, 3i + 1 from the top), the first field is
+                // bits 10..16 and the second bits 4..10; in its high 16 bits (3i + 1, 3i + 2),
+                // the third is bits 6..12 and the fourth bits 0..6. The high product shifts the
+                // first right by 10 and the third by 6, into bytes 0 and 2; the low product
+                // shifts the second left by 4 and the fourth by 8, into bytes 1 and 3.
+                "vpand {t}, {x}, {high_mask}",
+                "vpmulhuw {t}, {t}, {high_mul}",
+                "vpand {x}, {x}, {low_mask}",
+                "vpmullw {x}, {x}, {low_mul}",
+                "vpor {x}, {x}, {t}",
+                // The range of each field: 0 for 26..=51 (a-z), 1..=10 for 52..=61 (digits),
+                // 11 for 62 (+), 12 for 63 (/), 13 for 0..=25 (A-Z); then what to add to a
+                // field of that range to make its character.
+                "vpsubusb {t}, {x}, {letters_end}",
+                "vpcmpgtb {u}, {upper_end}, {x}",
+                "vpand {u}, {u}, {upper_range}",
+                "vpor {t}, {t}, {u}",
+                "vpshufb {t}, {offsets}, {t}",
+                "vpaddb {x}, {x}, {t}",
+                x = inout(ymm_reg) chars,
+                t = out(ymm_reg) _,
+                u = out(ymm_reg) _,
+                gather = in(ymm_reg) k.gather,
+                high_mask = in(ymm_reg) k.high_mask,
+                high_mul = in(ymm_reg) k.high_mul,
+                low_mask = in(ymm_reg) k.low_mask,
+                low_mul = in(ymm_reg) k.low_mul,
+                letters_end = in(ymm_reg) k.letters_end,
+                upper_end = in(ymm_reg) k.upper_end,
+                upper_range = in(ymm_reg) k.upper_range,
+                offsets = in(ymm_reg) k.offsets,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        chars
+    }
+
+    /// The 24 bytes at `src` as [`block`] takes them: bytes 0..16 in the low half, 8..24 in the
+    /// high half (two overlapping loads, so nothing past the 24 bytes is read).
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads of 24 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(src: *const u8) -> __m256i {
+        // SAFETY: bytes 0..16 and 8..24 of `src` are readable (the caller's contract).
+        unsafe {
+            _mm256_set_m128i(
+                _mm_loadu_si128(src.add(8).cast()),
+                _mm_loadu_si128(src.cast()),
+            )
+        }
+    }
+
+    /// The little-endian word of the `bytes` (at most 8) and zeros after them, read with at most
+    /// two loads that overlap rather than byte by byte.
+    #[inline]
+    fn word(bytes: &[u8]) -> u64 {
+        let n = bytes.len();
+        let u32_at = |at: usize| {
+            bytes
+                .get(at..at + 4)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map_or(0, |b| u64::from(u32::from_le_bytes(b)))
+        };
+        match n {
+            8.. => bytes
+                .get(..8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes),
+            // The second load ends at the last byte; the bytes it shares with the first are
+            // shifted out.
+            4.. => u32_at(0) | (u32_at(n - 4) >> (8 * (8 - n)) << 32),
+            _ => bytes
+                .iter()
+                .rev()
+                .fold(0, |word, &b| (word << 8) | u64::from(b)),
+        }
+    }
+
+    /// The last 1 to 23 bytes of the input laid out as [`load`] does, followed by zeros (what
+    /// the padding bits of the last group's characters must be), built in registers: a copy to
+    /// the stack would make the vector load wait for the small stores.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load_tail(rest: &[u8]) -> __m256i {
+        let (first, second) = rest.split_at(rest.len().min(8));
+        let (second, third) = second.split_at(second.len().min(8));
+        let [w0, w1, w2] = [word(first), word(second), word(third)].map(|w| w as i64);
+        _mm256_set_epi64x(w2, w1, w1, w0)
+    }
+
+    /// Stores the first `len` characters of `chars` (4 to 32, a multiple of 4) at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of `len` bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store_first(chars: __m256i, len: usize, mut dst: *mut u8) {
+        // SAFETY: each store writes within the first `len` bytes at `dst`, moving past them.
+        unsafe {
+            if len == 32 {
+                _mm256_storeu_si256(dst.cast(), chars);
+                return;
+            }
+            let mut half = _mm256_castsi256_si128(chars);
+            let mut left = len;
+            if left >= 16 {
+                _mm_storeu_si128(dst.cast(), half);
+                half = _mm256_extracti128_si256::<1>(chars);
+                dst = dst.add(16);
+                left -= 16;
+            }
+            if left >= 8 {
+                _mm_storel_epi64(dst.cast(), half);
+                half = _mm_srli_si128::<8>(half);
+                dst = dst.add(8);
+                left -= 8;
+            }
+            if left >= 4 {
+                dst.cast::<i32>().write_unaligned(_mm_cvtsi128_si32(half));
+            }
+        }
+    }
+
+    /// Writes the `encoded_len(data.len())` characters of `data` to `dst`.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has AVX2, and `dst` is valid for writes of `encoded_len(data.len())` bytes.
+    #[target_feature(enable = "avx2")]
+    unsafe fn encode(data: &[u8], mut dst: *mut u8) {
+        let k = Constants::new();
+        let mut chunks = data.chunks_exact(BLOCK_IN);
+        for chunk in &mut chunks {
+            // SAFETY: the chunk's 24 bytes are readable; a whole block's 32 characters are
+            // within the `encoded_len` bytes at `dst` (24 bytes encode to 32), which moves past
+            // them.
+            unsafe {
+                _mm256_storeu_si256(dst.cast(), block(load(chunk.as_ptr()), &k));
+                dst = dst.add(BLOCK_OUT);
+            }
+        }
+        let rest = chunks.remainder();
+        let n = rest.len();
+        if n == 0 {
+            return;
+        }
+        let out_len = n.div_ceil(3) * 4;
+        // SAFETY: `out_len` characters remain of the `encoded_len` bytes at `dst`; the padding
+        // overwrites the last one or two of them.
+        unsafe {
+            store_first(block(load_tail(rest), &k), out_len, dst);
+            match n % 3 {
+                1 => dst
+                    .add(out_len - 2)
+                    .cast::<[u8; 2]>()
+                    .write_unaligned(*b"=="),
+                2 => dst.add(out_len - 1).write(b'='),
+                _ => {}
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,11 +481,17 @@ mod tests {
     fn check(data: &[u8]) {
         let want = reference(data);
         for prefix in [&b""[..], b"\"", b"0123456789abcdefghijklmnopqrstuvwxyz"] {
-            for encode in [encode_append, encode_append_portable] {
+            let chosen: (&str, Encoder) = ("encode_append", encode_append);
+            for (name, encode) in encoders().into_iter().chain([chosen]) {
                 let mut out = prefix.to_vec();
                 encode(data, &mut out);
                 assert_eq!(&out[..prefix.len()], prefix);
-                assert_eq!(&out[prefix.len()..], &want[..], "{} bytes", data.len());
+                assert_eq!(
+                    &out[prefix.len()..],
+                    &want[..],
+                    "{name}, {} bytes",
+                    data.len()
+                );
             }
         }
         assert_eq!(encoded_len(data.len()), Some(want.len()));
@@ -216,14 +502,8 @@ mod tests {
     /// vector, as the envelope appends.
     #[test]
     fn agrees_with_the_base64_crate() {
-        eprintln!(
-            "the AVX-512 VBMI encoder is {} on this CPU",
-            if uses_avx512_vbmi() {
-                "in use"
-            } else {
-                "not available (base64-simd is used)"
-            }
-        );
+        let names: Vec<&str> = encoders().iter().map(|(name, _)| *name).collect();
+        eprintln!("encoders this CPU runs: {}", names.join(", "));
         for len in 0..=300 {
             check(&bytes(len, len as u32 + 7));
             check(&vec![0u8; len]);
