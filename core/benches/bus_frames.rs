@@ -14,7 +14,8 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use sortie_core::bus::{
-    decode, encode, encode_assign, Assign, AssignRef, BodySource, Decoded, Frame, FrameBuf,
+    decode, encode, encode_assign, Assign, AssignRef, AssignUrl, BodySource, Decoded, Frame,
+    FrameBuf,
 };
 
 /// One read's worth of 7-byte frames (64 KiB, cut mid-frame as a read would be).
@@ -104,8 +105,7 @@ fn assign_ref(p: &Parts) -> AssignRef<'_, &'static [u8], &'static [u8]> {
         is_replayable: true,
         ingress: 0,
         method: "GET",
-        url: &p.url,
-        target: None,
+        url: AssignUrl::Text(&p.url),
         headers: &p.headers,
         body: &p.body,
         pool: "residential",

@@ -25,8 +25,8 @@ use bytes::Bytes;
 use futures_channel::{mpsc, oneshot};
 use futures_util::StreamExt as _;
 use sortie_core::bus::{
-    Assign, BodySource, EncodeError, Frame, FrameBuf, HeadFields, Heartbeat, Hello, ResponseHead,
-    StreamError, StreamId, Verdict, WorkerLane, FIELD_BLOCK_VERSION, MAX_DATA_BYTES,
+    Assign, AssignUrl, BodySource, EncodeError, Frame, FrameBuf, HeadFields, Heartbeat, Hello,
+    ResponseHead, StreamError, StreamId, Verdict, WorkerLane, FIELD_BLOCK_VERSION, MAX_DATA_BYTES,
     PROTOCOL_VERSION, PROTOCOL_VERSION_MIN, RESPONSE_FRAME_VERSION,
 };
 use sortie_core::config::WorkerFile;
@@ -1214,10 +1214,10 @@ async fn exchange(
     // A control of version 6 sends the URL as parts it parsed, checked as they were decoded
     // (decision 131); an older one sends text.
     let parsed;
-    let url = match &a.target {
-        Some(t) => t,
-        None => {
-            parsed = parse_target_url(a.url()).map_err(|_| invalid("assignment: invalid url"))?;
+    let url = match a.url() {
+        AssignUrl::Parts(t) => t,
+        AssignUrl::Text(text) => {
+            parsed = parse_target_url(text).map_err(|_| invalid("assignment: invalid url"))?;
             &parsed
         }
     };
@@ -1505,7 +1505,14 @@ async fn tunnel(
     policy: &DestinationPolicy,
     via: Option<&ProxyRoute>,
 ) -> Result<(), ApiError> {
-    let (host, port) = sortie_core::proxy::parse_connect_target(a.url())?;
+    // A tunnel's target is `host:port` text; no control sends it as parts.
+    let AssignUrl::Text(target) = a.url() else {
+        return Err(ApiError::new(
+            ErrorCode::ExecutorInternalError,
+            "assignment: a tunnel's target must be host:port text",
+        ));
+    };
+    let (host, port) = sortie_core::proxy::parse_connect_target(target)?;
     let deadline = Instant::now() + Duration::from_millis(u64::from(a.deadline_ms));
     let tenant = crate::dns::tenant_of_id(a.deployment_id());
     let bind = shared.bind_address;

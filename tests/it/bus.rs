@@ -690,7 +690,7 @@ fn configure_scripted_lane(s: &mut TcpStream, buf: &mut Vec<u8>, version: u16, r
 /// `body_ref_unavailable`, and nothing connects to that port.
 #[test]
 fn a_worker_fetches_receipts_only_on_the_announced_port() {
-    use sortie_core::bus::{Assign, AssignRef, BodySource};
+    use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource};
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
     let other = TcpListener::bind("127.0.0.1:0").unwrap();
     let other_port = other.local_addr().unwrap().port();
@@ -724,8 +724,7 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
             is_replayable: false,
             ingress: 0,
             method: "POST",
-            url: "http://127.0.0.1:9/x",
-            target: None,
+            url: AssignUrl::Text("http://127.0.0.1:9/x"),
             headers: &[],
             body: &BodySource::Receipt {
                 url: format!(
@@ -757,6 +756,67 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
     );
 }
 
+/// A tunnel's target is `host:port` text. A scripted control that sends one as parsed URL
+/// parts (the form only absolute-form requests take) gets a stream error, and the worker dials
+/// nothing.
+#[test]
+fn a_worker_refuses_a_tunnel_whose_target_came_as_parts() {
+    use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource, PROTOCOL_VERSION};
+    let bus = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dest = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dest_port = dest.local_addr().unwrap().port();
+    let reached = Arc::new(AtomicUsize::new(0));
+    {
+        let reached = reached.clone();
+        std::thread::spawn(move || {
+            for c in dest.incoming().flatten() {
+                reached.fetch_add(1, Ordering::SeqCst);
+                drop(c);
+            }
+        });
+    }
+    let _w = start_worker("wt", bus.local_addr().unwrap(), None, "");
+    let (mut s, _) = bus.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = Vec::new();
+    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Hello(_)));
+    configure_scripted_lane(&mut s, &mut buf, PROTOCOL_VERSION, 1);
+    let target =
+        sortie_core::request::parse_target_url(&format!("https://127.0.0.1:{dest_port}/")).unwrap();
+    send_frame(
+        &mut s,
+        Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
+            stream: 1,
+            request_id: "req_tunnel_parts",
+            deployment_id: "dep_test",
+            deadline_ms: 10_000,
+            is_replayable: false,
+            ingress: 2,
+            method: "CONNECT",
+            url: AssignUrl::Parts(&target),
+            headers: &[],
+            body: &BodySource::Tunnel,
+            pool: "direct",
+            provider_session: None,
+            proxy_username: None,
+            fingerprint_profile: None,
+            max_response_bytes: u64::MAX,
+            window: 1 << 16,
+        }))),
+    );
+    let error = loop {
+        match next_frame(&mut s, &mut buf) {
+            Frame::StreamError(e) => break e,
+            Frame::Heartbeat(_) | Frame::Accept { .. } => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(error.stream, 1, "{error:?}");
+    assert_eq!(error.code, "executor_internal_error", "{error:?}");
+    assert!(error.message.contains("host:port text"), "{error:?}");
+    assert_eq!(reached.load(Ordering::SeqCst), 0, "the worker dialled");
+}
+
 /// What a real worker answers a scripted control that welcomed it at `version`, for a GET of
 /// `len` body bytes under a response window of `window`: the frames of the stream, in order.
 fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
@@ -769,7 +829,7 @@ fn worker_answer(version: u16, window: u32, len: usize) -> Vec<Frame> {
 /// `worker_answer`, each frame with the type byte it came with; from version 6 the assignment
 /// carries its target as parts (decision 131).
 fn worker_answer_typed(version: u16, window: u32, len: usize) -> Vec<(Frame, u8)> {
-    use sortie_core::bus::{Assign, AssignRef, BodySource};
+    use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource};
     let up = Upstream::start(upstream::large(len));
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
     let _w = start_worker("wv", bus.local_addr().unwrap(), None, "");
@@ -790,8 +850,11 @@ fn worker_answer_typed(version: u16, window: u32, len: usize) -> Vec<(Frame, u8)
             is_replayable: false,
             ingress: 0,
             method: "GET",
-            url: if version >= 6 { "" } else { &url },
-            target: (version >= 6).then_some(&target),
+            url: if version >= 6 {
+                AssignUrl::Parts(&target)
+            } else {
+                AssignUrl::Text(&url)
+            },
             headers: &[],
             body: &BodySource::Empty,
             pool: "direct",
@@ -1039,7 +1102,7 @@ fn assignment_ms_runs_until_the_worker_accepts() {
 /// worker does not parse it again), and a version 5 worker the URL as text; both answer.
 #[test]
 fn the_target_url_goes_as_parts_from_version_6_and_as_text_before() {
-    use sortie_core::bus::{HeadFields, ResponseHead};
+    use sortie_core::bus::{AssignUrl, HeadFields, ResponseHead};
     let gw = control_with("127.0.0.1:0", None, 10_000).cores(1).start();
     for version in [5, 6] {
         let id = format!("v{version}");
@@ -1059,9 +1122,9 @@ fn the_target_url_goes_as_parts_from_version_6_and_as_text_before() {
         let url = "http://127.0.0.1:9/a/b?c=d%20e";
         if version >= 6 {
             let parsed = sortie_core::request::parse_target_url(url).unwrap();
-            assert_eq!((a.target.as_ref(), a.url()), (Some(&parsed), ""));
+            assert_eq!(a.url(), AssignUrl::Parts(&parsed));
         } else {
-            assert_eq!((a.target.as_ref(), a.url()), (None, url));
+            assert_eq!(a.url(), AssignUrl::Text(url));
         }
         send_frame(&mut s, Frame::Accept { stream: a.stream });
         send_frame(

@@ -745,9 +745,9 @@ pub fn encode_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     a: &AssignRef<'_, N, V>,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    let type_byte = match a.target {
-        Some(_) => ASSIGN_TARGET_TYPE,
-        None => ASSIGN_TYPE,
+    let type_byte = match a.url {
+        AssignUrl::Parts(_) => ASSIGN_TARGET_TYPE,
+        AssignUrl::Text(_) => ASSIGN_TYPE,
     };
     framed(out, type_byte, "assign", |w| write_assign(w, a))
 }
@@ -766,9 +766,9 @@ fn write_assign<N: AsRef<[u8]>, V: AsRef<[u8]>>(
     }
     w.u8(a.ingress);
     w.str(a.method, MAX_NAME_BYTES, "assign.method")?;
-    match a.target {
-        Some(t) => write_target(w, t)?,
-        None => w.str(a.url, MAX_URL_BYTES, "assign.url")?,
+    match a.url {
+        AssignUrl::Parts(t) => write_target(w, t)?,
+        AssignUrl::Text(url) => w.str(url, MAX_URL_BYTES, "assign.url")?,
     }
     w.fields(a.headers, MAX_FIELDS, "assign.headers")?;
     match a.body {

@@ -144,9 +144,9 @@ pub struct Assign {
     pub max_response_bytes: u64,
     /// Bytes of response body the worker may send before it waits for [`Frame::Credit`].
     pub window: u32,
-    /// The destination URL as the control parsed it (version 6, decision 131): the worker
-    /// takes it as it is and [`Assign::url`] is empty. `None`: the URL is text.
-    pub target: Option<TargetUrl>,
+    /// The destination URL as the control parsed it (version 6, decision 131), which the
+    /// worker takes as it is; `None`: the URL came as text. Read both through [`Assign::url`].
+    target: Option<TargetUrl>,
     /// The request id, deployment, method, URL, pool, provider session, proxy username and
     /// fingerprint profile, in that order.
     text: AssignText,
@@ -274,7 +274,10 @@ impl Assign {
             Some(a.deployment_id),
             Some(a.method),
             // A URL sent as parts is not sent as text as well.
-            Some(if a.target.is_some() { "" } else { a.url }),
+            Some(match a.url {
+                AssignUrl::Text(url) => url,
+                AssignUrl::Parts(_) => "",
+            }),
             Some(a.pool),
             a.provider_session,
             a.proxy_username,
@@ -300,7 +303,10 @@ impl Assign {
                 .map(|(n, v)| (n.as_ref().to_vec(), v.as_ref().to_vec()))
                 .collect(),
             a.body.clone(),
-            a.target.cloned(),
+            match a.url {
+                AssignUrl::Text(_) => None,
+                AssignUrl::Parts(t) => Some(t.clone()),
+            },
             text,
         )
     }
@@ -342,10 +348,13 @@ impl Assign {
         self.text.text(METHOD)
     }
 
-    /// Absolute destination URL (for a tunnel: `https://host:port`); empty when it came as
-    /// parts ([`Assign::target`]).
-    pub fn url(&self) -> &str {
-        self.text.text(URL)
+    /// The destination: the absolute URL as text (for a tunnel, `host:port`), or the parts a
+    /// control of version 6 parsed (decision 131).
+    pub fn url(&self) -> AssignUrl<'_> {
+        match &self.target {
+            Some(t) => AssignUrl::Parts(t),
+            None => AssignUrl::Text(self.text.text(URL)),
+        }
     }
 
     /// The pool the request was routed to.
@@ -382,6 +391,17 @@ pub(crate) struct AssignNumbers {
     pub(crate) window: u32,
 }
 
+/// The destination of an assignment: its URL as text, or (version 6, decision 131) as the parts
+/// the control parsed, which the worker takes without parsing text again. A lane to a worker
+/// before version 6 sends the text form only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignUrl<'a> {
+    /// The absolute URL (for a tunnel, `host:port`).
+    Text(&'a str),
+    /// The URL as parsed.
+    Parts(&'a TargetUrl),
+}
+
 /// An [`Assign`] from borrowed parts, for writing one (`codec::encode_assign`): the control
 /// encodes each assignment straight from the request it serves, without first copying every
 /// string and header field into an owned `Assign`. The fields mean what [`Assign`]'s fields and
@@ -396,9 +416,7 @@ pub struct AssignRef<'a, N, V> {
     pub is_replayable: bool,
     pub ingress: u8,
     pub method: &'a str,
-    pub url: &'a str,
-    /// When set, the URL is sent as these parts (version 6) and `url` is not sent.
-    pub target: Option<&'a TargetUrl>,
+    pub url: AssignUrl<'a>,
     pub headers: &'a [(N, V)],
     pub body: &'a BodySource,
     pub pool: &'a str,
@@ -421,7 +439,6 @@ impl Assign {
             ingress: self.ingress,
             method: self.method(),
             url: self.url(),
-            target: self.target.as_ref(),
             headers: &self.headers,
             body: &self.body,
             pool: self.pool(),

@@ -13,8 +13,8 @@ pub use codec::{
     Decoded, EncodeError, FrameBuf, FrameError, HEADER_BYTES, MAX_HELLO_BYTES, MAX_TOKEN_BYTES,
 };
 pub use frame::{
-    Assign, AssignRef, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat, Hello,
-    LaneSettings, Reject, ResponseHead, Sender, StreamError, StreamId, Welcome,
+    Assign, AssignRef, AssignUrl, BodySource, ConfigPush, Field, Frame, HeadFields, Heartbeat,
+    Hello, LaneSettings, Reject, ResponseHead, Sender, StreamError, StreamId, Welcome,
 };
 pub use lane::{negotiate, ControlLane, Verdict, Violation, WorkerLane, MAX_STREAMS_PER_LANE};
 
@@ -35,7 +35,7 @@ pub const PROTOCOL_VERSION: u16 = 6;
 /// (`encode_response_block`; decision 131).
 pub const FIELD_BLOCK_VERSION: u16 = 6;
 /// The first version whose control may send an `Assign` with its target URL as parts
-/// ([`Assign::target`]; decision 131).
+/// ([`AssignUrl::Parts`]; decision 131).
 pub const TARGET_PARTS_VERSION: u16 = 6;
 /// The first version whose worker may answer with [`Frame::Response`] (decision 123).
 pub const RESPONSE_FRAME_VERSION: u16 = 5;

@@ -121,8 +121,7 @@ fn frame(r: &mut Rng, kind: u64) -> Frame {
                 is_replayable,
                 ingress,
                 method: &method,
-                url: &url,
-                target: None,
+                url: AssignUrl::Text(&url),
                 headers: &headers,
                 body: &body,
                 pool: &pool,
@@ -328,8 +327,7 @@ fn assign(stream: StreamId, body: BodySource, window: u32) -> Frame {
         is_replayable: false,
         ingress: 0,
         method: "GET",
-        url: "http://a/",
-        target: None,
+        url: AssignUrl::Text("http://a/"),
         headers: &[],
         body: &body,
         pool: "direct",
@@ -721,7 +719,7 @@ fn version_2_assignment_seed_decodes() {
     assert_eq!(assigns.len(), 4);
     assert_eq!(assigns[0].ingress, 2);
     assert_eq!(assigns[0].body, BodySource::Tunnel);
-    assert_eq!(assigns[0].url(), "example.test:443");
+    assert_eq!(assigns[0].url(), AssignUrl::Text("example.test:443"));
     assert_eq!(assigns[0].proxy_username(), Some("cust-US-0123"));
     assert_eq!(assigns[1].body, BodySource::Stream { len: Some(5) });
     assert_eq!(assigns[1].headers.len(), 1);
@@ -853,7 +851,10 @@ fn request_heads_beyond_the_bus_bounds_are_named_before_encoding() {
     for (len, fits) in [(256, true), (257, false)] {
         let f = with_name(len);
         let Frame::Assign(a) = &f else { unreachable!() };
-        let checked = check_request_head(a.method(), a.url(), &a.headers);
+        let AssignUrl::Text(url) = a.url() else {
+            panic!("a URL as text");
+        };
+        let checked = check_request_head(a.method(), url, &a.headers);
         assert_eq!(checked.is_ok(), fits, "{checked:?}");
         assert_eq!(encode(&f, &mut Vec::new()).is_ok(), fits);
         if let Err(why) = checked {
@@ -1113,8 +1114,7 @@ fn assignment_text_is_utf8_string_by_string() {
         is_replayable: false,
         ingress: 0,
         method: "GET",
-        url: "http://a/",
-        target: None,
+        url: AssignUrl::Text("http://a/"),
         headers: &[],
         body: &BodySource::Empty,
         pool: "p",
@@ -1132,7 +1132,7 @@ fn assignment_text_is_utf8_string_by_string() {
             a.url(),
             a.pool()
         ),
-        ("req_1", "dé", "GET", "http://a/", "p")
+        ("req_1", "dé", "GET", AssignUrl::Text("http://a/"), "p")
     );
     assert_eq!(
         (
@@ -1176,7 +1176,7 @@ fn assignment_target_as_parts_round_trips() {
         };
         let headers = [(b"x-a".to_vec(), b"1".to_vec())];
         let a = AssignRef {
-            target: Some(&target),
+            url: AssignUrl::Parts(&target),
             headers: &headers,
             ..base.borrowed()
         };
@@ -1191,8 +1191,7 @@ fn assignment_target_as_parts_round_trips() {
             panic!("{url}: does not decode");
         };
         assert_eq!(used, borrowed.len());
-        assert_eq!(got.target.as_ref(), Some(&target), "{url}");
-        assert_eq!(got.url(), "", "{url}: no text beside the parts");
+        assert_eq!(got.url(), AssignUrl::Parts(&target), "{url}");
         assert_eq!(Frame::Assign(got), owned);
     }
     // Without parts the frame is the text form, as before.
@@ -1202,7 +1201,7 @@ fn assignment_target_as_parts_round_trips() {
     let Ok(Decoded::Frame(Frame::Assign(got), _)) = decode(&text) else {
         panic!("does not decode");
     };
-    assert_eq!((got.target.is_none(), got.url()), (true, "http://a/"));
+    assert_eq!(got.url(), AssignUrl::Text("http://a/"));
 }
 
 /// Parts that no URL text could have parsed into are refused as the frame is decoded, never
@@ -1217,7 +1216,7 @@ fn assignment_target_parts_are_checked() {
             panic!("an assignment");
         };
         let a = AssignRef {
-            target: Some(&t),
+            url: AssignUrl::Parts(&t),
             ..base.borrowed()
         };
         let mut good = Vec::new();
@@ -1295,7 +1294,9 @@ fn assignment_target_parts_are_checked() {
     else {
         panic!("an address decodes");
     };
-    let t = a.target.expect("parts");
+    let AssignUrl::Parts(t) = a.url() else {
+        panic!("parts");
+    };
     assert_eq!(
         (t.to_text().as_str(), t.has_explicit_port),
         ("https://10.0.0.1/", false)

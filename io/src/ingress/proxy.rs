@@ -553,8 +553,10 @@ async fn remote_relay<B: BodySource>(
         worker_id,
         &proxy_assignment(job, a),
         job.method,
-        job.target,
-        job.url,
+        match job.url {
+            Some(t) => sortie_core::bus::AssignUrl::Parts(t),
+            None => sortie_core::bus::AssignUrl::Text(job.target),
+        },
         job.forwarded,
         body,
         cancelled,

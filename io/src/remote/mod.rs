@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use sortie_core::bus::{
-    negotiate, AssignRef, BodySource, ConfigPush, ControlLane, Frame, FrameBuf, Hello,
+    negotiate, AssignRef, AssignUrl, BodySource, ConfigPush, ControlLane, Frame, FrameBuf, Hello,
     LaneSettings, Reject, ResponseHead, StreamError, StreamId, Verdict, Violation, Welcome,
     MAX_DATA_BYTES, PROTOCOL_VERSION,
 };
@@ -513,12 +513,11 @@ impl Lane {
         }
         // A worker before version 6 takes the URL as text only.
         let text;
-        let a = match a.target {
-            Some(t) if !self.takes_target_parts => {
+        let a = match a.url {
+            AssignUrl::Parts(t) if !self.takes_target_parts => {
                 text = t.to_text();
                 &AssignRef {
-                    url: &text,
-                    target: None,
+                    url: AssignUrl::Text(&text),
                     ..*a
                 }
             }
@@ -1342,8 +1341,7 @@ impl BusCore {
                 is_replayable: job.is_replayable,
                 ingress: 0,
                 method: job.method,
-                url: "",
-                target: Some(job.target),
+                url: AssignUrl::Parts(job.target),
                 headers: &job.headers,
                 body: &body,
                 pool: job.pool,

@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt as _, Splitable as _};
 use monoio::net::TcpStream;
-use sortie_core::bus::{AssignRef, BodySource as Body, Frame, StreamId, MAX_DATA_BYTES};
+use sortie_core::bus::{AssignRef, AssignUrl, BodySource as Body, Frame, StreamId, MAX_DATA_BYTES};
 use sortie_core::error::{ApiError, ErrorCode};
-use sortie_core::request::TargetUrl;
 
 use super::{fail, BusCore, Event, Lane, RemoteFailure, StreamGuard, StreamSlot};
 use crate::control::core::Cancelled;
@@ -53,8 +52,7 @@ impl BusCore {
         a: &ProxyAssignment<'_>,
         ingress: u8,
         method: &str,
-        url: &str,
-        target: Option<&TargetUrl>,
+        url: AssignUrl<'_>,
         headers: &[(&str, &[u8])],
         body: &Body,
     ) -> Result<(StreamGuard, Rc<StreamSlot>), RemoteFailure> {
@@ -72,7 +70,6 @@ impl BusCore {
                 ingress,
                 method,
                 url,
-                target,
                 headers,
                 body,
                 pool: &a.pool,
@@ -237,8 +234,7 @@ impl BusCore {
         worker_id: &str,
         a: &ProxyAssignment<'_>,
         method: &str,
-        url: &str,
-        target: Option<&TargetUrl>,
+        url: AssignUrl<'_>,
         headers: &[(&str, &[u8])],
         body: &mut B,
         cancelled: &mut Cancelled,
@@ -249,8 +245,7 @@ impl BusCore {
             BodyLength::Chunked => Body::Stream { len: None },
         };
         let has_body = !matches!(kind, Body::Empty);
-        let (mut guard, slot) =
-            self.open_proxied(worker_id, a, 1, method, url, target, headers, &kind)?;
+        let (mut guard, slot) = self.open_proxied(worker_id, a, 1, method, url, headers, &kind)?;
         let (lane, stream) = (guard.lane.clone(), guard.stream);
         let deadline = a.deadline;
         if !has_body {
@@ -331,8 +326,7 @@ impl BusCore {
             a,
             2,
             "CONNECT",
-            authority,
-            None,
+            AssignUrl::Text(authority),
             &[],
             &Body::Tunnel,
         )?;
