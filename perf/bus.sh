@@ -311,6 +311,7 @@ main() {
   say "=== sortie bus run $(date -u +%FT%TZ)"
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  [ "$ROUNDS" -eq 0 ] || quiet_check
   say "knobs: DURATION=$DURATION WARMUP=$WARMUP ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS CORES=$CORES WORKER_CORES=$WORKER_CORES body=1 KiB"
   [ -z "$BASE_BIN" ] || [ -x "$BASE_BIN" ] || die "BASE_BIN=$BASE_BIN is not an executable"
   [ -z "$BASE_BIN" ] || say "base: $BASE_BIN (alternating with the build under test in every round)"

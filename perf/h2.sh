@@ -173,6 +173,7 @@ ca_file = \"$WORK_DIR/tls/ca.pem\""
   say "=== sortie h2 run $(date -u +%FT%TZ)"
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  quiet_check
   say "knobs: DURATION=${DURATION}s ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS GATEWAY_CORES=$GATEWAY_CORES" \
     "PROFILE=$PROFILE FAMILIES=\"$FAMILIES\" body=1 KiB over TLS ($(nginx -v 2>&1 | cut -d' ' -f3))"
   run_round warmup-h1 "$h1_url" >/dev/null

@@ -34,6 +34,58 @@ APT_UPDATED=0
 log() { printf '[perf] %s\n' "$*" >&2; }
 # Prints a line and appends it to the results file ($RESULTS_FILE, set by each script).
 say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
+# Measure only on a quiet machine: a CPU figure taken beside a build or a test suite says more
+# about them than about the gateway. Called once before the first measured run, after the
+# script's own builds: waits up to QUIET_WAIT seconds (120) until no compiler, linker, cargo or
+# valgrind process is running and the 1-minute load average is at most QUIET_LOAD (half the
+# CPUs), then prints one line, "quiet:" or "NOT QUIET:", with the load average and what was
+# running, into the results. QUIET=require stops a run whose machine stays busy; QUIET=skip
+# prints the line without waiting.
+QUIET=${QUIET:-wait}
+QUIET_WAIT=${QUIET_WAIT:-120}
+QUIET_LOAD=${QUIET_LOAD:-$(awk -v n="$(nproc)" 'BEGIN { printf "%.1f", n / 2 }')}
+# The names of processes that make a machine busy for a measurement.
+# (`pgrep -x` matches the kernel's 15-character process names: valgrind's tools run as
+# `memcheck-amd64-` and `callgrind-amd64`.)
+BUSY_PROCESSES="cargo rustc cc1 cc1plus ld ld.lld ld.gold collect2 cargo-nextest valgrind memcheck-amd64- callgrind-amd64"
+
+# What of BUSY_PROCESSES is running (names, space-separated), and the 1-minute load average.
+busy_processes() {
+  local name found=""
+  for name in $BUSY_PROCESSES; do
+    if pgrep -x "$name" >/dev/null 2>&1; then
+      found="$found $name"
+    fi
+  done
+  printf '%s' "${found# }"
+}
+
+quiet_check() {
+  case "$QUIET" in
+  wait | require | skip) ;;
+  *) die "QUIET is wait, require or skip" ;;
+  esac
+  local waited=0 load busy
+  while :; do
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    busy=$(busy_processes)
+    if [ -z "$busy" ] && awk -v l="$load" -v m="$QUIET_LOAD" 'BEGIN { exit !(l <= m) }'; then
+      local after=""
+      [ "$waited" -eq 0 ] || after=" after waiting ${waited} s"
+      say "quiet: load average $(cut -d' ' -f1-3 /proc/loadavg) (at most $QUIET_LOAD), nothing building or testing$after"
+      return 0
+    fi
+    if [ "$QUIET" = skip ] || [ "$waited" -ge "$QUIET_WAIT" ]; then
+      break
+    fi
+    [ "$waited" -gt 0 ] || log "waiting up to ${QUIET_WAIT} s for a quiet machine (load $load, running: ${busy:-nothing})"
+    sleep 5
+    waited=$((waited + 5))
+  done
+  say "NOT QUIET: load average $(cut -d' ' -f1-3 /proc/loadavg) (wanted at most $QUIET_LOAD), running: ${busy:-none of the builders}; these CPU figures are not a record"
+  [ "$QUIET" != require ] || die "the machine stayed busy for ${QUIET_WAIT} s (QUIET=require)"
+}
+
 # Value of key $1 in a "KEY=value KEY=value" result line $2; dies when it is missing.
 field() {
   local pair

@@ -137,6 +137,7 @@ main() {
   say "commit: $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)$(
     git -C "$REPO_DIR" diff --quiet HEAD 2>/dev/null || echo ' (modified)')"
   say "machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  quiet_check
   say "tools: $(wrk -v 2>&1 | head -n 1 | cut -d' ' -f1-2), $(nginx -v 2>&1 | cut -d' ' -f3)"
   say "knobs: DURATION=$DURATION ROUNDS=$ROUNDS CONNECTIONS=$CONNECTIONS THREADS=$THREADS WARMUP=$WARMUP" \
     "RATE_SECONDS=$RATE_SECONDS RATE_CONNECTIONS=$RATE_CONNECTIONS SKIP_GATEWAY=$SKIP_GATEWAY" \

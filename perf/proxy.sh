@@ -496,6 +496,7 @@ main() {
   [ -z "$URINGLAB" ] || start_uringlab
   [ "$SPLIT_CPUS" != 1 ] || split_cpus
   say "proxy benchmark $(date -u +%FT%TZ): $(nproc) CPUs, sortie cores=$GATEWAY_CORES${GATEWAY_AFFINITY:+ (affinity $GATEWAY_AFFINITY)}$([ "$SPLIT_CPUS" != 1 ] || echo ", hops on CPU $HOP_CPUS, load on CPU $LOAD_CPUS"), wrk -t$THREADS -c$CONNECTIONS, tunnels $TUNNEL_CONNECTIONS connections, $DURATION x $ROUNDS rounds (median)"
+  [ "$ROUNDS" -eq 0 ] || quiet_check
   local round mode size label
   for ((round = 1; round <= ROUNDS; round++)); do
     for mode in $MODES; do

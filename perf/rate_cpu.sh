@@ -64,6 +64,7 @@ main() {
   say ""
   say "=== CPU per request at fixed rates $(date -u +%FT%TZ), commit $(git -C "$REPO_DIR" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   say "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); sortie cores=1, nginx worker_processes 1, $RATE_CONNECTIONS connections"
+  quiet_check
   local round rate n s
   for round in $(seq 1 "$ROUNDS"); do
     for rate in $RATES; do
