@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::bus::{
-    control, control_with, request_at, start_worker, wait_worker, BusTls, Load, WORKER_TOKEN,
+    control, control_with, counting_listener, request_at, start_worker, wait_worker, BusTls, Load,
+    WORKER_TOKEN,
 };
 use support::gateway::{
     admin, admin_items, http, temp_dir, unb64, wait_until, ADMIN_TOKEN, LOOPBACK_SNAPSHOT,
@@ -685,26 +686,16 @@ fn configure_scripted_lane(s: &mut TcpStream, buf: &mut Vec<u8>, version: u16, r
     }
 }
 
-/// The worker side of decision 068, against a scripted control that misbehaves: a receipt URL
-/// on the dialled host but not on the receipt port the welcome announced is refused with
-/// `body_ref_unavailable`, and nothing connects to that port.
-#[test]
-fn a_worker_fetches_receipts_only_on_the_announced_port() {
-    use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource};
+/// The stream error a real worker `id` answers `assign` with, from a scripted control that
+/// welcomed it at `version` and announced `receipt_port`.
+fn scripted_worker_error(
+    id: &str,
+    version: u16,
+    receipt_port: u16,
+    assign: sortie_core::bus::Assign,
+) -> sortie_core::bus::StreamError {
     let bus = TcpListener::bind("127.0.0.1:0").unwrap();
-    let other = TcpListener::bind("127.0.0.1:0").unwrap();
-    let other_port = other.local_addr().unwrap().port();
-    let reached = Arc::new(AtomicUsize::new(0));
-    {
-        let reached = reached.clone();
-        std::thread::spawn(move || {
-            for c in other.incoming().flatten() {
-                reached.fetch_add(1, Ordering::SeqCst);
-                drop(c);
-            }
-        });
-    }
-    let _w = start_worker("wp", bus.local_addr().unwrap(), None, "");
+    let _w = start_worker(id, bus.local_addr().unwrap(), None, "");
     let (mut s, _) = bus.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut buf = Vec::new();
@@ -712,41 +703,50 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
         Frame::Hello(h) => assert_eq!(h.version_max, sortie_core::bus::PROTOCOL_VERSION),
         other => panic!("{other:?}"),
     }
-    // Not the port of the receipt URL below.
-    configure_scripted_lane(&mut s, &mut buf, 3, other_port.wrapping_add(1));
-    send_frame(
-        &mut s,
-        Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
-            stream: 1,
-            request_id: "req_port",
-            deployment_id: "dep_test",
-            deadline_ms: 10_000,
-            is_replayable: false,
-            ingress: 0,
-            method: "POST",
-            url: AssignUrl::Text("http://127.0.0.1:9/x"),
-            headers: &[],
-            body: &BodySource::Receipt {
-                url: format!(
-                    "http://127.0.0.1:{other_port}/api/v1/receipt-objects/r?deployment_id=dep_test"
-                ),
-                len: 10,
-            },
-            pool: "direct",
-            provider_session: None,
-            proxy_username: None,
-            fingerprint_profile: None,
-            max_response_bytes: 1 << 20,
-            window: 1 << 16,
-        }))),
-    );
-    let error = loop {
+    configure_scripted_lane(&mut s, &mut buf, version, receipt_port);
+    send_frame(&mut s, Frame::Assign(Box::new(assign)));
+    loop {
         match next_frame(&mut s, &mut buf) {
-            Frame::StreamError(e) => break e,
+            Frame::StreamError(e) => return e,
             Frame::Heartbeat(_) | Frame::Accept { .. } => continue,
             other => panic!("{other:?}"),
         }
-    };
+    }
+}
+
+/// The worker side of decision 068, against a scripted control that misbehaves: a receipt URL
+/// on the dialled host but not on the receipt port the welcome announced is refused with
+/// `body_ref_unavailable`, and nothing connects to that port.
+#[test]
+fn a_worker_fetches_receipts_only_on_the_announced_port() {
+    use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource};
+    let (other, reached) = counting_listener("127.0.0.1:0");
+    let other_port = other.port();
+    let assign = Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
+        stream: 1,
+        request_id: "req_port",
+        deployment_id: "dep_test",
+        deadline_ms: 10_000,
+        is_replayable: false,
+        ingress: 0,
+        method: "POST",
+        url: AssignUrl::Text("http://127.0.0.1:9/x"),
+        headers: &[],
+        body: &BodySource::Receipt {
+            url: format!(
+                "http://127.0.0.1:{other_port}/api/v1/receipt-objects/r?deployment_id=dep_test"
+            ),
+            len: 10,
+        },
+        pool: "direct",
+        provider_session: None,
+        proxy_username: None,
+        fingerprint_profile: None,
+        max_response_bytes: 1 << 20,
+        window: 1 << 16,
+    });
+    // Not the port of the receipt URL.
+    let error = scripted_worker_error("wp", 3, other_port.wrapping_add(1), assign);
     assert_eq!(error.code, "body_ref_unavailable", "{error:?}");
     assert!(error.message.contains("receipt port"), "{error:?}");
     assert_eq!(
@@ -762,55 +762,27 @@ fn a_worker_fetches_receipts_only_on_the_announced_port() {
 #[test]
 fn a_worker_refuses_a_tunnel_whose_target_came_as_parts() {
     use sortie_core::bus::{Assign, AssignRef, AssignUrl, BodySource, PROTOCOL_VERSION};
-    let bus = TcpListener::bind("127.0.0.1:0").unwrap();
-    let dest = TcpListener::bind("127.0.0.1:0").unwrap();
-    let dest_port = dest.local_addr().unwrap().port();
-    let reached = Arc::new(AtomicUsize::new(0));
-    {
-        let reached = reached.clone();
-        std::thread::spawn(move || {
-            for c in dest.incoming().flatten() {
-                reached.fetch_add(1, Ordering::SeqCst);
-                drop(c);
-            }
-        });
-    }
-    let _w = start_worker("wt", bus.local_addr().unwrap(), None, "");
-    let (mut s, _) = bus.accept().unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let mut buf = Vec::new();
-    assert!(matches!(next_frame(&mut s, &mut buf), Frame::Hello(_)));
-    configure_scripted_lane(&mut s, &mut buf, PROTOCOL_VERSION, 1);
-    let target =
-        sortie_core::request::parse_target_url(&format!("https://127.0.0.1:{dest_port}/")).unwrap();
-    send_frame(
-        &mut s,
-        Frame::Assign(Box::new(Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
-            stream: 1,
-            request_id: "req_tunnel_parts",
-            deployment_id: "dep_test",
-            deadline_ms: 10_000,
-            is_replayable: false,
-            ingress: 2,
-            method: "CONNECT",
-            url: AssignUrl::Parts(&target),
-            headers: &[],
-            body: &BodySource::Tunnel,
-            pool: "direct",
-            provider_session: None,
-            proxy_username: None,
-            fingerprint_profile: None,
-            max_response_bytes: u64::MAX,
-            window: 1 << 16,
-        }))),
-    );
-    let error = loop {
-        match next_frame(&mut s, &mut buf) {
-            Frame::StreamError(e) => break e,
-            Frame::Heartbeat(_) | Frame::Accept { .. } => continue,
-            other => panic!("{other:?}"),
-        }
-    };
+    let (dest, reached) = counting_listener("127.0.0.1:0");
+    let target = sortie_core::request::parse_target_url(&format!("https://{dest}/")).unwrap();
+    let assign = Assign::new::<Vec<u8>, Vec<u8>>(AssignRef {
+        stream: 1,
+        request_id: "req_tunnel_parts",
+        deployment_id: "dep_test",
+        deadline_ms: 10_000,
+        is_replayable: false,
+        ingress: 2,
+        method: "CONNECT",
+        url: AssignUrl::Parts(&target),
+        headers: &[],
+        body: &BodySource::Tunnel,
+        pool: "direct",
+        provider_session: None,
+        proxy_username: None,
+        fingerprint_profile: None,
+        max_response_bytes: u64::MAX,
+        window: 1 << 16,
+    });
+    let error = scripted_worker_error("wt", PROTOCOL_VERSION, 1, assign);
     assert_eq!(error.stream, 1, "{error:?}");
     assert_eq!(error.code, "executor_internal_error", "{error:?}");
     assert!(error.message.contains("host:port text"), "{error:?}");

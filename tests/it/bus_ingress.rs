@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::bus::{control, request_at, start_worker, start_worker_env, wait_worker};
+use support::bus::{
+    control, counting_listener, request_at, start_worker, start_worker_env, wait_worker,
+};
 use support::gateway::{admin, admin_items, cancel_the_only_request, unb64, wait_until, Gateway};
 use support::proxies::{wait_for_log, Squid};
 use support::proxy::{
@@ -929,18 +931,7 @@ fn the_configured_api_base_url_is_where_workers_fetch_receipts() {
 /// `body_ref_unavailable`, and nothing connects to that host.
 #[test]
 fn a_worker_fetches_receipts_only_from_the_control_it_dialled() {
-    let elsewhere = TcpListener::bind("127.0.0.9:0").expect("bind 127.0.0.9");
-    let other = elsewhere.local_addr().unwrap();
-    let reached = Arc::new(AtomicUsize::new(0));
-    {
-        let reached = reached.clone();
-        std::thread::spawn(move || {
-            for c in elsewhere.incoming().flatten() {
-                reached.fetch_add(1, Ordering::SeqCst);
-                drop(c);
-            }
-        });
-    }
+    let (other, reached) = counting_listener("127.0.0.9:0");
     let gw = control_with_api_base_url(&format!("http://{other}"));
     assert_receipt_refused(&gw, None, "wx", 1024, "does not name the control");
     assert_eq!(

@@ -2,7 +2,7 @@
 //! and a control (`sortie control`) whose bus listens on loopback.
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -117,6 +117,22 @@ pub struct Worker {
     pub session: String,
     pub out: mpsc::Receiver<String>,
     pub config: PathBuf,
+}
+
+/// A listener on `addr` (a loopback address, port 0) that accepts and closes every connection
+/// and counts them: where a test checks that a worker dialled nothing.
+pub fn counting_listener(addr: &str) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+    let at = listener.local_addr().unwrap();
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counted = reached.clone();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            drop(c);
+        }
+    });
+    (at, reached)
 }
 
 /// `extra` are more `[worker]` keys (tags, capacity, bind_address, ...).
