@@ -165,14 +165,32 @@ mod vbmi {
         // `dst`; the mask writes exactly those, and the padding overwrites the last one or two.
         unsafe {
             _mm512_mask_storeu_epi8(dst.cast(), u64::MAX >> (64 - out_len), chars);
-            match n % 3 {
-                1 => {
-                    dst.add(out_len - 2).write(b'=');
-                    dst.add(out_len - 1).write(b'=');
-                }
-                2 => dst.add(out_len - 1).write(b'='),
-                _ => {}
-            }
+            super::pad_tail(dst, n);
+        }
+    }
+}
+
+/// Writes the padding of a last group of fewer than three bytes: `n` (not a multiple of 3
+/// for any to be written) is the length of the tail whose `n.div_ceil(3) * 4` characters stand
+/// at `dst`, and the one or two of them past its bytes become `=`.
+///
+/// # Safety
+///
+/// `dst` is valid for writes of `n.div_ceil(3) * 4` bytes.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[inline]
+unsafe fn pad_tail(dst: *mut u8, n: usize) {
+    let out_len = n.div_ceil(3) * 4;
+    // SAFETY: the one or two bytes written end at `out_len`, within what the caller vouches for.
+    unsafe {
+        match n % 3 {
+            1 => dst
+                .add(out_len - 2)
+                .cast::<[u8; 2]>()
+                .write_unaligned(*b"=="),
+            2 => dst.add(out_len - 1).write(b'='),
+            _ => {}
         }
     }
 }
@@ -442,14 +460,7 @@ mod avx2 {
         // overwrites the last one or two of them.
         unsafe {
             store_first(block(load_tail(rest), &k), out_len, dst);
-            match n % 3 {
-                1 => dst
-                    .add(out_len - 2)
-                    .cast::<[u8; 2]>()
-                    .write_unaligned(*b"=="),
-                2 => dst.add(out_len - 1).write(b'='),
-                _ => {}
-            }
+            super::pad_tail(dst, n);
         }
     }
 }
