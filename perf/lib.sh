@@ -34,13 +34,8 @@ APT_UPDATED=0
 log() { printf '[perf] %s\n' "$*" >&2; }
 # Prints a line and appends it to the results file ($RESULTS_FILE, set by each script).
 say() { printf '%s\n' "$*" | tee -a "$RESULTS_FILE"; }
-# Measure only on a quiet machine: a CPU figure taken beside a build or a test suite says more
-# about them than about the gateway. Called once before the first measured run, after the
-# script's own builds: waits up to QUIET_WAIT seconds (120) until no compiler, linker, cargo or
-# valgrind process is running and the 1-minute load average is at most QUIET_LOAD (half the
-# CPUs), then prints one line, "quiet:" or "NOT QUIET:", with the load average and what was
-# running, into the results. QUIET=require stops a run whose machine stays busy; QUIET=skip
-# prints the line without waiting.
+# The quiet-machine check (quiet_check below): wait, require or skip; how long to wait; the
+# highest 1-minute load average that counts as quiet.
 QUIET=${QUIET:-wait}
 QUIET_WAIT=${QUIET_WAIT:-120}
 QUIET_LOAD=${QUIET_LOAD:-$(awk -v n="$(nproc)" 'BEGIN { printf "%.1f", n / 2 }')}
@@ -49,7 +44,7 @@ QUIET_LOAD=${QUIET_LOAD:-$(awk -v n="$(nproc)" 'BEGIN { printf "%.1f", n / 2 }')
 # `memcheck-amd64-` and `callgrind-amd64`.)
 BUSY_PROCESSES="cargo rustc cc1 cc1plus ld ld.lld ld.gold collect2 cargo-nextest valgrind memcheck-amd64- callgrind-amd64"
 
-# What of BUSY_PROCESSES is running (names, space-separated), and the 1-minute load average.
+# What of BUSY_PROCESSES is running (names, space-separated).
 busy_processes() {
   local name found=""
   for name in $BUSY_PROCESSES; do
@@ -60,6 +55,13 @@ busy_processes() {
   printf '%s' "${found# }"
 }
 
+# Measure only on a quiet machine: a CPU figure taken beside a build or a test suite says more
+# about them than about the gateway. Called once before the first measured run, after the
+# script's own builds: waits up to QUIET_WAIT seconds (120) until no compiler, linker, cargo or
+# valgrind process is running and the 1-minute load average is at most QUIET_LOAD (half the
+# CPUs), then prints one line, "quiet:" or "NOT QUIET:", with the load average and what was
+# running, into the results. QUIET=require stops a run whose machine stays busy; QUIET=skip
+# prints the line without waiting.
 quiet_check() {
   case "$QUIET" in
   wait | require | skip) ;;
