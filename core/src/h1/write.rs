@@ -17,6 +17,7 @@ use super::error::H1Error;
 use super::head::{is_field_value, is_target_byte, is_token};
 use super::request::is_valid_host;
 use crate::ascii::eq_lower;
+use crate::request::{Host, TargetUrl};
 
 /// How the body following a written head is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +91,46 @@ where
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\n");
+    finish_head(out, start, headers, own_lines, body)
+}
+
+/// [`write_request_head_with`] to the destination `url`: its origin-form target, and its
+/// authority as the `Host` field, written straight into `out`. An address literal is written
+/// from its numbers and needs no check; a name is checked as any `Host` value is. On error
+/// nothing is appended.
+pub fn write_request_head_to<I, N, V>(
+    out: &mut Vec<u8>,
+    method: &str,
+    url: &TargetUrl,
+    headers: I,
+    own_lines: &[u8],
+    body: OutgoingBody,
+) -> Result<(), H1Error>
+where
+    I: IntoIterator<Item = (N, V)>,
+    N: AsRef<[u8]>,
+    V: AsRef<[u8]>,
+{
+    let target = url.path_and_query.as_str();
+    if !is_token(method.as_bytes()) {
+        return Err(H1Error::InvalidMethod);
+    }
+    if target.is_empty() || !target.bytes().all(is_target_byte) {
+        return Err(H1Error::InvalidTarget);
+    }
+    if let Host::Domain(name) = &url.host {
+        if !is_valid_host(name.as_bytes()) {
+            return Err(H1Error::InvalidHost);
+        }
+    }
+    let start = out.len();
+    out.reserve(target.len().saturating_add(64));
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    url.write_authority(out);
     out.extend_from_slice(b"\r\n");
     finish_head(out, start, headers, own_lines, body)
 }
@@ -485,6 +526,49 @@ mod tests {
         assert_eq!(parsed.framing(), BodyFraming::ContentLength(12));
         let dups: Vec<&[u8]> = parsed.headers().values("x-dup").collect();
         assert_eq!(dups, vec![&b"1"[..], b"2"]);
+    }
+
+    /// The head to a URL is the head written with the URL's authority as text, for names,
+    /// addresses and ports; a name that could not have been parsed is refused, nothing appended.
+    #[test]
+    fn request_head_to_a_url_matches_the_head_with_its_authority() {
+        let fields = [("Accept", "*/*"), ("X-A", "1")];
+        for input in [
+            "http://example.com/a?b=c",
+            "https://example.com:8443/",
+            "http://127.0.0.1:19190/1k",
+            "http://10.200.3.45/",
+            "http://[2001:db8::1]:8080/p",
+            "https://[::1]/",
+        ] {
+            let url = crate::request::parse_target_url(input).unwrap();
+            let body = OutgoingBody::ContentLength(3);
+            let (mut to, mut with) = (b"x".to_vec(), b"x".to_vec());
+            let own = b"Connection: keep-alive\r\n";
+            write_request_head_to(&mut to, "POST", &url, fields, own, body).unwrap();
+            let host = url.authority();
+            write_request_head_with(
+                &mut with,
+                "POST",
+                &url.path_and_query,
+                host.as_bytes(),
+                fields,
+                own,
+                body,
+            )
+            .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&to),
+                String::from_utf8_lossy(&with),
+                "{input}"
+            );
+        }
+        let mut url = crate::request::parse_target_url("http://example.com/").unwrap();
+        url.host = Host::Domain("evil.example\r\nX-Injected: 1".into());
+        let mut out = b"x".to_vec();
+        let refused = write_request_head_to(&mut out, "GET", &url, fields, b"", OutgoingBody::None);
+        assert_eq!(refused, Err(H1Error::InvalidHost));
+        assert_eq!(out, b"x");
     }
 
     #[test]

@@ -100,6 +100,26 @@ impl TargetUrl {
         HostText::Inline(t)
     }
 
+    /// Appends the bytes of [`TargetUrl::authority`] to `out`, without the text in between: an
+    /// address literal is written from its numbers, a name copied.
+    pub fn write_authority(&self, out: &mut Vec<u8>) {
+        match &self.host {
+            Host::Domain(d) => out.extend_from_slice(d.as_bytes()),
+            Host::V4(a) => {
+                let _ = push_ipv4(out, *a);
+            }
+            // Rare enough to take the formatted text.
+            Host::V6(_) => {
+                out.extend_from_slice(self.authority().as_bytes());
+                return;
+            }
+        }
+        if self.has_explicit_port {
+            out.push(b':');
+            out.extend_from_slice(crate::decimal::Digits::of(u64::from(self.port)).as_bytes());
+        }
+    }
+
     /// The URL as text, as `Display` writes it, in one allocation of its exact length
     /// (`to_string` grows its buffer piece by piece).
     pub fn to_text(&self) -> String {
@@ -164,23 +184,7 @@ impl InlineText {
 
     /// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
     fn push_ipv4(&mut self, a: Ipv4Addr) -> fmt::Result {
-        let [a, b, c, d] = a.octets();
-        self.push_octet(a)?;
-        for octet in [b, c, d] {
-            self.push(b".")?;
-            self.push_octet(octet)?;
-        }
-        Ok(())
-    }
-
-    /// Appends an octet in decimal, without leading zeros.
-    fn push_octet(&mut self, o: u8) -> fmt::Result {
-        let digit = |n: u8| b'0' + n % 10;
-        match o {
-            0..=9 => self.push(&[digit(o)]),
-            10..=99 => self.push(&[digit(o / 10), digit(o)]),
-            _ => self.push(&[digit(o / 100), digit(o / 10), digit(o)]),
-        }
+        push_ipv4(self, a)
     }
 
     fn push(&mut self, bytes: &[u8]) -> fmt::Result {
@@ -189,6 +193,46 @@ impl InlineText {
         dst.copy_from_slice(bytes);
         self.len = end;
         Ok(())
+    }
+}
+
+/// Where an address literal's text is appended: the inline text of a [`HostText`], or a head
+/// being written.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]) -> fmt::Result;
+}
+
+impl Sink for InlineText {
+    fn put(&mut self, bytes: &[u8]) -> fmt::Result {
+        self.push(bytes)
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) -> fmt::Result {
+        self.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
+fn push_ipv4(out: &mut impl Sink, a: Ipv4Addr) -> fmt::Result {
+    let [a, b, c, d] = a.octets();
+    push_octet(out, a)?;
+    for octet in [b, c, d] {
+        out.put(b".")?;
+        push_octet(out, octet)?;
+    }
+    Ok(())
+}
+
+/// Appends an octet in decimal, without leading zeros.
+fn push_octet(out: &mut impl Sink, o: u8) -> fmt::Result {
+    let digit = |n: u8| b'0' + n % 10;
+    match o {
+        0..=9 => out.put(&[digit(o)]),
+        10..=99 => out.put(&[digit(o / 10), digit(o)]),
+        _ => out.put(&[digit(o / 100), digit(o / 10), digit(o)]),
     }
 }
 
@@ -669,6 +713,13 @@ mod tests {
             ),
             ("http://example.com?q=1", "http", "example.com", 80, "/?q=1"),
             ("http://127.0.0.1:9/", "http", "127.0.0.1:9", 9, "/"),
+            (
+                "http://10.200.3.45:65535/",
+                "http",
+                "10.200.3.45:65535",
+                65535,
+                "/",
+            ),
             ("http://[::1]:8080/p", "http", "[::1]:8080", 8080, "/p"),
             ("http://[2001:DB8::1]/", "http", "[2001:db8::1]", 80, "/"),
             (
@@ -700,6 +751,9 @@ mod tests {
             let u = parse_target_url(input).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(u.scheme.as_str(), *scheme, "{input}");
             assert_eq!(u.authority(), *authority, "{input}");
+            let mut written = b"prefix ".to_vec();
+            u.write_authority(&mut written);
+            assert_eq!(written, format!("prefix {authority}").as_bytes(), "{input}");
             assert_eq!(u.port, *port, "{input}");
             assert_eq!(u.to_text(), u.to_string(), "{input}");
             assert_eq!(u.to_text().capacity(), u.to_text().len(), "{input}");

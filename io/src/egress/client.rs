@@ -10,7 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use sortie_core::h1::{
-    parse_response_head_offsets, write_request_head_with, BodyDecoder, BodyLimits, H1Error,
+    parse_response_head_offsets, write_request_head_to, BodyDecoder, BodyLimits, H1Error,
     HeadLimits, OutgoingBody, Parsed, ResponseFraming,
 };
 use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
@@ -30,9 +30,8 @@ pub const COALESCE_BODY_BYTES: usize = 16 * 1024;
 /// it the buffer grows as bytes arrive, so a false length cannot make us allocate.
 const MAX_BODY_RESERVE: usize = 1024 * 1024;
 
-/// Builds the request head: origin-form target, `Host` first, the caller's fields in order with
-/// duplicates kept, `Connection: keep-alive`, then `Content-Length` when there is a body (or
-/// `Content-Length: 0` for an empty POST, PUT or PATCH). No `Expect` is ever sent.
+/// Builds the request head of a buffered request: the body's length, or `Content-Length: 0`
+/// for an empty POST, PUT or PATCH ([`head_to`]).
 pub(crate) fn request_head(
     method: Method,
     url: &TargetUrl,
@@ -42,26 +41,43 @@ pub(crate) fn request_head(
     let framing = if body_len > 0 {
         OutgoingBody::ContentLength(body_len as u64)
     } else {
-        match method {
-            // RFC 9110 §8.6: "A user agent SHOULD send Content-Length in a request when the
-            // method defines a meaning for enclosed content and it is not sending
-            // Transfer-Encoding", even when the content is empty.
-            Method::Post | Method::Put | Method::Patch => OutgoingBody::ContentLength(0),
-            _ => OutgoingBody::None,
-        }
+        empty_body_framing(method)
     };
-    // Fields the gateway manages (hop-by-hop, framing, Expect, proxy credentials, its own
-    // X-Service-*) never reach the destination, whoever built the request (decision 017).
     let fields = headers
         .iter()
-        .filter(|h| rejection_reason(&h.name).is_none())
-        .map(|h| (h.name.as_bytes(), h.value.as_slice()));
+        .map(|h| (h.name.as_str(), h.value.as_slice()));
+    head_to(method, url, fields, framing)
+}
+
+/// The framing of a request without a body. RFC 9110 §8.6: "A user agent SHOULD send
+/// Content-Length in a request when the method defines a meaning for enclosed content and it
+/// is not sending Transfer-Encoding", even when the content is empty.
+pub(crate) fn empty_body_framing(method: Method) -> OutgoingBody {
+    match method {
+        Method::Post | Method::Put | Method::Patch => OutgoingBody::ContentLength(0),
+        _ => OutgoingBody::None,
+    }
+}
+
+/// The HTTP/1.1 request head to `url`, for buffered and streamed requests alike: origin-form
+/// target, `Host` first, the caller's fields in order with duplicates kept, `Connection:
+/// keep-alive`, then the framing field. No `Expect` is ever sent.
+pub(crate) fn head_to<'f>(
+    method: Method,
+    url: &TargetUrl,
+    fields: impl Iterator<Item = (&'f str, &'f [u8])>,
+    framing: OutgoingBody,
+) -> Result<Vec<u8>, ApiError> {
+    // Fields the gateway manages (hop-by-hop, framing, Expect, proxy credentials, its own
+    // X-Service-*) never reach the destination, whoever built the request (decision 017).
+    let fields = fields
+        .filter(|(n, _)| rejection_reason(n).is_none())
+        .map(|(n, v)| (n.as_bytes(), v));
     let mut out = Vec::with_capacity(256);
-    write_request_head_with(
+    write_request_head_to(
         &mut out,
         method.as_str(),
-        &url.path_and_query,
-        url.authority().as_bytes(),
+        url,
         fields,
         b"Connection: keep-alive\r\n",
         framing,

@@ -22,10 +22,10 @@ use sortie_core::destination::DestinationPolicy;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use sortie_core::fingerprint::profile::Profile;
 use sortie_core::h1::{
-    write_chunk_header, write_request_head, BodyDecoder, BodyLimits, OutgoingBody, ResponseFraming,
-    CHUNK_DATA_END, LAST_CHUNK,
+    write_chunk_header, BodyDecoder, BodyLimits, OutgoingBody, ResponseFraming, CHUNK_DATA_END,
+    LAST_CHUNK,
 };
-use sortie_core::request::{rejection_reason, Host, Method, Scheme, TargetUrl};
+use sortie_core::request::{Host, Method, Scheme, TargetUrl};
 use sortie_core::snapshot::ConfigId;
 
 use super::client::{self, limit, read_error, Failure};
@@ -663,40 +663,14 @@ fn dial_peer(req: &StreamRequest<'_>) -> SocketAddr {
     SocketAddr::new(IpAddr::from([0, 0, 0, 0]), req.url.port)
 }
 
-/// The request head of a streamed exchange: origin-form target, `Host` first, the caller's
-/// fields in order minus the managed ones, `Connection: keep-alive`, then the framing field.
+/// The request head of a streamed exchange ([`client::head_to`]).
 fn stream_head(req: &StreamRequest<'_>, length: BodyLength) -> Result<Vec<u8>, ApiError> {
     let framing = match length {
-        BodyLength::None => match req.method {
-            // RFC 9110 §8.6, as for buffered requests (`client::request_head`).
-            Method::Post | Method::Put | Method::Patch => OutgoingBody::ContentLength(0),
-            _ => OutgoingBody::None,
-        },
+        BodyLength::None => client::empty_body_framing(req.method),
         BodyLength::Known(n) => OutgoingBody::ContentLength(n),
         BodyLength::Chunked => OutgoingBody::Chunked,
     };
-    let fields = req
-        .headers
-        .iter()
-        .filter(|(n, _)| rejection_reason(n).is_none())
-        .map(|(n, v)| (n.as_bytes(), *v))
-        .chain(std::iter::once((&b"Connection"[..], &b"keep-alive"[..])));
-    let mut out = Vec::with_capacity(256);
-    write_request_head(
-        &mut out,
-        req.method.as_str(),
-        &req.url.path_and_query,
-        req.url.authority().as_bytes(),
-        fields,
-        framing,
-    )
-    .map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the request head cannot be written: {e}"),
-        )
-    })?;
-    Ok(out)
+    client::head_to(req.method, req.url, req.headers.iter().copied(), framing)
 }
 
 /// Sends the head and the body, then reads the final response head. Returns the head and the
