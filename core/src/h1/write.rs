@@ -186,9 +186,16 @@ pub struct ResponseHeadWriter<'o> {
 }
 
 impl<'o> ResponseHeadWriter<'o> {
-    /// Appends the status line with the standard reason phrase of `status`.
+    /// Appends the status line with the standard reason phrase of `status`: a line of the
+    /// table copied whole when the status has one (every response the server writes).
     pub fn start(out: &'o mut Vec<u8>, status: u16) -> Result<Self, H1Error> {
-        Self::with_reason(out, status, reason_phrase(status))
+        let line = status_line(status);
+        if line.is_empty() {
+            return Self::with_reason(out, status, "");
+        }
+        let start = out.len();
+        out.extend_from_slice(line.as_bytes());
+        Ok(ResponseHeadWriter { out, start })
     }
 
     /// Appends the status line with `reason`.
@@ -227,6 +234,14 @@ impl<'o> ResponseHeadWriter<'o> {
         self.out.extend_from_slice(b": ");
         self.out.extend_from_slice(value);
         self.out.extend_from_slice(b"\r\n");
+    }
+
+    /// Appends one whole field line of the writer's own (`name ": " value CRLF`) that the
+    /// caller's code formatted itself, such as the date, as it is
+    /// ([`ResponseHeadWriter::own_field`]).
+    #[inline]
+    pub fn own_line(&mut self, line: &[u8]) {
+        self.out.extend_from_slice(line);
     }
 
     /// Appends whole field lines of the writer's own (`name ": " value CRLF` each), constants
@@ -362,55 +377,72 @@ pub fn write_last_chunk(out: &mut Vec<u8>) {
 /// The reason phrase of a status code (RFC 9110 §15), or an empty string for codes without a
 /// registered phrase.
 pub const fn reason_phrase(status: u16) -> &'static str {
+    // The line is `HTTP/1.1 NNN ` (13 bytes), the phrase, then CRLF.
+    let line = status_line(status).as_bytes();
+    let Some((_, rest)) = line.split_at_checked(13) else {
+        return "";
+    };
+    let Some((phrase, _)) = rest.split_at_checked(rest.len().saturating_sub(2)) else {
+        return "";
+    };
+    match std::str::from_utf8(phrase) {
+        Ok(phrase) => phrase,
+        Err(_) => "",
+    }
+}
+
+/// The whole status line of a status with a standard reason phrase (empty for any other): the
+/// one table of the phrases, and what a response head starts with, copied as it is.
+const fn status_line(status: u16) -> &'static str {
     match status {
-        100 => "Continue",
-        101 => "Switching Protocols",
-        103 => "Early Hints",
-        200 => "OK",
-        201 => "Created",
-        202 => "Accepted",
-        203 => "Non-Authoritative Information",
-        204 => "No Content",
-        205 => "Reset Content",
-        206 => "Partial Content",
-        300 => "Multiple Choices",
-        301 => "Moved Permanently",
-        302 => "Found",
-        303 => "See Other",
-        304 => "Not Modified",
-        307 => "Temporary Redirect",
-        308 => "Permanent Redirect",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        406 => "Not Acceptable",
-        407 => "Proxy Authentication Required",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        410 => "Gone",
-        411 => "Length Required",
-        412 => "Precondition Failed",
-        413 => "Content Too Large",
-        414 => "URI Too Long",
-        415 => "Unsupported Media Type",
-        416 => "Range Not Satisfiable",
-        417 => "Expectation Failed",
-        421 => "Misdirected Request",
-        422 => "Unprocessable Content",
-        426 => "Upgrade Required",
-        428 => "Precondition Required",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
+        100 => "HTTP/1.1 100 Continue\r\n",
+        101 => "HTTP/1.1 101 Switching Protocols\r\n",
+        103 => "HTTP/1.1 103 Early Hints\r\n",
+        200 => "HTTP/1.1 200 OK\r\n",
+        201 => "HTTP/1.1 201 Created\r\n",
+        202 => "HTTP/1.1 202 Accepted\r\n",
+        203 => "HTTP/1.1 203 Non-Authoritative Information\r\n",
+        204 => "HTTP/1.1 204 No Content\r\n",
+        205 => "HTTP/1.1 205 Reset Content\r\n",
+        206 => "HTTP/1.1 206 Partial Content\r\n",
+        300 => "HTTP/1.1 300 Multiple Choices\r\n",
+        301 => "HTTP/1.1 301 Moved Permanently\r\n",
+        302 => "HTTP/1.1 302 Found\r\n",
+        303 => "HTTP/1.1 303 See Other\r\n",
+        304 => "HTTP/1.1 304 Not Modified\r\n",
+        307 => "HTTP/1.1 307 Temporary Redirect\r\n",
+        308 => "HTTP/1.1 308 Permanent Redirect\r\n",
+        400 => "HTTP/1.1 400 Bad Request\r\n",
+        401 => "HTTP/1.1 401 Unauthorized\r\n",
+        403 => "HTTP/1.1 403 Forbidden\r\n",
+        404 => "HTTP/1.1 404 Not Found\r\n",
+        405 => "HTTP/1.1 405 Method Not Allowed\r\n",
+        406 => "HTTP/1.1 406 Not Acceptable\r\n",
+        407 => "HTTP/1.1 407 Proxy Authentication Required\r\n",
+        408 => "HTTP/1.1 408 Request Timeout\r\n",
+        409 => "HTTP/1.1 409 Conflict\r\n",
+        410 => "HTTP/1.1 410 Gone\r\n",
+        411 => "HTTP/1.1 411 Length Required\r\n",
+        412 => "HTTP/1.1 412 Precondition Failed\r\n",
+        413 => "HTTP/1.1 413 Content Too Large\r\n",
+        414 => "HTTP/1.1 414 URI Too Long\r\n",
+        415 => "HTTP/1.1 415 Unsupported Media Type\r\n",
+        416 => "HTTP/1.1 416 Range Not Satisfiable\r\n",
+        417 => "HTTP/1.1 417 Expectation Failed\r\n",
+        421 => "HTTP/1.1 421 Misdirected Request\r\n",
+        422 => "HTTP/1.1 422 Unprocessable Content\r\n",
+        426 => "HTTP/1.1 426 Upgrade Required\r\n",
+        428 => "HTTP/1.1 428 Precondition Required\r\n",
+        429 => "HTTP/1.1 429 Too Many Requests\r\n",
+        431 => "HTTP/1.1 431 Request Header Fields Too Large\r\n",
         // Not registered; the request API uses it for `cancelled` (as nginx does).
-        499 => "Client Closed Request",
-        500 => "Internal Server Error",
-        501 => "Not Implemented",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        505 => "HTTP Version Not Supported",
+        499 => "HTTP/1.1 499 Client Closed Request\r\n",
+        500 => "HTTP/1.1 500 Internal Server Error\r\n",
+        501 => "HTTP/1.1 501 Not Implemented\r\n",
+        502 => "HTTP/1.1 502 Bad Gateway\r\n",
+        503 => "HTTP/1.1 503 Service Unavailable\r\n",
+        504 => "HTTP/1.1 504 Gateway Timeout\r\n",
+        505 => "HTTP/1.1 505 HTTP Version Not Supported\r\n",
         _ => "",
     }
 }
@@ -750,6 +782,23 @@ mod tests {
         for e in crate::h1::H1Error::ALL {
             assert!(!reason_phrase(e.status()).is_empty(), "{e:?}");
         }
+        // A status line copied from the table is the line written from its parts, for every
+        // status; one without a phrase is written from its parts with an empty one.
+        for status in 100..=599 {
+            let mut copied = b"x".to_vec();
+            ResponseHeadWriter::start(&mut copied, status).unwrap();
+            let mut built = b"x".to_vec();
+            start_response_head(&mut built, status, reason_phrase(status)).unwrap();
+            assert_eq!(copied, built, "{status}");
+            let line = status_line(status);
+            assert!(
+                line.is_empty()
+                    || line == format!("HTTP/1.1 {status} {}\r\n", reason_phrase(status)),
+                "{status}"
+            );
+        }
+        assert!(ResponseHeadWriter::start(&mut Vec::new(), 99).is_err());
+        assert!(ResponseHeadWriter::start(&mut Vec::new(), 600).is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The `Date` response field (RFC 9110 §6.6.1), formatted at most once per second per core.
 //!
-//! On the per-request path: one read of the coarse clock and a 29-byte copy per response.
+//! On the per-request path: one read of the coarse clock and a copy of the whole field line,
+//! whose length is fixed, per response.
 
 use std::cell::Cell;
 
@@ -9,24 +10,42 @@ use crate::clock::civil_from_days;
 /// Length of an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`.
 pub(crate) const IMF_FIXDATE_LEN: usize = 29;
 
+/// Length of the field line `Date: <IMF-fixdate>` and its CRLF.
+pub(crate) const DATE_LINE_LEN: usize = "Date: ".len() + IMF_FIXDATE_LEN + 2;
+
 thread_local! {
-    /// The second last formatted and its text. Each core is one thread, so the cache needs no
-    /// synchronisation.
-    static CACHE: Cell<(u64, [u8; IMF_FIXDATE_LEN])> = const { Cell::new((u64::MAX, [0; IMF_FIXDATE_LEN])) };
+    /// The second last formatted and its field line. Each core is one thread, so the cache
+    /// needs no synchronisation.
+    static CACHE: Cell<(u64, [u8; DATE_LINE_LEN])> =
+        const { Cell::new((u64::MAX, [0; DATE_LINE_LEN])) };
 }
 
-/// The current time as an IMF-fixdate, from the coarse wall clock (a field of whole seconds).
-pub(crate) fn now() -> [u8; IMF_FIXDATE_LEN] {
+/// The `Date` field line for now (`Date: Sun, 06 Nov 1994 08:49:37 GMT` and CRLF), from the
+/// coarse wall clock (a field of whole seconds).
+pub(crate) fn field_line() -> [u8; DATE_LINE_LEN] {
     let secs = crate::timer::wall_secs();
     CACHE.with(|cache| {
-        let (cached_secs, text) = cache.get();
+        let (cached_secs, line) = cache.get();
         if cached_secs == secs {
-            return text;
+            return line;
         }
-        let text = format_imf_fixdate(secs);
-        cache.set((secs, text));
-        text
+        let line = date_line(secs);
+        cache.set((secs, line));
+        line
     })
+}
+
+/// The field line of the date `secs` seconds after the Unix epoch.
+fn date_line(secs: u64) -> [u8; DATE_LINE_LEN] {
+    let mut line = [0u8; DATE_LINE_LEN];
+    let mut w = Writer {
+        out: &mut line,
+        at: 0,
+    };
+    w.bytes(b"Date: ");
+    w.bytes(&format_imf_fixdate(secs));
+    w.bytes(b"\r\n");
+    line
 }
 
 /// Formats seconds since the Unix epoch as `Sun, 06 Nov 1994 08:49:37 GMT` (RFC 9110 §5.6.7).
@@ -69,7 +88,7 @@ pub(crate) fn format_imf_fixdate(secs: u64) -> [u8; IMF_FIXDATE_LEN] {
 }
 
 struct Writer<'a> {
-    out: &'a mut [u8; IMF_FIXDATE_LEN],
+    out: &'a mut [u8],
     at: usize,
 }
 
@@ -113,9 +132,22 @@ mod tests {
     }
 
     #[test]
-    fn now_is_a_well_formed_date() {
-        let d = now();
-        assert!(d.ends_with(b" GMT"));
-        assert!(d.iter().all(|b| b.is_ascii_graphic() || *b == b' '));
+    fn the_field_line_is_well_formed() {
+        let line = field_line();
+        let text = std::str::from_utf8(&line).unwrap();
+        let date = text
+            .strip_prefix("Date: ")
+            .unwrap()
+            .strip_suffix("\r\n")
+            .unwrap();
+        assert!(date.ends_with(" GMT"), "{text:?}");
+        assert!(
+            date.bytes().all(|b| b.is_ascii_graphic() || b == b' '),
+            "{text:?}"
+        );
+        assert_eq!(
+            date_line(784_111_777),
+            *b"Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+        );
     }
 }

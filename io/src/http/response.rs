@@ -555,7 +555,6 @@ pub(crate) fn encode_head_for(
         // including its Content-Length, without the content.
         _ => OutgoingBody::ContentLength(resp.body.len() as u64),
     };
-    let date = date::now();
     let has_date = resp.relayed().is_some_and(RelayedFields::has_date)
         || resp
             .headers
@@ -581,7 +580,7 @@ pub(crate) fn encode_head_for(
         }
     }
     if !has_date {
-        head.own_field("Date", &date[..]);
+        head.own_line(&date::field_line());
     }
     match connection {
         ConnectionField::Omit => {}
