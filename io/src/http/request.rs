@@ -66,31 +66,18 @@ impl RequestParts {
     /// Replaces these parts with a copy of a parsed head (`start` and its `fields` in order,
     /// as [`sortie_core::h1::parse_request_head_with`] lends them), reusing their buffers: a
     /// connection copies each of its requests into the same parts, so that only its first
-    /// request allocates.
+    /// requests grow them. One pass over the fields: the buffers keep their size from request
+    /// to request, so sizing them first would cost every request a pass for the first one's
+    /// sake.
     pub fn fill<'f>(
         &mut self,
         start: &RequestStart<'_>,
-        fields: impl Iterator<Item = (&'f str, &'f [u8])> + Clone,
+        fields: impl Iterator<Item = (&'f str, &'f [u8])>,
         peer: SocketAddr,
     ) {
-        let (mut names_len, mut values_len, mut count) = (0usize, 0usize, 0usize);
-        for (n, v) in fields.clone() {
-            names_len = names_len.saturating_add(n.len());
-            values_len = values_len.saturating_add(v.len());
-            count += 1;
-        }
         self.text.clear();
         self.values.clear();
         self.fields.clear();
-        self.text.reserve(
-            start
-                .method()
-                .len()
-                .saturating_add(start.target().len())
-                .saturating_add(names_len),
-        );
-        self.values.reserve(values_len);
-        self.fields.reserve(count);
         self.text.push_str(start.method());
         self.method_end = self.text.len();
         self.text.push_str(start.target());

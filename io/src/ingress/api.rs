@@ -248,7 +248,7 @@ async fn handle_inner(
         return error_answer(&e, request_id);
     }
     let active = ctx.active_snapshot();
-    let limits = ctx.state.limits;
+    let limits = &ctx.state.limits;
     let vctx = ValidationContext {
         max_inline_request_body_bytes: limits.max_inline_request_body_bytes,
         max_timeout_ms: limits.max_timeout_ms,
