@@ -75,21 +75,11 @@ where
     N: AsRef<[u8]>,
     V: AsRef<[u8]>,
 {
-    if !is_token(method.as_bytes()) {
-        return Err(H1Error::InvalidMethod);
-    }
-    if target.is_empty() || !target.bytes().all(is_target_byte) {
-        return Err(H1Error::InvalidTarget);
-    }
+    check_request_line(method, target)?;
     if !is_valid_host(host) {
         return Err(H1Error::InvalidHost);
     }
-    let start = out.len();
-    out.reserve(target.len().saturating_add(host.len()).saturating_add(64));
-    out.extend_from_slice(method.as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    let start = start_request_head(out, method, target, host.len());
     out.extend_from_slice(host);
     out.extend_from_slice(b"\r\n");
     finish_head(out, start, headers, own_lines, body)
@@ -113,26 +103,40 @@ where
     V: AsRef<[u8]>,
 {
     let target = url.path_and_query.as_str();
+    check_request_line(method, target)?;
+    if let Host::Domain(name) = &url.host {
+        if !is_valid_host(name.as_bytes()) {
+            return Err(H1Error::InvalidHost);
+        }
+    }
+    let start = start_request_head(out, method, target, 0);
+    url.write_authority(out);
+    out.extend_from_slice(b"\r\n");
+    finish_head(out, start, headers, own_lines, body)
+}
+
+/// The checks of a request line's method and target that every request head writer makes.
+fn check_request_line(method: &str, target: &str) -> Result<(), H1Error> {
     if !is_token(method.as_bytes()) {
         return Err(H1Error::InvalidMethod);
     }
     if target.is_empty() || !target.bytes().all(is_target_byte) {
         return Err(H1Error::InvalidTarget);
     }
-    if let Host::Domain(name) = &url.host {
-        if !is_valid_host(name.as_bytes()) {
-            return Err(H1Error::InvalidHost);
-        }
-    }
+    Ok(())
+}
+
+/// Appends the request line and the `Host` field's name, reserving room for a host of
+/// `host_len` bytes beyond the usual; returns where the head starts, for a later error to
+/// remove it. The caller writes the host and its CRLF.
+fn start_request_head(out: &mut Vec<u8>, method: &str, target: &str, host_len: usize) -> usize {
     let start = out.len();
-    out.reserve(target.len().saturating_add(64));
+    out.reserve(target.len().saturating_add(host_len).saturating_add(64));
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
-    url.write_authority(out);
-    out.extend_from_slice(b"\r\n");
-    finish_head(out, start, headers, own_lines, body)
+    start
 }
 
 /// One piece of a response head's field section ([`write_response_head`]).

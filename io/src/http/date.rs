@@ -11,7 +11,7 @@ use crate::clock::civil_from_days;
 pub(crate) const IMF_FIXDATE_LEN: usize = 29;
 
 /// Length of the field line `Date: <IMF-fixdate>` and its CRLF.
-pub(crate) const DATE_LINE_LEN: usize = "Date: ".len() + IMF_FIXDATE_LEN + 2;
+const DATE_LINE_LEN: usize = "Date: ".len() + IMF_FIXDATE_LEN + 2;
 
 thread_local! {
     /// The second last formatted and its field line. Each core is one thread, so the cache
