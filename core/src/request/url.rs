@@ -215,26 +215,40 @@ impl Sink for Vec<u8> {
     }
 }
 
-/// Appends an IPv4 address in dotted decimal, as its `Display` writes it.
+/// Appends an IPv4 address in dotted decimal, as its `Display` writes it: each octet's text
+/// and its dot copied from [`OCTET_TEXT`] as one four-byte word over the dot of the octet
+/// before, then the whole address appended at once.
 fn push_ipv4(out: &mut impl Sink, a: Ipv4Addr) -> fmt::Result {
-    let [a, b, c, d] = a.octets();
-    push_octet(out, a)?;
-    for octet in [b, c, d] {
-        out.put(b".")?;
-        push_octet(out, octet)?;
+    let mut text = [0u8; 16];
+    let mut len = 0;
+    for octet in a.octets() {
+        let (digits, n) = OCTET_TEXT.get(usize::from(octet)).ok_or(fmt::Error)?;
+        text.get_mut(len..len + 4)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(digits);
+        len += usize::from(*n) + 1;
     }
-    Ok(())
+    // Without the last octet's dot.
+    out.put(text.get(..len - 1).ok_or(fmt::Error)?)
 }
 
-/// Appends an octet in decimal, without leading zeros.
-fn push_octet(out: &mut impl Sink, o: u8) -> fmt::Result {
-    let digit = |n: u8| b'0' + n % 10;
-    match o {
-        0..=9 => out.put(&[digit(o)]),
-        10..=99 => out.put(&[digit(o / 10), digit(o)]),
-        _ => out.put(&[digit(o / 100), digit(o / 10), digit(o)]),
+/// Every octet's decimal text without leading zeros, followed by a dot, and the number of its
+/// digits.
+#[allow(clippy::indexing_slicing)] // written at compile time, within the arrays
+const OCTET_TEXT: [([u8; 4], u8); 256] = {
+    let mut table = [([0u8; 4], 0u8); 256];
+    let mut o = 0;
+    while o < 256 {
+        let (h, t, u) = ((o / 100) as u8, (o / 10 % 10) as u8, (o % 10) as u8);
+        table[o] = match o {
+            0..=9 => ([b'0' + u, b'.', 0, 0], 1),
+            10..=99 => ([b'0' + t, b'0' + u, b'.', 0], 2),
+            _ => ([b'0' + h, b'0' + t, b'0' + u, b'.'], 3),
+        };
+        o += 1;
     }
-}
+    table
+};
 
 impl fmt::Write for InlineText {
     fn write_str(&mut self, s: &str) -> fmt::Result {
@@ -690,6 +704,26 @@ fn check_escapes(b: &[u8]) -> Result<(), UrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for o in 0..=255u8 {
+            for a in [
+                Ipv4Addr::new(o, 0, 9, 10),
+                Ipv4Addr::new(99, o, 100, 255),
+                Ipv4Addr::new(255, 1, o, 0),
+                Ipv4Addr::new(0, 200, 55, o),
+                Ipv4Addr::new(o, o, o, o),
+            ] {
+                let mut out = b"x".to_vec();
+                push_ipv4(&mut out, a).unwrap();
+                assert_eq!(out, format!("x{a}").into_bytes());
+                let mut inline = InlineText::default();
+                inline.push_ipv4(a).unwrap();
+                assert_eq!(&inline.buf[..inline.len], a.to_string().as_bytes());
+            }
+        }
+    }
 
     #[test]
     fn accepts_and_normalises() {
