@@ -346,8 +346,11 @@ fn response_framing(
         return Ok((ResponseFraming::Chunked, has_content_length));
     }
     match (fields.content_length_count, fields.content_length) {
-        // The common case, one line: its value, read without looking for the field again.
-        (1, Some(value)) => content_length_of(std::iter::once(value)),
+        // The common case, one line: its value, read without looking for the field again, and
+        // as one number when it is one (a list of equal numbers takes the general reading).
+        (1, Some(value)) => {
+            parse_content_length(value).or_else(|_| content_length_of(std::iter::once(value)))
+        }
         (0, _) => {
             // Rule 8: "Otherwise, this is a response message without a declared message body
             // length, so the message body length is determined by the number of octets
