@@ -346,11 +346,8 @@ fn response_framing(
         return Ok((ResponseFraming::Chunked, has_content_length));
     }
     match (fields.content_length_count, fields.content_length) {
-        // The common case, one line: its value, read without looking for the field again, and
-        // as one number when it is one (a list of equal numbers takes the general reading).
-        (1, Some(value)) => {
-            parse_content_length(value).or_else(|_| content_length_of(std::iter::once(value)))
-        }
+        // The common case, one line: its value, read without looking for the field again.
+        (1, Some(value)) => content_length_of(std::iter::once(value)),
         (0, _) => {
             // Rule 8: "Otherwise, this is a response message without a declared message body
             // length, so the message body length is determined by the number of octets
@@ -367,16 +364,26 @@ fn response_framing(
 /// value". Upstreams in the wild repeat identical values, so for responses we accept repeats
 /// (lines or list members) that agree and reject any that differ or do not parse.
 fn content_length_of<'a>(values: impl Iterator<Item = &'a [u8]>) -> Result<u64, H1Error> {
+    // Each number read must be the one before it, if any.
+    let agree = |length: &mut Option<u64>, n: u64| match *length {
+        Some(prev) if prev != n => Err(H1Error::DuplicateContentLength),
+        _ => {
+            *length = Some(n);
+            Ok(())
+        }
+    };
     let mut length = None;
     for value in values {
+        // A value that is one number (the common case) is that number, without splitting it
+        // into list members: a list of equal numbers, or anything invalid, is read below.
+        if let Ok(n) = parse_content_length(value) {
+            agree(&mut length, n)?;
+            continue;
+        }
         let mut any = false;
         for member in list_members(value) {
             any = true;
-            let n = parse_content_length(member)?;
-            match length {
-                Some(prev) if prev != n => return Err(H1Error::DuplicateContentLength),
-                _ => length = Some(n),
-            }
+            agree(&mut length, parse_content_length(member)?)?;
         }
         if !any {
             return Err(H1Error::InvalidContentLength);
