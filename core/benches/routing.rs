@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use sortie_core::request::Host;
 use sortie_core::routing::{
     Ingress, RouteHints, RouteRequest, RoutingTable, StickyPins, WorkerIndex,
 };
@@ -65,19 +66,25 @@ fn workers(n: usize) -> Vec<WorkerRecord> {
         .collect()
 }
 
+/// The destination of the benchmark's requests.
+fn api_host() -> Host {
+    Host::Domain("api.example.com".into())
+}
+
 /// The benchmark's request: an API request to a host the 99 site rules do not match.
-fn request(hints: &RouteHints, tie_break: u64) -> RouteRequest<'_> {
+fn request<'a>(hints: &'a RouteHints, host: &'a Host, tie_break: u64) -> RouteRequest<'a> {
     RouteRequest {
         deployment_id: "dep_default",
         hints,
         ingress: Ingress::Api,
-        host: "api.example.com",
+        host,
         tie_break,
     }
 }
 
 fn bench_route(c: &mut Criterion) {
     let snap = snapshot();
+    let host = api_host();
     let mut group = c.benchmark_group("route");
     group.throughput(Throughput::Elements(1));
     for n in [10, 1_000, 10_000] {
@@ -116,7 +123,7 @@ fn bench_route(c: &mut Criterion) {
                 b.iter(|| {
                     tie_break = tie_break.wrapping_add(1);
                     now_ms = now_ms.wrapping_add(step_ms);
-                    let req = request(hints, tie_break);
+                    let req = request(hints, &host, tie_break);
                     black_box(table.route(black_box(&req), &mut pins, now_ms, &view))
                 })
             });
@@ -132,12 +139,13 @@ fn time_per_route(table: &RoutingTable, hints: &RouteHints, step_ms: u64, budget
     let active: Vec<u32> = (0..n).map(|i| (i % 7) as u32).collect();
     let view = |w: WorkerIndex| active.get(w.as_usize()).copied().unwrap_or(0);
     let mut pins = StickyPins::default();
+    let host = api_host();
     let (mut now_ms, mut calls) = (1_000u64, 0u64);
     let started = Instant::now();
     while started.elapsed() < budget {
         for _ in 0..16 {
             now_ms = now_ms.wrapping_add(step_ms);
-            let req = request(hints, calls);
+            let req = request(hints, &host, calls);
             black_box(table.route(black_box(&req), &mut pins, now_ms, &view)).ok();
         }
         calls += 16;

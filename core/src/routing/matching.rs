@@ -3,18 +3,19 @@
 //! constraints as data; the decision is made here.
 
 use crate::hints::{Ingress, RouteHints};
+use crate::request::Host;
 use crate::snapshot::Constraints;
 
 /// Whether a request with these hints, arriving on `ingress` for destination `host`, satisfies
 /// every constraint `c` configures.
-pub fn matches(c: &Constraints, hints: &RouteHints, ingress: Ingress, host: &str) -> bool {
+pub fn matches(c: &Constraints, hints: &RouteHints, ingress: Ingress, host: &Host) -> bool {
     c.country().is_none_or(|want| hints.country == Some(want))
         && c.region()
             .is_none_or(|want| hints.region.as_deref() == Some(want))
         && c.ip_type()
             .is_none_or(|want| hints.ip_type.as_deref() == Some(want))
         && c.ingress().is_none_or(|want| want == ingress)
-        && c.host().is_none_or(|pattern| pattern.matches(host))
+        && c.host().is_none_or(|pattern| pattern.matches_host(host))
 }
 
 #[cfg(test)]
@@ -38,7 +39,8 @@ mod tests {
             ip_type: Some("residential".into()),
             ..Default::default()
         };
-        assert!(matches(c, &full, Ingress::Proxy, "a.example.com"));
+        let dom = |name: &str| Host::Domain(name.into());
+        assert!(matches(c, &full, Ingress::Proxy, &dom("a.example.com")));
         let cases: Vec<(RouteHints, Ingress, &str)> = vec![
             (
                 RouteHints {
@@ -96,14 +98,19 @@ mod tests {
         ];
         for (hints, ingress, host) in cases {
             assert!(
-                !matches(c, &hints, ingress, host),
+                !matches(c, &hints, ingress, &dom(host)),
                 "{hints:?} {ingress:?} {host}"
             );
         }
         // A rule without constraints matches anything, hints or not.
         let d = ValidatedSnapshot::default_snapshot();
         let none = &d.rules()[0].constraints();
-        assert!(matches(none, &RouteHints::default(), Ingress::Connect, ""));
-        assert!(matches(none, &full, Ingress::Api, "x"));
+        assert!(matches(
+            none,
+            &RouteHints::default(),
+            Ingress::Connect,
+            &dom("")
+        ));
+        assert!(matches(none, &full, Ingress::Api, &dom("x")));
     }
 }

@@ -64,8 +64,9 @@ pub struct RouteRequest<'a> {
     pub hints: &'a RouteHints,
     /// How the request came in.
     pub ingress: Ingress,
-    /// The destination host (no port), matched by `host` constraints.
-    pub host: &'a str,
+    /// The destination host (no port), matched by `host` constraints. An address's text is
+    /// written only when a rule asks for it.
+    pub host: &'a crate::request::Host,
     /// Rotates the choice among equally free workers; a per-core request counter spreads load,
     /// a constant makes the choice the lowest index.
     pub tie_break: u64,

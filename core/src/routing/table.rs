@@ -816,11 +816,14 @@ mod tests {
                     .and_then(|r| active.get(r.id().as_str()).copied())
                     .unwrap_or(0)
             };
+            // Parsed as a request's URL would give it: an address literal as an address.
+            let host = crate::request::parse_host(host)
+                .unwrap_or_else(|_| crate::request::Host::Domain(host.into()));
             let req = RouteRequest {
                 deployment_id: deployment,
                 hints: h,
                 ingress,
-                host,
+                host: &host,
                 tie_break,
             };
             table.route(&req, &mut self.pins, now, &view)
@@ -1842,7 +1845,7 @@ mod tests {
                     deployment_id: "d",
                     hints: &h,
                     ingress,
-                    host: "h",
+                    host: &crate::request::Host::Domain("h".into()),
                     tie_break: 0,
                 };
                 let got = t
@@ -1895,7 +1898,7 @@ mod tests {
             deployment_id: "d",
             hints: &h,
             ingress: Ingress::Api,
-            host: "h",
+            host: &crate::request::Host::Domain("h".into()),
             tie_break,
         };
         let view = |i: WorkerIndex| active[i.as_usize()];

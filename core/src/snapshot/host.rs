@@ -140,6 +140,18 @@ impl HostPattern {
     }
 }
 
+impl HostPattern {
+    /// [`HostPattern::matches`] for a parsed destination: a name as it is, an address by its
+    /// text without brackets (written here, so that a request no rule asks about its host
+    /// does not pay for it).
+    pub fn matches_host(&self, host: &crate::request::Host) -> bool {
+        match host {
+            crate::request::Host::Domain(name) => self.matches(name),
+            address => self.matches(&address.text()),
+        }
+    }
+}
+
 impl fmt::Display for HostPattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -233,6 +245,33 @@ mod tests {
             let p = HostPattern::parse(pattern).unwrap();
             assert_eq!(p.matches(host), expected, "{pattern} vs {host:?}");
         }
+    }
+
+    /// A parsed destination matches as its text does: a name as it is, an address by its
+    /// text without brackets, an address never by a name's pattern.
+    #[test]
+    fn parsed_hosts_match_as_their_text() {
+        use crate::request::{parse_host, Host};
+        let cases: &[(&str, &str, bool)] = &[
+            ("10.0.0.1", "10.0.0.1", true),
+            ("10.0.0.1", "10.0.0.10", false),
+            ("*.example.com", "a.example.com", true),
+            ("*.example.com", "example.com", false),
+            ("example.com", "example.com", true),
+            ("*.example.com", "[::1]", false),
+            ("example.com", "10.0.0.1", false),
+        ];
+        for &(pattern, host, expected) in cases {
+            let p = HostPattern::parse(pattern).unwrap();
+            let h = parse_host(host).unwrap();
+            assert_eq!(p.matches_host(&h), expected, "{pattern} vs {host:?}");
+            assert_eq!(
+                p.matches_host(&h),
+                p.matches(&h.text()),
+                "{pattern} vs {host:?}"
+            );
+        }
+        assert!(matches!(parse_host("10.0.0.1"), Ok(Host::V4(_))));
     }
 
     #[test]

@@ -131,7 +131,7 @@ pub(crate) struct Route<'a> {
     /// How the request entered.
     pub(crate) ingress: Ingress,
     /// The destination host (rule `host` constraints).
-    pub(crate) host: &'a str,
+    pub(crate) host: &'a sortie_core::request::Host,
     /// A named fingerprint profile the worker must advertise (request API only).
     pub(crate) fingerprint: Option<&'a str>,
     /// When the request started (sticky pin expiry is measured from it).

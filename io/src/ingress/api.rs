@@ -286,7 +286,6 @@ async fn handle_inner(
     // What routing reads stays here; the request itself goes to the attempts.
     // The host's own `Arc`, so that routing's borrow does not hold the request.
     let host = req.url.host.clone();
-    let host = host.text();
     let hints = std::mem::take(&mut req.routing);
     let fingerprint = req.fingerprint_profile.take();
     let route = Route {

@@ -365,13 +365,12 @@ impl ProxyHandler {
             BodyFraming::ContentLength(n) => BodyLength::Known(n),
             BodyFraming::Chunked => BodyLength::Chunked,
         };
-        let host = url.host_str();
         let route = Route {
             active: &active,
             deployment,
             hints: &hints,
             ingress: Ingress::Proxy,
-            host: &host,
+            host: &url.host,
             fingerprint: None,
             started,
         };
@@ -701,16 +700,12 @@ impl ProxyHandler {
         ctx.state.limits.denied_ports.check(port)?;
         let hints = route_hints(req.headers())?;
         let active = ctx.active_snapshot();
-        let host_text = match &host {
-            sortie_core::request::Host::Domain(name) => name.to_string(),
-            other => other.to_string().trim_matches(['[', ']']).to_string(),
-        };
         let route = Route {
             active: &active,
             deployment,
             hints: &hints,
             ingress: Ingress::Connect,
-            host: &host_text,
+            host: &host,
             fingerprint: None,
             started,
         };

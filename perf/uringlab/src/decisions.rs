@@ -146,13 +146,12 @@ fn decide_request(
     let tokens = connection_tokens_of(fields().map(|(n, v)| (n.as_bytes(), v)));
     let mut forwarded: Vec<(&str, &[u8])> = Vec::with_capacity(head.headers().len());
     forwarded.extend(fields().filter(|(n, _)| is_forwarded_request_field(n, &tokens)));
-    let host = url.host_str();
     *counter += 1;
     let route = RouteRequest {
         deployment_id: "perf",
         hints: &hints,
         ingress: Ingress::Proxy,
-        host: &host,
+        host: &url.host,
         tie_break: *counter,
     };
     d.table
@@ -505,13 +504,12 @@ fn decide_api_request(
         return Err(refused("port"));
     }
     *method = r.method;
-    let host = r.url.host_str();
     *counter += 1;
     let route = RouteRequest {
         deployment_id: "perf",
         hints: &r.routing,
         ingress: Ingress::Api,
-        host: &host,
+        host: &r.url.host,
         tie_break: *counter,
     };
     d.table
