@@ -12,18 +12,43 @@ pub struct Digits {
     start: usize,
 }
 
+/// The two digits of every number below 100, `00` to `99`, in order.
+#[allow(clippy::indexing_slicing)] // written at compile time, within the array
+const PAIRS: [[u8; 2]; 100] = {
+    let mut table = [[0u8; 2]; 100];
+    let mut i = 0;
+    while i < 100 {
+        table[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
+        i += 1;
+    }
+    table
+};
+
 impl Digits {
-    /// The digits of `n`; `0` has one.
+    /// The digits of `n`; `0` has one. Two digits per division, from a table.
     pub fn of(mut n: u64) -> Digits {
         let mut buf = [0u8; U64_DIGITS];
         let mut start = buf.len();
-        for slot in buf.iter_mut().rev() {
-            // `n % 10` is below 10, so the cast is exact.
-            *slot = b'0' + (n % 10) as u8;
+        while n >= 100 {
+            // `n % 100` is below 100, so the cast is exact and the pair is in the table.
+            let pair = PAIRS.get((n % 100) as usize).copied().unwrap_or_default();
+            n /= 100;
+            start -= 2;
+            if let Some(slot) = buf.get_mut(start..start + 2) {
+                slot.copy_from_slice(&pair);
+            }
+        }
+        if n >= 10 {
+            let pair = PAIRS.get(n as usize).copied().unwrap_or_default();
+            start -= 2;
+            if let Some(slot) = buf.get_mut(start..start + 2) {
+                slot.copy_from_slice(&pair);
+            }
+        } else {
             start -= 1;
-            n /= 10;
-            if n == 0 {
-                break;
+            if let Some(slot) = buf.get_mut(start) {
+                // `n` is below 10 here.
+                *slot = b'0' + n as u8;
             }
         }
         Digits { buf, start }
@@ -42,7 +67,15 @@ mod tests {
     #[test]
     fn digits_say_what_display_says() {
         let mut n = 1u64;
-        let mut cases = vec![0, 9, 10, 99, 100, u64::MAX, u64::MAX / 10];
+        // Every number of up to five digits (ports, statuses, small lengths), then the
+        // boundaries of longer ones.
+        let mut cases: Vec<u64> = (0..100_000).collect();
+        cases.extend([u64::MAX, u64::MAX / 10]);
+        let mut p = 10u64;
+        while let Some(next) = p.checked_mul(10) {
+            cases.extend([p - 1, p, p + 1]);
+            p = next;
+        }
         while let Some(next) = n.checked_mul(7) {
             cases.extend([n - 1, n, n + 1]);
             n = next;
