@@ -848,16 +848,20 @@ impl BusCore {
         let mut buf = rest;
         loop {
             let next = match buffered_frame(&mut buf) {
-                Ok(None) => monoio::select! {
-                    r = read_frame(&mut reader, &mut buf) => r,
-                    _ = lane.stop.wait() => break,
-                },
+                Ok(None) => {
+                    let r = monoio::select! {
+                        r = read_frame(&mut reader, &mut buf) => r,
+                        _ = lane.stop.wait() => break,
+                    };
+                    // The coarse clock: once per read (the frames after it in the buffer came
+                    // with it), against heartbeat silences of seconds.
+                    lane.last_rx.set(crate::timer::now());
+                    r
+                }
                 buffered => buffered,
             };
             match next {
                 Ok(Some(frame)) => {
-                    // The coarse clock: once per frame, against heartbeat silences of seconds.
-                    lane.last_rx.set(crate::timer::now());
                     if let Err(reason) = self.dispatch(&lane, frame) {
                         tracing::warn!(worker = %lane.worker_id, lane = lane.index, %reason, "bus protocol error; closing the lane");
                         self.close(&lane, Loss::Protocol);
