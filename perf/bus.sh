@@ -283,7 +283,7 @@ bus_round() {
 report_medians() {
   local tag=$1 name=""
   [ "$tag" = test ] || name="$tag "
-  say "${name}median ratio req/s: $(median_of "${RATIOS[$tag]}") (target >= $TARGET_RATIO); median ratio requests per CPU-second: $(median_of "${CPU_RATIOS[$tag]}") (target >= $TARGET_CPU_RATIO, 1.3x the in-process CPU)"
+  say "${name}median ratio req/s: $(median_of "${RATIOS[$tag]}") (target >= $TARGET_RATIO); median ratio requests per CPU-second: $(median_of "${CPU_RATIOS[$tag]}") (target >= $TARGET_CPU_RATIO, 1.3x the in-process CPU), its 95% interval $(median_interval "${CPU_RATIOS[$tag]}")"
 }
 
 main() {
@@ -328,7 +328,7 @@ main() {
   [ "$ROUNDS" = 0 ] || report_medians test
   if [ "$ROUNDS" != 0 ] && [ -n "$BASE_BIN" ]; then
     report_medians base
-    say "bus CPU per request, test over base, by round: ${BUS_CPU_VS_BASE[*]}; median $(median_of "${BUS_CPU_VS_BASE[*]}")"
+    say "bus CPU per request, test over base, by round: ${BUS_CPU_VS_BASE[*]}; median $(median_of "${BUS_CPU_VS_BASE[*]}"), its 95% interval $(median_interval "${BUS_CPU_VS_BASE[*]}")"
   fi
   [ "$CALLGRIND" != 1 ] || callgrind_all "$bin"
 }

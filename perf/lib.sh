@@ -102,6 +102,25 @@ median_of() {
   printf '%s\n' $1 | awk 'NF && $1 != "-"' | sort -g | awk '{ v[NR] = $1 }
     END { if (NR == 0) print "-"; else print v[int((NR + 1) / 2)] }'
 }
+# A distribution-free 95% interval for the median of whitespace-separated numbers ("-" entries
+# left out): the k-th smallest and k-th largest, k the largest rank whose binomial tail
+# P(Bin(n, 1/2) < k) stays at or below 2.5%. It assumes only that the rounds are independent
+# draws of one distribution; fewer than six rounds give none ("-"). A ratio's target is met at
+# 95% when the whole interval is on its side.
+median_interval() {
+  printf '%s\n' $1 | awk 'NF && $1 != "-"' | sort -g | awk '{ v[NR] = $1 }
+    END {
+      n = NR; k = 0; tail = 0; p = 0.5 ^ n; c = 1
+      # tail = P(Bin(n, 1/2) <= j); c = n choose j.
+      for (j = 0; j < n; j++) {
+        tail += c * p
+        if (tail > 0.025) break
+        k = j + 1
+        c = c * (n - j) / (j + 1)
+      }
+      if (k < 1) print "-"; else printf "%s-%s\n", v[k], v[n - k + 1]
+    }'
+}
 # Microseconds $1 as milliseconds with three decimals.
 us_to_ms() { awk -v us="$1" 'BEGIN { printf "%.3f", us / 1000 }'; }
 die() {

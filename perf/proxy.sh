@@ -568,8 +568,9 @@ print_tables() {
 
 # Prints the requests per CPU-second of row $5 (default sortie) over those of row $3 (named $4)
 # in mode $1, size $2: of the median rounds, round by round, and the median of the rounds'
-# ratios. The two medians differ when the host's speed drifts between rounds; the rounds' own
-# ratios (each of two rows measured back to back) are the steadier figure.
+# ratios with its 95% interval (six rounds or more). The two medians differ when the host's
+# speed drifts between rounds; the rounds' own ratios (each of two rows measured back to back)
+# are the steadier figure.
 ratio_line() {
   local mode=$1 size=$2 other=$3 name=$4 row=${5:-sortie} s_line o_line rounds
   s_line=$(median_line "${RESULTS["$mode $size $row"]}")
@@ -579,7 +580,7 @@ ratio_line() {
     -v sn="$(field requests "$s_line")" -v sc="$(field cpu_s "$s_line")" \
     -v on="$(field requests "$o_line")" -v oc="$(field cpu_s "$o_line")" \
     'BEGIN { if (sc > 0 && oc > 0 && on > 0) printf "%.2f", (sn / sc) / (on / oc); else printf "-" }')" \
-    "(medians; round by round: $rounds; median of the rounds $(median_of "$rounds"))"
+    "(medians; round by round: $rounds; median of the rounds $(median_of "$rounds"), its 95% interval $(median_interval "$rounds"))"
 }
 
 # One unrecorded run of Sortie per mode and size under `perf record`; prints the top symbols by
