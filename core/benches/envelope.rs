@@ -1,5 +1,6 @@
 //! Benchmark: decode + validate request envelopes with simd-json (the production path) and with
-//! serde_json on the same types, at ~1 KiB with 10 headers and with a 1 MiB inline body.
+//! serde_json on the same types: the smallest useful envelope, ~1 KiB with 10 headers, and a
+//! 1 MiB inline body.
 use base64::Engine as _;
 use criterion::{
     black_box, criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput,
@@ -53,6 +54,12 @@ fn typical_envelope() -> Vec<u8> {
     .into_bytes()
 }
 
+/// The smallest useful envelope: a GET with a timeout and nothing else, as the load scripts
+/// send it.
+fn minimal_envelope() -> Vec<u8> {
+    br#"{"method":"GET","url":"http://127.0.0.1:18081/kib","timeout_ms":5000}"#.to_vec()
+}
+
 fn large_envelope() -> Vec<u8> {
     let body = vec![0x5au8; 1024 * 1024];
     format!(
@@ -65,6 +72,7 @@ fn large_envelope() -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let ctx = ctx();
     for (name, doc) in [
+        ("minimal", minimal_envelope()),
         ("typical_1k", typical_envelope()),
         ("inline_1mib", large_envelope()),
     ] {
