@@ -381,13 +381,7 @@ pub fn parse_target_url(url: &str) -> Result<TargetUrl, UrlError> {
         return Err(UrlError::TooLong);
     }
     check_visible(b)?;
-    let (scheme, rest) = if let Some(r) = strip_prefix_ci(url, "https://") {
-        (Scheme::Https, r)
-    } else if let Some(r) = strip_prefix_ci(url, "http://") {
-        (Scheme::Http, r)
-    } else {
-        return Err(UrlError::BadScheme);
-    };
+    let (scheme, rest) = split_scheme(url).ok_or(UrlError::BadScheme)?;
     let authority = Authority::scan(rest.as_bytes());
     if authority.has_user_info {
         return Err(UrlError::UserInfo);
@@ -467,16 +461,20 @@ impl TargetUrl {
 }
 
 /// Only visible ASCII: a space or control byte could split the request line upstream, and
-/// non-ASCII hosts must be sent as A-labels (decision 001). One branchless fold finds a
-/// fragment's `#` in the same pass.
+/// non-ASCII hosts must be sent as A-labels (decision 001). One branchless pass finds a
+/// fragment's `#` too.
 fn check_visible(b: &[u8]) -> Result<(), UrlError> {
-    let (invisible, hash) = b.iter().fold((false, false), |(bad, hash), &c| {
-        (bad | !(0x21..=0x7e).contains(&c), hash | (c == b'#'))
-    });
-    if invisible {
+    // Two byte-wide accumulators rather than a fold over a pair of flags: a loop the compiler
+    // turns into vector code.
+    let (mut invisible, mut hash) = (0u8, 0u8);
+    for &c in b {
+        invisible |= u8::from(c.wrapping_sub(0x21) > 0x7e - 0x21);
+        hash |= u8::from(c == b'#');
+    }
+    if invisible != 0 {
         return Err(UrlError::BadCharacter);
     }
-    if hash {
+    if hash != 0 {
         return Err(UrlError::Fragment);
     }
     Ok(())
@@ -518,10 +516,21 @@ impl Authority {
     }
 }
 
-fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
-    let head = s.get(..prefix.len())?;
-    head.eq_ignore_ascii_case(prefix)
-        .then(|| &s[prefix.len()..])
+/// `http://` or `https://`, in any case, and what follows it: the first four bytes compared as
+/// one word folded to lowercase, then the rest byte by byte.
+fn split_scheme(url: &str) -> Option<(Scheme, &str)> {
+    let b = url.as_bytes();
+    let word = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+    // Setting bit 5 of each byte lowercases letters; no other byte becomes one of `http`.
+    if word | 0x2020_2020 != u32::from_le_bytes(*b"http") {
+        return None;
+    }
+    let (scheme, len) = match b.get(4..)? {
+        [b':', b'/', b'/', ..] => (Scheme::Http, 7),
+        [s, b':', b'/', b'/', ..] if s | 0x20 == b's' => (Scheme::Https, 8),
+        _ => return None,
+    };
+    Some((scheme, url.get(len..)?))
 }
 
 /// Splits `host[:port]` or `[v6][:port]`; `colon` is the authority's first `:`.
@@ -619,6 +628,22 @@ pub fn parse_host(host: &str) -> Result<Host, UrlError> {
     }))
 }
 
+/// Whether a byte may stand in a label: a letter, digit, hyphen or underscore, from a table.
+fn is_label_byte(c: u8) -> bool {
+    #[allow(clippy::indexing_slicing)] // written at compile time, within the array
+    const LABEL: [bool; 256] = {
+        let mut table = [false; 256];
+        let mut c = 0;
+        while c < 256 {
+            let b = c as u8;
+            table[c] = b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+            c += 1;
+        }
+        table
+    };
+    LABEL.get(usize::from(c)).copied().unwrap_or(false)
+}
+
 /// Labels of 1 to 63 letters, digits, hyphens or underscores separated by single dots, none
 /// starting or ending with a hyphen: one pass. Underscores are accepted because real HTTP hosts
 /// carry them (decision 001).
@@ -632,7 +657,7 @@ fn is_valid_name(name: &[u8]) -> bool {
             }
             len = 0;
         } else {
-            if !(c.is_ascii_alphanumeric() || c == b'-' || c == b'_') || (len == 0 && c == b'-') {
+            if !is_label_byte(c) || (len == 0 && c == b'-') {
                 return false;
             }
             len += 1;
@@ -687,6 +712,10 @@ fn octet(value: u16, digits: u8) -> Option<u8> {
 }
 
 fn check_escapes(b: &[u8]) -> Result<(), UrlError> {
+    // Most paths hold no escape: one search (the standard library's `memchr`) says so.
+    if !b.contains(&b'%') {
+        return Ok(());
+    }
     let mut i = 0;
     while let Some(&c) = b.get(i) {
         if c == b'%' {
@@ -704,6 +733,77 @@ fn check_escapes(b: &[u8]) -> Result<(), UrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte value, at every position of a path long enough for vector code and its tail:
+    /// only visible ASCII passes, and a `#` is a fragment.
+    #[test]
+    fn every_byte_is_judged_visible_or_not() {
+        for len in [1usize, 7, 31, 32, 33, 70] {
+            for at in 0..len {
+                for c in 0..=255u8 {
+                    let mut b = vec![b'a'; len];
+                    b[at] = c;
+                    let want = if !(0x21..=0x7e).contains(&c) {
+                        Err(UrlError::BadCharacter)
+                    } else if c == b'#' {
+                        Err(UrlError::Fragment)
+                    } else {
+                        Ok(())
+                    };
+                    assert_eq!(check_visible(&b), want, "byte {c:#x} at {at} of {len}");
+                }
+            }
+        }
+    }
+
+    /// The scheme is read as a case-insensitive prefix would read it: every string of up to
+    /// nine bytes from the letters of the schemes in both cases, their punctuation and a few
+    /// others, against `https://` then `http://` stripped as text.
+    #[test]
+    fn schemes_split_as_case_insensitive_prefixes() {
+        fn reference(url: &str) -> Option<(Scheme, &str)> {
+            let strip = |prefix: &str| {
+                url.get(..prefix.len())
+                    .filter(|head| head.eq_ignore_ascii_case(prefix))
+                    .map(|_| &url[prefix.len()..])
+            };
+            strip("https://")
+                .map(|r| (Scheme::Https, r))
+                .or_else(|| strip("http://").map(|r| (Scheme::Http, r)))
+        }
+        let alphabet = [
+            "h", "H", "t", "T", "p", "P", "s", "S", ":", "/", "x", "é", "\u{0}", "(",
+        ];
+        // A deterministic walk through strings built from the alphabet.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut url = String::new();
+        for i in 0..300_000u64 {
+            url.clear();
+            // Most strings start as a scheme would, so that the interesting cases are common.
+            let start = match i % 4 {
+                0 => "http",
+                1 => "HTTPS",
+                2 => "hTtP",
+                _ => "",
+            };
+            url.push_str(start);
+            for _ in 0..(next() % 6) {
+                url.push_str(alphabet[(next() % alphabet.len() as u64) as usize]);
+            }
+            assert_eq!(split_scheme(&url), reference(&url), "{url:?}");
+        }
+        for url in [
+            "http://", "https://", "HTTP://a", "httpS://", "http:/", "https:/", "htt", "",
+        ] {
+            assert_eq!(split_scheme(url), reference(url), "{url:?}");
+        }
+    }
 
     #[test]
     fn addresses_are_written_as_display_writes_them() {
