@@ -4,8 +4,6 @@
 //!
 //! On the per-request path of the proxy listener: small allocations only, no logging.
 
-use base64::Engine as _;
-
 use crate::ascii::eq_lower;
 use crate::error::{ApiError, ErrorCode, TimeoutType};
 use crate::request::{
@@ -58,9 +56,7 @@ pub fn parse_basic(value: &[u8]) -> Option<BasicCredentials> {
         return None;
     }
     let encoded = rest.trim_ascii_start();
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .ok()?;
+    let decoded = sortie_b64::decode(encoded)?;
     let colon = decoded.iter().position(|&b| b == b':')?;
     Some(BasicCredentials { decoded, colon })
 }
@@ -399,6 +395,7 @@ mod tests {
     use super::*;
 
     fn b64(s: &str) -> String {
+        use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 

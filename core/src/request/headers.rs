@@ -3,8 +3,6 @@
 //!
 //! This is on the per-request path.
 
-use base64::Engine as _;
-
 use crate::ascii::eq_lower;
 use crate::error::{ApiError, ErrorCode};
 use crate::limits::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_TOTAL_BYTES};
@@ -146,17 +144,17 @@ pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<H
     if let Some(why) = rejection_reason(name) {
         return Err(ApiError::new(ErrorCode::InvalidRequest, at(why.into())));
     }
-    let value = match base64::engine::general_purpose::STANDARD.decode(value_base64) {
-        Ok(v) => v,
+    let value = match sortie_b64::decode(value_base64.as_bytes()) {
+        Some(v) => v,
         // Spec, Request API rule 1: no CR or LF before decoding. CR and LF are outside the
         // base64 alphabet, so they can only be the cause of a failed decode.
-        Err(_) if value_base64.bytes().any(|b| b == b'\r' || b == b'\n') => {
+        None if value_base64.bytes().any(|b| b == b'\r' || b == b'\n') => {
             return Err(ApiError::new(
                 ErrorCode::HeaderInjectionFailed,
                 at("value_base64 contains CR or LF".into()),
             ))
         }
-        Err(_) => {
+        None => {
             return Err(ApiError::new(
                 ErrorCode::InvalidRequest,
                 at("value_base64 is not standard base64".into()),
@@ -276,6 +274,7 @@ mod tests {
     }
 
     fn b64(s: &[u8]) -> String {
+        use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 

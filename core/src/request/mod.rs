@@ -7,7 +7,6 @@
 mod headers;
 mod url;
 
-use base64::Engine as _;
 use serde::{Deserialize, Deserializer};
 
 pub use self::headers::{check_header_totals, is_tchar, rejection_reason, validate_header, Header};
@@ -348,9 +347,8 @@ fn validate_body(b: WireBody, ctx: &ValidationContext<'_>) -> Result<RequestBody
             if decoded_len(&data) > limit {
                 return Err(body_too_large(limit));
             }
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(data.as_bytes())
-                .map_err(|_| invalid("body.data_base64: not standard base64"))?;
+            let bytes = sortie_b64::decode(data.as_bytes())
+                .ok_or_else(|| invalid("body.data_base64: not standard base64"))?;
             if bytes.len() > limit {
                 return Err(body_too_large(limit));
             }
