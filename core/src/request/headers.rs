@@ -123,7 +123,8 @@ pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<H
     let at = |m: String| format!("headers[{index}]: {m}");
     // One pass in the common case: CR, LF and NUL are not tchars, so they are only looked for
     // once the name is known to be bad, to pick the right code.
-    if name.is_empty() || !name.bytes().all(is_tchar) {
+    // Folded over every byte without an early exit: a lookup and an `and` a byte, no branch.
+    if name.is_empty() || !name.bytes().fold(true, |ok, b| ok & is_tchar(b)) {
         if name.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
             return Err(ApiError::new(
                 ErrorCode::HeaderInjectionFailed,
