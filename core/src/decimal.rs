@@ -29,20 +29,21 @@ impl Digits {
     pub fn of(mut n: u64) -> Digits {
         let mut buf = [0u8; U64_DIGITS];
         let mut start = buf.len();
-        // Writes the two digits of `n` (below 100) in front of those written before.
-        let mut put_pair = |buf: &mut [u8; U64_DIGITS], n: u64| {
+        while n >= 100 {
+            // `n % 100` is below 100, so the cast is exact and the pair is in the table.
+            let pair = PAIRS.get((n % 100) as usize).copied().unwrap_or_default();
+            n /= 100;
+            start -= 2;
+            if let Some(slot) = buf.get_mut(start..start + 2) {
+                slot.copy_from_slice(&pair);
+            }
+        }
+        if n >= 10 {
             let pair = PAIRS.get(n as usize).copied().unwrap_or_default();
             start -= 2;
             if let Some(slot) = buf.get_mut(start..start + 2) {
                 slot.copy_from_slice(&pair);
             }
-        };
-        while n >= 100 {
-            put_pair(&mut buf, n % 100);
-            n /= 100;
-        }
-        if n >= 10 {
-            put_pair(&mut buf, n);
         } else {
             start -= 1;
             if let Some(slot) = buf.get_mut(start) {

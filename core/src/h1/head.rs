@@ -321,7 +321,7 @@ pub(super) fn trim_ows(mut s: &[u8]) -> &[u8] {
 pub(super) use crate::request::is_tchar;
 
 /// Whether `s` is a non-empty `token`.
-pub(crate) fn is_token(s: &[u8]) -> bool {
+pub(super) fn is_token(s: &[u8]) -> bool {
     // Folded over every byte without an early exit: a lookup and an `and` a byte, no branch.
     !s.is_empty() && s.iter().fold(true, |ok, &b| ok & is_tchar(b))
 }
@@ -334,7 +334,7 @@ pub(super) const fn is_field_value_byte(b: u8) -> bool {
 /// Whether every byte of `value` is a field-value byte ([`is_field_value_byte`]). A fold without
 /// early exit or branches, so that the compiler vectorises it: every field of every head the
 /// gateway writes passes here.
-pub(crate) fn is_field_value(value: &[u8]) -> bool {
+pub(super) fn is_field_value(value: &[u8]) -> bool {
     !value.iter().fold(false, |bad, &b| {
         bad | (((b < 0x20) & (b != b'\t')) | (b == 0x7f))
     })

@@ -31,9 +31,6 @@ pub use chunked::{
     DEFAULT_MAX_TRAILER_BYTES, MAX_CHUNK_SIZE_DIGITS,
 };
 pub use error::H1Error;
-// The checks of names and values every written field passes; the request envelope's fields
-// are checked by the same two.
-pub(crate) use head::{is_field_value, is_token};
 pub use head::{
     FieldOffsets, HeadLimits, Header, Headers, Parsed, Version, DEFAULT_MAX_HEADERS,
     DEFAULT_MAX_REQUEST_HEAD_BYTES, DEFAULT_MAX_RESPONSE_HEAD_BYTES, DEFAULT_MAX_TARGET_BYTES,
