@@ -113,6 +113,48 @@ pub fn eq_lower(name: &[u8], lower: &[u8]) -> bool {
     fold(word(name, len - 8)) == word(lower, len - 8)
 }
 
+/// Whether `b` is an RFC 9110 §5.6.2 `tchar`: a byte of a token (a field name, a method).
+#[allow(clippy::indexing_slicing)] // 256 entries, indexed by a byte
+pub const fn is_tchar(b: u8) -> bool {
+    TCHAR[b as usize]
+}
+
+/// `tchar` membership of every byte, so the check is one load.
+#[allow(clippy::indexing_slicing)] // written at compile time, below 256
+const TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = matches!(b,
+            b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_'
+            | b'`' | b'|' | b'~' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z');
+        i += 1;
+    }
+    t
+};
+
+/// Whether `s` is a non-empty `token`: the rule of a field name, written or received.
+pub fn is_token(s: &[u8]) -> bool {
+    // Folded over every byte without an early exit: a lookup and an `and` a byte, no branch.
+    !s.is_empty() && s.iter().fold(true, |ok, &b| ok & is_tchar(b))
+}
+
+/// RFC 9110 §5.5: `field-vchar = VCHAR / obs-text`, with SP and HTAB allowed inside a value.
+pub const fn is_field_value_byte(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
+
+/// Whether every byte of `value` is a field-value byte ([`is_field_value_byte`]): no CR, LF,
+/// NUL or other control byte but HTAB. A fold without early exit or branches, so that the
+/// compiler vectorises it: every field of every head the gateway writes, and every value an
+/// envelope names, passes here.
+pub fn is_field_value(value: &[u8]) -> bool {
+    !value.iter().fold(false, |bad, &b| {
+        bad | (((b < 0x20) & (b != b'\t')) | (b == 0x7f))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -318,27 +318,7 @@ pub(super) fn trim_ows(mut s: &[u8]) -> &[u8] {
     s
 }
 
-pub(super) use crate::request::is_tchar;
-
-/// Whether `s` is a non-empty `token`.
-pub(super) fn is_token(s: &[u8]) -> bool {
-    // Folded over every byte without an early exit: a lookup and an `and` a byte, no branch.
-    !s.is_empty() && s.iter().fold(true, |ok, &b| ok & is_tchar(b))
-}
-
-/// RFC 9110 §5.5: `field-vchar = VCHAR / obs-text`, with SP and HTAB allowed inside a value.
-pub(super) const fn is_field_value_byte(b: u8) -> bool {
-    b == b'\t' || (b >= 0x20 && b != 0x7f)
-}
-
-/// Whether every byte of `value` is a field-value byte ([`is_field_value_byte`]). A fold without
-/// early exit or branches, so that the compiler vectorises it: every field of every head the
-/// gateway writes passes here.
-pub(super) fn is_field_value(value: &[u8]) -> bool {
-    !value.iter().fold(false, |bad, &b| {
-        bad | (((b < 0x20) & (b != b'\t')) | (b == 0x7f))
-    })
-}
+pub(super) use crate::ascii::{is_field_value, is_field_value_byte, is_tchar, is_token};
 
 /// Finds a LF that is not preceded by CR.
 ///

@@ -45,9 +45,9 @@ pub use response::{
 };
 pub use write::{
     is_writer_owned, reason_phrase, write_chunk, write_chunk_header, write_last_chunk,
-    write_request_head, write_request_head_to, write_request_head_with, write_response_head,
-    write_response_head_with_reason, HeadPart, OutgoingBody, ResponseHeadWriter, CHUNK_DATA_END,
-    LAST_CHUNK,
+    write_request_head, write_request_head_of, write_request_head_to, write_request_head_with,
+    write_response_head, write_response_head_with_reason, HeadPart, OutgoingBody,
+    ResponseHeadWriter, CHUNK_DATA_END, LAST_CHUNK,
 };
 
 #[cfg(test)]

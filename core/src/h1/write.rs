@@ -9,7 +9,9 @@
 //! accepted, which a relay copies as they arrived, and the writer's own fields
 //! ([`ResponseHeadWriter::own_field`], [`write_request_head_with`]): names and values the
 //! caller's code spells as constants or formats itself (a content type it names, the date),
-//! never bytes it received (decision 129). Their callers answer for them.
+//! never bytes it received (decision 129). Their callers answer for them. An envelope's
+//! destination headers ([`write_request_head_of`]) are not checked again either: a
+//! [`Header`] is only made by the checks the writer would make, and more.
 //!
 //! On the per-request path: appends only, no logging.
 
@@ -17,7 +19,7 @@ use super::error::H1Error;
 use super::head::{is_field_value, is_target_byte, is_token};
 use super::request::is_valid_host;
 use crate::ascii::eq_lower;
-use crate::request::{Host, TargetUrl};
+use crate::request::{Header, Host, TargetUrl};
 
 /// How the body following a written head is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +104,42 @@ where
     N: AsRef<[u8]>,
     V: AsRef<[u8]>,
 {
+    let start = start_head_to(out, method, url)?;
+    finish_head(out, start, headers, own_lines, body)
+}
+
+/// [`write_request_head_to`] with validated destination headers. Their bytes were checked when
+/// each [`Header`] was made (a token name that names no field the gateway manages, so none the
+/// writer owns; a value without control bytes but HTAB), so they are written as they are,
+/// after one reservation for all of them. On error nothing is appended.
+pub fn write_request_head_of(
+    out: &mut Vec<u8>,
+    method: &str,
+    url: &TargetUrl,
+    headers: &[Header],
+    own_lines: &[u8],
+    body: OutgoingBody,
+) -> Result<(), H1Error> {
+    start_head_to(out, method, url)?;
+    // Each line's name and value, `: ` and CRLF; then the own lines, the framing field and the
+    // empty line.
+    let room = headers.iter().fold(own_lines.len() + 48, |n, h| {
+        n + h.name().len() + h.value().len() + 4
+    });
+    out.reserve(room);
+    for h in headers {
+        out.extend_from_slice(h.name().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(own_lines);
+    end_head(out, body);
+    Ok(())
+}
+
+/// The request line to `url` and its `Host` field, checked; returns where the head starts.
+fn start_head_to(out: &mut Vec<u8>, method: &str, url: &TargetUrl) -> Result<usize, H1Error> {
     let target = url.path_and_query.as_str();
     check_request_line(method, target)?;
     if let Host::Domain(name) = &url.host {
@@ -112,7 +150,7 @@ where
     let start = start_request_head(out, method, target, 0);
     url.write_authority(out);
     out.extend_from_slice(b"\r\n");
-    finish_head(out, start, headers, own_lines, body)
+    Ok(start)
 }
 
 /// The checks of a request line's method and target that every request head writer makes.
@@ -603,6 +641,47 @@ mod tests {
         url.host = Host::Domain("evil.example\r\nX-Injected: 1".into());
         let mut out = b"x".to_vec();
         let refused = write_request_head_to(&mut out, "GET", &url, fields, b"", OutgoingBody::None);
+        assert_eq!(refused, Err(H1Error::InvalidHost));
+        assert_eq!(out, b"x");
+    }
+
+    /// Validated headers written unchecked make the head the checked writer makes of the same
+    /// fields, for values with every byte a field value may hold; a bad host appends nothing.
+    #[test]
+    fn validated_headers_make_the_checked_head() {
+        let values: Vec<Vec<u8>> = vec![
+            b"".to_vec(),
+            b"*/*".to_vec(),
+            b"a\tb c".to_vec(),
+            (0x20..=0xffu8).filter(|&b| b != 0x7f).collect(),
+        ];
+        let headers: Vec<crate::request::Header> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| crate::request::Header::new(&format!("X-{i}"), v).unwrap())
+            .collect();
+        let fields: Vec<(&[u8], &[u8])> = headers
+            .iter()
+            .map(|h| (h.name().as_bytes(), h.value()))
+            .collect();
+        let url = crate::request::parse_target_url("http://example.com:8080/a?b").unwrap();
+        for body in [
+            OutgoingBody::None,
+            OutgoingBody::ContentLength(7),
+            OutgoingBody::Chunked,
+        ] {
+            let (mut checked, mut of) = (b"x".to_vec(), b"x".to_vec());
+            let own = b"Connection: keep-alive\r\n";
+            write_request_head_to(&mut checked, "PUT", &url, fields.iter().copied(), own, body)
+                .unwrap();
+            write_request_head_of(&mut of, "PUT", &url, &headers, own, body).unwrap();
+            assert_eq!(checked, of);
+        }
+        let mut bad = url.clone();
+        bad.host = Host::Domain("evil.example\r\nX-Injected: 1".into());
+        let mut out = b"x".to_vec();
+        let refused =
+            write_request_head_of(&mut out, "GET", &bad, &headers, b"", OutgoingBody::None);
         assert_eq!(refused, Err(H1Error::InvalidHost));
         assert_eq!(out, b"x");
     }

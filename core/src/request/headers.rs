@@ -3,17 +3,46 @@
 //!
 //! This is on the per-request path.
 
-use crate::ascii::eq_lower;
+pub use crate::ascii::is_tchar;
+use crate::ascii::{eq_lower, is_field_value, is_token};
 use crate::error::{ApiError, ErrorCode};
 use crate::limits::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_TOTAL_BYTES};
 
 /// One validated destination header: the name as the caller spelled it and the decoded value.
+///
+/// Made only by [`validate_header`], so every `Header` holds what it checks: the name is a
+/// token (RFC 9110 §5.6.2) of at most [`MAX_HEADER_NAME_BYTES`] bytes that names no field the
+/// gateway manages ([`rejection_reason`]: no framing, hop-by-hop, `Expect`, proxy credential or
+/// `X-Service-*` field), and the value holds no CR, LF, NUL or other control byte but HTAB. A
+/// head writer may therefore write it without checking its bytes again
+/// ([`crate::h1::write_request_head_of`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
-    /// The field name, a valid RFC 9110 token, case preserved.
-    pub name: String,
-    /// The decoded field value: no CR, LF or NUL, no other control byte but HTAB.
-    pub value: Vec<u8>,
+    name: String,
+    value: Vec<u8>,
+}
+
+impl Header {
+    /// The field name, case preserved.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The decoded field value.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// A header from a name and a value already decoded, checked as [`validate_header`] checks
+    /// an envelope's (for a request that did not come as an envelope, and for tests).
+    pub fn new(name: &str, value: &[u8]) -> Result<Header, ApiError> {
+        check_name(0, name)?;
+        check_value(0, value)?;
+        Ok(Header {
+            name: name.to_owned(),
+            value: value.to_vec(),
+        })
+    }
 }
 
 /// A header the gateway sets itself or never forwards: its lowercase name and the reason given
@@ -68,27 +97,6 @@ const REJECTED: &[Rejected] = &[
 /// The prefix of the gateway's own headers; they never reach a destination (decision 017).
 const SERVICE_PREFIX: &str = "x-service-";
 
-/// Whether `b` is an RFC 9110 §5.6.2 `tchar`.
-#[allow(clippy::indexing_slicing)] // 256 entries, indexed by a byte
-pub const fn is_tchar(b: u8) -> bool {
-    TCHAR[b as usize]
-}
-
-/// `tchar` membership of every byte, so the check is one load.
-#[allow(clippy::indexing_slicing)] // written at compile time, below 256
-const TCHAR: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        let b = i as u8;
-        t[i] = matches!(b,
-            b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_'
-            | b'`' | b'|' | b'~' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z');
-        i += 1;
-    }
-    t
-};
-
 /// Whether `name` is a header the gateway manages or rejects, and why.
 pub fn rejection_reason(name: &str) -> Option<&'static str> {
     if name.len() >= SERVICE_PREFIX.len()
@@ -118,33 +126,64 @@ pub fn rejection_reason(name: &str) -> Option<&'static str> {
     }
 }
 
-/// Validates one header's name and base64 value; `index` is used in messages.
-pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<Header, ApiError> {
-    let at = |m: String| format!("headers[{index}]: {m}");
+fn at(index: usize, m: &str) -> String {
+    format!("headers[{index}]: {m}")
+}
+
+/// Checks a name: a token of at most [`MAX_HEADER_NAME_BYTES`], not a managed field.
+fn check_name(index: usize, name: &str) -> Result<(), ApiError> {
     // One pass in the common case: CR, LF and NUL are not tchars, so they are only looked for
     // once the name is known to be bad, to pick the right code.
-    // Folded over every byte without an early exit: a lookup and an `and` a byte, no branch.
-    if name.is_empty() || !name.bytes().fold(true, |ok, b| ok & is_tchar(b)) {
+    if !is_token(name.as_bytes()) {
         if name.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
             return Err(ApiError::new(
                 ErrorCode::HeaderInjectionFailed,
-                at("name contains CR, LF or NUL".into()),
+                at(index, "name contains CR, LF or NUL"),
             ));
         }
         return Err(ApiError::new(
             ErrorCode::InvalidRequest,
-            at("name is not a valid header field name".into()),
+            at(index, "name is not a valid header field name"),
         ));
     }
     if name.len() > MAX_HEADER_NAME_BYTES {
         return Err(ApiError::new(
             ErrorCode::InvalidRequest,
-            at(format!("name is longer than {MAX_HEADER_NAME_BYTES} bytes")),
+            at(
+                index,
+                &format!("name is longer than {MAX_HEADER_NAME_BYTES} bytes"),
+            ),
         ));
     }
     if let Some(why) = rejection_reason(name) {
-        return Err(ApiError::new(ErrorCode::InvalidRequest, at(why.into())));
+        return Err(ApiError::new(ErrorCode::InvalidRequest, at(index, why)));
     }
+    Ok(())
+}
+
+/// Checks a decoded value. RFC 9110 §5.5: no control character but HTAB in a field value; CR,
+/// LF or NUL after decoding would split or truncate the header upstream (spec, rule 1).
+fn check_value(index: usize, value: &[u8]) -> Result<(), ApiError> {
+    // Vector code over every byte; the bad value's code is picked in a second look.
+    if is_field_value(value) {
+        return Ok(());
+    }
+    Err(if value.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
+        ApiError::new(
+            ErrorCode::HeaderInjectionFailed,
+            at(index, "decoded value contains CR, LF or NUL"),
+        )
+    } else {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            at(index, "decoded value contains a control character"),
+        )
+    })
+}
+
+/// Validates one header's name and base64 value; `index` is used in messages.
+pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<Header, ApiError> {
+    check_name(index, name)?;
     let value = match sortie_b64::decode(value_base64.as_bytes()) {
         Some(v) => v,
         // Spec, Request API rule 1: no CR or LF before decoding. CR and LF are outside the
@@ -152,38 +191,17 @@ pub fn validate_header(index: usize, name: &str, value_base64: &str) -> Result<H
         None if value_base64.bytes().any(|b| b == b'\r' || b == b'\n') => {
             return Err(ApiError::new(
                 ErrorCode::HeaderInjectionFailed,
-                at("value_base64 contains CR or LF".into()),
+                at(index, "value_base64 contains CR or LF"),
             ))
         }
         None => {
             return Err(ApiError::new(
                 ErrorCode::InvalidRequest,
-                at("value_base64 is not standard base64".into()),
+                at(index, "value_base64 is not standard base64"),
             ))
         }
     };
-    // RFC 9110 §5.5: no control character but HTAB in a field value; CR, LF or NUL after
-    // decoding would split or truncate the header upstream (spec, rule 1).
-    // Folded over every byte without an early exit, so that the check is vector code; the
-    // bad value's code is picked in a second look.
-    let mut control = 0u8;
-    for &b in &value {
-        control |= u8::from((b < 0x20 && b != b'\t') || b == 0x7f);
-    }
-    if control != 0 {
-        let e = if value.iter().any(|&b| matches!(b, b'\r' | b'\n' | 0)) {
-            ApiError::new(
-                ErrorCode::HeaderInjectionFailed,
-                at("decoded value contains CR, LF or NUL".into()),
-            )
-        } else {
-            ApiError::new(
-                ErrorCode::InvalidRequest,
-                at("decoded value contains a control character".into()),
-            )
-        };
-        return Err(e);
-    }
+    check_value(index, &value)?;
     Ok(Header {
         name: name.to_string(),
         value,

@@ -58,8 +58,8 @@ fn full_request() {
     assert_eq!(r.method, Method::Post);
     assert_eq!(r.url.authority(), "api.example.com:8080");
     assert_eq!(r.headers.len(), 2);
-    assert_eq!(r.headers[0].value, b"a");
-    assert_eq!(r.headers[1].name, "accept");
+    assert_eq!(r.headers[0].value(), b"a");
+    assert_eq!(r.headers[1].name(), "accept");
     assert_eq!(r.body, RequestBody::Inline(b"hello".to_vec()));
     assert_eq!(r.routing.tags, vec!["residential", "fast"]);
     assert_eq!(r.routing.country.unwrap().as_str(), "US");

@@ -316,11 +316,7 @@ async fn attempt<'a>(
             })
         }
     };
-    let headers: Vec<(&str, &[u8])> = req
-        .headers
-        .iter()
-        .map(|h| (h.name.as_str(), h.value.as_slice()))
-        .collect();
+    let headers: Vec<(&str, &[u8])> = req.headers.iter().map(|h| (h.name(), h.value())).collect();
     let stream_req = StreamRequest {
         method: req.method,
         url: &req.url,

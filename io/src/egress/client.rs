@@ -10,8 +10,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use sortie_core::error::{ApiError, ErrorCode, TimeoutType};
 use sortie_core::h1::{
-    parse_response_head_offsets, write_request_head_to, BodyDecoder, BodyLimits, H1Error,
-    HeadLimits, OutgoingBody, Parsed, ResponseFraming,
+    parse_response_head_offsets, write_request_head_of, write_request_head_to, BodyDecoder,
+    BodyLimits, H1Error, HeadLimits, OutgoingBody, Parsed, ResponseFraming,
 };
 use sortie_core::request::{rejection_reason, Header, Method, TargetUrl};
 
@@ -43,10 +43,17 @@ pub(crate) fn request_head(
     } else {
         empty_body_framing(method)
     };
-    let fields = headers
-        .iter()
-        .map(|h| (h.name.as_str(), h.value.as_slice()));
-    head_to(method, url, fields, framing)
+    let mut out = Vec::with_capacity(256);
+    write_request_head_of(
+        &mut out,
+        method.as_str(),
+        url,
+        headers,
+        b"Connection: keep-alive\r\n",
+        framing,
+    )
+    .map_err(head_error)?;
+    Ok(out)
 }
 
 /// The framing of a request without a body. RFC 9110 §8.6: "A user agent SHOULD send
@@ -82,13 +89,16 @@ pub(crate) fn head_to<'f>(
         b"Connection: keep-alive\r\n",
         framing,
     )
-    .map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("the request head cannot be written: {e}"),
-        )
-    })?;
+    .map_err(head_error)?;
     Ok(out)
+}
+
+/// The error of a request head the writer refused.
+fn head_error(e: H1Error) -> ApiError {
+    ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!("the request head cannot be written: {e}"),
+    )
 }
 
 /// A response read completely.
@@ -504,10 +514,7 @@ mod tests {
     use sortie_core::request::parse_target_url;
 
     fn header(name: &str, value: &str) -> Header {
-        Header {
-            name: name.into(),
-            value: value.as_bytes().to_vec(),
-        }
+        Header::new(name, value.as_bytes()).unwrap()
     }
 
     #[test]
@@ -517,12 +524,17 @@ mod tests {
         let headers = vec![
             header("Accept", "*/*"),
             header("X-Dup", "1"),
-            header("connection", "close"),
             header("X-Dup", "2"),
-            header("Expect", "100-continue"),
-            header("X-Service-Token", "secret"),
-            header("Proxy-Authorization", "Basic x"),
         ];
+        // A field the gateway manages cannot be a `Header` at all, so none reaches a head.
+        for managed in [
+            "connection",
+            "Expect",
+            "X-Service-Token",
+            "Proxy-Authorization",
+        ] {
+            assert!(Header::new(managed, b"x").is_err(), "{managed}");
+        }
         let table: &[(Method, &TargetUrl, &[Header], usize, &str)] = &[
             (
                 Method::Get,
@@ -573,8 +585,13 @@ mod tests {
     #[test]
     fn unwritable_header_is_invalid_request() {
         let url = parse_target_url("http://a.example/").unwrap();
-        let e = request_head(Method::Get, &url, &[header("X", "a\r\nb")], 0).unwrap_err();
+        // Fields given one by one (a streamed request's, a peer's) are checked as written.
+        let fields = [("X", &b"a\r\nb"[..])].into_iter();
+        let e = head_to(Method::Get, &url, fields, OutgoingBody::None).unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidRequest);
+        // A `Header` cannot hold such a value at all.
+        let e = Header::new("X", b"a\r\nb").unwrap_err();
+        assert_eq!(e.code, ErrorCode::HeaderInjectionFailed);
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl Egress {
         let reordered;
         let headers = match req.fingerprint {
             Some(p) => {
-                let order = p.order_headers(req.headers.iter().map(|h| h.name.as_str()));
+                let order = p.order_headers(req.headers.iter().map(|h| h.name()));
                 reordered = order
                     .iter()
                     .filter_map(|&i| req.headers.get(i).cloned())
@@ -333,9 +333,7 @@ impl Egress {
         };
         let mut body = req.body.clone();
         let length = streaming::BodySource::length(&body);
-        let fields = headers
-            .iter()
-            .map(|h| (h.name.as_str(), h.value.as_slice()));
+        let fields = headers.iter().map(|h| (h.name(), h.value()));
         let head = h2conn::request_head(req.method, &req.url, fields, length).map_err(no_retry)?;
         let sent = h2conn::send(conn, head, length, &mut body, &req.timeouts, req.deadline).await?;
         let mut resp = h2conn::response_head(sent, req.method, &req.timeouts, req.deadline).await?;

@@ -517,7 +517,7 @@ async fn remote_attempt<'r>(
         headers: req
             .headers
             .iter()
-            .map(|h| (h.name.as_bytes(), h.value.as_slice()))
+            .map(|h| (h.name().as_bytes(), h.value()))
             .collect(),
         body,
         receipt,
