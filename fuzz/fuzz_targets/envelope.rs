@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
                 assert!(b.len() <= ctx.max_inline_request_body_bytes);
             }
             for h in &r.headers {
-                assert!(!h.value.iter().any(|&b| b == b'\r' || b == b'\n' || b == 0));
+                assert!(!h.value().iter().any(|&b| b == b'\r' || b == b'\n' || b == 0));
             }
             assert!(r.routing.tags.len() <= limits::MAX_ROUTING_TAGS);
         }

@@ -523,7 +523,7 @@ fn decide_api_request(
         r.method.as_str(),
         &r.url.path_and_query,
         r.url.authority().as_bytes(),
-        r.headers.iter().map(|h| (h.name.as_bytes(), &h.value[..])),
+        r.headers.iter().map(|h| (h.name().as_bytes(), h.value())),
         OutgoingBody::None,
     )
     .map_err(|_| refused("request head"))?;
