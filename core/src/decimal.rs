@@ -30,20 +30,13 @@ impl Digits {
         let mut buf = [0u8; U64_DIGITS];
         let mut start = buf.len();
         while n >= 100 {
-            // `n % 100` is below 100, so the cast is exact and the pair is in the table.
-            let pair = PAIRS.get((n % 100) as usize).copied().unwrap_or_default();
-            n /= 100;
             start -= 2;
-            if let Some(slot) = buf.get_mut(start..start + 2) {
-                slot.copy_from_slice(&pair);
-            }
+            put_pair(&mut buf, start, n % 100);
+            n /= 100;
         }
         if n >= 10 {
-            let pair = PAIRS.get(n as usize).copied().unwrap_or_default();
             start -= 2;
-            if let Some(slot) = buf.get_mut(start..start + 2) {
-                slot.copy_from_slice(&pair);
-            }
+            put_pair(&mut buf, start, n);
         } else {
             start -= 1;
             if let Some(slot) = buf.get_mut(start) {
@@ -57,6 +50,15 @@ impl Digits {
     /// The digits as ASCII bytes.
     pub fn as_bytes(&self) -> &[u8] {
         self.buf.get(self.start..).unwrap_or_default()
+    }
+}
+
+/// Writes the two digits of `pair` (below 100) at `at` of `buf`.
+fn put_pair(buf: &mut [u8; U64_DIGITS], at: usize, pair: u64) {
+    // `pair` is below 100, so the cast is exact and the pair is in the table.
+    let digits = PAIRS.get(pair as usize).copied().unwrap_or_default();
+    if let Some(slot) = buf.get_mut(at..at + 2) {
+        slot.copy_from_slice(&digits);
     }
 }
 

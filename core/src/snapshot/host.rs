@@ -138,9 +138,7 @@ impl HostPattern {
             }
         }
     }
-}
 
-impl HostPattern {
     /// [`HostPattern::matches`] for a parsed destination: a name as it is, an address by its
     /// text without brackets (written here, so that a request no rule asks about its host
     /// does not pay for it).
