@@ -7,6 +7,9 @@
 //! byte of a class (one JSON escapes, one a URL may not hold) the same way: a word's bytes are
 //! tested at once by [`bytes_eq`] and [`bytes_below`], which are exact (no byte's result
 //! depends on its neighbours).
+//!
+//! It is also the one home of the field byte rules ([`is_tchar`], [`is_token`],
+//! [`is_field_value`]) that the envelope's header checks and `h1`'s parsers and writers share.
 
 /// Each byte's lowest bit.
 const LSB: u64 = 0x0101_0101_0101_0101;

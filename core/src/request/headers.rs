@@ -10,7 +10,8 @@ use crate::limits::{MAX_HEADERS, MAX_HEADER_NAME_BYTES, MAX_HEADER_TOTAL_BYTES};
 
 /// One validated destination header: the name as the caller spelled it and the decoded value.
 ///
-/// Made only by [`validate_header`], so every `Header` holds what it checks: the name is a
+/// Made only by [`validate_header`] and [`Header::new`], so every `Header` holds what they
+/// check: the name is a
 /// token (RFC 9110 §5.6.2) of at most [`MAX_HEADER_NAME_BYTES`] bytes that names no field the
 /// gateway manages ([`rejection_reason`]: no framing, hop-by-hop, `Expect`, proxy credential or
 /// `X-Service-*` field), and the value holds no CR, LF, NUL or other control byte but HTAB. A
@@ -34,7 +35,8 @@ impl Header {
     }
 
     /// A header from a name and a value already decoded, checked as [`validate_header`] checks
-    /// an envelope's (for a request that did not come as an envelope, and for tests).
+    /// an envelope's (for a request that did not come as an envelope, and for tests). Its
+    /// errors carry the envelope's messages, naming the header as entry 0.
     pub fn new(name: &str, value: &[u8]) -> Result<Header, ApiError> {
         check_name(0, name)?;
         check_value(0, value)?;
@@ -164,7 +166,7 @@ fn check_name(index: usize, name: &str) -> Result<(), ApiError> {
 /// Checks a decoded value. RFC 9110 §5.5: no control character but HTAB in a field value; CR,
 /// LF or NUL after decoding would split or truncate the header upstream (spec, rule 1).
 fn check_value(index: usize, value: &[u8]) -> Result<(), ApiError> {
-    // Vector code over every byte; the bad value's code is picked in a second look.
+    // One fold over every byte, no early exit; the bad value's code is picked in a second look.
     if is_field_value(value) {
         return Ok(());
     }
