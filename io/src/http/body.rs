@@ -157,46 +157,65 @@ impl<'c> Body<'c> {
         };
         let reserve = declared.min(limit).min(MAX_PREALLOCATED_BODY_BYTES);
         let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
-        while self.fill(&mut out).await? {
+        loop {
+            // What came with the head (most bodies of the request API) is taken as it is; the
+            // future of a read is made only when the buffer runs out first.
+            let more = match self.take_buffered(&mut out)? {
+                Some(more) => more,
+                None => self.fill(&mut out).await?,
+            };
+            if !more {
+                return Ok(out);
+            }
             if out.len() as u64 > limit {
                 return Err(self.fail(BodyError::TooLarge));
             }
         }
-        Ok(out)
     }
 
-    /// Decodes body bytes into `out`, reading from the socket when nothing is buffered.
-    /// Returns `true` when data was appended and `false` at the end of the body.
-    async fn fill(&mut self, out: &mut Vec<u8>) -> Result<bool, BodyError> {
+    /// Decodes the buffered body bytes into `out`, without reading: `Some(true)` when data was
+    /// appended, `Some(false)` at the end of the body, `None` when a read must come first.
+    fn take_buffered(&mut self, out: &mut Vec<u8>) -> Result<Option<bool>, BodyError> {
         if let Some(e) = self.error {
             return Err(e);
         }
         loop {
             if self.decoder.is_done() {
-                return Ok(false);
+                return Ok(Some(false));
             }
             let input = self.io.buffered();
-            if !input.is_empty() {
-                let before = out.len();
-                let progress = self
-                    .decoder
-                    .decode(input, &mut |data| out.extend_from_slice(data));
-                let progress = match progress {
-                    Ok(p) => p,
-                    Err(e) => return Err(self.fail(BodyError::from(e))),
-                };
-                self.io.consume(progress.consumed);
-                let added = out.len().saturating_sub(before);
-                if added > 0 {
-                    self.received = self.received.saturating_add(added as u64);
-                    return Ok(true);
-                }
-                // Only framing bytes (a chunk-size line, a trailer) were consumed. The decoder
-                // takes all of its input unless the body ended, so the buffer is now empty or
-                // the body is done.
-                if progress.consumed > 0 {
-                    continue;
-                }
+            if input.is_empty() {
+                return Ok(None);
+            }
+            let before = out.len();
+            let progress = self
+                .decoder
+                .decode(input, &mut |data| out.extend_from_slice(data));
+            let progress = match progress {
+                Ok(p) => p,
+                Err(e) => return Err(self.fail(BodyError::from(e))),
+            };
+            self.io.consume(progress.consumed);
+            let added = out.len().saturating_sub(before);
+            if added > 0 {
+                self.received = self.received.saturating_add(added as u64);
+                return Ok(Some(true));
+            }
+            // Only framing bytes (a chunk-size line, a trailer) were consumed. The decoder
+            // takes all of its input unless the body ended, so the buffer is now empty or the
+            // body is done.
+            if progress.consumed == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Decodes body bytes into `out`, reading from the socket when nothing is buffered.
+    /// Returns `true` when data was appended and `false` at the end of the body.
+    async fn fill(&mut self, out: &mut Vec<u8>) -> Result<bool, BodyError> {
+        loop {
+            if let Some(more) = self.take_buffered(out)? {
+                return Ok(more);
             }
             if self.is_continue_pending {
                 self.is_continue_pending = false;

@@ -177,24 +177,29 @@ impl ConnIo {
         buf: Vec<u8>,
         may_send_ahead: bool,
     ) -> io::Result<Option<Ahead>> {
-        self.write_or_ahead_from(buf, 0, may_send_ahead).await
+        match self.try_ahead(buf, 0, may_send_ahead) {
+            Ok(ahead) => Ok(Some(ahead)),
+            Err(buf) => self.write_all_timed_from(buf, 0).await.map(|_| None),
+        }
     }
 
-    /// [`ConnIo::write_or_ahead`] of `buf[from..]`.
-    async fn write_or_ahead_from(
+    /// `buf[from..]` to be sent ahead ([`ConnIo::write_or_ahead`]), or, when it may not or
+    /// cannot be, the buffer back for [`ConnIo::write_all_timed_from`]. Without a future of its
+    /// own: on io_uring a small response goes ahead without any.
+    fn try_ahead(
         &mut self,
         buf: Vec<u8>,
         from: usize,
         may_send_ahead: bool,
-    ) -> io::Result<Option<Ahead>> {
+    ) -> Result<Ahead, Vec<u8>> {
         let from = from.min(buf.len());
         if may_send_ahead && buf.len() - from <= MAX_SENT_AHEAD_BYTES {
             if let Some(writer) = self.writer.take(&self.stream) {
                 let data = buf.slice(from..);
-                return Ok(Some(Ahead { writer, data }));
+                return Ok(Ahead { writer, data });
             }
         }
-        self.write_all_timed_from(buf, from).await.map(|_| None)
+        Err(buf)
     }
 
     /// Collects a response sent ahead: writes what a short send left (the write timeout then
@@ -846,17 +851,17 @@ impl<H: Handler> Connection<H> {
                     }
                 }
             };
-        if !has_body {
-            return self.io.write_or_ahead(out, may_send_ahead).await;
-        }
-        match &mut response.body {
+        // The whole response in one buffer, from `from`: sent ahead or written below, by this
+        // future itself (no future of a writer between it and the operation).
+        let (buf, from) = match &mut response.body {
+            _ if !has_body => (out, 0),
             ResponseBody::Full(b) if b.len() <= COALESCE_BODY_BYTES => {
                 out.extend_from_slice(b);
-                self.io.write_or_ahead(out, may_send_ahead).await
+                (out, 0)
             }
             ResponseBody::Full(b) => {
                 self.io.write_head_and_body_timed(out, b.clone()).await?;
-                Ok(None)
+                return Ok(None);
             }
             ResponseBody::BehindRoom { buf, start } => {
                 let (mut buf, start) = (std::mem::take(buf), *start);
@@ -867,26 +872,30 @@ impl<H: Handler> Connection<H> {
                     // The head goes into the room before the body: one send, no copy of it.
                     Some((at, room)) => {
                         room.copy_from_slice(&out);
-                        self.io.write_or_ahead_from(buf, at, may_send_ahead).await
+                        (buf, at)
                     }
                     None => {
                         out.extend_from_slice(buf.get(start..).unwrap_or_default());
-                        self.io.write_or_ahead(out, may_send_ahead).await
+                        (out, 0)
                     }
                 }
             }
             ResponseBody::Stream(stream) => {
                 let is_chunked = stream.length().is_none() && !is_http10;
-                write_stream(
+                return write_stream(
                     &mut self.io,
                     stream.as_mut(),
                     is_chunked,
                     out,
                     may_send_ahead,
                 )
-                .await
+                .await;
             }
-            _ => self.io.write_or_ahead(out, may_send_ahead).await,
+            _ => (out, 0),
+        };
+        match self.io.try_ahead(buf, from, may_send_ahead) {
+            Ok(ahead) => Ok(Some(ahead)),
+            Err(buf) => self.io.write_all_timed_from(buf, from).await.map(|_| None),
         }
     }
 
