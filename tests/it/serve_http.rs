@@ -213,6 +213,29 @@ fn chunked_request_bodies_are_accepted() {
     assert_echo_of(&read_one(&mut s, &mut Vec::new()), "/chunked");
 }
 
+/// An envelope whose body comes after its head, in a later write, is read as one that came
+/// with it (the server takes a body already in its buffer without a read; this one it waits
+/// for), and the connection serves the next request.
+#[test]
+fn an_envelope_split_across_writes_is_read_whole() {
+    let up = Upstream::start(upstream::echo());
+    let gw = Gateway::start();
+    let mut s = connect(gw.api);
+    for (i, at) in [0usize, 7, 40].into_iter().enumerate() {
+        let path = format!("/split{i}");
+        let body = json!({"method": "GET", "url": up.url(&path)}).to_string();
+        let head = format!(
+            "POST /api/v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {DEPLOYMENT_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (a, b) = body.split_at(at);
+        s.write_all(format!("{head}{a}").as_bytes()).expect("head");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        s.write_all(b.as_bytes()).expect("rest of the body");
+        assert_echo_of(&read_one(&mut s, &mut Vec::new()), &path);
+    }
+}
+
 #[test]
 fn expect_100_continue_on_a_raw_connection() {
     let up = Upstream::start(upstream::echo());

@@ -238,23 +238,61 @@ impl<'c> Body<'c> {
         e
     }
 
+    /// What [`Body::settle`] comes to without reading, when that is known: the body read whole
+    /// (the common case: a request without one, or a handler that read it), failed, or too
+    /// much to drain; `None` when bytes must be read and discarded first. The connection asks
+    /// this before it makes the future of `settle`.
+    pub(crate) fn settled_now(&self, max_drain: u64, is_closing: bool) -> Option<Settled> {
+        if let Some(e) = self.error {
+            return Some(Settled::Failed(e));
+        }
+        if self.decoder.is_done() {
+            return Some(Settled::Complete);
+        }
+        if self.is_continue_pending || is_closing {
+            return Some(Settled::MustClose);
+        }
+        if let BodyFraming::ContentLength(n) = self.framing {
+            if n.saturating_sub(self.received) > max_drain {
+                return Some(Settled::MustClose);
+            }
+        }
+        None
+    }
+
+    /// [`Body::read_to_end`] when the rest of the body is in the buffer already (a request API
+    /// envelope nearly always is: it comes with its head), decoded without a future; `None`,
+    /// with nothing taken, when a read must come first.
+    pub fn take_to_end(&mut self, limit: u64) -> Option<Result<Vec<u8>, BodyError>> {
+        let rest = match self.framing {
+            BodyFraming::ContentLength(n) => n.saturating_sub(self.received),
+            BodyFraming::None => 0,
+            BodyFraming::Chunked => return None,
+        };
+        if self.error.is_some() || (self.io.buffered().len() as u64) < rest {
+            return None;
+        }
+        let mut out = Vec::with_capacity(usize::try_from(rest.min(limit)).unwrap_or(0));
+        loop {
+            match self.take_buffered(&mut out) {
+                Ok(Some(true)) if out.len() as u64 > limit => {
+                    return Some(Err(self.fail(BodyError::TooLarge)))
+                }
+                Ok(Some(true)) => {}
+                Ok(Some(false)) => return Some(Ok(out)),
+                // The buffer held the whole length: the decoder cannot want more.
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
     /// Brings the body to a state where the connection can continue or must close: after an
     /// error, nothing more; with `100 Continue` never sent, close (the client may or may not
     /// send the body); otherwise discard up to `max_drain` unread bytes.
     pub(crate) async fn settle(&mut self, max_drain: u64, is_closing: bool) -> Settled {
-        if let Some(e) = self.error {
-            return Settled::Failed(e);
-        }
-        if self.decoder.is_done() {
-            return Settled::Complete;
-        }
-        if self.is_continue_pending || is_closing {
-            return Settled::MustClose;
-        }
-        if let BodyFraming::ContentLength(n) = self.framing {
-            if n.saturating_sub(self.received) > max_drain {
-                return Settled::MustClose;
-            }
+        if let Some(settled) = self.settled_now(max_drain, is_closing) {
+            return settled;
         }
         let mut scratch = Vec::new();
         let mut drained = 0u64;

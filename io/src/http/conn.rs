@@ -717,7 +717,10 @@ impl<H: Handler> Connection<H> {
                 };
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
-                let settled = body.settle(max_drain, is_closing).await;
+                let settled = match body.settled_now(max_drain, is_closing) {
+                    Some(settled) => settled,
+                    None => body.settle(max_drain, is_closing).await,
+                };
                 (response, settled)
             }
             Err(response) => {
@@ -731,7 +734,10 @@ impl<H: Handler> Connection<H> {
                 let mut body = Body::new(&mut self.io, decoder, framing, expects_continue);
                 let is_closing =
                     should_close || response.is_closing() || self.shutdown.is_shutdown();
-                let settled = body.settle(max_drain, is_closing).await;
+                let settled = match body.settled_now(max_drain, is_closing) {
+                    Some(settled) => settled,
+                    None => body.settle(max_drain, is_closing).await,
+                };
                 (response, settled)
             }
         };

@@ -155,7 +155,13 @@ impl Handler for ApiHandler {
             ApiAdmission::Request(d, in_flight) => (d, in_flight),
             ApiAdmission::Other => return other_route(req.method(), req.path()),
         };
-        let bytes = match body.read_to_end(MAX_REQUEST_ENVELOPE_BYTES as u64).await {
+        let limit = MAX_REQUEST_ENVELOPE_BYTES as u64;
+        // The envelope came with its head (nearly always): taken without a read's future.
+        let read = match body.take_to_end(limit) {
+            Some(read) => read,
+            None => body.read_to_end(limit).await,
+        };
+        let bytes = match read {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
                 return envelope_error(&envelope_too_large(MAX_REQUEST_ENVELOPE_BYTES)).closing()
