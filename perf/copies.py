@@ -20,55 +20,19 @@ source line (inlined code by its own file) and the function the call was compile
 import argparse
 import collections
 
-# Callgrind's name compression, read as the footprint script reads it (run from this directory
+# The dump's cost lines, read as the footprint script reads them (run from this directory
 # or as `perf/copies.py`: the script's own directory is on the import path).
-from footprint import name_of
+from footprint import cost_lines
 
 
 def call_sites(path, callee):
     """(caller, source file, line) -> [instructions, calls] of the calls into `callee`."""
-    fns, files = {}, {}
     sites = collections.defaultdict(lambda: [0, 0])
-    fn = src = file = cfn = None
-    calls = None
-    line = 0
-    instr_first = False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for raw in f:
-            text = raw.rstrip("\n")
-            if text.startswith("positions:"):
-                instr_first = text.split()[1:2] == ["instr"]
-            elif text.startswith("fn="):
-                fn = name_of(text[3:], fns)
-                src = file
-            elif text.startswith("fl="):
-                file = src = name_of(text[3:], files)
-            elif text.startswith(("fi=", "fe=")):
-                src = name_of(text[3:], files)
-            elif text.startswith("cfn="):
-                cfn = name_of(text[4:], fns)
-            elif text.startswith(("cfi=", "cfl=")):
-                name_of(text[4:], files)
-            elif text.startswith("calls="):
-                calls = int(text[6:].split()[0])
-            elif text and (text[0].isdigit() or text[0] in "+-*"):
-                parts = text.split()
-                pos = parts[1] if instr_first and len(parts) > 1 else parts[0]
-                if pos == "*":
-                    pass
-                elif pos[0] in "+-":
-                    line += int(pos)
-                elif pos.startswith("0x"):
-                    line = int(pos, 16)
-                else:
-                    line = int(pos)
-                if calls is not None:
-                    cost = parts[2] if instr_first else parts[1]
-                    if cfn and callee in cfn:
-                        site = sites[(fn, src, line)]
-                        site[0] += int(cost)
-                        site[1] += calls
-                    calls = None
+    for fn, src, line, cfn, calls, cost in cost_lines(path):
+        if calls is not None and cfn and callee in cfn:
+            site = sites[(fn, src, line)]
+            site[0] += cost
+            site[1] += calls
     return sites
 
 

@@ -33,6 +33,53 @@ def name_of(text, table):
     return table.get(m.group(1), "?")
 
 
+def cost_lines(path):
+    """Each cost line of a dump, positions in lines or in instructions and lines, as (function,
+    source file, line, callee, calls, instructions): `callee` and `calls` name the call the
+    cost is of (its inclusive cost), or are None for the function's own instructions."""
+    fns, files = {}, {}
+    fn = src = file = cfn = None
+    calls = None
+    line = 0
+    instr_first = False
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for raw in f:
+            text = raw.rstrip("\n")
+            if text.startswith("positions:"):
+                instr_first = text.split()[1:2] == ["instr"]
+            elif text.startswith("fn="):
+                fn = name_of(text[3:], fns)
+                src = file
+            elif text.startswith("fl="):
+                file = src = name_of(text[3:], files)
+            elif text.startswith(("fi=", "fe=")):
+                src = name_of(text[3:], files)
+            elif text.startswith("cfn="):
+                cfn = name_of(text[4:], fns)
+            elif text.startswith(("cfi=", "cfl=")):
+                name_of(text[4:], files)
+            elif text.startswith("calls="):
+                calls = int(text[6:].split()[0])
+            elif text and (text[0].isdigit() or text[0] in "+-*"):
+                parts = text.split()
+                pos = parts[1] if instr_first and len(parts) > 1 else parts[0]
+                if pos == "*":
+                    pass
+                elif pos[0] in "+-":
+                    line += int(pos)
+                elif pos.startswith("0x"):
+                    line = int(pos, 16)
+                else:
+                    line = int(pos)
+                at = 2 if instr_first else 1
+                cost = int(parts[at]) if len(parts) > at else 0
+                if calls is not None:
+                    yield fn, src, line, cfn, calls, cost
+                    calls = None
+                else:
+                    yield fn, src, line, None, None, cost
+
+
 def read(path):
     events = []
     fns, files = {}, {}

@@ -26,8 +26,8 @@ import collections
 import os
 import re
 
-# Callgrind's name compression, read as the footprint script reads it.
-from footprint import name_of
+# The dump's cost lines, read as the footprint script reads them.
+from footprint import cost_lines
 
 OWN = ("sortie_io::", "sortie_core::", "<sortie_io::", "<sortie_core::")
 STD_MOVES = ("ptr/mod.rs", "mem/mod.rs", "ptr/non_null.rs", "mem/maybe_uninit.rs", "pin.rs")
@@ -41,49 +41,15 @@ def is_own_future(fn):
 
 def read(path):
     """Self cost by (function, source file, line), and each function's calls into callees."""
-    fns, files = {}, {}
     own = collections.defaultdict(collections.Counter)
     called = collections.defaultdict(collections.Counter)
-    fn = src = file = cfn = None
-    calls = None
-    line = 0
-    instr_first = False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for raw in f:
-            text = raw.rstrip("\n")
-            if text.startswith("positions:"):
-                instr_first = text.split()[1:2] == ["instr"]
-            elif text.startswith("fn="):
-                fn = name_of(text[3:], fns)
-                src = file
-            elif text.startswith("fl="):
-                file = src = name_of(text[3:], files)
-            elif text.startswith(("fi=", "fe=")):
-                src = name_of(text[3:], files)
-            elif text.startswith("cfn="):
-                cfn = name_of(text[4:], fns)
-            elif text.startswith(("cfi=", "cfl=")):
-                name_of(text[4:], files)
-            elif text.startswith("calls="):
-                calls = int(text[6:].split()[0])
-            elif text and (text[0].isdigit() or text[0] in "+-*"):
-                parts = text.split()
-                pos = parts[1] if instr_first and len(parts) > 1 else parts[0]
-                if pos == "*":
-                    pass
-                elif pos[0] in "+-":
-                    line += int(pos)
-                elif pos.startswith("0x"):
-                    line = int(pos, 16)
-                else:
-                    line = int(pos)
-                cost = int(parts[2] if instr_first else parts[1]) if len(parts) > 1 else 0
-                if calls is not None:
-                    if is_own_future(fn):
-                        called[fn][cfn] += cost
-                    calls = None
-                elif is_own_future(fn):
-                    own[fn][(src, line)] += cost
+    for fn, src, line, cfn, calls, cost in cost_lines(path):
+        if not is_own_future(fn):
+            continue
+        if calls is not None:
+            called[fn][cfn] += cost
+        else:
+            own[fn][(src, line)] += cost
     return own, called
 
 
