@@ -157,20 +157,12 @@ impl<'c> Body<'c> {
         };
         let reserve = declared.min(limit).min(MAX_PREALLOCATED_BODY_BYTES);
         let mut out = Vec::with_capacity(usize::try_from(reserve).unwrap_or(0));
-        loop {
-            // What came with the head (most bodies of the request API) is taken as it is; the
-            // future of a read is made only when the buffer runs out first.
-            let more = match self.take_buffered(&mut out)? {
-                Some(more) => more,
-                None => self.fill(&mut out).await?,
-            };
-            if !more {
-                return Ok(out);
-            }
+        while self.fill(&mut out).await? {
             if out.len() as u64 > limit {
                 return Err(self.fail(BodyError::TooLarge));
             }
         }
+        Ok(out)
     }
 
     /// Decodes the buffered body bytes into `out`, without reading: `Some(true)` when data was
